@@ -1,0 +1,129 @@
+/* cohort: data-parallel training of convolutional networks, in C.
+ *
+ * The public API. A program builds a model from the zoo, loads data sets, and runs a trainer:
+ *
+ *     ch_err err;
+ *     ch_dataset *train, *test;
+ *     ch_dataset_load_idx("data/fashion-mnist", CH_SPLIT_TRAIN, &train, &err);
+ *     ch_dataset_load_idx("data/fashion-mnist", CH_SPLIT_TEST, &test, &err);
+ *     ch_train_config cfg = ch_train_config_default();
+ *     cfg.model = "lenet";
+ *     ch_trainer *t;
+ *     ch_trainer_create(&cfg, train, test, &t, &err);
+ *     for (int e = 0; e < cfg.epochs; e++) { ch_epoch_stats s; ch_trainer_run_epoch(t, &s, &err); }
+ *     ch_trainer_free(t);
+ *
+ * Conventions: every fallible function returns a ch_status and, on failure, writes one line naming
+ * the problem into the caller's ch_err (which may be NULL). Whoever creates an object frees it with the
+ * matching _free; _free(NULL) is a no-op. Objects are not shared between threads unless a function
+ * says so. Tensors are float32, NCHW. */
+#ifndef COHORT_H
+#define COHORT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define CH_VERSION "0.1.0"
+
+typedef enum ch_status {
+    CH_STATUS_OK = 0,
+    CH_STATUS_BAD_INPUT = 2,   /* the user's input (flag, file, config) is wrong: exit code 2 */
+    CH_STATUS_SYSTEM = 3,      /* allocation, I/O or library failure */
+    CH_STATUS_NUMERIC = 4,     /* a NaN or infinity where a number was due */
+} ch_status;
+
+typedef struct ch_err {
+    char msg[512];
+} ch_err;
+
+const char *ch_status_name(ch_status st);
+const char *ch_version(void);
+
+/* ---- data sets --------------------------------------------------------------------------- */
+
+typedef enum ch_split { CH_SPLIT_TRAIN, CH_SPLIT_TEST } ch_split;
+
+/* A labelled image data set held in memory as uint8 pixels (n, c, h, w) and labels (n). */
+typedef struct ch_dataset ch_dataset;
+
+/* Load the IDX files of DIR (train-images-idx3-ubyte[.gz] etc., raw or gzip). Every header field,
+ * count and label is validated; a bad file is CH_STATUS_BAD_INPUT with the file named. */
+ch_status ch_dataset_load_idx(const char *dir, ch_split split, ch_dataset **out, ch_err *err);
+size_t ch_dataset_size(const ch_dataset *d);
+int ch_dataset_classes(const ch_dataset *d);
+void ch_dataset_shape(const ch_dataset *d, int *c, int *h, int *w);
+/* Keep only the first n samples (no-op when n is 0 or >= the size). */
+void ch_dataset_truncate(ch_dataset *d, size_t n);
+void ch_dataset_free(ch_dataset *d);
+
+/* ---- models ------------------------------------------------------------------------------- */
+
+/* Names of the zoo: "lenet", "mnist-cnn", "resnet18", "mlp". NULL-terminated. */
+const char *const *ch_model_names(void);
+
+/* ---- training ----------------------------------------------------------------------------- */
+
+typedef struct ch_train_config {
+    const char *model;        /* zoo name */
+    const char *init;         /* "default" (PyTorch's) or "normal:STD" */
+    int epochs;
+    int batch_size;           /* global batch */
+    double lr, momentum, weight_decay;
+    bool nesterov;
+    uint64_t seed;
+    int threads;              /* compute threads; 0: all cores */
+    bool nan_check;           /* stop with CH_STATUS_NUMERIC on a non-finite loss */
+} ch_train_config;
+
+ch_train_config ch_train_config_default(void);
+
+typedef struct ch_epoch_stats {
+    int epoch;                /* 1-based */
+    double loss;              /* mean training loss over the epoch */
+    double train_acc, test_acc;
+    double time_s;            /* training time of the epoch (excluding evaluation) */
+    double images_per_s;
+    size_t train_images, test_images;
+} ch_epoch_stats;
+
+/* Called after every step from the training thread: step (1-based) of steps, running loss and
+ * accuracy of the epoch so far, images processed so far. */
+typedef void (*ch_progress_fn)(void *user, int step, int steps, double loss, double acc,
+                               size_t images, double elapsed_s);
+
+typedef struct ch_trainer ch_trainer;
+
+/* Build the model, optimizer and plans. train/test are borrowed and must outlive the trainer;
+ * test may be NULL. */
+ch_status ch_trainer_create(const ch_train_config *cfg, const ch_dataset *train,
+                            const ch_dataset *test, ch_trainer **out, ch_err *err);
+void ch_trainer_set_progress(ch_trainer *t, ch_progress_fn fn, void *user);
+/* Train one epoch, then evaluate on the test set (test_acc is -1 without one). */
+ch_status ch_trainer_run_epoch(ch_trainer *t, ch_epoch_stats *stats, ch_err *err);
+/* Evaluate on d: mean loss and accuracy. */
+ch_status ch_trainer_evaluate(ch_trainer *t, const ch_dataset *d, double *loss, double *acc,
+                              ch_err *err);
+/* Human-readable description of the devices in use, e.g. "cpu:0". */
+const char *ch_trainer_devices(const ch_trainer *t);
+size_t ch_trainer_param_count(const ch_trainer *t);
+/* Copy the flat float32 parameters (ch_trainer_param_count values) into out. */
+void ch_trainer_get_params(const ch_trainer *t, float *out);
+void ch_trainer_free(ch_trainer *t);
+
+/* ---- machine ------------------------------------------------------------------------------ */
+
+/* One line describing the CPU (vendor, family/model, widest vector ISA). */
+void ch_cpu_describe(char *buf, size_t len);
+/* Number of cores this process may run on. */
+int ch_cpu_count(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

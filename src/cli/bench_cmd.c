@@ -1,0 +1,118 @@
+/* cohort bench train: images/second of training (or evaluation) steps on synthetic data of the
+ * model's input shape, after warm-up steps. Used by bench/train_throughput. */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli/cli.h"
+#include "core/rng.h"
+#include "data/dataset.h"
+#include "train/trainer.h"
+
+static const char bench_usage[] =
+    "usage: cohort bench train --model NAME [--batch-size B] [--threads T] [--steps N]\n"
+    "                          [--warmup W] [--eval]\n"
+    "Times N training steps (or forward-only evaluation batches with --eval) on synthetic\n"
+    "1x28x28 inputs with 10 classes and prints images/second.\n";
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Random pixels and labels: throughput does not depend on the values. */
+static ch_dataset *synthetic(size_t n)
+{
+    ch_dataset *d = calloc(1, sizeof *d);
+    if (!d) return NULL;
+    *d = (ch_dataset){ .n = n, .c = 1, .h = 28, .w = 28, .classes = 10 };
+    d->images = malloc(n * 784);
+    d->labels = malloc(n);
+    if (!d->images || !d->labels) {
+        ch_dataset_free(d);
+        return NULL;
+    }
+    ch_rng r;
+    ch_rng_init(&r, 1, CH_RNG_STREAM_TEST, 0);
+    for (size_t i = 0; i < n * 784; i++) d->images[i] = (uint8_t)ch_rng_u32(&r);
+    for (size_t i = 0; i < n; i++) d->labels[i] = (uint8_t)ch_rng_below(&r, 10);
+    return d;
+}
+
+static int run_bench(ch_trainer *t, ch_dataset *d, int steps, int warmup, bool eval)
+{
+    const int B = t->cfg.batch_size;
+    ch_err err;
+    double t0 = 0;
+    for (int i = 0; i < warmup + steps; i++) {
+        if (i == warmup) t0 = now_s();
+        ch_status st;
+        if (eval) {
+            double l, a;
+            st = ch_trainer_evaluate(t, d, &l, &a, &err);
+        } else {
+            double l;
+            int64_t c;
+            st = ch_trainer_step(t, t->perm, B, &l, &c, &err);
+        }
+        if (st != CH_STATUS_OK) return ch_exit_for("bench", st, &err);
+    }
+    const double el = now_s() - t0;
+    printf("model=%s batch=%d threads=%d mode=%s steps=%d time=%.3f img/s=%.1f\n",
+           t->model_name, B, t->nthreads, eval ? "eval" : "train", steps, el,
+           (double)steps * B / el);
+    return CH_EXIT_OK;
+}
+
+int ch_cmd_bench(int argc, char **argv)
+{
+    if (argc < 2 || strcmp(argv[1], "train") != 0) {
+        fputs(bench_usage, argc < 2 ? stderr : stdout);
+        return argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)
+                   ? CH_EXIT_OK : CH_EXIT_USAGE;
+    }
+    static const struct option opts[] = {
+        { "model", required_argument, NULL, 'm' }, { "batch-size", required_argument, NULL, 'b' },
+        { "threads", required_argument, NULL, 't' }, { "steps", required_argument, NULL, 's' },
+        { "warmup", required_argument, NULL, 'w' }, { "eval", no_argument, NULL, 'e' },
+        { NULL, 0, NULL, 0 },
+    };
+    ch_train_config cfg = ch_train_config_default();
+    cfg.lr = 0.01;
+    long steps = 20, warmup = 3, v;
+    bool eval = false;
+    int c;
+    optind = 1;
+    opterr = 0;
+    while ((c = getopt_long(argc - 1, argv + 1, ":", opts, NULL)) != -1) {
+        switch (c) {
+        case 'm': cfg.model = optarg; break;
+        case 'b': if (!ch_arg_int("bench", "batch-size", optarg, 1, 65536, &v)) return CH_EXIT_USAGE; cfg.batch_size = (int)v; break;
+        case 't': if (!ch_arg_int("bench", "threads", optarg, 1, 1024, &v)) return CH_EXIT_USAGE; cfg.threads = (int)v; break;
+        case 's': if (!ch_arg_int("bench", "steps", optarg, 1, 1000000, &steps)) return CH_EXIT_USAGE; break;
+        case 'w': if (!ch_arg_int("bench", "warmup", optarg, 0, 1000000, &warmup)) return CH_EXIT_USAGE; break;
+        case 'e': eval = true; break;
+        default: fprintf(stderr, "cohort bench: unknown or incomplete option\n"); return CH_EXIT_USAGE;
+        }
+    }
+    ch_dataset *d = synthetic((size_t)cfg.batch_size);
+    if (!d) {
+        fprintf(stderr, "cohort bench: out of memory\n");
+        return CH_EXIT_FAIL;
+    }
+    ch_trainer *t;
+    ch_err err;
+    ch_status st = ch_trainer_create(&cfg, d, NULL, &t, &err);
+    int rc = st == CH_STATUS_OK ? CH_EXIT_OK : ch_exit_for("bench", st, &err);
+    if (rc == CH_EXIT_OK) {
+        for (int i = 0; i < cfg.batch_size; i++) t->perm[i] = (uint32_t)i;
+        rc = run_bench(t, d, (int)steps, (int)warmup, eval);
+    }
+    ch_trainer_free(t);
+    ch_dataset_free(d);
+    return rc;
+}

@@ -1,0 +1,38 @@
+/* The cohort program's subcommands and shared helpers. */
+#ifndef CH_CLI_H
+#define CH_CLI_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "cohort.h"
+
+/* Exit codes: 0 success, 1 runtime failure, 2 bad input (flags, files). */
+enum { CH_EXIT_OK = 0, CH_EXIT_FAIL = 1, CH_EXIT_USAGE = 2 };
+
+int ch_cmd_train(int argc, char **argv);
+int ch_cmd_info(int argc, char **argv);
+int ch_cmd_bench(int argc, char **argv);
+
+/* Strict number parsing for flags: the whole string, within [lo, hi]; on failure prints one line
+ * "cohort CMD: --FLAG 'VALUE': expected ..." and returns false. */
+bool ch_arg_int(const char *cmd, const char *flag, const char *s, long lo, long hi, long *out);
+bool ch_arg_double(const char *cmd, const char *flag, const char *s, double lo, double hi,
+                   double *out);
+/* Map a library status to an exit code after printing "cohort CMD: MESSAGE". */
+int ch_exit_for(const char *cmd, ch_status st, const ch_err *err);
+
+/* The progress bar on stderr (only when it is a terminal). */
+typedef struct ch_progress {
+    bool enabled;
+    double last_draw;
+    int epoch, epochs;
+} ch_progress;
+
+void ch_progress_init(ch_progress *p, bool allow);
+/* Matches ch_progress_fn; user is a ch_progress. */
+void ch_progress_update(void *user, int step, int steps, double loss, double acc, size_t images,
+                        double elapsed_s);
+void ch_progress_clear(ch_progress *p);
+
+#endif

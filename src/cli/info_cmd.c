@@ -1,0 +1,40 @@
+/* cohort info: version, kernels and libraries in use, the CPU, threads, optional back ends. */
+#include <omp.h>
+#include <stdio.h>
+
+#include "cli/cli.h"
+#include "core/real.h"
+
+#ifndef CH_REAL_DOUBLE
+#include <dnnl.h>
+#endif
+
+int ch_cmd_info(int argc, char **argv)
+{
+    (void)argv;
+    if (argc > 1) {
+        fprintf(stderr, "cohort info: takes no arguments\n");
+        return CH_EXIT_USAGE;
+    }
+    char cpu[160];
+    ch_cpu_describe(cpu, sizeof cpu);
+    const dnnl_version_t *v = dnnl_version();
+    printf("cohort %s\n", ch_version());
+    printf("precision:  %s\n", CH_REAL_NAME);
+    printf("kernels:    cpu (im2col + oneDNN %d.%d.%d sgemm, OpenMP %d)\n", v->major, v->minor,
+           v->patch, _OPENMP);
+    printf("oneDNN cpu: %s\n", v->cpu_runtime == DNNL_RUNTIME_OMP ? "OpenMP runtime" : "other runtime");
+    printf("cpu:        %s\n", cpu);
+    printf("threads:    %d by default (--threads T to change)\n", ch_cpu_count());
+#ifdef COHORT_MPI_FOUND
+    printf("mpi:        Open MPI found at build time; not used by this build yet\n");
+#else
+    printf("mpi:        not available (install libopenmpi-dev and rebuild)\n");
+#endif
+#ifdef COHORT_CUDA_FOUND
+    printf("cuda:       toolkit found at build time; no CUDA back end in this build yet\n");
+#else
+    printf("cuda:       not available\n");
+#endif
+    return CH_EXIT_OK;
+}

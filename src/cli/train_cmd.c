@@ -1,0 +1,199 @@
+/* cohort train: parse flags, load data, train, print one line per epoch, write metrics. */
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "core/status.h"
+
+static const char train_usage[] =
+    "usage: cohort train --model NAME --data DIR [options]\n"
+    "\n"
+    "Train a model of the zoo on an IDX data set (MNIST, Fashion-MNIST layout).\n"
+    "\n"
+    "  --model NAME          lenet | mnist-cnn | resnet18 | mlp\n"
+    "  --data DIR            directory with train-/t10k- images and labels (.gz or raw)\n"
+    "  --epochs N            epochs to train (default 10)\n"
+    "  -b, --batch-size B    global batch size (default 256)\n"
+    "  --lr X                learning rate (default 0.1)\n"
+    "  --momentum M          SGD momentum (default 0)\n"
+    "  --nesterov            Nesterov momentum\n"
+    "  --weight-decay W      L2 weight decay, also --wd (default 0)\n"
+    "  --init SPEC           default (PyTorch's) | normal:STD (weights N(0,STD), biases 0)\n"
+    "  --seed S              seed of every random choice (default 0)\n"
+    "  --threads T           compute threads (default: all cores)\n"
+    "  --train-limit N       use only the first N training samples\n"
+    "  --test-limit N        evaluate on the first N test samples only\n"
+    "  --metrics FILE        append one JSON object per epoch (JSON Lines)\n"
+    "  --nan-check           stop with an error when the loss is not finite\n"
+    "  --no-progress         no progress bar, even on a terminal\n"
+    "  -h, --help            this text\n";
+
+typedef struct train_opts {
+    ch_train_config cfg;
+    const char *data, *metrics;
+    long train_limit, test_limit;
+    bool progress;
+} train_opts;
+
+enum {
+    OPT_MODEL = 256, OPT_DATA, OPT_EPOCHS, OPT_LR, OPT_MOMENTUM, OPT_NESTEROV, OPT_WD, OPT_INIT,
+    OPT_SEED, OPT_THREADS, OPT_TRAIN_LIMIT, OPT_TEST_LIMIT, OPT_METRICS, OPT_NAN_CHECK,
+    OPT_NO_PROGRESS,
+};
+
+static const struct option train_long[] = {
+    { "model", required_argument, NULL, OPT_MODEL },
+    { "data", required_argument, NULL, OPT_DATA },
+    { "epochs", required_argument, NULL, OPT_EPOCHS },
+    { "batch-size", required_argument, NULL, 'b' },
+    { "lr", required_argument, NULL, OPT_LR },
+    { "momentum", required_argument, NULL, OPT_MOMENTUM },
+    { "nesterov", no_argument, NULL, OPT_NESTEROV },
+    { "weight-decay", required_argument, NULL, OPT_WD },
+    { "wd", required_argument, NULL, OPT_WD },
+    { "init", required_argument, NULL, OPT_INIT },
+    { "seed", required_argument, NULL, OPT_SEED },
+    { "threads", required_argument, NULL, OPT_THREADS },
+    { "train-limit", required_argument, NULL, OPT_TRAIN_LIMIT },
+    { "test-limit", required_argument, NULL, OPT_TEST_LIMIT },
+    { "metrics", required_argument, NULL, OPT_METRICS },
+    { "nan-check", no_argument, NULL, OPT_NAN_CHECK },
+    { "no-progress", no_argument, NULL, OPT_NO_PROGRESS },
+    { "help", no_argument, NULL, 'h' },
+    { NULL, 0, NULL, 0 },
+};
+
+/* Returns -1 to go on, else the exit code. */
+static int parse_one(int c, const char *arg, train_opts *o)
+{
+    ch_train_config *cfg = &o->cfg;
+    long v;
+    switch (c) {
+    case OPT_MODEL: cfg->model = arg; return -1;
+    case OPT_DATA: o->data = arg; return -1;
+    case OPT_EPOCHS:
+        if (!ch_arg_int("train", "epochs", arg, 0, 1000000, &v)) return CH_EXIT_USAGE;
+        cfg->epochs = (int)v;
+        return -1;
+    case 'b':
+        if (!ch_arg_int("train", "batch-size", arg, 1, 1 << 20, &v)) return CH_EXIT_USAGE;
+        cfg->batch_size = (int)v;
+        return -1;
+    case OPT_LR: return ch_arg_double("train", "lr", arg, 0, 1e6, &cfg->lr) ? -1 : CH_EXIT_USAGE;
+    case OPT_MOMENTUM:
+        return ch_arg_double("train", "momentum", arg, 0, 0.999999, &cfg->momentum) ? -1 : CH_EXIT_USAGE;
+    case OPT_NESTEROV: cfg->nesterov = true; return -1;
+    case OPT_WD:
+        return ch_arg_double("train", "weight-decay", arg, 0, 1e3, &cfg->weight_decay) ? -1 : CH_EXIT_USAGE;
+    case OPT_INIT: cfg->init = arg; return -1;
+    case OPT_SEED:
+        if (!ch_arg_int("train", "seed", arg, 0, __LONG_MAX__, &v)) return CH_EXIT_USAGE;
+        cfg->seed = (uint64_t)v;
+        return -1;
+    case OPT_THREADS:
+        if (!ch_arg_int("train", "threads", arg, 1, 1024, &v)) return CH_EXIT_USAGE;
+        cfg->threads = (int)v;
+        return -1;
+    case OPT_TRAIN_LIMIT:
+        return ch_arg_int("train", "train-limit", arg, 1, __LONG_MAX__, &o->train_limit) ? -1 : CH_EXIT_USAGE;
+    case OPT_TEST_LIMIT:
+        return ch_arg_int("train", "test-limit", arg, 1, __LONG_MAX__, &o->test_limit) ? -1 : CH_EXIT_USAGE;
+    case OPT_METRICS: o->metrics = arg; return -1;
+    case OPT_NAN_CHECK: cfg->nan_check = true; return -1;
+    case OPT_NO_PROGRESS: o->progress = false; return -1;
+    case 'h': fputs(train_usage, stdout); return CH_EXIT_OK;
+    default:
+        fprintf(stderr, "cohort train: unknown or incomplete option (see cohort train --help)\n");
+        return CH_EXIT_USAGE;
+    }
+}
+
+static int parse_train(int argc, char **argv, train_opts *o)
+{
+    *o = (train_opts){ .cfg = ch_train_config_default(), .progress = true };
+    o->cfg.model = NULL;
+    optind = 1;
+    opterr = 0;
+    int c;
+    while ((c = getopt_long(argc, argv, ":b:h", train_long, NULL)) != -1) {
+        int rc = parse_one(c, optarg, o);
+        if (rc >= 0) return rc;
+    }
+    if (optind < argc) {
+        fprintf(stderr, "cohort train: unexpected argument '%s'\n", argv[optind]);
+        return CH_EXIT_USAGE;
+    }
+    if (!o->cfg.model || !o->data) {
+        fprintf(stderr, "cohort train: --model and --data are required (see cohort train --help)\n");
+        return CH_EXIT_USAGE;
+    }
+    return -1;
+}
+
+static void print_epoch(const ch_epoch_stats *s, const char *devices)
+{
+    printf("epoch %d, loss %.4f, train acc %.4f, test acc %.4f, time %.1f sec, %.0f img/s on [%s]\n",
+           s->epoch, s->loss, s->train_acc, s->test_acc, s->time_s, s->images_per_s, devices);
+    fflush(stdout);
+}
+
+static bool write_metrics(FILE *f, const ch_epoch_stats *s, const char *devices)
+{
+    fprintf(f,
+            "{\"epoch\": %d, \"loss\": %.6f, \"train_acc\": %.6f, \"test_acc\": %.6f, "
+            "\"time_s\": %.4f, \"images_per_s\": %.2f, \"devices\": [\"%s\"]}\n",
+            s->epoch, s->loss, s->train_acc, s->test_acc, s->time_s, s->images_per_s, devices);
+    return fflush(f) == 0 && !ferror(f);
+}
+
+static int run_training(const train_opts *o, ch_trainer *t, FILE *metrics)
+{
+    ch_progress bar;
+    ch_progress_init(&bar, o->progress);
+    bar.epochs = o->cfg.epochs;
+    ch_trainer_set_progress(t, ch_progress_update, &bar);
+    for (int e = 0; e < o->cfg.epochs; e++) {
+        bar.epoch = e + 1;
+        ch_epoch_stats s;
+        ch_err err;
+        ch_status st = ch_trainer_run_epoch(t, &s, &err);
+        ch_progress_clear(&bar);
+        if (st != CH_STATUS_OK) return ch_exit_for("train", st, &err);
+        print_epoch(&s, ch_trainer_devices(t));
+        if (metrics && !write_metrics(metrics, &s, ch_trainer_devices(t))) {
+            fprintf(stderr, "cohort train: %s: write failed\n", o->metrics);
+            return CH_EXIT_FAIL;
+        }
+    }
+    return CH_EXIT_OK;
+}
+
+int ch_cmd_train(int argc, char **argv)
+{
+    train_opts o;
+    int rc = parse_train(argc, argv, &o);
+    if (rc >= 0) return rc;
+    ch_err err;
+    ch_dataset *train = NULL, *test = NULL;
+    ch_trainer *t = NULL;
+    FILE *metrics = NULL;
+    ch_status st = ch_dataset_load_idx(o.data, CH_SPLIT_TRAIN, &train, &err);
+    if (st == CH_STATUS_OK) st = ch_dataset_load_idx(o.data, CH_SPLIT_TEST, &test, &err);
+    if (st == CH_STATUS_OK) {
+        ch_dataset_truncate(train, (size_t)o.train_limit);
+        ch_dataset_truncate(test, (size_t)o.test_limit);
+        st = ch_trainer_create(&o.cfg, train, test, &t, &err);
+    }
+    if (st == CH_STATUS_OK && o.metrics && !(metrics = fopen(o.metrics, "a")))
+        st = ch_fail(&err, CH_STATUS_BAD_INPUT, "%s: cannot open for writing (%s)", o.metrics,
+                     strerror(errno));
+    rc = st == CH_STATUS_OK ? run_training(&o, t, metrics) : ch_exit_for("train", st, &err);
+    if (metrics) fclose(metrics);
+    ch_trainer_free(t);
+    ch_dataset_free(train);
+    ch_dataset_free(test);
+    return rc;
+}

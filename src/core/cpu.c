@@ -1,0 +1,44 @@
+/* What machine we run on: core count and a CPU description for `cohort info`. */
+#define _GNU_SOURCE
+#include <cpuid.h>
+#include <sched.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cohort.h"
+
+int ch_cpu_count(void)
+{
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0) {
+        int n = CPU_COUNT(&set);
+        if (n > 0) return n;
+    }
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
+void ch_cpu_describe(char *buf, size_t len)
+{
+    unsigned a, b, c, d;
+    char vendor[13] = { 0 };
+    if (!__get_cpuid(0, &a, &b, &c, &d)) {
+        snprintf(buf, len, "unknown CPU");
+        return;
+    }
+    memcpy(vendor, &b, 4);
+    memcpy(vendor + 4, &d, 4);
+    memcpy(vendor + 8, &c, 4);
+    __get_cpuid(1, &a, &b, &c, &d);
+    const unsigned family = ((a >> 8) & 0xf) + (((a >> 8) & 0xf) == 0xf ? (a >> 20) & 0xff : 0);
+    const unsigned model = ((a >> 4) & 0xf) | (((a >> 16) & 0xf) << 4);
+    const char *isa = (c & bit_AVX) ? "AVX" : "SSE";
+    unsigned a7, b7, c7, d7;
+    if (__get_cpuid_count(7, 0, &a7, &b7, &c7, &d7)) {
+        if (b7 & bit_AVX2) isa = "AVX2";
+        if (b7 & bit_AVX512F) isa = "AVX-512";
+    }
+    snprintf(buf, len, "%s family %u model %u, %s, %d cores available", vendor, family, model,
+             isa, ch_cpu_count());
+}

@@ -1,0 +1,16 @@
+/* The engine's floating-point type.
+ * The library is compiled twice from the same sources: as float (libcohort, what users run) and as
+ * double (libcohort_f64, built for the tests only) so that gradients of the very same layer code can
+ * be checked against central differences in double precision. */
+#ifndef CH_REAL_H
+#define CH_REAL_H
+
+#ifdef CH_REAL_DOUBLE
+typedef double ch_real;
+#define CH_REAL_NAME "float64"
+#else
+typedef float ch_real;
+#define CH_REAL_NAME "float32"
+#endif
+
+#endif

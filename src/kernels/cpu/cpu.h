@@ -1,0 +1,56 @@
+/* The CPU backend's kernels, one file per family; cpu_table.c gathers them into the table. */
+#ifndef CH_KERNELS_CPU_H
+#define CH_KERNELS_CPU_H
+
+#include <omp.h>
+
+#include "kernels/kernels.h"
+
+/* The calling thread's index inside an OpenMP team (0 outside one). */
+static inline int ch_omp_thread(void) { return omp_get_thread_num(); }
+
+void ch_cpu_gemm(const ch_kctx *kc, bool ta, bool tb, int m, int n, int k, ch_real alpha,
+                 const ch_real *a, int lda, const ch_real *b, int ldb, ch_real beta, ch_real *c,
+                 int ldc);
+
+size_t ch_cpu_conv2d_workspace(const ch_conv_desc *d, int nthreads);
+void ch_cpu_conv2d_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
+                           const ch_real *w, const ch_real *b, ch_real *y);
+void ch_cpu_conv2d_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int n,
+                                 const ch_real *dy, const ch_real *w, ch_real *dx);
+void ch_cpu_conv2d_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, int n,
+                                    const ch_real *x, const ch_real *dy, ch_real *dw,
+                                    ch_real *db);
+
+void ch_cpu_maxpool2d_forward(const ch_kctx *kc, const ch_pool_desc *d, int n, const ch_real *x,
+                              ch_real *y, int32_t *argmax);
+void ch_cpu_maxpool2d_backward(const ch_kctx *kc, const ch_pool_desc *d, int n,
+                               const ch_real *dy, const int32_t *argmax, ch_real *dx);
+void ch_cpu_avgpool2d_forward(const ch_kctx *kc, const ch_pool_desc *d, int n, const ch_real *x,
+                              ch_real *y);
+void ch_cpu_avgpool2d_backward(const ch_kctx *kc, const ch_pool_desc *d, int n,
+                               const ch_real *dy, ch_real *dx);
+
+void ch_cpu_batchnorm_stats(const ch_kctx *kc, int n, int c, int hw, const ch_real *x,
+                            double *sum, double *sumsq);
+void ch_cpu_channel_affine(const ch_kctx *kc, int n, int c, int hw, const ch_real *x,
+                           const ch_real *scale, const ch_real *shift, ch_real *y);
+void ch_cpu_batchnorm_backward_reduce(const ch_kctx *kc, int n, int c, int hw, const ch_real *x,
+                                      const ch_real *dy, const ch_real *mean,
+                                      const ch_real *invstd, double *sum_dy,
+                                      double *sum_dy_xhat);
+void ch_cpu_batchnorm_backward_data(const ch_kctx *kc, int n, int c, int hw, const ch_real *x,
+                                    const ch_real *dy, const ch_real *mean,
+                                    const ch_real *invstd, const ch_real *gamma,
+                                    const double *sum_dy, const double *sum_dy_xhat,
+                                    double count, ch_real *dx);
+
+void ch_cpu_relu_forward(const ch_kctx *kc, size_t len, const ch_real *x, ch_real *y);
+void ch_cpu_relu_backward(const ch_kctx *kc, size_t len, const ch_real *y, const ch_real *dy,
+                          ch_real *dx);
+void ch_cpu_add(const ch_kctx *kc, size_t len, const ch_real *a, const ch_real *b, ch_real *y);
+void ch_cpu_softmax_xent(const ch_kctx *kc, int n, int k, const ch_real *logits,
+                         const int32_t *labels, double scale, ch_real *dlogits,
+                         double *loss_sum, int64_t *correct);
+
+#endif

@@ -1,0 +1,52 @@
+/* Elementwise kernels and the softmax cross-entropy loss. */
+#include "kernels/cpu/cpu.h"
+
+#include <math.h>
+
+void ch_cpu_relu_forward(const ch_kctx *kc, size_t len, const ch_real *x, ch_real *y)
+{
+#pragma omp parallel for num_threads(kc->nthreads) schedule(static)
+    for (size_t i = 0; i < len; i++) y[i] = x[i] > 0 ? x[i] : 0;
+}
+
+void ch_cpu_relu_backward(const ch_kctx *kc, size_t len, const ch_real *y, const ch_real *dy,
+                          ch_real *dx)
+{
+#pragma omp parallel for num_threads(kc->nthreads) schedule(static)
+    for (size_t i = 0; i < len; i++) dx[i] = y[i] > 0 ? dy[i] : 0;
+}
+
+void ch_cpu_add(const ch_kctx *kc, size_t len, const ch_real *a, const ch_real *b, ch_real *y)
+{
+#pragma omp parallel for num_threads(kc->nthreads) schedule(static)
+    for (size_t i = 0; i < len; i++) y[i] = a[i] + b[i];
+}
+
+/* loss_i = logsumexp(z_i) - z_i[label]; computed with the max subtracted for stability. */
+void ch_cpu_softmax_xent(const ch_kctx *kc, int n, int k, const ch_real *logits,
+                         const int32_t *labels, double scale, ch_real *dlogits,
+                         double *loss_sum, int64_t *correct)
+{
+    double loss = 0;
+    int64_t hits = 0;
+#pragma omp parallel for num_threads(kc->nthreads) schedule(static) reduction(+ : loss, hits)
+    for (int i = 0; i < n; i++) {
+        const ch_real *z = logits + (size_t)i * k;
+        int arg = 0;
+        for (int j = 1; j < k; j++)
+            if (z[j] > z[arg]) arg = j;
+        const double zmax = z[arg];
+        double se = 0;
+        for (int j = 0; j < k; j++) se += exp((double)z[j] - zmax);
+        const double lse = zmax + log(se);
+        loss += lse - z[labels[i]];
+        hits += arg == labels[i];
+        if (dlogits) {
+            ch_real *g = dlogits + (size_t)i * k;
+            for (int j = 0; j < k; j++)
+                g[j] = (ch_real)((exp((double)z[j] - lse) - (j == labels[i])) * scale);
+        }
+    }
+    *loss_sum = loss;
+    *correct = hits;
+}

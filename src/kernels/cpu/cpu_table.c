@@ -1,0 +1,25 @@
+/* The CPU backend's kernel table. */
+#include "kernels/cpu/cpu.h"
+
+static const ch_kernels cpu_table = {
+    .name = "cpu",
+    .gemm = ch_cpu_gemm,
+    .conv2d_workspace = ch_cpu_conv2d_workspace,
+    .conv2d_forward = ch_cpu_conv2d_forward,
+    .conv2d_backward_data = ch_cpu_conv2d_backward_data,
+    .conv2d_backward_weights = ch_cpu_conv2d_backward_weights,
+    .maxpool2d_forward = ch_cpu_maxpool2d_forward,
+    .maxpool2d_backward = ch_cpu_maxpool2d_backward,
+    .avgpool2d_forward = ch_cpu_avgpool2d_forward,
+    .avgpool2d_backward = ch_cpu_avgpool2d_backward,
+    .batchnorm_stats = ch_cpu_batchnorm_stats,
+    .channel_affine = ch_cpu_channel_affine,
+    .batchnorm_backward_reduce = ch_cpu_batchnorm_backward_reduce,
+    .batchnorm_backward_data = ch_cpu_batchnorm_backward_data,
+    .relu_forward = ch_cpu_relu_forward,
+    .relu_backward = ch_cpu_relu_backward,
+    .add = ch_cpu_add,
+    .softmax_xent = ch_cpu_softmax_xent,
+};
+
+const ch_kernels *ch_kernels_cpu(void) { return &cpu_table; }

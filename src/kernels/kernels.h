@@ -1,0 +1,113 @@
+/* The kernel table: the only way layers reach arithmetic.
+ * A backend is a table of function pointers (ggml style). Layers call ctx->k->fn(...), never a library
+ * directly, so a backend (cpu today, cuda later) can be swapped and every backend can be checked against
+ * the naive reference table (kernels/ref). All tensors are NCHW, contiguous, ch_real.
+ * Threads: a kernel uses up to kc->nthreads threads and nothing else; it may use kc->ws (at least the
+ * size its *_workspace function returned) as scratch. Kernels never allocate and never fail: shapes
+ * are validated when the model is built. */
+#ifndef CH_KERNELS_H
+#define CH_KERNELS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/real.h"
+
+/* What a kernel may use besides its arguments. */
+typedef struct ch_kctx {
+    int nthreads;     /* >= 1 */
+    ch_real *ws;      /* scratch, ws_len elements */
+    size_t ws_len;
+} ch_kctx;
+
+/* Convolution geometry for one sample: x (c, h, w) -> y (oc, oh, ow), square stride and padding. */
+typedef struct ch_conv_desc {
+    int c, h, w;
+    int oc, kh, kw, stride, pad;
+    int oh, ow;
+} ch_conv_desc;
+
+/* Pooling geometry: x (c, h, w) -> y (c, oh, ow). Average pooling counts padding (PyTorch default). */
+typedef struct ch_pool_desc {
+    int c, h, w;
+    int k, stride, pad;
+    int oh, ow;
+} ch_pool_desc;
+
+typedef struct ch_kernels {
+    const char *name;
+
+    /* C = alpha * op(A) * op(B) + beta * C, row-major; op(A) is m x k, op(B) is k x n. */
+    void (*gemm)(const ch_kctx *kc, bool trans_a, bool trans_b, int m, int n, int k, ch_real alpha,
+                 const ch_real *a, int lda, const ch_real *b, int ldb, ch_real beta, ch_real *c,
+                 int ldc);
+
+    /* Scratch (elements) the three convolution kernels need with nthreads threads. */
+    size_t (*conv2d_workspace)(const ch_conv_desc *d, int nthreads);
+    /* y[n,o,i,j] = b[o] + sum_{c,p,q} w[o,c,p,q] * x[n,c,i*s-pad+p,j*s-pad+q]; b may be NULL. */
+    void (*conv2d_forward)(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
+                           const ch_real *w, const ch_real *b, ch_real *y);
+    /* dx = conv2d_forward's adjoint in x (dx is overwritten). */
+    void (*conv2d_backward_data)(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *dy,
+                                 const ch_real *w, ch_real *dx);
+    /* dw (and db if not NULL) = gradients summed over the batch (overwritten). */
+    void (*conv2d_backward_weights)(const ch_kctx *kc, const ch_conv_desc *d, int n,
+                                    const ch_real *x, const ch_real *dy, ch_real *dw, ch_real *db);
+
+    /* Max pooling; argmax[n, c, i, j] = flat index into the (h, w) plane of the winner. */
+    void (*maxpool2d_forward)(const ch_kctx *kc, const ch_pool_desc *d, int n, const ch_real *x,
+                              ch_real *y, int32_t *argmax);
+    void (*maxpool2d_backward)(const ch_kctx *kc, const ch_pool_desc *d, int n, const ch_real *dy,
+                               const int32_t *argmax, ch_real *dx);
+    void (*avgpool2d_forward)(const ch_kctx *kc, const ch_pool_desc *d, int n, const ch_real *x,
+                              ch_real *y);
+    void (*avgpool2d_backward)(const ch_kctx *kc, const ch_pool_desc *d, int n, const ch_real *dy,
+                               ch_real *dx);
+
+    /* Batch normalisation, split so that the per-channel sums can be reduced across devices
+     * (sync BN) between the two halves. x, y: (n, c, hw).
+     * stats: sum[c] = sum x, sumsq[c] = sum x^2 over (n, hw), in double. */
+    void (*batchnorm_stats)(const ch_kctx *kc, int n, int c, int hw, const ch_real *x,
+                            double *sum, double *sumsq);
+    /* y = x * scale[c] + shift[c] */
+    void (*channel_affine)(const ch_kctx *kc, int n, int c, int hw, const ch_real *x,
+                           const ch_real *scale, const ch_real *shift, ch_real *y);
+    /* sum_dy[c] = sum dy, sum_dy_xhat[c] = sum dy * (x - mean[c]) * invstd[c], in double. */
+    void (*batchnorm_backward_reduce)(const ch_kctx *kc, int n, int c, int hw, const ch_real *x,
+                                      const ch_real *dy, const ch_real *mean,
+                                      const ch_real *invstd, double *sum_dy, double *sum_dy_xhat);
+    /* dx = gamma*invstd * (dy - sum_dy/count - xhat * sum_dy_xhat/count), count the batch's
+     * element count per channel (all devices' with sync BN). */
+    void (*batchnorm_backward_data)(const ch_kctx *kc, int n, int c, int hw, const ch_real *x,
+                                    const ch_real *dy, const ch_real *mean, const ch_real *invstd,
+                                    const ch_real *gamma, const double *sum_dy,
+                                    const double *sum_dy_xhat, double count, ch_real *dx);
+
+    /* Elementwise. */
+    void (*relu_forward)(const ch_kctx *kc, size_t len, const ch_real *x, ch_real *y);
+    /* dx = dy where y > 0, else 0 (dx may alias dy). */
+    void (*relu_backward)(const ch_kctx *kc, size_t len, const ch_real *y, const ch_real *dy,
+                          ch_real *dx);
+    /* y = a + b (y may alias a or b). */
+    void (*add)(const ch_kctx *kc, size_t len, const ch_real *a, const ch_real *b, ch_real *y);
+
+    /* Softmax cross-entropy over logits (n, k): returns the summed loss and the number of correct
+     * argmax predictions; dlogits = (softmax - onehot) * scale (skipped when dlogits is NULL). */
+    void (*softmax_xent)(const ch_kctx *kc, int n, int k, const ch_real *logits,
+                         const int32_t *labels, double scale, ch_real *dlogits, double *loss_sum,
+                         int64_t *correct);
+} ch_kernels;
+
+/* The CPU backend (oneDNN GEMM, OpenMP threads) and the naive reference used by the tests. */
+const ch_kernels *ch_kernels_cpu(void);
+const ch_kernels *ch_kernels_ref(void);
+
+/* Output size of a window op; returns <= 0 when the geometry is impossible. */
+static inline int ch_window_out(int in, int k, int stride, int pad)
+{
+    if (stride <= 0 || k <= 0 || in + 2 * pad < k) return 0;
+    return (in + 2 * pad - k) / stride + 1;
+}
+
+#endif

@@ -1,0 +1,134 @@
+/* The reference backend: the definitions written as plain loops, single-threaded, with double
+ * accumulators. Tests check the fast backends against it; it is never used for training.
+ * Pooling, normalisation, elementwise and loss kernels of the CPU backend are still the direct
+ * formulation, so the table shares them until a faster CPU version replaces one. */
+#include "kernels/cpu/cpu.h"
+
+#include <string.h>
+
+static void ref_gemm(const ch_kctx *kc, bool ta, bool tb, int m, int n, int k, ch_real alpha,
+                     const ch_real *a, int lda, const ch_real *b, int ldb, ch_real beta,
+                     ch_real *c, int ldc)
+{
+    (void)kc;
+    for (int i = 0; i < m; i++) {
+        for (int j = 0; j < n; j++) {
+            double s = 0;
+            for (int p = 0; p < k; p++)
+                s += (double)(ta ? a[(size_t)p * lda + i] : a[(size_t)i * lda + p]) *
+                     (tb ? b[(size_t)j * ldb + p] : b[(size_t)p * ldb + j]);
+            ch_real *cij = &c[(size_t)i * ldc + j];
+            *cij = (ch_real)(alpha * s + (beta == 0 ? 0 : (double)beta * *cij));
+        }
+    }
+}
+
+static size_t ref_conv_workspace(const ch_conv_desc *d, int nthreads)
+{
+    (void)d;
+    (void)nthreads;
+    return 0;
+}
+
+#define X_AT(x, d, s, ci, ih, iw) (x)[(((size_t)(s) * (d)->c + (ci)) * (d)->h + (ih)) * (d)->w + (iw)]
+#define Y_AT(y, d, s, o, i, j) (y)[(((size_t)(s) * (d)->oc + (o)) * (d)->oh + (i)) * (d)->ow + (j)]
+#define W_AT(w, d, o, ci, p, q) (w)[(((size_t)(o) * (d)->c + (ci)) * (d)->kh + (p)) * (d)->kw + (q)]
+
+/* Input position of tap (p, q) of output (i, j); false when it falls in the padding. */
+static bool tap(const ch_conv_desc *d, int i, int j, int p, int q, int *ih, int *iw)
+{
+    *ih = i * d->stride - d->pad + p;
+    *iw = j * d->stride - d->pad + q;
+    return *ih >= 0 && *ih < d->h && *iw >= 0 && *iw < d->w;
+}
+
+static void ref_conv_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
+                             const ch_real *w, const ch_real *b, ch_real *y)
+{
+    (void)kc;
+    for (int s = 0; s < n; s++)
+        for (int o = 0; o < d->oc; o++)
+            for (int i = 0; i < d->oh; i++)
+                for (int j = 0; j < d->ow; j++) {
+                    double acc = b ? b[o] : 0;
+                    for (int ci = 0; ci < d->c; ci++)
+                        for (int p = 0; p < d->kh; p++)
+                            for (int q = 0; q < d->kw; q++) {
+                                int ih, iw;
+                                if (tap(d, i, j, p, q, &ih, &iw))
+                                    acc += (double)W_AT(w, d, o, ci, p, q) * X_AT(x, d, s, ci, ih, iw);
+                            }
+                    Y_AT(y, d, s, o, i, j) = (ch_real)acc;
+                }
+}
+
+static void ref_conv_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int n,
+                                   const ch_real *dy, const ch_real *w, ch_real *dx)
+{
+    (void)kc;
+    memset(dx, 0, sizeof(ch_real) * (size_t)n * d->c * d->h * d->w);
+    for (int s = 0; s < n; s++)
+        for (int o = 0; o < d->oc; o++)
+            for (int i = 0; i < d->oh; i++)
+                for (int j = 0; j < d->ow; j++)
+                    for (int ci = 0; ci < d->c; ci++)
+                        for (int p = 0; p < d->kh; p++)
+                            for (int q = 0; q < d->kw; q++) {
+                                int ih, iw;
+                                if (tap(d, i, j, p, q, &ih, &iw))
+                                    X_AT(dx, d, s, ci, ih, iw) +=
+                                        W_AT(w, d, o, ci, p, q) * Y_AT(dy, d, s, o, i, j);
+                            }
+}
+
+static void ref_conv_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, int n,
+                                      const ch_real *x, const ch_real *dy, ch_real *dw,
+                                      ch_real *db)
+{
+    (void)kc;
+    for (int o = 0; o < d->oc; o++) {
+        for (int ci = 0; ci < d->c; ci++)
+            for (int p = 0; p < d->kh; p++)
+                for (int q = 0; q < d->kw; q++) {
+                    double acc = 0;
+                    for (int s = 0; s < n; s++)
+                        for (int i = 0; i < d->oh; i++)
+                            for (int j = 0; j < d->ow; j++) {
+                                int ih, iw;
+                                if (tap(d, i, j, p, q, &ih, &iw))
+                                    acc += (double)Y_AT(dy, d, s, o, i, j) * X_AT(x, d, s, ci, ih, iw);
+                            }
+                    W_AT(dw, d, o, ci, p, q) = (ch_real)acc;
+                }
+        if (db) {
+            double acc = 0;
+            for (int s = 0; s < n; s++)
+                for (int i = 0; i < d->oh; i++)
+                    for (int j = 0; j < d->ow; j++) acc += Y_AT(dy, d, s, o, i, j);
+            db[o] = (ch_real)acc;
+        }
+    }
+}
+
+static const ch_kernels ref_table = {
+    .name = "ref",
+    .gemm = ref_gemm,
+    .conv2d_workspace = ref_conv_workspace,
+    .conv2d_forward = ref_conv_forward,
+    .conv2d_backward_data = ref_conv_backward_data,
+    .conv2d_backward_weights = ref_conv_backward_weights,
+    .maxpool2d_forward = ch_cpu_maxpool2d_forward,
+    .maxpool2d_backward = ch_cpu_maxpool2d_backward,
+    .avgpool2d_forward = ch_cpu_avgpool2d_forward,
+    .avgpool2d_backward = ch_cpu_avgpool2d_backward,
+    .batchnorm_stats = ch_cpu_batchnorm_stats,
+    .channel_affine = ch_cpu_channel_affine,
+    .batchnorm_backward_reduce = ch_cpu_batchnorm_backward_reduce,
+    .batchnorm_backward_data = ch_cpu_batchnorm_backward_data,
+    .relu_forward = ch_cpu_relu_forward,
+    .relu_backward = ch_cpu_relu_backward,
+    .add = ch_cpu_add,
+    .softmax_xent = ch_cpu_softmax_xent,
+};
+
+const ch_kernels *ch_kernels_ref(void) { return &ref_table; }

@@ -1,0 +1,109 @@
+/* BatchNorm2d (PyTorch semantics): training normalises with the batch's biased variance and moves
+ * running_mean / running_var (unbiased) by momentum 0.1; evaluation uses the running statistics.
+ * Tensors: weight, bias (params); running_mean, running_var (buffers); num_batches_tracked (int64). */
+#include "nn/layer.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+enum { BN_WEIGHT = 0, BN_BIAS = 1, BN_RMEAN = 0, BN_RVAR = 1 };
+static const double bn_eps = 1e-5, bn_momentum = 0.1;
+
+typedef struct bn_impl {
+    ch_real *mean, *invstd, *scale, *shift;   /* (c) each, saved for backward */
+    double *sum, *sumsq;                      /* (c) each */
+} bn_impl;
+
+static ch_status bn_plan(ch_layer *l, ch_plan *pl, ch_err *err)
+{
+    bn_impl *b = l->impl;
+    const size_t c = (size_t)l->in.c;
+    b->mean = malloc(sizeof(ch_real) * c * 4);
+    b->sum = malloc(sizeof(double) * c * 2);
+    if (!b->mean || !b->sum) return CH_SYS_FAIL(err, "malloc of batchnorm statistics");
+    b->invstd = b->mean + c;
+    b->scale = b->invstd + c;
+    b->shift = b->scale + c;
+    b->sumsq = b->sum + c;
+    return ch_layer_alloc_output(l, pl->max_batch, err);
+}
+
+static void bn_free(ch_layer *l)
+{
+    bn_impl *b = l->impl;
+    if (!b) return;
+    free(b->mean);
+    free(b->sum);
+}
+
+static void bn_forward(ch_layer *l, const ch_run *r, int n, const ch_real *x)
+{
+    bn_impl *b = l->impl;
+    const int c = l->in.c, hw = l->in.h * l->in.w;
+    const ch_real *gamma = l->p[BN_WEIGHT], *beta = l->p[BN_BIAS];
+    ch_real *rm = l->b[BN_RMEAN], *rv = l->b[BN_RVAR];
+    if (r->training) {
+        r->k->batchnorm_stats(&r->kc, n, c, hw, x, b->sum, b->sumsq);
+        const double cnt = (double)n * hw;
+        for (int i = 0; i < c; i++) {
+            const double mean = b->sum[i] / cnt;
+            double var = b->sumsq[i] / cnt - mean * mean;
+            if (var < 0) var = 0;
+            b->mean[i] = (ch_real)mean;
+            b->invstd[i] = (ch_real)(1.0 / sqrt(var + bn_eps));
+            const double unbiased = cnt > 1 ? var * cnt / (cnt - 1) : var;
+            rm[i] = (ch_real)((1 - bn_momentum) * rm[i] + bn_momentum * mean);
+            rv[i] = (ch_real)((1 - bn_momentum) * rv[i] + bn_momentum * unbiased);
+        }
+        ++*l->num_batches_tracked;
+    } else {
+        for (int i = 0; i < c; i++) {
+            b->mean[i] = rm[i];
+            b->invstd[i] = (ch_real)(1.0 / sqrt((double)rv[i] + bn_eps));
+        }
+    }
+    for (int i = 0; i < c; i++) {
+        b->scale[i] = gamma[i] * b->invstd[i];
+        b->shift[i] = beta[i] - b->mean[i] * b->scale[i];
+    }
+    r->k->channel_affine(&r->kc, n, c, hw, x, b->scale, b->shift, l->y);
+}
+
+/* Backward of the training-mode forward (the batch statistics depend on x). */
+static void bn_backward(ch_layer *l, const ch_run *r, int n, const ch_real *x, const ch_real *dy,
+                        ch_real *dx)
+{
+    bn_impl *b = l->impl;
+    const int c = l->in.c, hw = l->in.h * l->in.w;
+    r->k->batchnorm_backward_reduce(&r->kc, n, c, hw, x, dy, b->mean, b->invstd, b->sum, b->sumsq);
+    for (int i = 0; i < c; i++) {
+        l->g[BN_WEIGHT][i] = (ch_real)b->sumsq[i];
+        l->g[BN_BIAS][i] = (ch_real)b->sum[i];
+    }
+    if (dx)
+        r->k->batchnorm_backward_data(&r->kc, n, c, hw, x, dy, b->mean, b->invstd, l->p[BN_WEIGHT],
+                                      b->sum, b->sumsq, (double)n * hw, dx);
+}
+
+static const ch_layer_ops bn_ops = {
+    .kind = "BatchNorm2d", .plan = bn_plan, .forward = bn_forward, .backward = bn_backward,
+    .free_impl = bn_free,
+};
+
+ch_status ch_batchnorm2d_create(const char *name, ch_shape3 in, ch_layer **out, ch_err *err)
+{
+    ch_layer *l = ch_layer_alloc(&bn_ops, name, in, in);
+    CH_CHECK_ALLOC(err, l);
+    l->impl = calloc(1, sizeof(bn_impl));
+    if (!l->impl) {
+        ch_layer_free(l);
+        return CH_SYS_FAIL(err, "calloc of batchnorm");
+    }
+    const int64_t c[1] = { in.c };
+    ch_layer_add_param(l, "weight", 1, c, CH_ROLE_ONES, 0);
+    ch_layer_add_param(l, "bias", 1, c, CH_ROLE_ZEROS, 0);
+    ch_layer_add_buffer(l, "running_mean", 1, c, CH_ROLE_ZEROS);
+    ch_layer_add_buffer(l, "running_var", 1, c, CH_ROLE_ONES);
+    *out = l;
+    return CH_STATUS_OK;
+}

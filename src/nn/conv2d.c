@@ -1,0 +1,61 @@
+/* Conv2d: weight (oc, c, k, k), optional bias (oc). Arithmetic in the kernel table. */
+#include "nn/layer.h"
+
+#include <stdlib.h>
+
+typedef struct conv_impl {
+    ch_conv_desc d;
+    bool bias;
+} conv_impl;
+
+static ch_status conv_plan(ch_layer *l, ch_plan *pl, ch_err *err)
+{
+    conv_impl *c = l->impl;
+    size_t need = pl->k->conv2d_workspace(&c->d, pl->nthreads);
+    if (need > pl->ws_need) pl->ws_need = need;
+    return ch_layer_alloc_output(l, pl->max_batch, err);
+}
+
+static void conv_forward(ch_layer *l, const ch_run *r, int n, const ch_real *x)
+{
+    conv_impl *c = l->impl;
+    r->k->conv2d_forward(&r->kc, &c->d, n, x, l->p[0], c->bias ? l->p[1] : NULL, l->y);
+}
+
+static void conv_backward(ch_layer *l, const ch_run *r, int n, const ch_real *x, const ch_real *dy,
+                          ch_real *dx)
+{
+    conv_impl *c = l->impl;
+    r->k->conv2d_backward_weights(&r->kc, &c->d, n, x, dy, l->g[0], c->bias ? l->g[1] : NULL);
+    if (dx) r->k->conv2d_backward_data(&r->kc, &c->d, n, dy, l->p[0], dx);
+}
+
+static const ch_layer_ops conv_ops = {
+    .kind = "Conv2d", .plan = conv_plan, .forward = conv_forward, .backward = conv_backward,
+};
+
+ch_status ch_conv2d_create(const char *name, ch_shape3 in, int out_channels, int kernel,
+                           int stride, int pad, bool bias, ch_layer **out, ch_err *err)
+{
+    const int oh = ch_window_out(in.h, kernel, stride, pad), ow = ch_window_out(in.w, kernel, stride, pad);
+    if (out_channels <= 0 || oh <= 0 || ow <= 0 || pad < 0)
+        return ch_fail(err, CH_STATUS_BAD_INPUT,
+                       "conv %s: kernel %d stride %d pad %d does not fit input %dx%dx%d", name,
+                       kernel, stride, pad, in.c, in.h, in.w);
+    ch_layer *l = ch_layer_alloc(&conv_ops, name, in, (ch_shape3){ out_channels, oh, ow });
+    CH_CHECK_ALLOC(err, l);
+    conv_impl *c = calloc(1, sizeof *c);
+    if (!c) {
+        ch_layer_free(l);
+        return CH_SYS_FAIL(err, "calloc of conv");
+    }
+    l->impl = c;
+    c->d = (ch_conv_desc){ in.c, in.h, in.w, out_channels, kernel, kernel, stride, pad, oh, ow };
+    c->bias = bias;
+    const int fan_in = in.c * kernel * kernel;
+    ch_layer_add_param(l, "weight", 4, (int64_t[]){ out_channels, in.c, kernel, kernel },
+                       CH_ROLE_WEIGHT, fan_in);
+    if (bias) ch_layer_add_param(l, "bias", 1, (int64_t[]){ out_channels }, CH_ROLE_BIAS, fan_in);
+    *out = l;
+    return CH_STATUS_OK;
+}

@@ -1,0 +1,84 @@
+/* Generic layer plumbing: allocation, specs, children, planning, freeing. */
+#include "nn/layer.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+ch_layer *ch_layer_alloc(const ch_layer_ops *ops, const char *name, ch_shape3 in, ch_shape3 out)
+{
+    ch_layer *l = calloc(1, sizeof *l);
+    if (!l) return NULL;
+    l->ops = ops;
+    snprintf(l->name, sizeof l->name, "%s", name);
+    l->in = in;
+    l->out = out;
+    return l;
+}
+
+void ch_layer_free(ch_layer *l)
+{
+    if (!l) return;
+    for (int i = 0; i < l->nchildren; i++) ch_layer_free(l->children[i]);
+    free(l->children);
+    if (l->ops->free_impl) l->ops->free_impl(l);
+    free(l->impl);
+    if (l->y_owned) free(l->y);
+    free(l);
+}
+
+static void fill_spec(ch_tensor_spec *s, const char *suffix, int ndim, const int64_t *dims,
+                      ch_init_role role, int fan_in)
+{
+    CH_ASSERT(ndim >= 1 && ndim <= CH_MAX_DIMS);
+    memset(s, 0, sizeof *s);
+    s->suffix = suffix;
+    s->ndim = ndim;
+    s->count = 1;
+    for (int i = 0; i < ndim; i++) {
+        s->dims[i] = dims[i];
+        s->count *= (size_t)dims[i];
+    }
+    s->role = role;
+    s->fan_in = fan_in;
+}
+
+void ch_layer_add_param(ch_layer *l, const char *suffix, int ndim, const int64_t *dims,
+                        ch_init_role role, int fan_in)
+{
+    CH_ASSERT(l->nparams < CH_LAYER_MAX_TENSORS);
+    fill_spec(&l->params[l->nparams++], suffix, ndim, dims, role, fan_in);
+}
+
+void ch_layer_add_buffer(ch_layer *l, const char *suffix, int ndim, const int64_t *dims,
+                         ch_init_role role)
+{
+    CH_ASSERT(l->nbuffers < CH_LAYER_MAX_TENSORS);
+    fill_spec(&l->buffers[l->nbuffers++], suffix, ndim, dims, role, 0);
+}
+
+ch_status ch_layer_add_child(ch_layer *l, ch_layer *child, ch_err *err)
+{
+    ch_layer **c = realloc(l->children, sizeof *c * (size_t)(l->nchildren + 1));
+    if (!c) {
+        ch_layer_free(child);
+        return CH_SYS_FAIL(err, "realloc of layer children");
+    }
+    l->children = c;
+    l->children[l->nchildren++] = child;
+    return CH_STATUS_OK;
+}
+
+ch_status ch_layer_alloc_output(ch_layer *l, int max_batch, ch_err *err)
+{
+    l->y = malloc(sizeof(ch_real) * ch_shape3_size(l->out) * (size_t)max_batch);
+    CH_CHECK_ALLOC(err, l->y);
+    l->y_owned = true;
+    return CH_STATUS_OK;
+}
+
+ch_status ch_layer_plan_tree(ch_layer *l, ch_plan *pl, ch_err *err)
+{
+    for (int i = 0; i < l->nchildren; i++) CH_TRY(ch_layer_plan_tree(l->children[i], pl, err));
+    return l->ops->plan(l, pl, err);
+}

@@ -1,0 +1,134 @@
+/* Layers: a fixed set of structs with hand-written forward and backward passes.
+ * A layer declares its parameters (weights, biases) and buffers (BatchNorm running statistics) as
+ * specs; the model gives every spec an offset into one flat parameter buffer (and a mirror gradient
+ * buffer) or one flat buffer of buffers, then binds the layer's pointers. A layer owns its output
+ * activations y, planned once for the largest batch; nothing is allocated inside a step.
+ * Shapes are per sample, NCHW: a batch of n is n * (c, h, w) contiguous values. */
+#ifndef CH_NN_LAYER_H
+#define CH_NN_LAYER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "core/status.h"
+#include "kernels/kernels.h"
+
+typedef struct ch_shape3 {
+    int c, h, w;
+} ch_shape3;
+
+static inline size_t ch_shape3_size(ch_shape3 s) { return (size_t)s.c * s.h * s.w; }
+
+/* How a tensor is initialised (PyTorch's defaults unless the model is built with normal init). */
+typedef enum ch_init_role {
+    CH_ROLE_WEIGHT,      /* conv/linear weight: kaiming-uniform, bound 1/sqrt(fan_in) */
+    CH_ROLE_BIAS,        /* conv/linear bias: uniform, bound 1/sqrt(fan_in) */
+    CH_ROLE_ONES,        /* BatchNorm weight, running_var */
+    CH_ROLE_ZEROS,       /* BatchNorm bias, running_mean */
+} ch_init_role;
+
+enum { CH_MAX_DIMS = 4, CH_NAME_MAX = 96 };
+
+typedef struct ch_tensor_spec {
+    const char *suffix;            /* PyTorch attribute: "weight", "bias", "running_mean", ... */
+    int ndim;
+    int64_t dims[CH_MAX_DIMS];
+    size_t count;
+    size_t offset;                 /* into the model's flat buffer; set by the model */
+    ch_init_role role;
+    int fan_in;
+} ch_tensor_spec;
+
+/* What a replica's layers run with: its kernels, threads, workspace and step identity. */
+typedef struct ch_run {
+    const ch_kernels *k;
+    ch_kctx kc;
+    bool training;
+    uint64_t seed;          /* for dropout masks */
+    uint64_t step;          /* global step: dropout masks differ per step */
+    uint64_t sample_offset; /* index of this slice's first sample in the global batch */
+} ch_run;
+
+typedef struct ch_layer ch_layer;
+
+/* Planning input and output: what a layer sizes its memory for. */
+typedef struct ch_plan {
+    const ch_kernels *k;
+    int max_batch;
+    int nthreads;
+    size_t ws_need;     /* out: the largest kernel workspace (elements) any layer needs */
+} ch_plan;
+
+typedef struct ch_layer_ops {
+    const char *kind;
+    /* Allocate y and scratch for up to pl->max_batch samples (children are planned first);
+     * raise pl->ws_need to the kernel workspace this layer needs. */
+    ch_status (*plan)(ch_layer *l, ch_plan *pl, ch_err *err);
+    /* x: (n, in) -> l->y: (n, out). */
+    void (*forward)(ch_layer *l, const ch_run *r, int n, const ch_real *x);
+    /* Writes the parameter gradients (overwriting) and, when dx is not NULL, dx: (n, in).
+     * x and l->y are what the last forward saw. dy is not modified unless the layer says so. */
+    void (*backward)(ch_layer *l, const ch_run *r, int n, const ch_real *x, const ch_real *dy,
+                     ch_real *dx);
+    /* Frees what impl owns (children, y and the struct are freed by ch_layer_free). */
+    void (*free_impl)(ch_layer *l);
+} ch_layer_ops;
+
+enum { CH_LAYER_MAX_TENSORS = 2 };
+
+struct ch_layer {
+    const ch_layer_ops *ops;
+    char name[32];                 /* module name inside the parent: "0", "conv1", "fc" */
+    ch_shape3 in, out;
+    int nparams, nbuffers;
+    ch_tensor_spec params[CH_LAYER_MAX_TENSORS], buffers[CH_LAYER_MAX_TENSORS];
+    ch_real *p[CH_LAYER_MAX_TENSORS], *g[CH_LAYER_MAX_TENSORS], *b[CH_LAYER_MAX_TENSORS];
+    int64_t *num_batches_tracked;  /* BatchNorm only; bound by the model */
+    ch_real *y;                    /* output activations; owned when y_owned */
+    bool y_owned;
+    int nchildren;
+    ch_layer **children;           /* owned */
+    void *impl;                    /* owned, layer-specific */
+};
+
+/* Allocate a layer shell with the given ops, name and shapes; NULL on allocation failure. */
+ch_layer *ch_layer_alloc(const ch_layer_ops *ops, const char *name, ch_shape3 in, ch_shape3 out);
+/* Free a layer, its children, its y and its impl. NULL is a no-op. */
+void ch_layer_free(ch_layer *l);
+/* Add a parameter / buffer spec. */
+void ch_layer_add_param(ch_layer *l, const char *suffix, int ndim, const int64_t *dims,
+                        ch_init_role role, int fan_in);
+void ch_layer_add_buffer(ch_layer *l, const char *suffix, int ndim, const int64_t *dims,
+                         ch_init_role role);
+/* Append a child (takes ownership; frees it on failure). */
+ch_status ch_layer_add_child(ch_layer *l, ch_layer *child, ch_err *err);
+/* Allocate l->y for max_batch samples. */
+ch_status ch_layer_alloc_output(ch_layer *l, int max_batch, ch_err *err);
+/* Plan l and its whole subtree. */
+ch_status ch_layer_plan_tree(ch_layer *l, ch_plan *pl, ch_err *err);
+
+/* Constructors: validate shapes against the input and return the layer in *out.
+ * Errors are CH_STATUS_BAD_INPUT (impossible geometry) or CH_STATUS_SYSTEM (allocation). */
+ch_status ch_conv2d_create(const char *name, ch_shape3 in, int out_channels, int kernel,
+                           int stride, int pad, bool bias, ch_layer **out, ch_err *err);
+ch_status ch_linear_create(const char *name, ch_shape3 in, int out_features, ch_layer **out,
+                           ch_err *err);
+ch_status ch_maxpool2d_create(const char *name, ch_shape3 in, int kernel, int stride, int pad,
+                              ch_layer **out, ch_err *err);
+ch_status ch_avgpool2d_create(const char *name, ch_shape3 in, int kernel, int stride, int pad,
+                              ch_layer **out, ch_err *err);
+ch_status ch_global_avgpool_create(const char *name, ch_shape3 in, ch_layer **out, ch_err *err);
+ch_status ch_relu_create(const char *name, ch_shape3 in, ch_layer **out, ch_err *err);
+ch_status ch_flatten_create(const char *name, ch_shape3 in, ch_layer **out, ch_err *err);
+ch_status ch_batchnorm2d_create(const char *name, ch_shape3 in, ch_layer **out, ch_err *err);
+ch_status ch_dropout_create(const char *name, ch_shape3 in, double p, uint32_t id,
+                            ch_layer **out, ch_err *err);
+/* Reference program D's residual block: conv3x3-BN-ReLU-conv3x3-BN (+ 1x1 conv shortcut), add, ReLU. */
+ch_status ch_residual_create(const char *name, ch_shape3 in, int out_channels, bool use_1x1conv,
+                             int stride, ch_layer **out, ch_err *err);
+/* A container whose children run in order; y is the last child's. */
+ch_status ch_sequential_create(const char *name, ch_shape3 in, ch_layer **out, ch_err *err);
+/* Append to a sequential, checking that child->in matches the current output shape. */
+ch_status ch_sequential_append(ch_layer *seq, ch_layer *child, ch_err *err);
+
+#endif

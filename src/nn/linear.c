@@ -1,0 +1,54 @@
+/* Linear: y = x W^T + b with W (out, in), b (out); x must be flat (in, 1, 1), as after Flatten. */
+#include "nn/layer.h"
+
+#include <stdlib.h>
+
+static ch_status linear_plan(ch_layer *l, ch_plan *pl, ch_err *err)
+{
+    return ch_layer_alloc_output(l, pl->max_batch, err);
+}
+
+static void linear_forward(ch_layer *l, const ch_run *r, int n, const ch_real *x)
+{
+    const int in = l->in.c, out = l->out.c;
+    const ch_real *b = l->p[1];
+    for (int i = 0; i < n; i++)
+        for (int o = 0; o < out; o++) l->y[(size_t)i * out + o] = b[o];
+    /* y (n, out) += x (n, in) * W^T (in, out) */
+    r->k->gemm(&r->kc, false, true, n, out, in, 1, x, in, l->p[0], in, 1, l->y, out);
+}
+
+static void linear_backward(ch_layer *l, const ch_run *r, int n, const ch_real *x,
+                            const ch_real *dy, ch_real *dx)
+{
+    const int in = l->in.c, out = l->out.c;
+    /* dW (out, in) = dy^T (out, n) * x (n, in) */
+    r->k->gemm(&r->kc, true, false, out, in, n, 1, dy, out, x, in, 0, l->g[0], in);
+    ch_real *db = l->g[1];
+    for (int o = 0; o < out; o++) {
+        ch_real s = 0;
+        for (int i = 0; i < n; i++) s += dy[(size_t)i * out + o];
+        db[o] = s;
+    }
+    /* dx (n, in) = dy (n, out) * W (out, in) */
+    if (dx) r->k->gemm(&r->kc, false, false, n, in, out, 1, dy, out, l->p[0], in, 0, dx, in);
+}
+
+static const ch_layer_ops linear_ops = {
+    .kind = "Linear", .plan = linear_plan, .forward = linear_forward, .backward = linear_backward,
+};
+
+ch_status ch_linear_create(const char *name, ch_shape3 in, int out_features, ch_layer **out,
+                           ch_err *err)
+{
+    if (in.h != 1 || in.w != 1 || out_features <= 0)
+        return ch_fail(err, CH_STATUS_BAD_INPUT,
+                       "linear %s: needs a flat input (got %dx%dx%d) and out_features > 0", name,
+                       in.c, in.h, in.w);
+    ch_layer *l = ch_layer_alloc(&linear_ops, name, in, (ch_shape3){ out_features, 1, 1 });
+    CH_CHECK_ALLOC(err, l);
+    ch_layer_add_param(l, "weight", 2, (int64_t[]){ out_features, in.c }, CH_ROLE_WEIGHT, in.c);
+    ch_layer_add_param(l, "bias", 1, (int64_t[]){ out_features }, CH_ROLE_BIAS, in.c);
+    *out = l;
+    return CH_STATUS_OK;
+}

@@ -1,0 +1,211 @@
+/* Model assembly: offsets, flat buffers, names, initialisation and planning. */
+#include "nn/model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/rng.h"
+#include "models/zoo.h"
+
+/* Walk the tree in module order, calling visit on every layer with its dotted path. */
+typedef void (*visit_fn)(ch_model *m, ch_layer *l, const char *path);
+
+static void walk(ch_model *m, ch_layer *l, const char *path, visit_fn visit)
+{
+    visit(m, l, path);
+    for (int i = 0; i < l->nchildren; i++) {
+        char sub[CH_NAME_MAX];
+        int w = snprintf(sub, sizeof sub, "%s%s%s", path, path[0] ? "." : "", l->children[i]->name);
+        CH_ASSERT(w > 0 && w < (int)sizeof sub);
+        walk(m, l->children[i], sub, visit);
+    }
+}
+
+static void count_tensors(ch_model *m, ch_layer *l, const char *path)
+{
+    (void)path;
+    for (int i = 0; i < l->nparams; i++) {
+        l->params[i].offset = m->nparams;
+        m->nparams += l->params[i].count;
+    }
+    for (int i = 0; i < l->nbuffers; i++) {
+        l->buffers[i].offset = m->nbuffers;
+        m->nbuffers += l->buffers[i].count;
+    }
+    m->ncounters += l->nbuffers > 0;
+    m->ntensors += l->nparams + l->nbuffers + (l->nbuffers > 0);
+}
+
+static void add_ref(ch_model *m, const char *path, const char *suffix, ch_tensor_kind kind,
+                    const ch_tensor_spec *spec, ch_real *data, int64_t *counter)
+{
+    ch_tensor_ref *t = &m->tensors[m->ntensors++];
+    int w = snprintf(t->name, sizeof t->name, "%s%s%s", path, path[0] ? "." : "", suffix);
+    CH_ASSERT(w > 0 && w < (int)sizeof t->name);
+    t->kind = kind;
+    t->spec = spec;
+    t->data = data;
+    t->counter = counter;
+}
+
+static void bind_tensors(ch_model *m, ch_layer *l, const char *path)
+{
+    for (int i = 0; i < l->nparams; i++) {
+        l->p[i] = m->params + l->params[i].offset;
+        l->g[i] = m->grads + l->params[i].offset;
+        add_ref(m, path, l->params[i].suffix, CH_TENSOR_PARAM, &l->params[i], l->p[i], NULL);
+    }
+    for (int i = 0; i < l->nbuffers; i++) {
+        l->b[i] = m->buffers + l->buffers[i].offset;
+        add_ref(m, path, l->buffers[i].suffix, CH_TENSOR_BUFFER, &l->buffers[i], l->b[i], NULL);
+    }
+    if (l->nbuffers > 0) {
+        l->num_batches_tracked = &m->counters[m->ncounters++];
+        add_ref(m, path, "num_batches_tracked", CH_TENSOR_COUNTER, NULL, NULL,
+                l->num_batches_tracked);
+    }
+}
+
+ch_status ch_model_create_from(const char *arch, ch_layer *root, int classes, ch_model **out,
+                               ch_err *err)
+{
+    ch_model *m = calloc(1, sizeof *m);
+    if (!m) {
+        ch_layer_free(root);
+        return CH_SYS_FAIL(err, "calloc of model");
+    }
+    snprintf(m->arch, sizeof m->arch, "%s", arch);
+    m->root = root;
+    m->input = root->in;
+    m->classes = classes;
+    walk(m, root, "", count_tensors);
+    m->params = calloc(m->nparams ? m->nparams : 1, sizeof(ch_real));
+    m->grads = calloc(m->nparams ? m->nparams : 1, sizeof(ch_real));
+    m->buffers = calloc(m->nbuffers ? m->nbuffers : 1, sizeof(ch_real));
+    m->counters = calloc((size_t)m->ncounters + 1, sizeof(int64_t));
+    m->tensors = calloc((size_t)m->ntensors + 1, sizeof(ch_tensor_ref));
+    if (!m->params || !m->grads || !m->buffers || !m->counters || !m->tensors) {
+        ch_model_free(m);
+        return CH_SYS_FAIL(err, "allocation of model buffers");
+    }
+    m->ntensors = m->ncounters = 0;
+    walk(m, root, "", bind_tensors);
+    *out = m;
+    return CH_STATUS_OK;
+}
+
+ch_status ch_model_create(const char *arch, ch_shape3 input, int classes, ch_model **out,
+                          ch_err *err)
+{
+    ch_layer *root;
+    CH_TRY(ch_zoo_build(arch, input, classes, &root, err));
+    return ch_model_create_from(arch, root, classes, out, err);
+}
+
+static ch_status parse_init(const char *init, double *normal_std, ch_err *err)
+{
+    *normal_std = 0;
+    if (!init || strcmp(init, "default") == 0) return CH_STATUS_OK;
+    char *end;
+    if (strncmp(init, "normal:", 7) == 0) {
+        *normal_std = strtod(init + 7, &end);
+        if (end != init + 7 && *end == '\0' && *normal_std > 0 && isfinite(*normal_std))
+            return CH_STATUS_OK;
+    }
+    return ch_fail(err, CH_STATUS_BAD_INPUT,
+                   "--init '%s': expected 'default' or 'normal:STD' with STD > 0", init);
+}
+
+static void init_tensor(ch_real *data, const ch_tensor_spec *s, double normal_std, ch_rng *rng)
+{
+    const double bound = s->fan_in > 0 ? 1.0 / sqrt((double)s->fan_in) : 0;
+    for (size_t i = 0; i < s->count; i++) {
+        double v = 0;
+        switch (s->role) {
+        case CH_ROLE_WEIGHT:
+            v = normal_std > 0 ? normal_std * ch_rng_normal(rng)
+                               : bound * (2 * ch_rng_uniform(rng) - 1);
+            break;
+        case CH_ROLE_BIAS:
+            v = normal_std > 0 ? 0 : bound * (2 * ch_rng_uniform(rng) - 1);
+            break;
+        case CH_ROLE_ONES: v = 1; break;
+        case CH_ROLE_ZEROS: v = 0; break;
+        }
+        data[i] = (ch_real)v;
+    }
+}
+
+ch_status ch_model_init_params(ch_model *m, const char *init, uint64_t seed, ch_err *err)
+{
+    double normal_std;
+    CH_TRY(parse_init(init, &normal_std, err));
+    for (int i = 0; i < m->ntensors; i++) {
+        const ch_tensor_ref *t = &m->tensors[i];
+        if (t->kind == CH_TENSOR_COUNTER) {
+            *t->counter = 0;
+            continue;
+        }
+        /* Each tensor draws from its own counter range: adding a layer does not reshuffle others. */
+        ch_rng rng;
+        ch_rng_init(&rng, seed, CH_RNG_STREAM_INIT, (uint64_t)i << 40);
+        init_tensor(t->data, t->spec, normal_std, &rng);
+    }
+    return CH_STATUS_OK;
+}
+
+ch_status ch_model_plan(ch_model *m, const ch_kernels *k, int max_batch, int nthreads,
+                        ch_err *err)
+{
+    CH_ASSERT(m->max_batch == 0);
+    ch_plan pl = { .k = k, .max_batch = max_batch, .nthreads = nthreads };
+    CH_TRY(ch_layer_plan_tree(m->root, &pl, err));
+    m->ws_len = pl.ws_need;
+    m->ws = malloc(sizeof(ch_real) * (m->ws_len ? m->ws_len : 1));
+    CH_CHECK_ALLOC(err, m->ws);
+    m->max_batch = max_batch;
+    m->nthreads = nthreads;
+    return CH_STATUS_OK;
+}
+
+ch_run ch_model_run(const ch_model *m, const ch_kernels *k, bool training)
+{
+    return (ch_run){ .k = k, .kc = { .nthreads = m->nthreads, .ws = m->ws, .ws_len = m->ws_len },
+                     .training = training };
+}
+
+const ch_real *ch_model_forward(ch_model *m, const ch_run *r, int n, const ch_real *x)
+{
+    CH_ASSERT(n >= 0 && n <= m->max_batch);
+    m->root->ops->forward(m->root, r, n, x);
+    return m->root->y;
+}
+
+void ch_model_backward(ch_model *m, const ch_run *r, int n, const ch_real *x,
+                       const ch_real *dlogits)
+{
+    CH_ASSERT(n >= 0 && n <= m->max_batch);
+    m->root->ops->backward(m->root, r, n, x, dlogits, NULL);
+}
+
+const ch_tensor_ref *ch_model_find(const ch_model *m, const char *name)
+{
+    for (int i = 0; i < m->ntensors; i++)
+        if (strcmp(m->tensors[i].name, name) == 0) return &m->tensors[i];
+    return NULL;
+}
+
+void ch_model_free(ch_model *m)
+{
+    if (!m) return;
+    ch_layer_free(m->root);
+    free(m->params);
+    free(m->grads);
+    free(m->buffers);
+    free(m->counters);
+    free(m->tensors);
+    free(m->ws);
+    free(m);
+}

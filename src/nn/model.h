@@ -1,0 +1,58 @@
+/* A model: a layer tree plus the flat buffers its layers point into.
+ * params and grads share one layout (PyTorch's parameters() order); buffers hold BatchNorm running
+ * statistics; counters hold num_batches_tracked. tensors lists every tensor in state_dict() order with
+ * its PyTorch name, for checkpoints and tests. One model is one replica: not shared between threads. */
+#ifndef CH_NN_MODEL_H
+#define CH_NN_MODEL_H
+
+#include "nn/layer.h"
+
+typedef enum ch_tensor_kind { CH_TENSOR_PARAM, CH_TENSOR_BUFFER, CH_TENSOR_COUNTER } ch_tensor_kind;
+
+typedef struct ch_tensor_ref {
+    char name[CH_NAME_MAX];
+    ch_tensor_kind kind;
+    const ch_tensor_spec *spec;     /* shape; NULL for counters (a scalar) */
+    ch_real *data;                  /* params/buffers */
+    int64_t *counter;               /* counters */
+} ch_tensor_ref;
+
+typedef struct ch_model {
+    char arch[32];
+    ch_shape3 input;
+    int classes;
+    ch_layer *root;
+    size_t nparams, nbuffers;
+    int ncounters, ntensors;
+    ch_real *params, *grads, *buffers;
+    int64_t *counters;
+    ch_tensor_ref *tensors;
+    int max_batch, nthreads;        /* as planned */
+    ch_real *ws;                    /* kernel workspace, planned */
+    size_t ws_len;
+} ch_model;
+
+/* Build a zoo architecture for inputs of shape `input` and `classes` outputs, allocate the flat
+ * buffers and bind the layers. Parameters are zero until ch_model_init_params. */
+ch_status ch_model_create(const char *arch, ch_shape3 input, int classes, ch_model **out,
+                          ch_err *err);
+/* Build around an existing tree (takes ownership of root, also on failure). */
+ch_status ch_model_create_from(const char *arch, ch_layer *root, int classes, ch_model **out,
+                               ch_err *err);
+/* init: "default" (PyTorch's) or "normal:STD" (weights N(0, STD), biases 0). */
+ch_status ch_model_init_params(ch_model *m, const char *init, uint64_t seed, ch_err *err);
+/* Allocate activations and workspace for up to max_batch samples with nthreads threads. */
+ch_status ch_model_plan(ch_model *m, const ch_kernels *k, int max_batch, int nthreads,
+                        ch_err *err);
+/* A run context for this model's workspace. */
+ch_run ch_model_run(const ch_model *m, const ch_kernels *k, bool training);
+/* x: (n, input) -> logits (n, classes), returned (owned by the model, valid until the next call). */
+const ch_real *ch_model_forward(ch_model *m, const ch_run *r, int n, const ch_real *x);
+/* Writes m->grads from dlogits (n, classes); call after ch_model_forward on the same x. */
+void ch_model_backward(ch_model *m, const ch_run *r, int n, const ch_real *x,
+                       const ch_real *dlogits);
+/* The tensor with this PyTorch name, or NULL. */
+const ch_tensor_ref *ch_model_find(const ch_model *m, const char *name);
+void ch_model_free(ch_model *m);
+
+#endif

@@ -1,0 +1,111 @@
+/* MaxPool2d, AvgPool2d and the global average pool (AdaptiveAvgPool2d((1, 1))). */
+#include "nn/layer.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct pool_impl {
+    ch_pool_desc d;
+    int32_t *argmax;   /* max pooling: winner per output, planned for the largest batch */
+} pool_impl;
+
+static ch_status pool_plan(ch_layer *l, ch_plan *pl, ch_err *err)
+{
+    return ch_layer_alloc_output(l, pl->max_batch, err);
+}
+
+static ch_status maxpool_plan(ch_layer *l, ch_plan *pl, ch_err *err)
+{
+    pool_impl *p = l->impl;
+    p->argmax = malloc(sizeof(int32_t) * ch_shape3_size(l->out) * (size_t)pl->max_batch);
+    CH_CHECK_ALLOC(err, p->argmax);
+    return pool_plan(l, pl, err);
+}
+
+static void maxpool_free(ch_layer *l)
+{
+    pool_impl *p = l->impl;
+    if (p) free(p->argmax);
+}
+
+static void maxpool_forward(ch_layer *l, const ch_run *r, int n, const ch_real *x)
+{
+    pool_impl *p = l->impl;
+    r->k->maxpool2d_forward(&r->kc, &p->d, n, x, l->y, p->argmax);
+}
+
+static void maxpool_backward(ch_layer *l, const ch_run *r, int n, const ch_real *x,
+                             const ch_real *dy, ch_real *dx)
+{
+    (void)x;
+    pool_impl *p = l->impl;
+    if (dx) r->k->maxpool2d_backward(&r->kc, &p->d, n, dy, p->argmax, dx);
+}
+
+static void avgpool_forward(ch_layer *l, const ch_run *r, int n, const ch_real *x)
+{
+    pool_impl *p = l->impl;
+    r->k->avgpool2d_forward(&r->kc, &p->d, n, x, l->y);
+}
+
+static void avgpool_backward(ch_layer *l, const ch_run *r, int n, const ch_real *x,
+                             const ch_real *dy, ch_real *dx)
+{
+    (void)x;
+    pool_impl *p = l->impl;
+    if (dx) r->k->avgpool2d_backward(&r->kc, &p->d, n, dy, dx);
+}
+
+static const ch_layer_ops maxpool_ops = {
+    .kind = "MaxPool2d", .plan = maxpool_plan, .forward = maxpool_forward,
+    .backward = maxpool_backward, .free_impl = maxpool_free,
+};
+static const ch_layer_ops avgpool_ops = {
+    .kind = "AvgPool2d", .plan = pool_plan, .forward = avgpool_forward, .backward = avgpool_backward,
+};
+static const ch_layer_ops global_avgpool_ops = {
+    .kind = "AdaptiveAvgPool2d", .plan = pool_plan, .forward = avgpool_forward,
+    .backward = avgpool_backward,
+};
+
+static ch_status pool_create(const ch_layer_ops *ops, const char *name, ch_shape3 in, int k,
+                             int stride, int pad, ch_layer **out, ch_err *err)
+{
+    const int oh = ch_window_out(in.h, k, stride, pad), ow = ch_window_out(in.w, k, stride, pad);
+    if (oh <= 0 || ow <= 0 || pad < 0 || 2 * pad > k)
+        return ch_fail(err, CH_STATUS_BAD_INPUT,
+                       "pool %s: kernel %d stride %d pad %d does not fit input %dx%dx%d", name, k,
+                       stride, pad, in.c, in.h, in.w);
+    ch_layer *l = ch_layer_alloc(ops, name, in, (ch_shape3){ in.c, oh, ow });
+    CH_CHECK_ALLOC(err, l);
+    pool_impl *p = calloc(1, sizeof *p);
+    if (!p) {
+        ch_layer_free(l);
+        return CH_SYS_FAIL(err, "calloc of pool");
+    }
+    p->d = (ch_pool_desc){ in.c, in.h, in.w, k, stride, pad, oh, ow };
+    l->impl = p;
+    *out = l;
+    return CH_STATUS_OK;
+}
+
+ch_status ch_maxpool2d_create(const char *name, ch_shape3 in, int kernel, int stride, int pad,
+                              ch_layer **out, ch_err *err)
+{
+    return pool_create(&maxpool_ops, name, in, kernel, stride, pad, out, err);
+}
+
+ch_status ch_avgpool2d_create(const char *name, ch_shape3 in, int kernel, int stride, int pad,
+                              ch_layer **out, ch_err *err)
+{
+    return pool_create(&avgpool_ops, name, in, kernel, stride, pad, out, err);
+}
+
+/* Square inputs only: a window of the whole plane. */
+ch_status ch_global_avgpool_create(const char *name, ch_shape3 in, ch_layer **out, ch_err *err)
+{
+    if (in.h != in.w)
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "global pool %s: input %dx%d is not square",
+                       name, in.h, in.w);
+    return pool_create(&global_avgpool_ops, name, in, in.h, in.h, 0, out, err);
+}

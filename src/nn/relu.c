@@ -1,0 +1,59 @@
+/* ReLU and Flatten: layers without parameters. */
+#include "nn/layer.h"
+
+#include <string.h>
+
+static ch_status own_output_plan(ch_layer *l, ch_plan *pl, ch_err *err)
+{
+    return ch_layer_alloc_output(l, pl->max_batch, err);
+}
+
+static void relu_forward(ch_layer *l, const ch_run *r, int n, const ch_real *x)
+{
+    r->k->relu_forward(&r->kc, ch_shape3_size(l->out) * (size_t)n, x, l->y);
+}
+
+static void relu_backward(ch_layer *l, const ch_run *r, int n, const ch_real *x, const ch_real *dy,
+                          ch_real *dx)
+{
+    (void)x;
+    if (dx) r->k->relu_backward(&r->kc, ch_shape3_size(l->out) * (size_t)n, l->y, dy, dx);
+}
+
+static const ch_layer_ops relu_ops = {
+    .kind = "ReLU", .plan = own_output_plan, .forward = relu_forward, .backward = relu_backward,
+};
+
+ch_status ch_relu_create(const char *name, ch_shape3 in, ch_layer **out, ch_err *err)
+{
+    *out = ch_layer_alloc(&relu_ops, name, in, in);
+    CH_CHECK_ALLOC(err, *out);
+    return CH_STATUS_OK;
+}
+
+/* Flatten copies: the values are few (a classifier head) and a copy keeps y owned by the layer. */
+static void flatten_forward(ch_layer *l, const ch_run *r, int n, const ch_real *x)
+{
+    (void)r;
+    memcpy(l->y, x, sizeof(ch_real) * ch_shape3_size(l->out) * (size_t)n);
+}
+
+static void flatten_backward(ch_layer *l, const ch_run *r, int n, const ch_real *x,
+                             const ch_real *dy, ch_real *dx)
+{
+    (void)r;
+    (void)x;
+    if (dx) memcpy(dx, dy, sizeof(ch_real) * ch_shape3_size(l->out) * (size_t)n);
+}
+
+static const ch_layer_ops flatten_ops = {
+    .kind = "Flatten", .plan = own_output_plan, .forward = flatten_forward,
+    .backward = flatten_backward,
+};
+
+ch_status ch_flatten_create(const char *name, ch_shape3 in, ch_layer **out, ch_err *err)
+{
+    *out = ch_layer_alloc(&flatten_ops, name, in, (ch_shape3){ (int)ch_shape3_size(in), 1, 1 });
+    CH_CHECK_ALLOC(err, *out);
+    return CH_STATUS_OK;
+}

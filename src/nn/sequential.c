@@ -1,0 +1,92 @@
+/* Sequential container: children run in order; y is the last child's output.
+ * Backward passes gradients between children through two ping-pong buffers owned by the container,
+ * sized to the largest child input it must hold. */
+#include "nn/layer.h"
+
+#include <stdlib.h>
+
+typedef struct seq_impl {
+    ch_real *buf[2];
+} seq_impl;
+
+static ch_status seq_plan(ch_layer *l, ch_plan *pl, ch_err *err)
+{
+    seq_impl *s = l->impl;
+    size_t most = 0;
+    for (int i = 1; i < l->nchildren; i++) {
+        size_t sz = ch_shape3_size(l->children[i]->in);
+        if (sz > most) most = sz;
+    }
+    for (int b = 0; b < 2 && most > 0; b++) {
+        s->buf[b] = malloc(sizeof(ch_real) * most * (size_t)pl->max_batch);
+        CH_CHECK_ALLOC(err, s->buf[b]);
+    }
+    l->y = l->nchildren ? l->children[l->nchildren - 1]->y : NULL;
+    l->y_owned = false;
+    return CH_STATUS_OK;
+}
+
+static void seq_free(ch_layer *l)
+{
+    seq_impl *s = l->impl;
+    if (!s) return;
+    free(s->buf[0]);
+    free(s->buf[1]);
+}
+
+static void seq_forward(ch_layer *l, const ch_run *r, int n, const ch_real *x)
+{
+    const ch_real *cur = x;
+    for (int i = 0; i < l->nchildren; i++) {
+        l->children[i]->ops->forward(l->children[i], r, n, cur);
+        cur = l->children[i]->y;
+    }
+}
+
+static void seq_backward(ch_layer *l, const ch_run *r, int n, const ch_real *x, const ch_real *dy,
+                         ch_real *dx)
+{
+    seq_impl *s = l->impl;
+    const ch_real *g = dy;
+    for (int i = l->nchildren - 1; i >= 0; i--) {
+        ch_layer *c = l->children[i];
+        const ch_real *cx = i > 0 ? l->children[i - 1]->y : x;
+        ch_real *cdx = i > 0 ? s->buf[i & 1] : dx;
+        c->ops->backward(c, r, n, cx, g, cdx);
+        g = cdx;
+    }
+}
+
+static const ch_layer_ops seq_ops = {
+    .kind = "Sequential", .plan = seq_plan, .forward = seq_forward, .backward = seq_backward,
+    .free_impl = seq_free,
+};
+
+ch_status ch_sequential_create(const char *name, ch_shape3 in, ch_layer **out, ch_err *err)
+{
+    ch_layer *l = ch_layer_alloc(&seq_ops, name, in, in);
+    CH_CHECK_ALLOC(err, l);
+    l->impl = calloc(1, sizeof(seq_impl));
+    if (!l->impl) {
+        ch_layer_free(l);
+        return CH_SYS_FAIL(err, "calloc of sequential");
+    }
+    *out = l;
+    return CH_STATUS_OK;
+}
+
+ch_status ch_sequential_append(ch_layer *seq, ch_layer *child, ch_err *err)
+{
+    const ch_shape3 a = seq->out, b = child->in;
+    if (a.c != b.c || a.h != b.h || a.w != b.w) {
+        ch_status st = ch_fail(err, CH_STATUS_BAD_INPUT,
+                               "sequential %s: child %s expects %dx%dx%d, previous output is %dx%dx%d",
+                               seq->name, child->name, b.c, b.h, b.w, a.c, a.h, a.w);
+        ch_layer_free(child);
+        return st;
+    }
+    const ch_shape3 out = child->out;
+    CH_TRY(ch_layer_add_child(seq, child, err));
+    seq->out = out;
+    return CH_STATUS_OK;
+}
