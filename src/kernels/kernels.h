@@ -65,11 +65,12 @@ typedef struct ch_kernels {
     void (*avgpool2d_backward)(const ch_kctx *kc, const ch_pool_desc *d, int n, const ch_real *dy,
                                ch_real *dx);
 
-    /* Batch normalisation, split so that the per-channel sums can be reduced across devices
-     * (sync BN) between the two halves. x, y: (n, c, hw).
-     * stats: sum[c] = sum x, sumsq[c] = sum x^2 over (n, hw), in double. */
+    /* Batch normalisation, in pieces so that statistics can be combined across devices between
+     * them (sync BN). x, y: (n, c, hw).
+     * stats: mean[c] and biased var[c] over (n, hw), two passes in double (a one-pass
+     * E[x^2] - E[x]^2 cancels badly when the mean is large against the spread). */
     void (*batchnorm_stats)(const ch_kctx *kc, int n, int c, int hw, const ch_real *x,
-                            double *sum, double *sumsq);
+                            double *mean, double *var);
     /* y = x * scale[c] + shift[c] */
     void (*channel_affine)(const ch_kctx *kc, int n, int c, int hw, const ch_real *x,
                            const ch_real *scale, const ch_real *shift, ch_real *y);

@@ -11,7 +11,7 @@ static const double bn_eps = 1e-5, bn_momentum = 0.1;
 
 typedef struct bn_impl {
     ch_real *mean, *invstd, *scale, *shift;   /* (c) each, saved for backward */
-    double *sum, *sumsq;                      /* (c) each */
+    double *sum, *sumsq;                      /* (c) each: batch mean/var, then backward sums */
 } bn_impl;
 
 static ch_status bn_plan(ch_layer *l, ch_plan *pl, ch_err *err)
@@ -46,9 +46,7 @@ static void bn_forward(ch_layer *l, const ch_run *r, int n, const ch_real *x)
         r->k->batchnorm_stats(&r->kc, n, c, hw, x, b->sum, b->sumsq);
         const double cnt = (double)n * hw;
         for (int i = 0; i < c; i++) {
-            const double mean = b->sum[i] / cnt;
-            double var = b->sumsq[i] / cnt - mean * mean;
-            if (var < 0) var = 0;
+            const double mean = b->sum[i], var = b->sumsq[i];
             b->mean[i] = (ch_real)mean;
             b->invstd[i] = (ch_real)(1.0 / sqrt(var + bn_eps));
             const double unbiased = cnt > 1 ? var * cnt / (cnt - 1) : var;

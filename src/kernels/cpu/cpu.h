@@ -32,7 +32,7 @@ void ch_cpu_avgpool2d_backward(const ch_kctx *kc, const ch_pool_desc *d, int n,
                                const ch_real *dy, ch_real *dx);
 
 void ch_cpu_batchnorm_stats(const ch_kctx *kc, int n, int c, int hw, const ch_real *x,
-                            double *sum, double *sumsq);
+                            double *mean, double *var);
 void ch_cpu_channel_affine(const ch_kctx *kc, int n, int c, int hw, const ch_real *x,
                            const ch_real *scale, const ch_real *shift, ch_real *y);
 void ch_cpu_batchnorm_backward_reduce(const ch_kctx *kc, int n, int c, int hw, const ch_real *x,

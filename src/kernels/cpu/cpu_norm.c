@@ -3,20 +3,24 @@
 #include "kernels/cpu/cpu.h"
 
 void ch_cpu_batchnorm_stats(const ch_kctx *kc, int n, int c, int hw, const ch_real *x,
-                            double *sum, double *sumsq)
+                            double *mean, double *var)
 {
+    const double cnt = (double)n * hw;
 #pragma omp parallel for num_threads(kc->nthreads) schedule(static)
     for (int ch = 0; ch < c; ch++) {
-        double s = 0, ss = 0;
+        double s = 0;
         for (int i = 0; i < n; i++) {
             const ch_real *p = x + ((size_t)i * c + ch) * hw;
-            for (int j = 0; j < hw; j++) {
-                s += p[j];
-                ss += (double)p[j] * p[j];
-            }
+            for (int j = 0; j < hw; j++) s += p[j];
         }
-        sum[ch] = s;
-        sumsq[ch] = ss;
+        const double m = cnt > 0 ? s / cnt : 0;
+        double ss = 0;
+        for (int i = 0; i < n; i++) {
+            const ch_real *p = x + ((size_t)i * c + ch) * hw;
+            for (int j = 0; j < hw; j++) ss += (p[j] - m) * (p[j] - m);
+        }
+        mean[ch] = m;
+        var[ch] = cnt > 0 ? ss / cnt : 0;
     }
 }
 

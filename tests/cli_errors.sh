@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Bad input on the command line: one line naming the problem on stderr, exit code 2, no crash.
+set -uo pipefail
+cohort=$1 data=$2
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+fails=0 passes=0
+
+expect() { # code needle -- command...
+    local code=$1 needle=$2; shift 3
+    "$@" >"$tmp/out" 2>"$tmp/err"; local got=$?
+    local lines; lines=$(wc -l < "$tmp/err")
+    if [ "$got" -ne "$code" ] || { [ -n "$needle" ] && ! grep -qF -- "$needle" "$tmp/err"; } ||
+       { [ "$code" -ne 0 ] && [ "$lines" -ne 1 ]; }; then
+        echo "FAIL: $* -> exit $got (want $code and '$needle'), stderr:"; cat "$tmp/err"; fails=$((fails + 1))
+    else
+        passes=$((passes + 1))
+    fi
+}
+
+mkdir -p "$tmp/ok"
+cp "$data"/mnist/*.gz "$tmp/ok/"
+T=(train --model mlp --epochs 1 --train-limit 200 --test-limit 100)
+
+expect 2 "unknown command 'trian'" -- "$cohort" trian
+expect 2 "unknown or incomplete option" -- "$cohort" train --model lenet --data "$tmp/ok" --bogus
+expect 2 "unknown or incomplete option" -- "$cohort" train --model lenet --data
+expect 2 "--epochs 'abc'" -- "$cohort" train --model lenet --data "$tmp/ok" --epochs abc
+expect 2 "--lr '-1'" -- "$cohort" train --model lenet --data "$tmp/ok" --lr -1
+expect 2 "--batch-size '0'" -- "$cohort" train --model lenet --data "$tmp/ok" -b 0
+expect 2 "--threads '2x'" -- "$cohort" train --model lenet --data "$tmp/ok" --threads 2x
+expect 2 "are required" -- "$cohort" train --model lenet
+expect 2 "unknown model 'vgg'" -- "$cohort" train --model vgg --data "$tmp/ok"
+expect 2 "--init 'uniform'" -- "$cohort" train --model lenet --data "$tmp/ok" --init uniform
+expect 2 "no such readable file" -- "$cohort" train --model lenet --data "$tmp/nowhere"
+
+# Malformed data sets.
+mk() { rm -rf "$tmp/bad"; mkdir -p "$tmp/bad"; cp "$tmp/ok"/*.gz "$tmp/bad/"; }
+mk; gzip -dc "$tmp/ok/train-images-idx3-ubyte.gz" | head -c 100000 | gzip > "$tmp/bad/train-images-idx3-ubyte.gz"
+expect 2 "truncated" -- "$cohort" "${T[@]}" --data "$tmp/bad"
+mk; head -c 50000 "$tmp/ok/train-images-idx3-ubyte.gz" > "$tmp/bad/train-images-idx3-ubyte.gz"
+expect 2 "train-images-idx3-ubyte.gz" -- "$cohort" "${T[@]}" --data "$tmp/bad"
+mk; { printf '\x00\x00\x08\x03'; gzip -dc "$tmp/ok/train-labels-idx1-ubyte.gz" | tail -c +5; } | gzip > "$tmp/bad/train-labels-idx1-ubyte.gz"
+expect 2 "bad magic" -- "$cohort" "${T[@]}" --data "$tmp/bad"
+mk; printf '\x00\x00\x08\x01\x00\x00\x23\x28' | cat - <(gzip -dc "$tmp/ok/t10k-labels-idx1-ubyte.gz" | tail -c +9 | head -c 9000) | gzip > "$tmp/bad/t10k-labels-idx1-ubyte.gz"
+expect 2 "9000 labels, but" -- "$cohort" "${T[@]}" --data "$tmp/bad"
+mk; { gzip -dc "$tmp/ok/t10k-labels-idx1-ubyte.gz" | head -c 8; printf '\x0c'; gzip -dc "$tmp/ok/t10k-labels-idx1-ubyte.gz" | tail -c +10; } | gzip > "$tmp/bad/t10k-labels-idx1-ubyte.gz"
+expect 2 "label 12 of sample 0" -- "$cohort" "${T[@]}" --data "$tmp/bad"
+mk; : > "$tmp/bad/t10k-images-idx3-ubyte.gz"
+expect 2 "t10k-images-idx3-ubyte.gz" -- "$cohort" "${T[@]}" --data "$tmp/bad"
+
+# What works still works: help, version, info, a tiny run.
+expect 0 "" -- "$cohort" --version
+expect 0 "" -- "$cohort" train --help
+expect 0 "" -- "$cohort" info
+expect 0 "" -- "$cohort" "${T[@]}" --data "$tmp/ok" --no-progress
+echo "cli_errors: $passes passed, $fails failed"
+[ "$fails" -eq 0 ]

@@ -1,0 +1,97 @@
+/* Core: the counter-based RNG and status helpers. */
+#include "test_util.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/rng.h"
+#include "core/status.h"
+
+static void rng_is_a_pure_function_of_key_and_counter(void **state)
+{
+    (void)state;
+    uint32_t a[4], b[4], c[4];
+    ch_philox(42, 1, 7, a);
+    ch_philox(42, 1, 7, b);
+    ch_philox(42, 2, 7, c);
+    assert_memory_equal(a, b, sizeof a);
+    assert_memory_not_equal(a, c, sizeof a);
+    ch_philox(43, 1, 7, c);
+    assert_memory_not_equal(a, c, sizeof a);
+}
+
+static void rng_uniform_and_normal_have_the_right_moments(void **state)
+{
+    (void)state;
+    ch_rng r;
+    ch_rng_init(&r, 5, CH_RNG_STREAM_TEST, 0);
+    const int n = 200000;
+    double su = 0, sn = 0, sn2 = 0;
+    for (int i = 0; i < n; i++) {
+        double u = ch_rng_uniform(&r);
+        assert_true(u >= 0 && u < 1);
+        su += u;
+        double z = ch_rng_normal(&r);
+        sn += z;
+        sn2 += z * z;
+    }
+    assert_true(fabs(su / n - 0.5) < 0.005);
+    assert_true(fabs(sn / n) < 0.01);
+    assert_true(fabs(sn2 / n - 1) < 0.02);
+}
+
+static void permutation_is_a_permutation_and_depends_on_the_seed(void **state)
+{
+    (void)state;
+    enum { N = 1000 };
+    uint32_t p[N], q[N];
+    char seen[N] = { 0 };
+    ch_rng r;
+    ch_rng_init(&r, 1, CH_RNG_STREAM_SHUFFLE, 0);
+    ch_rng_permutation(&r, p, N);
+    for (int i = 0; i < N; i++) {
+        assert_true(p[i] < N);
+        assert_false(seen[p[i]]);
+        seen[p[i]] = 1;
+    }
+    ch_rng_init(&r, 2, CH_RNG_STREAM_SHUFFLE, 0);
+    ch_rng_permutation(&r, q, N);
+    assert_memory_not_equal(p, q, sizeof p);
+}
+
+static void below_is_in_range_and_covers_it(void **state)
+{
+    (void)state;
+    ch_rng r;
+    ch_rng_init(&r, 9, CH_RNG_STREAM_TEST, 0);
+    int hist[7] = { 0 };
+    for (int i = 0; i < 70000; i++) {
+        uint32_t v = ch_rng_below(&r, 7);
+        assert_true(v < 7);
+        hist[v]++;
+    }
+    for (int i = 0; i < 7; i++) assert_true(abs(hist[i] - 10000) < 500);
+}
+
+static void fail_formats_the_message(void **state)
+{
+    (void)state;
+    ch_err err;
+    assert_int_equal(ch_fail(&err, CH_STATUS_BAD_INPUT, "file %s line %d", "x.idx", 3),
+                     CH_STATUS_BAD_INPUT);
+    assert_string_equal(err.msg, "file x.idx line 3");
+    assert_int_equal(ch_fail(NULL, CH_STATUS_SYSTEM, "ignored"), CH_STATUS_SYSTEM);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(rng_is_a_pure_function_of_key_and_counter),
+        cmocka_unit_test(rng_uniform_and_normal_have_the_right_moments),
+        cmocka_unit_test(permutation_is_a_permutation_and_depends_on_the_seed),
+        cmocka_unit_test(below_is_in_range_and_covers_it),
+        cmocka_unit_test(fail_formats_the_message),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

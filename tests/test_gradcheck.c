@@ -1,0 +1,263 @@
+/* Gradient checks in double precision (this test links libcohort_f64: the same layer and kernel
+ * sources compiled with ch_real = double). For every layer and every zoo model, the analytic
+ * gradients of the parameters and of the input are compared with central differences
+ *   (L(p + eps) - L(p - eps)) / (2 eps),  eps = 1e-6,
+ * and must agree to a relative error of 1e-4. Where both are below 1e-7 (gradients that are
+ * mathematically zero, such as a conv bias feeding BatchNorm, whose numeric estimate is pure
+ * rounding noise) they must agree to 1e-7 absolutely; a missing gradient still fails, since its
+ * numeric estimate is far above that. Layers are checked under the linear functional
+ * L = sum(y * R) for a fixed random R; models under the softmax cross-entropy of random labels.
+ * Inputs are random and continuous, so no ReLU or max-pool kink lies within eps of a probe. */
+#include "test_util.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/rng.h"
+#include "nn/model.h"
+
+static const double eps = 1e-6, tol = 1e-4, zero_floor = 1e-7;
+
+typedef struct probe {
+    ch_model *m;
+    ch_run run;
+    int n;
+    ch_real *x, *dx, *R, *dout;
+    int32_t *labels;      /* NULL: linear functional */
+} probe;
+
+static double loss_of(probe *p)
+{
+    const ch_real *y = ch_model_forward(p->m, &p->run, p->n, p->x);
+    const size_t len = ch_shape3_size(p->m->root->out) * (size_t)p->n;
+    if (!p->labels) {
+        double s = 0;
+        for (size_t i = 0; i < len; i++) s += (double)y[i] * p->R[i];
+        return s;
+    }
+    double loss;
+    int64_t correct;
+    p->run.k->softmax_xent(&p->run.kc, p->n, p->m->classes, y, p->labels, 1.0 / p->n, NULL, &loss,
+                           &correct);
+    return loss / p->n;
+}
+
+static void analytic(probe *p)
+{
+    const ch_real *y = ch_model_forward(p->m, &p->run, p->n, p->x);
+    const size_t len = ch_shape3_size(p->m->root->out) * (size_t)p->n;
+    if (p->labels) {
+        double loss;
+        int64_t correct;
+        p->run.k->softmax_xent(&p->run.kc, p->n, p->m->classes, y, p->labels, 1.0 / p->n, p->dout,
+                               &loss, &correct);
+    } else {
+        memcpy(p->dout, p->R, sizeof(ch_real) * len);
+    }
+    p->m->root->ops->backward(p->m->root, &p->run, p->n, p->x, p->dout, p->dx);
+}
+
+static double numeric(probe *p, ch_real *v)
+{
+    const ch_real saved = *v;
+    *v = saved + eps;
+    const double lp = loss_of(p);
+    *v = saved - eps;
+    const double lm = loss_of(p);
+    *v = saved;
+    return (lp - lm) / (2 * eps);
+}
+
+/* Relative error, or the absolute error scaled to tol where both values are below zero_floor. */
+static double rel(double a, double b)
+{
+    const double m = fmax(fabs(a), fabs(b));
+    if (m < zero_floor) return fabs(a - b) / zero_floor * tol;
+    return fabs(a - b) / m;
+}
+
+/* Check `per_tensor` entries of every parameter tensor and `inputs` input entries. */
+static void check(probe *p, const char *what, int per_tensor, int inputs)
+{
+    analytic(p);
+    ch_real *grads = malloc(sizeof(ch_real) * (p->m->nparams ? p->m->nparams : 1));
+    assert_non_null(grads);
+    memcpy(grads, p->m->grads, sizeof(ch_real) * p->m->nparams);
+    double worst = 0;
+    char worst_at[256] = "";
+    for (int t = 0; t < p->m->ntensors; t++) {
+        const ch_tensor_ref *ref = &p->m->tensors[t];
+        if (ref->kind != CH_TENSOR_PARAM) continue;
+        const size_t cnt = ref->spec->count;
+        for (int j = 0; j < per_tensor; j++) {
+            const size_t i = per_tensor == 1 ? cnt / 2 : (cnt - 1) * (size_t)j / (size_t)(per_tensor - 1);
+            const double num = numeric(p, &ref->data[i]);
+            const double r = rel(grads[ref->spec->offset + i], num);
+            if (r > worst) {
+                worst = r;
+                snprintf(worst_at, sizeof worst_at, "%s[%zu]: analytic %.9g numeric %.9g", ref->name,
+                         i, (double)grads[ref->spec->offset + i], num);
+            }
+        }
+    }
+    const size_t xlen = ch_shape3_size(p->m->input) * (size_t)p->n;
+    for (int j = 0; j < inputs; j++) {
+        const size_t i = (xlen - 1) * (size_t)j / (size_t)(inputs > 1 ? inputs - 1 : 1);
+        const double num = numeric(p, &p->x[i]);
+        const double r = rel(p->dx[i], num);
+        if (r > worst) {
+            worst = r;
+            snprintf(worst_at, sizeof worst_at, "input[%zu]: analytic %.9g numeric %.9g", i,
+                     (double)p->dx[i], num);
+        }
+    }
+    print_message("%-28s max relative error %.2e %s\n", what, worst, worst_at);
+    free(grads);
+    assert_true(worst <= tol);
+}
+
+static void probe_init(probe *p, ch_model *m, int n, bool xent, uint64_t seed)
+{
+    ch_err err;
+    memset(p, 0, sizeof *p);
+    p->m = m;
+    p->n = n;
+    assert_int_equal(ch_model_init_params(m, "default", seed, &err), CH_STATUS_OK);
+    /* Give BatchNorm non-trivial affine parameters so their gradients are exercised. */
+    for (int t = 0; t < m->ntensors; t++)
+        if (m->tensors[t].kind == CH_TENSOR_PARAM && m->tensors[t].spec->role >= CH_ROLE_ONES)
+            tu_fill_uniform(m->tensors[t].data, m->tensors[t].spec->count, 0.5, 1.5, seed + (uint64_t)t);
+    assert_int_equal(ch_model_plan(m, ch_kernels_cpu(), n, 2, &err), CH_STATUS_OK);
+    p->run = ch_model_run(m, ch_kernels_cpu(), true);
+    p->run.seed = 7;
+    p->run.step = 3;
+    const size_t xl = ch_shape3_size(m->input) * (size_t)n, yl = ch_shape3_size(m->root->out) * (size_t)n;
+    p->x = malloc(sizeof(ch_real) * xl);
+    p->dx = malloc(sizeof(ch_real) * xl);
+    p->R = malloc(sizeof(ch_real) * yl);
+    p->dout = malloc(sizeof(ch_real) * yl);
+    assert_true(p->x && p->dx && p->R && p->dout);
+    tu_fill_uniform(p->x, xl, -1, 1, seed + 100);
+    tu_fill_uniform(p->R, yl, -1, 1, seed + 200);
+    if (xent) {
+        p->labels = malloc(sizeof(int32_t) * (size_t)n);
+        assert_non_null(p->labels);
+        ch_rng r;
+        ch_rng_init(&r, seed, CH_RNG_STREAM_TEST, 0);
+        for (int i = 0; i < n; i++) p->labels[i] = (int32_t)ch_rng_below(&r, (uint32_t)m->classes);
+    }
+}
+
+static void probe_free(probe *p)
+{
+    ch_model_free(p->m);
+    free(p->x), free(p->dx), free(p->R), free(p->dout), free(p->labels);
+}
+
+/* Wrap one layer in a model and check it. */
+static void check_layer(const char *what, ch_layer *l, int n)
+{
+    assert_non_null(l);
+    ch_model *m;
+    ch_err err;
+    assert_int_equal(ch_model_create_from("layer", l, 0, &m, &err), CH_STATUS_OK);
+    probe p;
+    probe_init(&p, m, n, false, 11);
+    check(&p, what, 4, 6);
+    probe_free(&p);
+}
+
+static ch_layer *made_layer;
+static ch_err made_err;
+
+static ch_layer *made(ch_status st)
+{
+    if (st != CH_STATUS_OK) fail_msg("%s", made_err.msg);
+    return made_layer;
+}
+
+/* MAKE(ctor, args...): call a layer constructor, fail the test on error, yield the layer. */
+#define MAKE(ctor, ...) made(ctor(__VA_ARGS__, &made_layer, &made_err))
+
+static void conv2d_gradients(void **state)
+{
+    (void)state;
+    check_layer("conv 3x3 s1 p0", MAKE(ch_conv2d_create, "c", (ch_shape3){ 2, 7, 6 }, 3, 3, 1, 0, true), 2);
+    check_layer("conv 3x3 s2 p1", MAKE(ch_conv2d_create, "c", (ch_shape3){ 3, 7, 7 }, 4, 3, 2, 1, true), 3);
+    check_layer("conv 5x5 s1 p2", MAKE(ch_conv2d_create, "c", (ch_shape3){ 2, 6, 6 }, 2, 5, 1, 2, true), 2);
+    check_layer("conv 1x1 s2 no bias", MAKE(ch_conv2d_create, "c", (ch_shape3){ 3, 5, 5 }, 4, 1, 2, 0, false), 2);
+    check_layer("conv 1x1 s1 pointwise", MAKE(ch_conv2d_create, "c", (ch_shape3){ 3, 4, 4 }, 5, 1, 1, 0, true), 3);
+}
+
+static void linear_gradients(void **state)
+{
+    (void)state;
+    check_layer("linear", MAKE(ch_linear_create, "l", (ch_shape3){ 12, 1, 1 }, 5), 3);
+}
+
+static void pooling_gradients(void **state)
+{
+    (void)state;
+    check_layer("maxpool 2 s2", MAKE(ch_maxpool2d_create, "p", (ch_shape3){ 2, 6, 6 }, 2, 2, 0), 2);
+    check_layer("maxpool 3 s2 p1", MAKE(ch_maxpool2d_create, "p", (ch_shape3){ 2, 7, 7 }, 3, 2, 1), 2);
+    check_layer("avgpool 2 s2", MAKE(ch_avgpool2d_create, "p", (ch_shape3){ 2, 7, 7 }, 2, 2, 0), 2);
+    check_layer("avgpool 3 s2 p1", MAKE(ch_avgpool2d_create, "p", (ch_shape3){ 2, 6, 6 }, 3, 2, 1), 2);
+    check_layer("global avgpool", MAKE(ch_global_avgpool_create, "p", (ch_shape3){ 3, 4, 4 }), 2);
+}
+
+static void elementwise_gradients(void **state)
+{
+    (void)state;
+    check_layer("relu", MAKE(ch_relu_create, "r", (ch_shape3){ 2, 3, 5 }), 3);
+    check_layer("flatten", MAKE(ch_flatten_create, "f", (ch_shape3){ 2, 3, 5 }), 2);
+    check_layer("dropout p=0.3", MAKE(ch_dropout_create, "d", (ch_shape3){ 2, 3, 5 }, 0.3, 1), 3);
+}
+
+static void batchnorm_gradients(void **state)
+{
+    (void)state;
+    check_layer("batchnorm2d", MAKE(ch_batchnorm2d_create, "bn", (ch_shape3){ 3, 4, 5 }), 3);
+}
+
+static void residual_gradients(void **state)
+{
+    (void)state;
+    check_layer("residual identity", MAKE(ch_residual_create, "r", (ch_shape3){ 4, 5, 5 }, 4, false, 1), 2);
+    check_layer("residual 1x1 s2", MAKE(ch_residual_create, "r", (ch_shape3){ 3, 6, 6 }, 5, true, 2), 2);
+}
+
+static void check_model(const char *arch, ch_shape3 in, int n, int per_tensor, int inputs)
+{
+    ch_model *m;
+    ch_err err;
+    assert_int_equal(ch_model_create(arch, in, 10, &m, &err), CH_STATUS_OK);
+    probe p;
+    probe_init(&p, m, n, true, 21);
+    check(&p, arch, per_tensor, inputs);
+    probe_free(&p);
+}
+
+static void model_gradients(void **state)
+{
+    (void)state;
+    check_model("lenet", (ch_shape3){ 1, 28, 28 }, 3, 3, 4);
+    check_model("mnist-cnn", (ch_shape3){ 1, 28, 28 }, 3, 3, 4);
+    check_model("mlp", (ch_shape3){ 1, 28, 28 }, 3, 3, 4);
+    check_model("resnet18", (ch_shape3){ 1, 8, 8 }, 4, 1, 3);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(conv2d_gradients),
+        cmocka_unit_test(linear_gradients),
+        cmocka_unit_test(pooling_gradients),
+        cmocka_unit_test(elementwise_gradients),
+        cmocka_unit_test(batchnorm_gradients),
+        cmocka_unit_test(residual_gradients),
+        cmocka_unit_test(model_gradients),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

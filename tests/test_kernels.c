@@ -1,0 +1,100 @@
+/* The CPU backend against the naive reference backend (float), at 1 and 2 threads, over
+ * geometries the zoo uses and a few it does not (padding, stride 2, 1x1, odd sizes). */
+#include "test_util.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/kernels.h"
+
+/* float against double-accumulated loops, relative to each result's scale */
+static const double tol = 1e-5;
+
+static ch_real *rnd(size_t n, uint64_t seed)
+{
+    ch_real *p = malloc(sizeof(ch_real) * (n ? n : 1));
+    assert_non_null(p);
+    tu_fill_uniform(p, n, -1, 1, seed);
+    return p;
+}
+
+static void check_gemm(bool ta, bool tb, int m, int n, int k, int threads)
+{
+    const ch_kernels *cpu = ch_kernels_cpu(), *ref = ch_kernels_ref();
+    ch_real *a = rnd((size_t)m * k, 1), *b = rnd((size_t)k * n, 2);
+    ch_real *c1 = rnd((size_t)m * n, 3), *c2 = malloc(sizeof(ch_real) * (size_t)m * n);
+    memcpy(c2, c1, sizeof(ch_real) * (size_t)m * n);
+    ch_kctx kc = { .nthreads = threads };
+    const int lda = ta ? m : k, ldb = tb ? k : n;
+    cpu->gemm(&kc, ta, tb, m, n, k, 0.5f, a, lda, b, ldb, 0.25f, c1, n);
+    ref->gemm(&kc, ta, tb, m, n, k, 0.5f, a, lda, b, ldb, 0.25f, c2, n);
+    assert_true(tu_max_norm_err(c1, c2, (size_t)m * n) < tol);
+    free(a), free(b), free(c1), free(c2);
+}
+
+static void gemm_matches_reference_for_every_transpose(void **state)
+{
+    (void)state;
+    for (int t = 1; t <= 2; t++)
+        for (int ta = 0; ta < 2; ta++)
+            for (int tb = 0; tb < 2; tb++) {
+                check_gemm(ta, tb, 17, 23, 31, t);
+                check_gemm(ta, tb, 64, 5, 300, t);
+            }
+}
+
+static void check_conv(ch_conv_desc d, int n, int threads)
+{
+    d.oh = ch_window_out(d.h, d.kh, d.stride, d.pad);
+    d.ow = ch_window_out(d.w, d.kw, d.stride, d.pad);
+    const ch_kernels *cpu = ch_kernels_cpu(), *ref = ch_kernels_ref();
+    const size_t xs = (size_t)n * d.c * d.h * d.w, ys = (size_t)n * d.oc * d.oh * d.ow;
+    const size_t ws_len = (size_t)d.oc * d.c * d.kh * d.kw;
+    ch_real *x = rnd(xs, 4), *w = rnd(ws_len, 5), *b = rnd((size_t)d.oc, 6), *dy = rnd(ys, 7);
+    ch_real *y1 = malloc(sizeof(ch_real) * ys), *y2 = malloc(sizeof(ch_real) * ys);
+    ch_real *dx1 = malloc(sizeof(ch_real) * xs), *dx2 = malloc(sizeof(ch_real) * xs);
+    ch_real *dw1 = malloc(sizeof(ch_real) * ws_len), *dw2 = malloc(sizeof(ch_real) * ws_len);
+    ch_real db1[64], db2[64];
+    size_t wsz = cpu->conv2d_workspace(&d, threads);
+    ch_kctx kc = { .nthreads = threads, .ws = malloc(sizeof(ch_real) * (wsz ? wsz : 1)), .ws_len = wsz };
+    ch_kctx rk = { .nthreads = 1 };
+
+    cpu->conv2d_forward(&kc, &d, n, x, w, b, y1);
+    ref->conv2d_forward(&rk, &d, n, x, w, b, y2);
+    assert_true(tu_max_norm_err(y1, y2, ys) < tol);
+    cpu->conv2d_backward_data(&kc, &d, n, dy, w, dx1);
+    ref->conv2d_backward_data(&rk, &d, n, dy, w, dx2);
+    assert_true(tu_max_norm_err(dx1, dx2, xs) < tol);
+    cpu->conv2d_backward_weights(&kc, &d, n, x, dy, dw1, db1);
+    ref->conv2d_backward_weights(&rk, &d, n, x, dy, dw2, db2);
+    assert_true(tu_max_norm_err(dw1, dw2, ws_len) < tol);
+    assert_true(tu_max_norm_err(db1, db2, (size_t)d.oc) < tol);
+    free(x), free(w), free(b), free(dy), free(y1), free(y2), free(dx1), free(dx2);
+    free(dw1), free(dw2), free(kc.ws);
+}
+
+static void conv_matches_reference(void **state)
+{
+    (void)state;
+    const ch_conv_desc cases[] = {
+        { .c = 1, .h = 28, .w = 28, .oc = 20, .kh = 3, .kw = 3, .stride = 1, .pad = 0 },  /* lenet */
+        { .c = 20, .h = 13, .w = 13, .oc = 50, .kh = 5, .kw = 5, .stride = 1, .pad = 0 },
+        { .c = 1, .h = 28, .w = 28, .oc = 20, .kh = 5, .kw = 5, .stride = 1, .pad = 2 },  /* mnist-cnn */
+        { .c = 8, .h = 9, .w = 9, .oc = 16, .kh = 3, .kw = 3, .stride = 2, .pad = 1 },    /* resnet down */
+        { .c = 8, .h = 9, .w = 9, .oc = 16, .kh = 1, .kw = 1, .stride = 2, .pad = 0 },    /* shortcut */
+        { .c = 8, .h = 5, .w = 7, .oc = 6, .kh = 1, .kw = 1, .stride = 1, .pad = 0 },     /* pointwise */
+        { .c = 3, .h = 6, .w = 11, .oc = 4, .kh = 3, .kw = 3, .stride = 1, .pad = 1 },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        for (int t = 1; t <= 2; t++)
+            for (int n = 1; n <= 3; n += 2) check_conv(cases[i], n, t);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(gemm_matches_reference_for_every_transpose),
+        cmocka_unit_test(conv_matches_reference),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

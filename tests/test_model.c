@@ -1,0 +1,263 @@
+/* Models, initialisation, the optimizer's update rule and the trainer's contracts. */
+#include "test_util.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/rng.h"
+#include "nn/model.h"
+#include "optim/sgd.h"
+#include "train/trainer.h"
+
+static ch_model *make(const char *arch, ch_shape3 in)
+{
+    ch_model *m;
+    ch_err err;
+    if (ch_model_create(arch, in, 10, &m, &err) != CH_STATUS_OK) fail_msg("%s", err.msg);
+    return m;
+}
+
+/* Names and shapes equal PyTorch's state_dict() (fixture written by make_state_dicts.py). */
+static void state_dict_matches_pytorch(void **state)
+{
+    (void)state;
+    static const char *const archs[] = { "lenet", "mnist-cnn", "mlp", "resnet18" };
+    FILE *f = fopen(COHORT_FIXTURES "/state_dicts.txt", "r");
+    assert_non_null(f);
+    char line[256];
+    for (size_t a = 0; a < 4; a++) {
+        ch_model *m = make(archs[a], (ch_shape3){ 1, 28, 28 });
+        int seen = 0;
+        size_t param_total = 0;
+        rewind(f);
+        while (fgets(line, sizeof line, f)) {
+            char arch[32], name[128], shape[64];
+            assert_int_equal(sscanf(line, "%31s %127s %63s", arch, name, shape), 3);
+            if (strcmp(arch, archs[a]) != 0) continue;
+            assert_true(seen < m->ntensors);
+            const ch_tensor_ref *t = &m->tensors[seen++];
+            assert_string_equal(t->name, name);
+            char mine[64] = "scalar";
+            if (t->spec) {
+                int at = 0;
+                for (int d = 0; d < t->spec->ndim; d++)
+                    at += snprintf(mine + at, sizeof mine - (size_t)at, "%s%lld", d ? "x" : "",
+                                   (long long)t->spec->dims[d]);
+            }
+            assert_string_equal(mine, shape);
+            if (t->kind == CH_TENSOR_PARAM) param_total += t->spec->count;
+        }
+        assert_int_equal(seen, m->ntensors);
+        assert_int_equal(param_total, m->nparams);
+        ch_model_free(m);
+    }
+    fclose(f);
+}
+
+static void default_init_is_pytorchs_and_seeded(void **state)
+{
+    (void)state;
+    ch_err err;
+    ch_model *a = make("lenet", (ch_shape3){ 1, 28, 28 }), *b = make("lenet", (ch_shape3){ 1, 28, 28 });
+    assert_int_equal(ch_model_init_params(a, "default", 1, &err), CH_STATUS_OK);
+    assert_int_equal(ch_model_init_params(b, "default", 1, &err), CH_STATUS_OK);
+    assert_memory_equal(a->params, b->params, sizeof(ch_real) * a->nparams);
+    /* 3.weight: fan_in 20*5*5 = 500, uniform in +-1/sqrt(500). */
+    const ch_tensor_ref *w = ch_model_find(a, "3.weight");
+    assert_non_null(w);
+    double bound = 1 / sqrt(500.0), mx = 0, s2 = 0;
+    for (size_t i = 0; i < w->spec->count; i++) {
+        mx = fmax(mx, fabs(w->data[i]));
+        s2 += (double)w->data[i] * w->data[i];
+    }
+    assert_true(mx <= bound && mx > 0.99 * bound);
+    assert_true(fabs(sqrt(s2 / w->spec->count) - bound / sqrt(3.0)) < 0.02 * bound);
+    assert_int_equal(ch_model_init_params(b, "default", 2, &err), CH_STATUS_OK);
+    assert_memory_not_equal(a->params, b->params, sizeof(ch_real) * a->nparams);
+    ch_model_free(a);
+    ch_model_free(b);
+}
+
+static void normal_init_and_bad_specs(void **state)
+{
+    (void)state;
+    ch_err err;
+    ch_model *m = make("resnet18", (ch_shape3){ 1, 28, 28 });
+    assert_int_equal(ch_model_init_params(m, "normal:0.01", 1, &err), CH_STATUS_OK);
+    const ch_tensor_ref *w = ch_model_find(m, "resnet_block3.0.conv1.weight");
+    const ch_tensor_ref *b = ch_model_find(m, "fc.1.bias"), *g = ch_model_find(m, "1.weight");
+    const ch_tensor_ref *rv = ch_model_find(m, "1.running_var");
+    assert_true(w && b && g && rv);
+    double s2 = 0;
+    for (size_t i = 0; i < w->spec->count; i++) s2 += (double)w->data[i] * w->data[i];
+    assert_true(fabs(sqrt(s2 / w->spec->count) - 0.01) < 0.0005);
+    assert_true(b->data[0] == 0 && g->data[5] == 1 && rv->data[3] == 1);
+    assert_int_equal(ch_model_init_params(m, "normal:-1", 1, &err), CH_STATUS_BAD_INPUT);
+    assert_int_equal(ch_model_init_params(m, "xavier", 1, &err), CH_STATUS_BAD_INPUT);
+    assert_non_null(strstr(err.msg, "--init 'xavier'"));
+    ch_model_free(m);
+}
+
+static void unknown_models_and_impossible_inputs_are_refused(void **state)
+{
+    (void)state;
+    ch_model *m = NULL;
+    ch_err err;
+    assert_int_equal(ch_model_create("vgg", (ch_shape3){ 1, 28, 28 }, 10, &m, &err), CH_STATUS_BAD_INPUT);
+    assert_non_null(strstr(err.msg, "unknown model 'vgg'"));
+    assert_int_equal(ch_model_create("lenet", (ch_shape3){ 1, 8, 8 }, 10, &m, &err), CH_STATUS_BAD_INPUT);
+    assert_non_null(strstr(err.msg, "lenet cannot take 1x8x8"));
+    assert_null(m);
+}
+
+/* Five steps of SGD against PyTorch's published update rule, evaluated here in double. */
+static void sgd_follows_pytorch_update_rule(void **state)
+{
+    (void)state;
+    enum { N = 4 };
+    const double lr = 0.1, mom = 0.9, wd = 0.01;
+    for (int nesterov = 0; nesterov < 2; nesterov++) {
+        ch_sgd o;
+        ch_err err;
+        assert_int_equal(ch_sgd_init(&o, N, lr, mom, 0, wd, nesterov, &err), CH_STATUS_OK);
+        ch_real p[N] = { 1, -2, 0.5, 3 }, g[N];
+        double ep[N] = { 1, -2, 0.5, 3 }, buf[N] = { 0 };
+        for (int step = 0; step < 5; step++) {
+            for (int i = 0; i < N; i++) g[i] = (ch_real)(0.3 * (i + 1) - 0.2 * step);
+            ch_sgd_step(&o, p, g, 1);
+            for (int i = 0; i < N; i++) {
+                double d = (double)g[i] + wd * ep[i];
+                buf[i] = step == 0 ? d : mom * buf[i] + d;
+                ep[i] -= lr * (nesterov ? d + mom * buf[i] : buf[i]);
+            }
+        }
+        for (int i = 0; i < N; i++) assert_true(fabs(p[i] - ep[i]) < 1e-5);
+        ch_sgd_free(&o);
+    }
+}
+
+static ch_dataset *synthetic(size_t n, uint64_t seed)
+{
+    ch_dataset *d = calloc(1, sizeof *d);
+    assert_non_null(d);
+    *d = (ch_dataset){ .n = n, .c = 1, .h = 28, .w = 28, .classes = 10 };
+    d->images = malloc(n * 784);
+    d->labels = malloc(n);
+    assert_true(d->images && d->labels);
+    ch_rng r;
+    ch_rng_init(&r, seed, CH_RNG_STREAM_TEST, 0);
+    for (size_t i = 0; i < n; i++) {
+        d->labels[i] = (uint8_t)ch_rng_below(&r, 10);
+        /* A learnable pattern: a bright column at the label's position. */
+        for (int p = 0; p < 784; p++)
+            d->images[i * 784 + p] = (uint8_t)((p % 28) / 3 == d->labels[i] ? 200 : ch_rng_below(&r, 60));
+    }
+    return d;
+}
+
+static ch_trainer *trainer(const char *model, ch_dataset *d, int batch, double lr, uint64_t seed)
+{
+    ch_train_config cfg = ch_train_config_default();
+    cfg.model = model;
+    cfg.batch_size = batch;
+    cfg.lr = lr;
+    cfg.momentum = 0.9;
+    cfg.seed = seed;
+    cfg.threads = 2;
+    ch_trainer *t;
+    ch_err err;
+    if (ch_trainer_create(&cfg, d, d, &t, &err) != CH_STATUS_OK) fail_msg("%s", err.msg);
+    return t;
+}
+
+static void same_seed_same_bits_and_uneven_last_batch(void **state)
+{
+    (void)state;
+    ch_dataset *d = synthetic(203, 1);   /* 203 = 6 * 32 + 11: the last batch is short */
+    ch_trainer *a = trainer("mnist-cnn", d, 32, 0.05, 4), *b = trainer("mnist-cnn", d, 32, 0.05, 4);
+    ch_epoch_stats sa, sb;
+    ch_err err;
+    for (int e = 0; e < 2; e++) {
+        assert_int_equal(ch_trainer_run_epoch(a, &sa, &err), CH_STATUS_OK);
+        assert_int_equal(ch_trainer_run_epoch(b, &sb, &err), CH_STATUS_OK);
+    }
+    assert_int_equal(sa.train_images, 203);
+    assert_int_equal(a->step, 14);
+    assert_memory_equal(a->model->params, b->model->params, sizeof(ch_real) * a->model->nparams);
+    assert_true(sa.loss == sb.loss && sa.test_acc == sb.test_acc);
+    /* The pattern is easy: two epochs must learn it. */
+    assert_true(sa.test_acc > 0.5);
+    ch_trainer_free(a);
+    ch_trainer_free(b);
+    ch_dataset_free(d);
+}
+
+static void batchnorm_running_statistics_follow_pytorch(void **state)
+{
+    (void)state;
+    ch_dataset *d = synthetic(16, 2);
+    ch_trainer *t = trainer("resnet18", d, 16, 0.0, 1);
+    const ch_tensor_ref *rm = ch_model_find(t->model, "1.running_mean");
+    const ch_tensor_ref *rv = ch_model_find(t->model, "1.running_var");
+    const ch_tensor_ref *nb = ch_model_find(t->model, "1.num_batches_tracked");
+    assert_true(rm && rv && nb);
+    uint32_t idx[16];
+    for (int i = 0; i < 16; i++) idx[i] = (uint32_t)i;
+    double l;
+    int64_t c;
+    ch_err err;
+    assert_int_equal(ch_trainer_step(t, idx, 16, &l, &c, &err), CH_STATUS_OK);
+    /* Channel 0 of the stem conv output: mean and unbiased variance over 16*28*28 values. */
+    const ch_layer *conv = t->model->root->children[0];
+    const size_t hw = 28 * 28, cnt = 16 * hw;
+    double s = 0, s2 = 0;
+    for (int n = 0; n < 16; n++)
+        for (size_t j = 0; j < hw; j++) {
+            double v = conv->y[(size_t)n * 64 * hw + j];
+            s += v;
+            s2 += v * v;
+        }
+    const double mean = s / cnt, var = (s2 / cnt - mean * mean) * cnt / (cnt - 1);
+    assert_true(fabs(rm->data[0] - 0.1 * mean) < 1e-5);
+    assert_true(fabs(rv->data[0] - (0.9 + 0.1 * var)) < 1e-4);
+    assert_int_equal(*nb->counter, 1);
+    ch_trainer_free(t);
+    ch_dataset_free(d);
+}
+
+static void nan_check_stops_a_diverging_run(void **state)
+{
+    (void)state;
+    ch_dataset *d = synthetic(64, 3);
+    ch_train_config cfg = ch_train_config_default();
+    cfg.model = "mlp";
+    cfg.batch_size = 8;
+    cfg.lr = 1e30;
+    cfg.nan_check = true;
+    cfg.threads = 1;
+    ch_trainer *t;
+    ch_err err;
+    assert_int_equal(ch_trainer_create(&cfg, d, NULL, &t, &err), CH_STATUS_OK);
+    ch_epoch_stats s;
+    assert_int_equal(ch_trainer_run_epoch(t, &s, &err), CH_STATUS_NUMERIC);
+    assert_non_null(strstr(err.msg, "the loss is"));
+    ch_trainer_free(t);
+    ch_dataset_free(d);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(state_dict_matches_pytorch),
+        cmocka_unit_test(default_init_is_pytorchs_and_seeded),
+        cmocka_unit_test(normal_init_and_bad_specs),
+        cmocka_unit_test(unknown_models_and_impossible_inputs_are_refused),
+        cmocka_unit_test(sgd_follows_pytorch_update_rule),
+        cmocka_unit_test(same_seed_same_bits_and_uneven_last_batch),
+        cmocka_unit_test(batchnorm_running_statistics_follow_pytorch),
+        cmocka_unit_test(nan_check_stops_a_diverging_run),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

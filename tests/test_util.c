@@ -1,0 +1,69 @@
+/* Helpers shared by the unit tests. */
+#include "test_util.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zlib.h>
+
+#include "core/rng.h"
+
+void tu_fill_uniform(ch_real *x, size_t n, double lo, double hi, uint64_t seed)
+{
+    ch_rng r;
+    ch_rng_init(&r, seed, CH_RNG_STREAM_TEST, 0);
+    for (size_t i = 0; i < n; i++) x[i] = (ch_real)(lo + (hi - lo) * ch_rng_uniform(&r));
+}
+
+double tu_max_rel_err(const ch_real *a, const ch_real *b, size_t n, double floor)
+{
+    double worst = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - b[i]);
+        double m = fmax(fmax(fabs((double)a[i]), fabs((double)b[i])), floor);
+        if (!(d / m <= worst)) worst = d / m;   /* NaN counts as the worst */
+    }
+    return worst;
+}
+
+double tu_max_norm_err(const ch_real *a, const ch_real *b, size_t n)
+{
+    double diff = 0, scale = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - b[i]);
+        if (!(d <= diff)) diff = d;
+        scale = fmax(scale, fabs((double)b[i]));
+    }
+    return scale > 0 ? diff / scale : diff;
+}
+
+void tu_mkdtemp(char *buf, size_t len)
+{
+    snprintf(buf, len, "/tmp/cohort-test-XXXXXX");
+    assert_non_null(mkdtemp(buf));
+}
+
+void tu_rmdir(const char *dir)
+{
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+void tu_write_file(const char *dir, const char *name, const void *data, size_t len, int gz)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    if (gz) {
+        gzFile f = gzopen(path, "wb");
+        assert_non_null(f);
+        if (len) assert_int_equal(gzwrite(f, data, (unsigned)len), (int)len);
+        assert_int_equal(gzclose(f), Z_OK);
+    } else {
+        FILE *f = fopen(path, "wb");
+        assert_non_null(f);
+        if (len) assert_int_equal(fwrite(data, 1, len, f), len);
+        assert_int_equal(fclose(f), 0);
+    }
+}

@@ -1,0 +1,26 @@
+/* Helpers shared by the unit tests (cmocka). */
+#ifndef CH_TEST_UTIL_H
+#define CH_TEST_UTIL_H
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "core/real.h"
+
+/* Fill with uniform values in [lo, hi) from a seeded stream. */
+void tu_fill_uniform(ch_real *x, size_t n, double lo, double hi, uint64_t seed);
+/* max_i |a_i - b_i| / max(|a_i|, |b_i|, floor): relative error, absolute below floor. */
+double tu_max_rel_err(const ch_real *a, const ch_real *b, size_t n, double floor);
+/* max_i |a_i - b_i| / max_i |b_i|: the error relative to the array's scale, the fair measure for
+ * float sums whose terms cancel. */
+double tu_max_norm_err(const ch_real *a, const ch_real *b, size_t n);
+/* A scratch directory for the test's files (removed by tu_rmdir). */
+void tu_mkdtemp(char *buf, size_t len);
+void tu_rmdir(const char *dir);
+/* Write bytes to dir/name, gzip-compressed when gz. */
+void tu_write_file(const char *dir, const char *name, const void *data, size_t len, int gz);
+
+#endif
