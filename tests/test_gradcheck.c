@@ -6,7 +6,8 @@
  * mathematically zero, such as a conv bias feeding BatchNorm, whose numeric estimate is pure
  * rounding noise) they must agree to 1e-7 absolutely; a missing gradient still fails, since its
  * numeric estimate is far above that. Layers are checked under the linear functional
- * L = sum(y * R) for a fixed random R; models under the softmax cross-entropy of random labels.
+ * L = sum(y * R) for a fixed random R; models under the softmax cross-entropy of random labels and
+ * under the mean squared error against a random target.
  * Inputs are random and continuous, so no ReLU or max-pool kink lies within eps of a probe. */
 #include "test_util.h"
 
@@ -25,19 +26,24 @@ typedef struct probe {
     ch_run run;
     int n;
     ch_real *x, *dx, *R, *dout;
-    int32_t *labels;      /* NULL: linear functional */
+    int32_t *labels;      /* softmax cross-entropy of these labels */
+    bool mse;             /* else, with mse: mean squared error against R; else sum(y * R) */
 } probe;
 
 static double loss_of(probe *p)
 {
     const ch_real *y = ch_model_forward(p->m, &p->run, p->n, p->x);
     const size_t len = ch_shape3_size(p->m->root->out) * (size_t)p->n;
+    double loss;
+    if (p->mse) {
+        p->run.k->mse(&p->run.kc, len, y, p->R, 1.0 / len, NULL, &loss);
+        return loss / len;
+    }
     if (!p->labels) {
         double s = 0;
         for (size_t i = 0; i < len; i++) s += (double)y[i] * p->R[i];
         return s;
     }
-    double loss;
     int64_t correct;
     p->run.k->softmax_xent(&p->run.kc, p->n, p->m->classes, y, p->labels, 1.0 / p->n, NULL, &loss,
                            &correct);
@@ -48,7 +54,10 @@ static void analytic(probe *p)
 {
     const ch_real *y = ch_model_forward(p->m, &p->run, p->n, p->x);
     const size_t len = ch_shape3_size(p->m->root->out) * (size_t)p->n;
-    if (p->labels) {
+    if (p->mse) {
+        double loss;
+        p->run.k->mse(&p->run.kc, len, y, p->R, 1.0 / len, p->dout, &loss);
+    } else if (p->labels) {
         double loss;
         int64_t correct;
         p->run.k->softmax_xent(&p->run.kc, p->n, p->m->classes, y, p->labels, 1.0 / p->n, p->dout,
@@ -239,6 +248,20 @@ static void check_model(const char *arch, ch_shape3 in, int n, int per_tensor, i
     probe_free(&p);
 }
 
+/* Reference program E's toy: Linear(5, 5) under the mean squared error. */
+static void mse_loss_gradients(void **state)
+{
+    (void)state;
+    ch_model *m;
+    ch_err err;
+    assert_int_equal(ch_model_create("mlp", (ch_shape3){ 1, 28, 28 }, 5, &m, &err), CH_STATUS_OK);
+    probe p;
+    probe_init(&p, m, 4, false, 31);
+    p.mse = true;
+    check(&p, "mlp + mse", 3, 4);
+    probe_free(&p);
+}
+
 static void model_gradients(void **state)
 {
     (void)state;
@@ -257,6 +280,7 @@ int main(void)
         cmocka_unit_test(elementwise_gradients),
         cmocka_unit_test(batchnorm_gradients),
         cmocka_unit_test(residual_gradients),
+        cmocka_unit_test(mse_loss_gradients),
         cmocka_unit_test(model_gradients),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -98,6 +98,11 @@ typedef struct ch_kernels {
     void (*softmax_xent)(const ch_kctx *kc, int n, int k, const ch_real *logits,
                          const int32_t *labels, double scale, ch_real *dlogits, double *loss_sum,
                          int64_t *correct);
+    /* Mean squared error: loss_sum = sum (pred - target)^2 over len values;
+     * dpred = 2 (pred - target) * scale (skipped when dpred is NULL). PyTorch's MSELoss (mean) is
+     * loss_sum / len with scale 1 / len. */
+    void (*mse)(const ch_kctx *kc, size_t len, const ch_real *pred, const ch_real *target,
+                double scale, ch_real *dpred, double *loss_sum);
 } ch_kernels;
 
 /* The CPU backend (oneDNN GEMM, OpenMP threads) and the naive reference used by the tests. */

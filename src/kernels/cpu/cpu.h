@@ -52,5 +52,7 @@ void ch_cpu_add(const ch_kctx *kc, size_t len, const ch_real *a, const ch_real *
 void ch_cpu_softmax_xent(const ch_kctx *kc, int n, int k, const ch_real *logits,
                          const int32_t *labels, double scale, ch_real *dlogits,
                          double *loss_sum, int64_t *correct);
+void ch_cpu_mse(const ch_kctx *kc, size_t len, const ch_real *pred, const ch_real *target,
+                double scale, ch_real *dpred, double *loss_sum);
 
 #endif

@@ -50,3 +50,16 @@ void ch_cpu_softmax_xent(const ch_kctx *kc, int n, int k, const ch_real *logits,
     *loss_sum = loss;
     *correct = hits;
 }
+
+void ch_cpu_mse(const ch_kctx *kc, size_t len, const ch_real *pred, const ch_real *target,
+                double scale, ch_real *dpred, double *loss_sum)
+{
+    double loss = 0;
+#pragma omp parallel for num_threads(kc->nthreads) schedule(static) reduction(+ : loss)
+    for (size_t i = 0; i < len; i++) {
+        const double d = (double)pred[i] - target[i];
+        loss += d * d;
+        if (dpred) dpred[i] = (ch_real)(2 * d * scale);
+    }
+    *loss_sum = loss;
+}

@@ -20,6 +20,7 @@ static const ch_kernels cpu_table = {
     .relu_backward = ch_cpu_relu_backward,
     .add = ch_cpu_add,
     .softmax_xent = ch_cpu_softmax_xent,
+    .mse = ch_cpu_mse,
 };
 
 const ch_kernels *ch_kernels_cpu(void) { return &cpu_table; }

@@ -129,6 +129,7 @@ static const ch_kernels ref_table = {
     .relu_backward = ch_cpu_relu_backward,
     .add = ch_cpu_add,
     .softmax_xent = ch_cpu_softmax_xent,
+    .mse = ch_cpu_mse,
 };
 
 const ch_kernels *ch_kernels_ref(void) { return &ref_table; }
