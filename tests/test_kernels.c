@@ -59,16 +59,23 @@ static void check_conv(ch_conv_desc d, int n, int threads)
     ch_kctx kc = { .nthreads = threads, .ws = malloc(sizeof(ch_real) * (wsz ? wsz : 1)), .ws_len = wsz };
     ch_kctx rk = { .nthreads = 1 };
 
-    cpu->conv2d_forward(&kc, &d, n, x, w, b, y1);
-    ref->conv2d_forward(&rk, &d, n, x, w, b, y2);
+    /* Without and with the cols cache (forward fills it, backward weights reads it). */
+    ch_real *cols = malloc(sizeof(ch_real) * ch_conv2d_cols_len(&d) * (size_t)n);
+    cpu->conv2d_forward(&kc, &d, n, x, w, b, y1, NULL);
+    ref->conv2d_forward(&rk, &d, n, x, w, b, y2, NULL);
+    assert_true(tu_max_norm_err(y1, y2, ys) < tol);
+    cpu->conv2d_forward(&kc, &d, n, x, w, b, y1, cols);
     assert_true(tu_max_norm_err(y1, y2, ys) < tol);
     cpu->conv2d_backward_data(&kc, &d, n, dy, w, dx1);
     ref->conv2d_backward_data(&rk, &d, n, dy, w, dx2);
     assert_true(tu_max_norm_err(dx1, dx2, xs) < tol);
-    cpu->conv2d_backward_weights(&kc, &d, n, x, dy, dw1, db1);
-    ref->conv2d_backward_weights(&rk, &d, n, x, dy, dw2, db2);
-    assert_true(tu_max_norm_err(dw1, dw2, ws_len) < tol);
-    assert_true(tu_max_norm_err(db1, db2, (size_t)d.oc) < tol);
+    ref->conv2d_backward_weights(&rk, &d, n, x, dy, dw2, db2, NULL);
+    for (int cached = 0; cached < 2; cached++) {
+        cpu->conv2d_backward_weights(&kc, &d, n, x, dy, dw1, db1, cached ? cols : NULL);
+        assert_true(tu_max_norm_err(dw1, dw2, ws_len) < tol);
+        assert_true(tu_max_norm_err(db1, db2, (size_t)d.oc) < tol);
+    }
+    free(cols);
     free(x), free(w), free(b), free(dy), free(y1), free(y2), free(dx1), free(dx2);
     free(dw1), free(dw2), free(kc.ws);
 }
@@ -90,11 +97,38 @@ static void conv_matches_reference(void **state)
             for (int n = 1; n <= 3; n += 2) check_conv(cases[i], n, t);
 }
 
+/* Max pooling's fast 2x2 path against the direct loops, ties included (quantised inputs). */
+static void maxpool_matches_reference(void **state)
+{
+    (void)state;
+    const ch_kernels *cpu = ch_kernels_cpu(), *ref = ch_kernels_ref();
+    const ch_pool_desc cases[] = {
+        { .c = 3, .h = 8, .w = 10, .k = 2, .stride = 2, .pad = 0, .oh = 4, .ow = 5 },
+        { .c = 2, .h = 7, .w = 7, .k = 2, .stride = 2, .pad = 0, .oh = 3, .ow = 3 },
+        { .c = 2, .h = 7, .w = 7, .k = 3, .stride = 2, .pad = 1, .oh = 4, .ow = 4 },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const ch_pool_desc *d = &cases[i];
+        const int n = 3;
+        const size_t xs = (size_t)n * d->c * d->h * d->w, ys = (size_t)n * d->c * d->oh * d->ow;
+        ch_real *x = rnd(xs, 9), *y1 = malloc(sizeof(ch_real) * ys), *y2 = malloc(sizeof(ch_real) * ys);
+        int32_t *a1 = malloc(sizeof(int32_t) * ys), *a2 = malloc(sizeof(int32_t) * ys);
+        for (size_t j = 0; j < xs; j++) x[j] = (ch_real)(int)(x[j] * 3);   /* many ties */
+        ch_kctx kc = { .nthreads = 2 };
+        cpu->maxpool2d_forward(&kc, d, n, x, y1, a1);
+        ref->maxpool2d_forward(&kc, d, n, x, y2, a2);
+        assert_memory_equal(y1, y2, sizeof(ch_real) * ys);
+        assert_memory_equal(a1, a2, sizeof(int32_t) * ys);
+        free(x), free(y1), free(y2), free(a1), free(a2);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(gemm_matches_reference_for_every_transpose),
         cmocka_unit_test(conv_matches_reference),
+        cmocka_unit_test(maxpool_matches_reference),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -105,6 +105,8 @@ void ch_trainer_set_progress(ch_trainer *t, ch_progress_fn fn, void *user)
 ch_status ch_trainer_step(ch_trainer *t, const uint32_t *idx, int n, double *loss_sum,
                           int64_t *correct, ch_err *err)
 {
+    /* oneDNN's GEMM threads by the calling thread's OpenMP setting: keep it at ours. */
+    omp_set_num_threads(t->nthreads);
     ch_dataset_gather(t->train, idx, n, t->x, t->labels);
     ch_run r = ch_model_run(t->model, t->k, true);
     r.seed = t->cfg.seed;
@@ -123,7 +125,6 @@ ch_status ch_trainer_step(ch_trainer *t, const uint32_t *idx, int n, double *los
 
 ch_status ch_trainer_run_epoch(ch_trainer *t, ch_epoch_stats *s, ch_err *err)
 {
-    omp_set_num_threads(t->nthreads);
     const ch_dataset *d = t->train;
     ch_rng rng;
     ch_rng_init(&rng, t->cfg.seed, CH_RNG_STREAM_SHUFFLE, (uint64_t)t->epoch << 40);

@@ -6,6 +6,8 @@
  * Threads take contiguous runs of samples (static schedule) and call a single-threaded GEMM; weight
  * gradients go to per-thread partial sums reduced in thread order, so results are deterministic for
  * a given thread count. 1x1 stride-1 unpadded convolutions skip im2col: col is the input itself.
+ * When the caller gives a cols cache (training, when it fits the memory budget), the forward pass
+ * writes each sample's col there and backward weights reads it instead of running im2col again.
  * Workspace per thread: col (K*P) + dW partial (oc*K) + db partial (oc). */
 #include "kernels/cpu/cpu.h"
 
@@ -28,27 +30,47 @@ size_t ch_cpu_conv2d_workspace(const ch_conv_desc *d, int nthreads)
     return per_thread(d) * (size_t)nthreads;
 }
 
-/* col[(ci*kh + p)*kw + q][i*ow + j] = x[ci][i*s - pad + p][j*s - pad + q], 0 outside. */
-static void im2col(const ch_conv_desc *d, const ch_real *x, ch_real *col)
+/* The outputs j whose tap q lands inside a row of width w: iw = j*s - pad + q in [0, w). */
+static void valid_cols(const ch_conv_desc *d, int q, int *lo, int *hi)
 {
+    const int s = d->stride, a = d->pad - q;        /* need j*s >= a and j*s <= w - 1 + a */
+    int l = a > 0 ? (a + s - 1) / s : 0;
+    int h = d->w - 1 + a >= 0 ? (d->w - 1 + a) / s + 1 : 0;
+    if (h > d->ow) h = d->ow;
+    if (l > h) l = h;
+    *lo = l;
+    *hi = h;
+}
+
+/* col[(ci*kh + p)*kw + q][i*ow + j] = x[ci][i*s - pad + p][j*s - pad + q], 0 outside.
+ * Each row is a zero head, a copied (contiguous when s == 1) middle and a zero tail: no per-element
+ * bounds test. */
+static void im2col(const ch_conv_desc *desc, const ch_real *x, ch_real *col)
+{
+    const ch_conv_desc local = *desc, *d = &local;   /* a copy the stores cannot alias */
     const int s = d->stride;
     for (int ci = 0; ci < d->c; ci++) {
         const ch_real *xc = x + (size_t)ci * d->h * d->w;
         for (int p = 0; p < d->kh; p++) {
             for (int q = 0; q < d->kw; q++) {
                 ch_real *row = col + (((size_t)ci * d->kh + p) * d->kw + q) * conv_p(d);
+                int lo, hi;
+                valid_cols(d, q, &lo, &hi);
                 for (int i = 0; i < d->oh; i++) {
                     const int ih = i * s - d->pad + p;
                     ch_real *out = row + (size_t)i * d->ow;
-                    if (ih < 0 || ih >= d->h) {
+                    if (ih < 0 || ih >= d->h || lo >= hi) {
                         memset(out, 0, sizeof(ch_real) * (size_t)d->ow);
                         continue;
                     }
-                    const ch_real *xr = xc + (size_t)ih * d->w;
-                    for (int j = 0; j < d->ow; j++) {
-                        const int iw = j * s - d->pad + q;
-                        out[j] = (iw >= 0 && iw < d->w) ? xr[iw] : 0;
+                    const ch_real *xr = xc + (size_t)ih * d->w + (q - d->pad);
+                    for (int j = 0; j < lo; j++) out[j] = 0;
+                    if (s == 1) {
+                        for (int j = lo; j < hi; j++) out[j] = xr[j];   /* short rows: no memcpy call */
+                    } else {
+                        for (int j = lo; j < hi; j++) out[j] = xr[j * s];
                     }
+                    for (int j = hi; j < d->ow; j++) out[j] = 0;
                 }
             }
         }
@@ -56,22 +78,26 @@ static void im2col(const ch_conv_desc *d, const ch_real *x, ch_real *col)
 }
 
 /* The adjoint of im2col: dx[ci][ih][iw] += dcol[...]; dx must be zeroed by the caller. */
-static void col2im(const ch_conv_desc *d, const ch_real *col, ch_real *dx)
+static void col2im(const ch_conv_desc *desc, const ch_real *col, ch_real *dx)
 {
+    const ch_conv_desc local = *desc, *d = &local;   /* a copy the stores cannot alias */
     const int s = d->stride;
     for (int ci = 0; ci < d->c; ci++) {
         ch_real *xc = dx + (size_t)ci * d->h * d->w;
         for (int p = 0; p < d->kh; p++) {
             for (int q = 0; q < d->kw; q++) {
                 const ch_real *row = col + (((size_t)ci * d->kh + p) * d->kw + q) * conv_p(d);
+                int lo, hi;
+                valid_cols(d, q, &lo, &hi);
                 for (int i = 0; i < d->oh; i++) {
                     const int ih = i * s - d->pad + p;
                     if (ih < 0 || ih >= d->h) continue;
-                    ch_real *xr = xc + (size_t)ih * d->w;
+                    ch_real *xr = xc + (size_t)ih * d->w + (q - d->pad);
                     const ch_real *in = row + (size_t)i * d->ow;
-                    for (int j = 0; j < d->ow; j++) {
-                        const int iw = j * s - d->pad + q;
-                        if (iw >= 0 && iw < d->w) xr[iw] += in[j];
+                    if (s == 1) {
+                        for (int j = lo; j < hi; j++) xr[j] += in[j];
+                    } else {
+                        for (int j = lo; j < hi; j++) xr[j * s] += in[j];
                     }
                 }
             }
@@ -82,6 +108,7 @@ static void col2im(const ch_conv_desc *d, const ch_real *col, ch_real *dx)
 static void forward_sample(const ch_kctx *kc, const ch_conv_desc *d, const ch_real *xn,
                            const ch_real *w, const ch_real *b, ch_real *yn, ch_real *col)
 {
+    /* col: scratch, or this sample's slot of the cols cache */
     const int K = (int)conv_k(d), P = (int)conv_p(d);
     const ch_real *src = xn;
     if (!conv_is_pointwise(d)) {
@@ -98,17 +125,14 @@ static void forward_sample(const ch_kctx *kc, const ch_conv_desc *d, const ch_re
 }
 
 void ch_cpu_conv2d_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
-                           const ch_real *w, const ch_real *b, ch_real *y)
+                           const ch_real *w, const ch_real *b, ch_real *y, ch_real *cols)
 {
     const size_t xs = (size_t)d->c * d->h * d->w, ys = (size_t)d->oc * conv_p(d);
+    const size_t kp = conv_k(d) * conv_p(d);
     const int T = team_size(kc, n);
-    if (T == 1) {
-        for (int s = 0; s < n; s++) forward_sample(kc, d, x + s * xs, w, b, y + s * ys, kc->ws);
-        return;
-    }
-#pragma omp parallel for num_threads(T) schedule(static)
+#pragma omp parallel for num_threads(T) schedule(static) if (T > 1)
     for (int s = 0; s < n; s++) {
-        ch_real *col = kc->ws + per_thread(d) * (size_t)ch_omp_thread();
+        ch_real *col = cols ? cols + kp * (size_t)s : kc->ws + per_thread(d) * (size_t)ch_omp_thread();
         forward_sample(kc, d, x + s * xs, w, b, y + s * ys, col);
     }
 }
@@ -145,11 +169,13 @@ void ch_cpu_conv2d_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int n
 /* Accumulate one sample's weight gradient into dw (oc, K) and db (oc). */
 static void backward_weights_sample(const ch_kctx *kc, const ch_conv_desc *d, const ch_real *xn,
                                     const ch_real *dyn, ch_real *dw, ch_real *db, ch_real *col,
-                                    bool first)
+                                    const ch_real *cached, bool first)
 {
     const int K = (int)conv_k(d), P = (int)conv_p(d);
     const ch_real *src = xn;
-    if (!conv_is_pointwise(d)) {
+    if (cached && !conv_is_pointwise(d)) {
+        src = cached;
+    } else if (!conv_is_pointwise(d)) {
         im2col(d, xn, col);
         src = col;
     }
@@ -165,14 +191,15 @@ static void backward_weights_sample(const ch_kctx *kc, const ch_conv_desc *d, co
 
 void ch_cpu_conv2d_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, int n,
                                     const ch_real *x, const ch_real *dy, ch_real *dw,
-                                    ch_real *db)
+                                    ch_real *db, const ch_real *cols)
 {
     const size_t xs = (size_t)d->c * d->h * d->w, ys = (size_t)d->oc * conv_p(d);
     const size_t wl = (size_t)d->oc * conv_k(d), pt = per_thread(d), kp = conv_k(d) * conv_p(d);
     const int T = team_size(kc, n);
     if (T == 1) {
         for (int s = 0; s < n; s++)
-            backward_weights_sample(kc, d, x + s * xs, dy + s * ys, dw, db, kc->ws, s == 0);
+            backward_weights_sample(kc, d, x + s * xs, dy + s * ys, dw, db, kc->ws,
+                                    cols ? cols + kp * (size_t)s : NULL, s == 0);
         if (n == 0) {
             memset(dw, 0, sizeof(ch_real) * wl);
             if (db) memset(db, 0, sizeof(ch_real) * (size_t)d->oc);
@@ -185,7 +212,8 @@ void ch_cpu_conv2d_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, in
         ch_real *col = kc->ws + pt * (size_t)t, *pw = col + kp, *pb = pw + wl;
         const int lo = (int)((long)n * t / T), hi = (int)((long)n * (t + 1) / T);
         for (int s = lo; s < hi; s++)
-            backward_weights_sample(kc, d, x + s * xs, dy + s * ys, pw, db ? pb : NULL, col, s == lo);
+            backward_weights_sample(kc, d, x + s * xs, dy + s * ys, pw, db ? pb : NULL, col,
+                                    cols ? cols + kp * (size_t)s : NULL, s == lo);
 #pragma omp barrier
         /* Reduce the partials in thread order: each thread sums a slice of the elements. */
 #pragma omp for schedule(static)

@@ -30,14 +30,54 @@ static void maxpool_plane(const ch_pool_desc *d, const ch_real *x, ch_real *y, i
     }
 }
 
+/* The common 2x2 stride-2 unpadded window, branch-free so it vectorises: the pairs of each row
+ * first, then the rows. Same winner as the direct loops: the first maximum in (0,0) (0,1) (1,0)
+ * (1,1) order; a NaN anywhere in the window is the result, so NaN propagates as in PyTorch (with
+ * several NaNs the argmax may name another of them than the direct loops do). */
+static void maxpool_plane_2x2(const ch_pool_desc *d, const ch_real *x, ch_real *y, int32_t *am)
+{
+    const int w = d->w, ow = d->ow, oh = d->oh;   /* locals: the stores cannot alias them */
+    for (int i = 0; i < oh; i++) {
+        const ch_real *restrict r0 = x + (size_t)(2 * i) * w, *restrict r1 = r0 + w;
+        ch_real *restrict yr = y + (size_t)i * ow;
+        int32_t *restrict ar = am + (size_t)i * ow;
+        const int32_t base = 2 * i * w;
+        for (int j = 0; j < ow; j++) {
+            const ch_real a = r0[2 * j], b = r0[2 * j + 1], c = r1[2 * j], e = r1[2 * j + 1];
+            const int tb = (b > a) | (b != b), te = (e > c) | (e != e);   /* | not ||: no branch */
+            const ch_real m0 = tb ? b : a, m1 = te ? e : c;
+            const int32_t i0 = base + 2 * j + tb, i1 = base + w + 2 * j + te;
+            /* written so that gcc vectorises it: row 1 wins if greater or NaN, unless row 0's
+             * winner is already NaN */
+            const int t1 = !(m1 <= m0) & !(m0 != m0);
+            yr[j] = t1 ? m1 : m0;
+            ar[j] = t1 ? i1 : i0;
+        }
+    }
+}
+
+void ch_cpu_maxpool2d_forward_direct(const ch_kctx *kc, const ch_pool_desc *d, int n,
+                                     const ch_real *x, ch_real *y, int32_t *argmax)
+{
+    const long planes = (long)n * d->c;
+    const size_t xs = (size_t)d->h * d->w, ys = (size_t)d->oh * d->ow;
+#pragma omp parallel for num_threads(kc->nthreads) schedule(static)
+    for (long pl = 0; pl < planes; pl++) maxpool_plane(d, x + pl * xs, y + pl * ys, argmax + pl * ys);
+}
+
 void ch_cpu_maxpool2d_forward(const ch_kctx *kc, const ch_pool_desc *d, int n, const ch_real *x,
                               ch_real *y, int32_t *argmax)
 {
     const long planes = (long)n * d->c;
     const size_t xs = (size_t)d->h * d->w, ys = (size_t)d->oh * d->ow;
+    const bool fast = d->k == 2 && d->stride == 2 && d->pad == 0;
 #pragma omp parallel for num_threads(kc->nthreads) schedule(static)
-    for (long pl = 0; pl < planes; pl++)
-        maxpool_plane(d, x + pl * xs, y + pl * ys, argmax + pl * ys);
+    for (long pl = 0; pl < planes; pl++) {
+        if (fast)
+            maxpool_plane_2x2(d, x + pl * xs, y + pl * ys, argmax + pl * ys);
+        else
+            maxpool_plane(d, x + pl * xs, y + pl * ys, argmax + pl * ys);
+    }
 }
 
 void ch_cpu_maxpool2d_backward(const ch_kctx *kc, const ch_pool_desc *d, int n,

@@ -1,7 +1,8 @@
 /* The reference backend: the definitions written as plain loops, single-threaded, with double
  * accumulators. Tests check the fast backends against it; it is never used for training.
  * Pooling, normalisation, elementwise and loss kernels of the CPU backend are still the direct
- * formulation, so the table shares them until a faster CPU version replaces one. */
+ * formulation, so the table shares them until a faster CPU version replaces one (max pooling's
+ * 2x2 fast path already has: the table takes the direct version). */
 #include "kernels/cpu/cpu.h"
 
 #include <string.h>
@@ -43,9 +44,10 @@ static bool tap(const ch_conv_desc *d, int i, int j, int p, int q, int *ih, int 
 }
 
 static void ref_conv_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
-                             const ch_real *w, const ch_real *b, ch_real *y)
+                             const ch_real *w, const ch_real *b, ch_real *y, ch_real *cols)
 {
     (void)kc;
+    (void)cols;
     for (int s = 0; s < n; s++)
         for (int o = 0; o < d->oc; o++)
             for (int i = 0; i < d->oh; i++)
@@ -83,9 +85,10 @@ static void ref_conv_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int
 
 static void ref_conv_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, int n,
                                       const ch_real *x, const ch_real *dy, ch_real *dw,
-                                      ch_real *db)
+                                      ch_real *db, const ch_real *cols)
 {
     (void)kc;
+    (void)cols;
     for (int o = 0; o < d->oc; o++) {
         for (int ci = 0; ci < d->c; ci++)
             for (int p = 0; p < d->kh; p++)
@@ -117,7 +120,7 @@ static const ch_kernels ref_table = {
     .conv2d_forward = ref_conv_forward,
     .conv2d_backward_data = ref_conv_backward_data,
     .conv2d_backward_weights = ref_conv_backward_weights,
-    .maxpool2d_forward = ch_cpu_maxpool2d_forward,
+    .maxpool2d_forward = ch_cpu_maxpool2d_forward_direct,
     .maxpool2d_backward = ch_cpu_maxpool2d_backward,
     .avgpool2d_forward = ch_cpu_avgpool2d_forward,
     .avgpool2d_backward = ch_cpu_avgpool2d_backward,
