@@ -4,9 +4,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "cli/cli.h"
+#include "core/clock.h"
 #include "core/rng.h"
 #include "data/dataset.h"
 #include "train/trainer.h"
@@ -16,13 +16,6 @@ static const char bench_usage[] =
     "                          [--warmup W] [--eval]\n"
     "Times N training steps (or forward-only evaluation batches with --eval) on synthetic\n"
     "1x28x28 inputs with 10 classes and prints images/second.\n";
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* Random pixels and labels: throughput does not depend on the values. */
 static ch_dataset *synthetic(size_t n)
@@ -49,7 +42,7 @@ static int run_bench(ch_trainer *t, ch_dataset *d, int steps, int warmup, bool e
     ch_err err;
     double t0 = 0;
     for (int i = 0; i < warmup + steps; i++) {
-        if (i == warmup) t0 = now_s();
+        if (i == warmup) t0 = ch_clock_s();
         ch_status st;
         if (eval) {
             double l, a;
@@ -61,7 +54,7 @@ static int run_bench(ch_trainer *t, ch_dataset *d, int steps, int warmup, bool e
         }
         if (st != CH_STATUS_OK) return ch_exit_for("bench", st, &err);
     }
-    const double el = now_s() - t0;
+    const double el = ch_clock_s() - t0;
     printf("model=%s batch=%d threads=%d mode=%s steps=%d time=%.3f img/s=%.1f\n",
            t->model_name, B, t->nthreads, eval ? "eval" : "train", steps, el,
            (double)steps * B / el);

@@ -1,17 +1,10 @@
 /* A one-line progress bar on stderr, redrawn in place at most five times a second, shown only when
  * stderr is a terminal (logs and pipes get the epoch lines alone). */
 #include <stdio.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "cli/cli.h"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
+#include "core/clock.h"
 
 void ch_progress_init(ch_progress *p, bool allow)
 {
@@ -23,7 +16,7 @@ void ch_progress_update(void *user, int step, int steps, double loss, double acc
 {
     ch_progress *p = user;
     if (!p->enabled) return;
-    const double t = now_s();
+    const double t = ch_clock_s();
     if (step < steps && t - p->last_draw < 0.2) return;
     p->last_draw = t;
     enum { WIDTH = 24 };

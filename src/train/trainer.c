@@ -6,17 +6,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "core/clock.h"
 #include "core/rng.h"
 #include "core/status.h"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 ch_train_config ch_train_config_default(void)
 {
@@ -132,7 +125,7 @@ ch_status ch_trainer_run_epoch(ch_trainer *t, ch_epoch_stats *s, ch_err *err)
 
     const int B = t->cfg.batch_size;
     const int steps = (int)((d->n + (size_t)B - 1) / (size_t)B);
-    double loss = 0, t0 = now_s();
+    double loss = 0, t0 = ch_clock_s();
     int64_t hits = 0;
     size_t seen = 0;
     for (int i = 0; i < steps; i++) {
@@ -145,9 +138,9 @@ ch_status ch_trainer_run_epoch(ch_trainer *t, ch_epoch_stats *s, ch_err *err)
         seen += (size_t)n;
         if (t->progress)
             t->progress(t->progress_user, i + 1, steps, loss / seen, (double)hits / seen, seen,
-                        now_s() - t0);
+                        ch_clock_s() - t0);
     }
-    const double elapsed = now_s() - t0;
+    const double elapsed = ch_clock_s() - t0;
     t->epoch++;
     *s = (ch_epoch_stats){ .epoch = t->epoch, .loss = loss / seen,
                            .train_acc = (double)hits / seen, .time_s = elapsed,
