@@ -1,0 +1,52 @@
+/* Communicators: how replicas combine gradients. Training code talks to a ch_comm and never to
+ * threads or MPI directly (design.md). One ch_comm handle per member (replica thread or rank); the
+ * members of a group call the same collectives in the same order.
+ *
+ * Back ends: `local` (threads of one process, shared memory) here; `mpi` and `nccl` later.
+ * Every collective returns CH_STATUS_OK, or CH_STATUS_SYSTEM once the group has been aborted (a member
+ * failed): no member waits forever for one that will never arrive. */
+#ifndef CH_COMM_H
+#define CH_COMM_H
+
+#include <stddef.h>
+
+#include "core/real.h"
+#include "core/status.h"
+
+typedef struct ch_comm ch_comm;
+
+typedef struct ch_comm_ops {
+    const char *name;
+    /* buf (n) <- the sum over all members' buf, element by element; every member gets the same bits. */
+    ch_status (*allreduce_sum)(ch_comm *c, ch_real *buf, size_t n, ch_err *err);
+    /* buf (n) <- root's buf. */
+    ch_status (*broadcast)(ch_comm *c, ch_real *buf, size_t n, int root, ch_err *err);
+    ch_status (*barrier)(ch_comm *c, ch_err *err);
+    /* Mark the group failed (why: one line): members blocked in or entering a collective return. */
+    void (*abort)(ch_comm *c, const char *why);
+} ch_comm_ops;
+
+struct ch_comm {
+    const ch_comm_ops *ops;
+    int rank, size;
+    void *group;    /* back end state shared by the members; owned by the group's creator */
+};
+
+/* A group of `size` members inside one process. ch_local_group_create returns the shared state;
+ * ch_local_comm_init fills member `rank`'s handle. Free the group after every member is done. */
+typedef struct ch_local_group ch_local_group;
+ch_status ch_local_group_create(int size, ch_local_group **out, ch_err *err);
+void ch_local_comm_init(ch_comm *c, ch_local_group *g, int rank);
+void ch_local_group_free(ch_local_group *g);
+
+static inline ch_status ch_comm_allreduce_sum(ch_comm *c, ch_real *buf, size_t n, ch_err *err)
+{
+    return c->ops->allreduce_sum(c, buf, n, err);
+}
+static inline ch_status ch_comm_broadcast(ch_comm *c, ch_real *buf, size_t n, int root, ch_err *err)
+{
+    return c->ops->broadcast(c, buf, n, root, err);
+}
+static inline ch_status ch_comm_barrier(ch_comm *c, ch_err *err) { return c->ops->barrier(c, err); }
+
+#endif

@@ -1,0 +1,143 @@
+/* The local communicator: replica threads of one process, through shared memory.
+ * allreduce is a reduce-scatter and an allgather fused in one pass: each member publishes its buffer,
+ * then member r owns chunk r of the index range, sums that chunk over all members' buffers (always in
+ * member order 0..D-1, so every member ends with the same bits) and writes the sum back into every
+ * member's buffer. The work and the memory traffic are spread over all members, and chunks are
+ * disjoint, so no locks are needed between the two barriers that frame the pass.
+ * The barrier is a mutex + condition variable generation counter with an abort flag, so that a failed
+ * member releases the others instead of leaving them waiting. */
+#include "comm/comm.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct ch_local_group {
+    int size;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int arrived;
+    unsigned long generation;
+    int aborted;
+    char why[256];
+    ch_real **bufs;     /* published buffers, one per member */
+};
+
+static ch_status aborted_status(struct ch_local_group *g, ch_err *err)
+{
+    return ch_fail(err, CH_STATUS_SYSTEM, "local communicator aborted: %s", g->why);
+}
+
+/* Wait until all members arrive (or the group is aborted). */
+static ch_status group_barrier(struct ch_local_group *g, ch_err *err)
+{
+    ch_status st = CH_STATUS_OK;
+    pthread_mutex_lock(&g->mu);
+    if (g->aborted) {
+        st = aborted_status(g, err);
+    } else if (++g->arrived == g->size) {
+        g->arrived = 0;
+        g->generation++;
+        pthread_cond_broadcast(&g->cv);
+    } else {
+        const unsigned long gen = g->generation;
+        while (gen == g->generation && !g->aborted) pthread_cond_wait(&g->cv, &g->mu);
+        if (gen == g->generation) st = aborted_status(g, err);
+    }
+    pthread_mutex_unlock(&g->mu);
+    return st;
+}
+
+static ch_status local_barrier(ch_comm *c, ch_err *err) { return group_barrier(c->group, err); }
+
+static void chunk_of(size_t n, int size, int rank, size_t *lo, size_t *hi)
+{
+    *lo = n * (size_t)rank / (size_t)size;
+    *hi = n * (size_t)(rank + 1) / (size_t)size;
+}
+
+static ch_status local_allreduce_sum(ch_comm *c, ch_real *buf, size_t n, ch_err *err)
+{
+    struct ch_local_group *g = c->group;
+    if (g->size == 1) return g->aborted ? aborted_status(g, err) : CH_STATUS_OK;
+    g->bufs[c->rank] = buf;
+    CH_TRY(group_barrier(g, err));
+    size_t lo, hi;
+    chunk_of(n, g->size, c->rank, &lo, &hi);
+    for (size_t i = lo; i < hi; i++) {
+        ch_real s = g->bufs[0][i];
+        for (int m = 1; m < g->size; m++) s += g->bufs[m][i];
+        for (int m = 0; m < g->size; m++) g->bufs[m][i] = s;
+    }
+    /* Nobody may reuse its buffer before every chunk is written. */
+    return group_barrier(g, err);
+}
+
+static ch_status local_broadcast(ch_comm *c, ch_real *buf, size_t n, int root, ch_err *err)
+{
+    struct ch_local_group *g = c->group;
+    if (root < 0 || root >= g->size)
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "broadcast root %d outside 0..%d", root, g->size - 1);
+    if (g->size == 1) return g->aborted ? aborted_status(g, err) : CH_STATUS_OK;
+    g->bufs[c->rank] = buf;
+    CH_TRY(group_barrier(g, err));
+    if (c->rank != root) memcpy(buf, g->bufs[root], sizeof(ch_real) * n);
+    return group_barrier(g, err);
+}
+
+static void local_abort(ch_comm *c, const char *why)
+{
+    struct ch_local_group *g = c->group;
+    pthread_mutex_lock(&g->mu);
+    if (!g->aborted) {
+        g->aborted = 1;
+        snprintf(g->why, sizeof g->why, "member %d: %s", c->rank, why);
+    }
+    pthread_cond_broadcast(&g->cv);
+    pthread_mutex_unlock(&g->mu);
+}
+
+static const ch_comm_ops local_ops = {
+    .name = "local",
+    .allreduce_sum = local_allreduce_sum,
+    .broadcast = local_broadcast,
+    .barrier = local_barrier,
+    .abort = local_abort,
+};
+
+ch_status ch_local_group_create(int size, ch_local_group **out, ch_err *err)
+{
+    if (size < 1 || size > 1024)
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "local group of %d members, expected 1..1024", size);
+    struct ch_local_group *g = calloc(1, sizeof *g);
+    CH_CHECK_ALLOC(err, g);
+    g->bufs = calloc((size_t)size, sizeof *g->bufs);
+    if (!g->bufs) {
+        free(g);
+        return CH_SYS_FAIL(err, "calloc of local group");
+    }
+    g->size = size;
+    if (pthread_mutex_init(&g->mu, NULL) != 0 || pthread_cond_init(&g->cv, NULL) != 0) {
+        free(g->bufs);
+        free(g);
+        return CH_SYS_FAIL(err, "pthread mutex/cond init");
+    }
+    *out = g;
+    return CH_STATUS_OK;
+}
+
+void ch_local_comm_init(ch_comm *c, ch_local_group *g, int rank)
+{
+    CH_ASSERT(rank >= 0 && rank < g->size);
+    *c = (ch_comm){ .ops = &local_ops, .rank = rank, .size = g->size, .group = g };
+}
+
+void ch_local_group_free(ch_local_group *g)
+{
+    if (!g) return;
+    pthread_mutex_destroy(&g->mu);
+    pthread_cond_destroy(&g->cv);
+    free(g->bufs);
+    free(g);
+}

@@ -1,0 +1,154 @@
+/* The local communicator: sums equal the serial sum in member order, every member holds the same
+ * bits, broadcast copies the root, and an aborting member releases the others (no hang). */
+#include "test_util.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm/comm.h"
+
+typedef struct member {
+    ch_comm comm;
+    ch_real *buf;
+    size_t n;
+    int abort_at;           /* collective index at which this member aborts instead; -1: never */
+    ch_status st[3];
+    char msg[3][512];
+} member;
+
+static ch_real value(int rank, size_t i) { return (ch_real)((double)(rank + 1) * 0.1 + (double)(i % 97) * 1e-3); }
+
+static void *run_member(void *arg)
+{
+    member *m = arg;
+    for (size_t i = 0; i < m->n; i++) m->buf[i] = value(m->comm.rank, i);
+    ch_err err = { "" };
+    if (m->abort_at == 0) {
+        m->comm.ops->abort(&m->comm, "injected failure");
+        return NULL;
+    }
+    m->st[0] = ch_comm_allreduce_sum(&m->comm, m->buf, m->n, &err);
+    memcpy(m->msg[0], err.msg, sizeof err.msg);
+    if (m->st[0] != CH_STATUS_OK) return NULL;
+    if (m->abort_at == 1) {
+        m->comm.ops->abort(&m->comm, "injected failure");
+        return NULL;
+    }
+    m->st[1] = ch_comm_barrier(&m->comm, &err);
+    memcpy(m->msg[1], err.msg, sizeof err.msg);
+    return NULL;
+}
+
+static void run_group(int size, size_t n, int aborter, int abort_at, member *ms)
+{
+    ch_local_group *g;
+    ch_err err;
+    assert_int_equal(ch_local_group_create(size, &g, &err), CH_STATUS_OK);
+    pthread_t th[8];
+    for (int r = 0; r < size; r++) {
+        memset(&ms[r], 0, sizeof ms[r]);
+        ch_local_comm_init(&ms[r].comm, g, r);
+        ms[r].n = n;
+        ms[r].buf = malloc(sizeof(ch_real) * (n ? n : 1));
+        assert_non_null(ms[r].buf);
+        ms[r].abort_at = r == aborter ? abort_at : -1;
+        assert_int_equal(pthread_create(&th[r], NULL, run_member, &ms[r]), 0);
+    }
+    for (int r = 0; r < size; r++) assert_int_equal(pthread_join(th[r], NULL), 0);
+    ch_local_group_free(g);
+}
+
+static void allreduce_equals_the_serial_sum_on_every_member(void **state)
+{
+    (void)state;
+    const size_t sizes[] = { 0, 1, 7, 1000, 100003 };
+    member ms[8];
+    for (int d = 1; d <= 4; d++)
+        for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+            const size_t n = sizes[k];
+            run_group(d, n, -1, -1, ms);
+            for (int r = 0; r < d; r++) {
+                assert_int_equal(ms[r].st[0], CH_STATUS_OK);
+                assert_int_equal(ms[r].st[1], CH_STATUS_OK);
+            }
+            for (size_t i = 0; i < n; i++) {
+                ch_real s = value(0, i);
+                for (int r = 1; r < d; r++) s += value(r, i);
+                assert_memory_equal(&ms[0].buf[i], &s, sizeof s);
+            }
+            for (int r = 1; r < d; r++) assert_memory_equal(ms[r].buf, ms[0].buf, sizeof(ch_real) * n);
+            for (int r = 0; r < d; r++) free(ms[r].buf);
+        }
+}
+
+typedef struct bcast_arg {
+    ch_comm comm;
+    ch_real buf[33];
+    ch_status st;
+} bcast_arg;
+
+static void *run_bcast(void *arg)
+{
+    bcast_arg *b = arg;
+    for (int i = 0; i < 33; i++) b->buf[i] = (ch_real)(b->comm.rank * 100 + i);
+    ch_err err;
+    b->st = ch_comm_broadcast(&b->comm, b->buf, 33, 2, &err);
+    return NULL;
+}
+
+static void broadcast_copies_the_root(void **state)
+{
+    (void)state;
+    ch_local_group *g;
+    ch_err err;
+    assert_int_equal(ch_local_group_create(3, &g, &err), CH_STATUS_OK);
+    bcast_arg a[3];
+    pthread_t th[3];
+    for (int r = 0; r < 3; r++) {
+        ch_local_comm_init(&a[r].comm, g, r);
+        assert_int_equal(pthread_create(&th[r], NULL, run_bcast, &a[r]), 0);
+    }
+    for (int r = 0; r < 3; r++) assert_int_equal(pthread_join(th[r], NULL), 0);
+    for (int r = 0; r < 3; r++) {
+        assert_int_equal(a[r].st, CH_STATUS_OK);
+        for (int i = 0; i < 33; i++) assert_true(a[r].buf[i] == (ch_real)(200 + i));
+    }
+    ch_local_group_free(g);
+}
+
+static void an_aborting_member_releases_the_others(void **state)
+{
+    (void)state;
+    member ms[8];
+    for (int at = 0; at < 2; at++) {
+        run_group(4, 1000, 2, at, ms);   /* member 2 fails before the allreduce, or before the barrier */
+        for (int r = 0; r < 4; r++) {
+            if (r == 2) continue;
+            const int k = at;            /* the collective the others were waiting in */
+            assert_int_equal(ms[r].st[k], CH_STATUS_SYSTEM);
+            assert_non_null(strstr(ms[r].msg[k], "member 2: injected failure"));
+        }
+        for (int r = 0; r < 4; r++) free(ms[r].buf);
+    }
+}
+
+static void bad_group_sizes_are_refused(void **state)
+{
+    (void)state;
+    ch_local_group *g;
+    ch_err err;
+    assert_int_equal(ch_local_group_create(0, &g, &err), CH_STATUS_BAD_INPUT);
+    assert_int_equal(ch_local_group_create(5000, &g, &err), CH_STATUS_BAD_INPUT);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(allreduce_equals_the_serial_sum_on_every_member),
+        cmocka_unit_test(broadcast_copies_the_root),
+        cmocka_unit_test(an_aborting_member_releases_the_others),
+        cmocka_unit_test(bad_group_sizes_are_refused),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
