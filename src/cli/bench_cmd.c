@@ -14,8 +14,10 @@
 static const char bench_usage[] =
     "usage: cohort bench train --model NAME [--batch-size B] [--threads T] [--steps N]\n"
     "                          [--warmup W] [--eval]\n"
-    "Times N training steps (or forward-only evaluation batches with --eval) on synthetic\n"
-    "1x28x28 inputs with 10 classes and prints images/second.\n";
+    "       cohort bench allreduce [--devices D] [--min-bytes B] [--max-bytes B]\n"
+    "train: times N training steps (or forward-only evaluation batches with --eval) on synthetic\n"
+    "1x28x28 inputs with 10 classes and prints images/second.\n"
+    "allreduce: size, time, algbw and busbw (GB/s) of the local communicator, results checked.\n";
 
 /* Random pixels and labels: throughput does not depend on the values. */
 static ch_dataset *synthetic(size_t n)
@@ -63,6 +65,7 @@ static int run_bench(ch_trainer *t, ch_dataset *d, int steps, int warmup, bool e
 
 int ch_cmd_bench(int argc, char **argv)
 {
+    if (argc >= 2 && strcmp(argv[1], "allreduce") == 0) return ch_cmd_bench_allreduce(argc - 1, argv + 1);
     if (argc < 2 || strcmp(argv[1], "train") != 0) {
         fputs(bench_usage, argc < 2 ? stderr : stdout);
         return argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)
