@@ -45,9 +45,12 @@ typedef struct ch_kernels {
 
     /* Scratch (elements) the three convolution kernels need with nthreads threads. */
     size_t (*conv2d_workspace)(const ch_conv_desc *d, int nthreads);
+    /* Elements per sample the backend can keep between a convolution's forward and backward
+     * passes to save work (0: nothing worth keeping). */
+    size_t (*conv2d_cols_len)(const ch_conv_desc *d);
     /* y[n,o,i,j] = b[o] + sum_{c,p,q} w[o,c,p,q] * x[n,c,i*s-pad+p,j*s-pad+q]; b may be NULL.
-     * cols, when not NULL, has conv2d_cols_len(d) * n elements: a backend may keep there what
-     * backward_weights can reuse (the CPU's im2col matrices) and must then be given the same. */
+     * cols, when not NULL, has conv2d_cols_len(d) * n elements: the backend keeps there what
+     * backward_weights can reuse (the CPU's im2col matrices), and must then be given the same. */
     void (*conv2d_forward)(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
                            const ch_real *w, const ch_real *b, ch_real *y, ch_real *cols);
     /* dx = conv2d_forward's adjoint in x (dx is overwritten). */
@@ -112,12 +115,6 @@ typedef struct ch_kernels {
 /* The CPU backend (oneDNN GEMM, OpenMP threads) and the naive reference used by the tests. */
 const ch_kernels *ch_kernels_cpu(void);
 const ch_kernels *ch_kernels_ref(void);
-
-/* Elements per sample a backend may cache between a convolution's forward and backward passes. */
-static inline size_t ch_conv2d_cols_len(const ch_conv_desc *d)
-{
-    return (size_t)d->c * d->kh * d->kw * d->oh * d->ow;
-}
 
 /* Output size of a window op; returns <= 0 when the geometry is impossible. */
 static inline int ch_window_out(int in, int k, int stride, int pad)

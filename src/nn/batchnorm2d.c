@@ -11,7 +11,8 @@ static const double bn_eps = 1e-5, bn_momentum = 0.1;
 
 typedef struct bn_impl {
     ch_real *mean, *invstd, *scale, *shift;   /* (c) each, saved for backward */
-    double *sum, *sumsq;                      /* (c) each: batch mean/var, then backward sums */
+    double *batch_mean, *batch_var;           /* (c) each, forward statistics */
+    double *sum_dy, *sum_dy_xhat;             /* (c) each, backward reductions */
 } bn_impl;
 
 static ch_status bn_plan(ch_layer *l, ch_plan *pl, ch_err *err)
@@ -19,12 +20,14 @@ static ch_status bn_plan(ch_layer *l, ch_plan *pl, ch_err *err)
     bn_impl *b = l->impl;
     const size_t c = (size_t)l->in.c;
     b->mean = malloc(sizeof(ch_real) * c * 4);
-    b->sum = malloc(sizeof(double) * c * 2);
-    if (!b->mean || !b->sum) return CH_SYS_FAIL(err, "malloc of batchnorm statistics");
+    b->batch_mean = malloc(sizeof(double) * c * 4);
+    if (!b->mean || !b->batch_mean) return CH_SYS_FAIL(err, "malloc of batchnorm statistics");
     b->invstd = b->mean + c;
     b->scale = b->invstd + c;
     b->shift = b->scale + c;
-    b->sumsq = b->sum + c;
+    b->batch_var = b->batch_mean + c;
+    b->sum_dy = b->batch_var + c;
+    b->sum_dy_xhat = b->sum_dy + c;
     return ch_layer_alloc_output(l, pl->max_batch, err);
 }
 
@@ -33,7 +36,7 @@ static void bn_free(ch_layer *l)
     bn_impl *b = l->impl;
     if (!b) return;
     free(b->mean);
-    free(b->sum);
+    free(b->batch_mean);
 }
 
 static void bn_forward(ch_layer *l, const ch_run *r, int n, const ch_real *x)
@@ -43,10 +46,10 @@ static void bn_forward(ch_layer *l, const ch_run *r, int n, const ch_real *x)
     const ch_real *gamma = l->p[BN_WEIGHT], *beta = l->p[BN_BIAS];
     ch_real *rm = l->b[BN_RMEAN], *rv = l->b[BN_RVAR];
     if (r->training) {
-        r->k->batchnorm_stats(&r->kc, n, c, hw, x, b->sum, b->sumsq);
+        r->k->batchnorm_stats(&r->kc, n, c, hw, x, b->batch_mean, b->batch_var);
         const double cnt = (double)n * hw;
         for (int i = 0; i < c; i++) {
-            const double mean = b->sum[i], var = b->sumsq[i];
+            const double mean = b->batch_mean[i], var = b->batch_var[i];
             b->mean[i] = (ch_real)mean;
             b->invstd[i] = (ch_real)(1.0 / sqrt(var + bn_eps));
             const double unbiased = cnt > 1 ? var * cnt / (cnt - 1) : var;
@@ -73,14 +76,15 @@ static void bn_backward(ch_layer *l, const ch_run *r, int n, const ch_real *x, c
 {
     bn_impl *b = l->impl;
     const int c = l->in.c, hw = l->in.h * l->in.w;
-    r->k->batchnorm_backward_reduce(&r->kc, n, c, hw, x, dy, b->mean, b->invstd, b->sum, b->sumsq);
+    r->k->batchnorm_backward_reduce(&r->kc, n, c, hw, x, dy, b->mean, b->invstd, b->sum_dy,
+                                    b->sum_dy_xhat);
     for (int i = 0; i < c; i++) {
-        l->g[BN_WEIGHT][i] = (ch_real)b->sumsq[i];
-        l->g[BN_BIAS][i] = (ch_real)b->sum[i];
+        l->g[BN_WEIGHT][i] = (ch_real)b->sum_dy_xhat[i];
+        l->g[BN_BIAS][i] = (ch_real)b->sum_dy[i];
     }
     if (dx)
         r->k->batchnorm_backward_data(&r->kc, n, c, hw, x, dy, b->mean, b->invstd, l->p[BN_WEIGHT],
-                                      b->sum, b->sumsq, (double)n * hw, dx);
+                                      b->sum_dy, b->sum_dy_xhat, (double)n * hw, dx);
 }
 
 static const ch_layer_ops bn_ops = {

@@ -18,9 +18,8 @@ static ch_status conv_plan(ch_layer *l, ch_plan *pl, ch_err *err)
     conv_impl *c = l->impl;
     size_t need = pl->k->conv2d_workspace(&c->d, pl->nthreads);
     if (need > pl->ws_need) pl->ws_need = need;
-    const size_t cols = ch_conv2d_cols_len(&c->d) * (size_t)pl->max_batch;
-    const bool pointwise = c->d.kh == 1 && c->d.kw == 1 && c->d.stride == 1 && c->d.pad == 0;
-    if (!pointwise && cols * sizeof(ch_real) <= CONV_COLS_BUDGET_BYTES) {
+    const size_t cols = pl->k->conv2d_cols_len(&c->d) * (size_t)pl->max_batch;
+    if (cols > 0 && cols * sizeof(ch_real) <= CONV_COLS_BUDGET_BYTES) {
         c->cols = malloc(sizeof(ch_real) * cols);
         CH_CHECK_ALLOC(err, c->cols);
     }

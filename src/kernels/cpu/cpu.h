@@ -14,6 +14,7 @@ void ch_cpu_gemm(const ch_kctx *kc, bool ta, bool tb, int m, int n, int k, ch_re
                  int ldc);
 
 size_t ch_cpu_conv2d_workspace(const ch_conv_desc *d, int nthreads);
+size_t ch_cpu_conv2d_cols_len(const ch_conv_desc *d);
 void ch_cpu_conv2d_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
                            const ch_real *w, const ch_real *b, ch_real *y, ch_real *cols);
 void ch_cpu_conv2d_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int n,

@@ -30,6 +30,12 @@ size_t ch_cpu_conv2d_workspace(const ch_conv_desc *d, int nthreads)
     return per_thread(d) * (size_t)nthreads;
 }
 
+/* A pointwise convolution's col is its input: nothing to keep. */
+size_t ch_cpu_conv2d_cols_len(const ch_conv_desc *d)
+{
+    return conv_is_pointwise(d) ? 0 : conv_k(d) * conv_p(d);
+}
+
 /* The outputs j whose tap q lands inside a row of width w: iw = j*s - pad + q in [0, w). */
 static void valid_cols(const ch_conv_desc *d, int q, int *lo, int *hi)
 {
@@ -173,7 +179,7 @@ static void backward_weights_sample(const ch_kctx *kc, const ch_conv_desc *d, co
 {
     const int K = (int)conv_k(d), P = (int)conv_p(d);
     const ch_real *src = xn;
-    if (cached && !conv_is_pointwise(d)) {
+    if (cached) {
         src = cached;
     } else if (!conv_is_pointwise(d)) {
         im2col(d, xn, col);
