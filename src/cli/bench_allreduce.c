@@ -88,24 +88,28 @@ int ch_cmd_bench_allreduce(int argc, char **argv)
     int rc = CH_EXIT_OK;
     printf("# local allreduce (sum, %s), %ld members\n%12s %12s %10s %8s %8s %6s\n", CH_REAL_NAME,
            devices, "size(B)", "count", "time(us)", "algbw", "busbw", "check");
-    for (long r = 0; ms && th && r < devices; r++) {
+    long started = 0;
+    for (long r = 0; ms && th && r < devices; r++, started++) {
         ch_local_comm_init(&ms[r].comm, g, (int)r);
         ms[r].min_count = (size_t)min_b / sizeof(ch_real);
         ms[r].max_count = (size_t)max_b / sizeof(ch_real);
         if (ms[r].min_count == 0) ms[r].min_count = 1;
         ms[r].buf = malloc(sizeof(ch_real) * ms[r].max_count);
         if (!ms[r].buf || pthread_create(&th[r], NULL, run_member, &ms[r]) != 0) {
-            fprintf(stderr, "cohort bench allreduce: cannot start member %ld\n", r);
-            return CH_EXIT_FAIL;   /* members already started would wait: exit ends them */
+            /* Release the members already waiting for this one, then join them below. */
+            ms[r].comm.ops->abort(&ms[r].comm, "could not start");
+            free(ms[r].buf);
+            rc = CH_EXIT_FAIL;
+            break;
         }
     }
-    for (long r = 0; ms && th && r < devices; r++) {
+    for (long r = 0; r < started; r++) {
         pthread_join(th[r], NULL);
         if (!ms[r].ok) rc = CH_EXIT_FAIL;
         free(ms[r].buf);
     }
     if (!ms || !th) rc = CH_EXIT_FAIL;
-    if (rc != CH_EXIT_OK) fprintf(stderr, "cohort bench allreduce: a result differed from the serial sum\n");
+    if (rc != CH_EXIT_OK) fprintf(stderr, "cohort bench allreduce: a member failed to start or a result differed from the serial sum\n");
     free(ms);
     free(th);
     ch_local_group_free(g);
