@@ -66,6 +66,30 @@ void ch_dataset_free(ch_dataset *d);
 /* Names of the zoo: "lenet", "mnist-cnn", "resnet18", "mlp". NULL-terminated. */
 const char *const *ch_model_names(void);
 
+/* ---- devices ------------------------------------------------------------------------------ */
+
+enum { CH_MAX_DEVICES = 64 };
+
+typedef enum ch_device_kind { CH_DEVICE_CPU = 0 } ch_device_kind;
+
+/* A logical device: one model replica with its own thread. CPU devices share the machine's cores,
+ * each gets its own part of them; the index names the device, it does not pick a core. */
+typedef struct ch_device {
+    ch_device_kind kind;
+    int index;
+} ch_device;
+
+typedef struct ch_device_list {
+    int count;
+    ch_device dev[CH_MAX_DEVICES];
+} ch_device_list;
+
+/* Parse "cpu:0,cpu:1", "cpu:0-3" or "cpu*4" (entries may be mixed: "cpu:0,cpu:2-3").
+ * Duplicates and unknown kinds are CH_STATUS_BAD_INPUT. */
+ch_status ch_device_list_parse(const char *spec, ch_device_list *out, ch_err *err);
+/* "cpu:0, cpu:1" (what the epoch line shows between brackets). */
+void ch_device_list_format(const ch_device_list *l, char *buf, size_t len);
+
 /* ---- training ----------------------------------------------------------------------------- */
 
 typedef struct ch_train_config {
@@ -78,6 +102,9 @@ typedef struct ch_train_config {
     uint64_t seed;
     int threads;              /* compute threads; 0: all cores */
     bool nan_check;           /* stop with CH_STATUS_NUMERIC on a non-finite loss */
+    const char *devices;      /* device list (ch_device_list_parse); NULL: "cpu:0" */
+    bool sync_bn;             /* BatchNorm statistics over the global batch, not per device */
+    double bucket_mb;         /* gradient sync bucket size in MiB; 0: 25 */
 } ch_train_config;
 
 ch_train_config ch_train_config_default(void);
@@ -108,10 +135,11 @@ ch_status ch_trainer_run_epoch(ch_trainer *t, ch_epoch_stats *stats, ch_err *err
 /* Evaluate on d: mean loss and accuracy. */
 ch_status ch_trainer_evaluate(ch_trainer *t, const ch_dataset *d, double *loss, double *acc,
                               ch_err *err);
-/* Human-readable description of the devices in use, e.g. "cpu:0". */
+/* The devices in use, e.g. "cpu:0, cpu:1". */
 const char *ch_trainer_devices(const ch_trainer *t);
 size_t ch_trainer_param_count(const ch_trainer *t);
-/* Copy the flat float32 parameters (ch_trainer_param_count values) into out. */
+/* Copy the flat float32 parameters (ch_trainer_param_count values) into out; every replica holds
+ * the same bits. */
 void ch_trainer_get_params(const ch_trainer *t, float *out);
 void ch_trainer_free(ch_trainer *t);
 

@@ -138,25 +138,6 @@ static void sgd_follows_pytorch_update_rule(void **state)
     }
 }
 
-static ch_dataset *synthetic(size_t n, uint64_t seed)
-{
-    ch_dataset *d = calloc(1, sizeof *d);
-    assert_non_null(d);
-    *d = (ch_dataset){ .n = n, .c = 1, .h = 28, .w = 28, .classes = 10 };
-    d->images = malloc(n * 784);
-    d->labels = malloc(n);
-    assert_true(d->images && d->labels);
-    ch_rng r;
-    ch_rng_init(&r, seed, CH_RNG_STREAM_TEST, 0);
-    for (size_t i = 0; i < n; i++) {
-        d->labels[i] = (uint8_t)ch_rng_below(&r, 10);
-        /* A learnable pattern: a bright column at the label's position. */
-        for (int p = 0; p < 784; p++)
-            d->images[i * 784 + p] = (uint8_t)((p % 28) / 3 == d->labels[i] ? 200 : ch_rng_below(&r, 60));
-    }
-    return d;
-}
-
 static ch_trainer *trainer(const char *model, ch_dataset *d, int batch, double lr, uint64_t seed)
 {
     ch_train_config cfg = ch_train_config_default();
@@ -175,7 +156,7 @@ static ch_trainer *trainer(const char *model, ch_dataset *d, int batch, double l
 static void same_seed_same_bits_and_uneven_last_batch(void **state)
 {
     (void)state;
-    ch_dataset *d = synthetic(203, 1);   /* 203 = 6 * 32 + 11: the last batch is short */
+    ch_dataset *d = tu_synthetic(203, 28, 1);   /* 203 = 6 * 32 + 11: the last batch is short */
     ch_trainer *a = trainer("mnist-cnn", d, 32, 0.05, 4), *b = trainer("mnist-cnn", d, 32, 0.05, 4);
     ch_epoch_stats sa, sb;
     ch_err err;
@@ -185,7 +166,8 @@ static void same_seed_same_bits_and_uneven_last_batch(void **state)
     }
     assert_int_equal(sa.train_images, 203);
     assert_int_equal(a->step, 14);
-    assert_memory_equal(a->model->params, b->model->params, sizeof(ch_real) * a->model->nparams);
+    assert_memory_equal(a->replicas[0].model->params, b->replicas[0].model->params,
+                        sizeof(ch_real) * a->replicas[0].model->nparams);
     assert_true(sa.loss == sb.loss && sa.test_acc == sb.test_acc);
     /* The pattern is easy: two epochs must learn it. */
     assert_true(sa.test_acc > 0.5);
@@ -197,11 +179,11 @@ static void same_seed_same_bits_and_uneven_last_batch(void **state)
 static void batchnorm_running_statistics_follow_pytorch(void **state)
 {
     (void)state;
-    ch_dataset *d = synthetic(16, 2);
+    ch_dataset *d = tu_synthetic(16, 28, 2);
     ch_trainer *t = trainer("resnet18", d, 16, 0.0, 1);
-    const ch_tensor_ref *rm = ch_model_find(t->model, "1.running_mean");
-    const ch_tensor_ref *rv = ch_model_find(t->model, "1.running_var");
-    const ch_tensor_ref *nb = ch_model_find(t->model, "1.num_batches_tracked");
+    const ch_tensor_ref *rm = ch_model_find(t->replicas[0].model, "1.running_mean");
+    const ch_tensor_ref *rv = ch_model_find(t->replicas[0].model, "1.running_var");
+    const ch_tensor_ref *nb = ch_model_find(t->replicas[0].model, "1.num_batches_tracked");
     assert_true(rm && rv && nb);
     uint32_t idx[16];
     for (int i = 0; i < 16; i++) idx[i] = (uint32_t)i;
@@ -210,7 +192,7 @@ static void batchnorm_running_statistics_follow_pytorch(void **state)
     ch_err err;
     assert_int_equal(ch_trainer_step(t, idx, 16, &l, &c, &err), CH_STATUS_OK);
     /* Channel 0 of the stem conv output: mean and unbiased variance over 16*28*28 values. */
-    const ch_layer *conv = t->model->root->children[0];
+    const ch_layer *conv = t->replicas[0].model->root->children[0];
     const size_t hw = 28 * 28, cnt = 16 * hw;
     double s = 0, s2 = 0;
     for (int n = 0; n < 16; n++)
@@ -230,7 +212,7 @@ static void batchnorm_running_statistics_follow_pytorch(void **state)
 static void nan_check_stops_a_diverging_run(void **state)
 {
     (void)state;
-    ch_dataset *d = synthetic(64, 3);
+    ch_dataset *d = tu_synthetic(64, 28, 3);
     ch_train_config cfg = ch_train_config_default();
     cfg.model = "mlp";
     cfg.batch_size = 8;

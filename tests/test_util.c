@@ -8,6 +8,7 @@
 #include <zlib.h>
 
 #include "core/rng.h"
+#include "data/dataset.h"
 
 void tu_fill_uniform(ch_real *x, size_t n, double lo, double hi, uint64_t seed)
 {
@@ -66,4 +67,24 @@ void tu_write_file(const char *dir, const char *name, const void *data, size_t l
         if (len) assert_int_equal(fwrite(data, 1, len, f), len);
         assert_int_equal(fclose(f), 0);
     }
+}
+
+struct ch_dataset *tu_synthetic(size_t n, int size, uint64_t seed)
+{
+    ch_dataset *d = calloc(1, sizeof *d);
+    assert_non_null(d);
+    const size_t px = (size_t)size * size;
+    *d = (ch_dataset){ .n = n, .c = 1, .h = size, .w = size, .classes = 10 };
+    d->images = malloc(n * px);
+    d->labels = malloc(n);
+    assert_true(d->images && d->labels);
+    ch_rng r;
+    ch_rng_init(&r, seed, CH_RNG_STREAM_TEST, 0);
+    for (size_t i = 0; i < n; i++) {
+        d->labels[i] = (uint8_t)ch_rng_below(&r, 10);
+        for (size_t p = 0; p < px; p++)
+            d->images[i * px + p] = (uint8_t)((int)(p % (size_t)size) * 10 / size == d->labels[i]
+                                                  ? 200 : ch_rng_below(&r, 60));
+    }
+    return d;
 }

@@ -17,6 +17,9 @@ double tu_max_rel_err(const ch_real *a, const ch_real *b, size_t n, double floor
 /* max_i |a_i - b_i| / max_i |b_i|: the error relative to the array's scale, the fair measure for
  * float sums whose terms cancel. */
 double tu_max_norm_err(const ch_real *a, const ch_real *b, size_t n);
+/* n single-channel size x size images with 10 classes and a learnable pattern (a bright column at
+ * the label's position). Free with ch_dataset_free. */
+struct ch_dataset *tu_synthetic(size_t n, int size, uint64_t seed);
 /* A scratch directory for the test's files (removed by tu_rmdir). */
 void tu_mkdtemp(char *buf, size_t len);
 void tu_rmdir(const char *dir);

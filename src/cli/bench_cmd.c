@@ -12,8 +12,8 @@
 #include "train/trainer.h"
 
 static const char bench_usage[] =
-    "usage: cohort bench train --model NAME [--batch-size B] [--threads T] [--steps N]\n"
-    "                          [--warmup W] [--eval]\n"
+    "usage: cohort bench train --model NAME [--batch-size B] [--threads T] [--devices LIST]\n"
+    "                          [--steps N] [--warmup W] [--eval]\n"
     "       cohort bench allreduce [--devices D] [--min-bytes B] [--max-bytes B]\n"
     "train: times N training steps (or forward-only evaluation batches with --eval) on synthetic\n"
     "1x28x28 inputs with 10 classes and prints images/second.\n"
@@ -57,8 +57,10 @@ static int run_bench(ch_trainer *t, ch_dataset *d, int steps, int warmup, bool e
         if (st != CH_STATUS_OK) return ch_exit_for("bench", st, &err);
     }
     const double el = ch_clock_s() - t0;
-    printf("model=%s batch=%d threads=%d mode=%s steps=%d time=%.3f img/s=%.1f\n",
-           t->model_name, B, t->nthreads, eval ? "eval" : "train", steps, el,
+    int threads = 0;
+    for (int r = 0; r < t->nreplicas; r++) threads += t->replicas[r].nthreads;
+    printf("model=%s batch=%d devices=%d threads=%d mode=%s steps=%d time=%.3f img/s=%.1f\n",
+           t->model_name, B, t->nreplicas, threads, eval ? "eval" : "train", steps, el,
            (double)steps * B / el);
     return CH_EXIT_OK;
 }
@@ -75,6 +77,7 @@ int ch_cmd_bench(int argc, char **argv)
         { "model", required_argument, NULL, 'm' }, { "batch-size", required_argument, NULL, 'b' },
         { "threads", required_argument, NULL, 't' }, { "steps", required_argument, NULL, 's' },
         { "warmup", required_argument, NULL, 'w' }, { "eval", no_argument, NULL, 'e' },
+        { "devices", required_argument, NULL, 'd' }, { "sync-bn", no_argument, NULL, 'y' },
         { NULL, 0, NULL, 0 },
     };
     ch_train_config cfg = ch_train_config_default();
@@ -92,6 +95,8 @@ int ch_cmd_bench(int argc, char **argv)
         case 's': if (!ch_arg_int("bench", "steps", optarg, 1, 1000000, &steps)) return CH_EXIT_USAGE; break;
         case 'w': if (!ch_arg_int("bench", "warmup", optarg, 0, 1000000, &warmup)) return CH_EXIT_USAGE; break;
         case 'e': eval = true; break;
+        case 'd': cfg.devices = optarg; break;
+        case 'y': cfg.sync_bn = true; break;
         default: fprintf(stderr, "cohort bench: unknown or incomplete option\n"); return CH_EXIT_USAGE;
         }
     }

@@ -23,7 +23,13 @@ static const char train_usage[] =
     "  --weight-decay W      L2 weight decay, also --wd (default 0)\n"
     "  --init SPEC           default (PyTorch's) | normal:STD (weights N(0,STD), biases 0)\n"
     "  --seed S              seed of every random choice (default 0)\n"
-    "  --threads T           compute threads (default: all cores)\n"
+    "  --devices LIST        devices, one model replica each: cpu:0,cpu:1 | cpu:0-3 | cpu*4\n"
+    "                        (default cpu:0); the global batch is split across them\n"
+    "  --threads T           compute threads in all, shared out among the devices\n"
+    "                        (default: all cores; each device gets at least one)\n"
+    "  --sync-bn             BatchNorm batch statistics over the whole global batch\n"
+    "                        (default: each device's own slice, as PyTorch DDP)\n"
+    "  --bucket-mb M         gradient sync bucket size in MiB (default 25)\n"
     "  --train-limit N       use only the first N training samples\n"
     "  --test-limit N        evaluate on the first N test samples only\n"
     "  --metrics FILE        append one JSON object per epoch (JSON Lines)\n"
@@ -41,7 +47,7 @@ typedef struct train_opts {
 enum {
     OPT_MODEL = 256, OPT_DATA, OPT_EPOCHS, OPT_LR, OPT_MOMENTUM, OPT_NESTEROV, OPT_WD, OPT_INIT,
     OPT_SEED, OPT_THREADS, OPT_TRAIN_LIMIT, OPT_TEST_LIMIT, OPT_METRICS, OPT_NAN_CHECK,
-    OPT_NO_PROGRESS,
+    OPT_NO_PROGRESS, OPT_DEVICES, OPT_SYNC_BN, OPT_BUCKET_MB,
 };
 
 static const struct option train_long[] = {
@@ -57,6 +63,9 @@ static const struct option train_long[] = {
     { "init", required_argument, NULL, OPT_INIT },
     { "seed", required_argument, NULL, OPT_SEED },
     { "threads", required_argument, NULL, OPT_THREADS },
+    { "devices", required_argument, NULL, OPT_DEVICES },
+    { "sync-bn", no_argument, NULL, OPT_SYNC_BN },
+    { "bucket-mb", required_argument, NULL, OPT_BUCKET_MB },
     { "train-limit", required_argument, NULL, OPT_TRAIN_LIMIT },
     { "test-limit", required_argument, NULL, OPT_TEST_LIMIT },
     { "metrics", required_argument, NULL, OPT_METRICS },
@@ -97,6 +106,10 @@ static int parse_one(int c, const char *arg, train_opts *o)
         if (!ch_arg_int("train", "threads", arg, 1, 1024, &v)) return CH_EXIT_USAGE;
         cfg->threads = (int)v;
         return -1;
+    case OPT_DEVICES: cfg->devices = arg; return -1;
+    case OPT_SYNC_BN: cfg->sync_bn = true; return -1;
+    case OPT_BUCKET_MB:
+        return ch_arg_double("train", "bucket-mb", arg, 0.001, 4096, &cfg->bucket_mb) ? -1 : CH_EXIT_USAGE;
     case OPT_TRAIN_LIMIT:
         return ch_arg_int("train", "train-limit", arg, 1, __LONG_MAX__, &o->train_limit) ? -1 : CH_EXIT_USAGE;
     case OPT_TEST_LIMIT:
@@ -144,8 +157,18 @@ static bool write_metrics(FILE *f, const ch_epoch_stats *s, const char *devices)
 {
     fprintf(f,
             "{\"epoch\": %d, \"loss\": %.6f, \"train_acc\": %.6f, \"test_acc\": %.6f, "
-            "\"time_s\": %.4f, \"images_per_s\": %.2f, \"devices\": [\"%s\"]}\n",
-            s->epoch, s->loss, s->train_acc, s->test_acc, s->time_s, s->images_per_s, devices);
+            "\"time_s\": %.4f, \"images_per_s\": %.2f, \"devices\": [\"",
+            s->epoch, s->loss, s->train_acc, s->test_acc, s->time_s, s->images_per_s);
+    /* "cpu:0, cpu:1" -> "cpu:0", "cpu:1" (device names hold no quotes or backslashes). */
+    for (const char *p = devices; *p; p++) {
+        if (p[0] == ',' && p[1] == ' ') {
+            fputs("\", \"", f);
+            p++;
+        } else {
+            fputc(*p, f);
+        }
+    }
+    fputs("\"]}\n", f);
     return fflush(f) == 0 && !ferror(f);
 }
 

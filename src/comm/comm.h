@@ -19,6 +19,8 @@ typedef struct ch_comm_ops {
     const char *name;
     /* buf (n) <- the sum over all members' buf, element by element; every member gets the same bits. */
     ch_status (*allreduce_sum)(ch_comm *c, ch_real *buf, size_t n, ch_err *err);
+    /* The same for doubles: small exact sums (sync-BN statistics, metrics). */
+    ch_status (*allreduce_sum_f64)(ch_comm *c, double *buf, size_t n, ch_err *err);
     /* buf (n) <- root's buf. */
     ch_status (*broadcast)(ch_comm *c, ch_real *buf, size_t n, int root, ch_err *err);
     ch_status (*barrier)(ch_comm *c, ch_err *err);
@@ -43,6 +45,11 @@ static inline ch_status ch_comm_allreduce_sum(ch_comm *c, ch_real *buf, size_t n
 {
     return c->ops->allreduce_sum(c, buf, n, err);
 }
+static inline ch_status ch_comm_allreduce_sum_f64(ch_comm *c, double *buf, size_t n, ch_err *err)
+{
+    return c->ops->allreduce_sum_f64(c, buf, n, err);
+}
+static inline void ch_comm_abort(ch_comm *c, const char *why) { c->ops->abort(c, why); }
 static inline ch_status ch_comm_broadcast(ch_comm *c, ch_real *buf, size_t n, int root, ch_err *err)
 {
     return c->ops->broadcast(c, buf, n, root, err);

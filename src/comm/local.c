@@ -21,7 +21,7 @@ struct ch_local_group {
     unsigned long generation;
     int aborted;
     char why[256];
-    ch_real **bufs;     /* published buffers, one per member */
+    void **bufs;        /* published buffers, one per member */
 };
 
 static ch_status aborted_status(struct ch_local_group *g, ch_err *err)
@@ -57,29 +57,35 @@ static void chunk_of(size_t n, int size, int rank, size_t *lo, size_t *hi)
     *hi = n * (size_t)(rank + 1) / (size_t)size;
 }
 
-static ch_status local_allreduce_sum(ch_comm *c, ch_real *buf, size_t n, ch_err *err)
-{
-    struct ch_local_group *g = c->group;
-    if (g->size == 1) return g->aborted ? aborted_status(g, err) : CH_STATUS_OK;
-    g->bufs[c->rank] = buf;
-    CH_TRY(group_barrier(g, err));
-    size_t lo, hi;
-    chunk_of(n, g->size, c->rank, &lo, &hi);
-    /* Block by block through a small stack buffer, so every loop is contiguous and vectorises. */
-    enum { BLOCK = 2048 };
-    ch_real acc[BLOCK];
-    for (size_t b = lo; b < hi; b += BLOCK) {
-        const size_t len = hi - b < BLOCK ? hi - b : BLOCK;
-        memcpy(acc, g->bufs[0] + b, sizeof(ch_real) * len);
-        for (int m = 1; m < g->size; m++) {
-            const ch_real *src = g->bufs[m] + b;
-            for (size_t i = 0; i < len; i++) acc[i] += src[i];
-        }
-        for (int m = 0; m < g->size; m++) memcpy(g->bufs[m] + b, acc, sizeof(ch_real) * len);
+/* One pass of the fused reduce-scatter + allgather over element type T, between the two barriers
+ * that frame it. Block by block through a small stack buffer, so every loop is contiguous and
+ * vectorises. */
+#define DEFINE_ALLREDUCE(fname, T)                                                            \
+    static ch_status fname(ch_comm *c, T *buf, size_t n, ch_err *err)                         \
+    {                                                                                         \
+        struct ch_local_group *g = c->group;                                                  \
+        if (g->size == 1) return g->aborted ? aborted_status(g, err) : CH_STATUS_OK;          \
+        g->bufs[c->rank] = buf;                                                               \
+        CH_TRY(group_barrier(g, err));                                                        \
+        size_t lo, hi;                                                                        \
+        chunk_of(n, g->size, c->rank, &lo, &hi);                                              \
+        enum { BLOCK = 2048 };                                                                \
+        T acc[BLOCK];                                                                         \
+        for (size_t b = lo; b < hi; b += BLOCK) {                                             \
+            const size_t len = hi - b < BLOCK ? hi - b : BLOCK;                               \
+            memcpy(acc, (T *)g->bufs[0] + b, sizeof(T) * len);                                \
+            for (int m = 1; m < g->size; m++) {                                               \
+                const T *src = (const T *)g->bufs[m] + b;                                     \
+                for (size_t i = 0; i < len; i++) acc[i] += src[i];                            \
+            }                                                                                 \
+            for (int m = 0; m < g->size; m++) memcpy((T *)g->bufs[m] + b, acc, sizeof(T) * len); \
+        }                                                                                     \
+        /* Nobody may reuse its buffer before every chunk is written. */                      \
+        return group_barrier(g, err);                                                         \
     }
-    /* Nobody may reuse its buffer before every chunk is written. */
-    return group_barrier(g, err);
-}
+
+DEFINE_ALLREDUCE(local_allreduce_sum, ch_real)
+DEFINE_ALLREDUCE(local_allreduce_sum_f64, double)
 
 static ch_status local_broadcast(ch_comm *c, ch_real *buf, size_t n, int root, ch_err *err)
 {
@@ -89,7 +95,7 @@ static ch_status local_broadcast(ch_comm *c, ch_real *buf, size_t n, int root, c
     if (g->size == 1) return g->aborted ? aborted_status(g, err) : CH_STATUS_OK;
     g->bufs[c->rank] = buf;
     CH_TRY(group_barrier(g, err));
-    if (c->rank != root) memcpy(buf, g->bufs[root], sizeof(ch_real) * n);
+    if (c->rank != root) memcpy(buf, (const ch_real *)g->bufs[root], sizeof(ch_real) * n);
     return group_barrier(g, err);
 }
 
@@ -108,6 +114,7 @@ static void local_abort(ch_comm *c, const char *why)
 static const ch_comm_ops local_ops = {
     .name = "local",
     .allreduce_sum = local_allreduce_sum,
+    .allreduce_sum_f64 = local_allreduce_sum_f64,
     .broadcast = local_broadcast,
     .barrier = local_barrier,
     .abort = local_abort,

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "cohort.h"
+#include "core/cpu.h"
 
 int ch_cpu_count(void)
 {
@@ -41,4 +42,31 @@ void ch_cpu_describe(char *buf, size_t len)
     }
     snprintf(buf, len, "%s family %u model %u, %s, %d cores available", vendor, family, model,
              isa, ch_cpu_count());
+}
+
+int ch_cpu_allowed(int *cpus, int max)
+{
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) != 0) return 0;
+    int n = 0;
+    for (int i = 0; i < CPU_SETSIZE; i++) {
+        if (!CPU_ISSET(i, &set)) continue;
+        if (n < max) cpus[n] = i;
+        n++;
+    }
+    return n;
+}
+
+ch_status ch_cpu_pin_self(const int *cpus, int n, ch_err *err)
+{
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    for (int i = 0; i < n; i++) {
+        if (cpus[i] < 0 || cpus[i] >= CPU_SETSIZE)
+            return ch_fail(err, CH_STATUS_BAD_INPUT, "cpu %d outside 0..%d", cpus[i], CPU_SETSIZE - 1);
+        CPU_SET(cpus[i], &set);
+    }
+    /* pid 0: the calling thread only. */
+    if (sched_setaffinity(0, sizeof set, &set) != 0) return CH_SYS_FAIL(err, "sched_setaffinity");
+    return CH_STATUS_OK;
 }

@@ -5,6 +5,9 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
+
+#include "comm/comm.h"
 
 enum { BN_WEIGHT = 0, BN_BIAS = 1, BN_RMEAN = 0, BN_RVAR = 1 };
 static const double bn_eps = 1e-5, bn_momentum = 0.1;
@@ -13,6 +16,7 @@ typedef struct bn_impl {
     ch_real *mean, *invstd, *scale, *shift;   /* (c) each, saved for backward */
     double *batch_mean, *batch_var;           /* (c) each, forward statistics */
     double *sum_dy, *sum_dy_xhat;             /* (c) each, backward reductions */
+    double *sync;                             /* (2c) sync-BN exchange buffer */
 } bn_impl;
 
 static ch_status bn_plan(ch_layer *l, ch_plan *pl, ch_err *err)
@@ -20,7 +24,7 @@ static ch_status bn_plan(ch_layer *l, ch_plan *pl, ch_err *err)
     bn_impl *b = l->impl;
     const size_t c = (size_t)l->in.c;
     b->mean = malloc(sizeof(ch_real) * c * 4);
-    b->batch_mean = malloc(sizeof(double) * c * 4);
+    b->batch_mean = malloc(sizeof(double) * c * 6);
     if (!b->mean || !b->batch_mean) return CH_SYS_FAIL(err, "malloc of batchnorm statistics");
     b->invstd = b->mean + c;
     b->scale = b->invstd + c;
@@ -28,6 +32,7 @@ static ch_status bn_plan(ch_layer *l, ch_plan *pl, ch_err *err)
     b->batch_var = b->batch_mean + c;
     b->sum_dy = b->batch_var + c;
     b->sum_dy_xhat = b->sum_dy + c;
+    b->sync = b->sum_dy_xhat + c;
     return ch_layer_alloc_output(l, pl->max_batch, err);
 }
 
@@ -39,6 +44,35 @@ static void bn_free(ch_layer *l)
     free(b->batch_mean);
 }
 
+/* Sum a (2c) exchange over the sync-BN group. A failed collective is reported to the run and leaves
+ * zeros, so the step stays finite until the trainer sees the failure. */
+static void bn_allreduce(const ch_run *r, double *buf, int c)
+{
+    ch_err e;
+    ch_status st = ch_comm_allreduce_sum_f64(r->sync_bn, buf, (size_t)c * 2, &e);
+    if (st != CH_STATUS_OK) {
+        ch_run_comm_failed(r, st, &e);
+        memset(buf, 0, sizeof(double) * (size_t)c * 2);
+    }
+}
+
+/* sync-BN: this slice's (count, mean, variance) become the global batch's, from the group's sums of
+ * count * mean and count * E[x^2] (in double; the slices' variances are two-pass). */
+static void bn_sync_stats(const ch_run *r, bn_impl *b, int c, double cnt, double total)
+{
+    for (int i = 0; i < c; i++) {
+        const double m = b->batch_mean[i];
+        b->sync[i] = cnt * m;
+        b->sync[c + i] = cnt * (b->batch_var[i] + m * m);
+    }
+    bn_allreduce(r, b->sync, c);
+    for (int i = 0; i < c; i++) {
+        const double m = b->sync[i] / total, ex2 = b->sync[c + i] / total;
+        b->batch_mean[i] = m;
+        b->batch_var[i] = ex2 - m * m > 0 ? ex2 - m * m : 0;
+    }
+}
+
 static void bn_forward(ch_layer *l, const ch_run *r, int n, const ch_real *x)
 {
     bn_impl *b = l->impl;
@@ -47,7 +81,12 @@ static void bn_forward(ch_layer *l, const ch_run *r, int n, const ch_real *x)
     ch_real *rm = l->b[BN_RMEAN], *rv = l->b[BN_RVAR];
     if (r->training) {
         r->k->batchnorm_stats(&r->kc, n, c, hw, x, b->batch_mean, b->batch_var);
-        const double cnt = (double)n * hw;
+        double cnt = (double)n * hw;
+        if (r->sync_bn) {
+            const double total = (double)r->global_n * hw;
+            bn_sync_stats(r, b, c, cnt, total);
+            cnt = total;
+        }
         for (int i = 0; i < c; i++) {
             const double mean = b->batch_mean[i], var = b->batch_var[i];
             b->mean[i] = (ch_real)mean;
@@ -78,13 +117,23 @@ static void bn_backward(ch_layer *l, const ch_run *r, int n, const ch_real *x, c
     const int c = l->in.c, hw = l->in.h * l->in.w;
     r->k->batchnorm_backward_reduce(&r->kc, n, c, hw, x, dy, b->mean, b->invstd, b->sum_dy,
                                     b->sum_dy_xhat);
+    /* The parameter gradients are this slice's sums: the gradient sync adds the slices up. */
     for (int i = 0; i < c; i++) {
         l->g[BN_WEIGHT][i] = (ch_real)b->sum_dy_xhat[i];
         l->g[BN_BIAS][i] = (ch_real)b->sum_dy[i];
     }
+    ch_run_grads_ready(r, l);
+    double count = (double)n * hw;
+    if (r->sync_bn) {
+        /* dx depends on the whole batch's sums (sum_dy and sum_dy_xhat are adjacent in memory). */
+        memcpy(b->sync, b->sum_dy, sizeof(double) * (size_t)c * 2);
+        bn_allreduce(r, b->sync, c);
+        memcpy(b->sum_dy, b->sync, sizeof(double) * (size_t)c * 2);
+        count = (double)r->global_n * hw;
+    }
     if (dx)
         r->k->batchnorm_backward_data(&r->kc, n, c, hw, x, dy, b->mean, b->invstd, l->p[BN_WEIGHT],
-                                      b->sum_dy, b->sum_dy_xhat, (double)n * hw, dx);
+                                      b->sum_dy, b->sum_dy_xhat, count, dx);
 }
 
 static const ch_layer_ops bn_ops = {

@@ -45,6 +45,7 @@ static void conv_backward(ch_layer *l, const ch_run *r, int n, const ch_real *x,
     conv_impl *c = l->impl;
     r->k->conv2d_backward_weights(&r->kc, &c->d, n, x, dy, l->g[0], c->bias ? l->g[1] : NULL,
                                   c->cols);
+    ch_run_grads_ready(r, l);
     if (dx) r->k->conv2d_backward_data(&r->kc, &c->d, n, dy, l->p[0], dx);
 }
 

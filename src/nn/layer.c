@@ -82,3 +82,17 @@ ch_status ch_layer_plan_tree(ch_layer *l, ch_plan *pl, ch_err *err)
     for (int i = 0; i < l->nchildren; i++) CH_TRY(ch_layer_plan_tree(l->children[i], pl, err));
     return l->ops->plan(l, pl, err);
 }
+
+void ch_run_grads_ready(const ch_run *r, const ch_layer *l)
+{
+    if (!r->grads_ready) return;
+    for (int i = 0; i < l->nparams; i++)
+        r->grads_ready(r->grads_user, l->params[i].offset, l->params[i].count);
+}
+
+void ch_run_comm_failed(const ch_run *r, ch_status st, const ch_err *err)
+{
+    if (!r->comm_status || *r->comm_status != CH_STATUS_OK) return;
+    *r->comm_status = st;
+    if (r->comm_err && err) *r->comm_err = *err;
+}

@@ -39,6 +39,13 @@ typedef struct ch_tensor_spec {
     int fan_in;
 } ch_tensor_spec;
 
+struct ch_comm;
+
+/* Called by a layer's backward as soon as the gradients of its parameters are final, with their
+ * place in the flat gradient buffer: the data-parallel trainer starts syncing a bucket of gradients
+ * once all of its tensors are in, while backward goes on with earlier layers. */
+typedef void (*ch_grads_ready_fn)(void *user, size_t offset, size_t count);
+
 /* What a replica's layers run with: its kernels, threads, workspace and step identity. */
 typedef struct ch_run {
     const ch_kernels *k;
@@ -47,6 +54,12 @@ typedef struct ch_run {
     uint64_t seed;          /* for dropout masks */
     uint64_t step;          /* global step: dropout masks differ per step */
     uint64_t sample_offset; /* index of this slice's first sample in the global batch */
+    int global_n;           /* samples in the global batch (this slice is part of it) */
+    struct ch_comm *sync_bn;    /* sync-BN: batch statistics over this group; NULL: this slice's */
+    ch_status *comm_status;     /* where a layer reports a failed collective (first failure wins) */
+    ch_err *comm_err;
+    ch_grads_ready_fn grads_ready;
+    void *grads_user;
 } ch_run;
 
 typedef struct ch_layer ch_layer;
@@ -90,6 +103,11 @@ struct ch_layer {
     ch_layer **children;           /* owned */
     void *impl;                    /* owned, layer-specific */
 };
+
+/* Tell the run's listener (if any) that layer l's parameter gradients are written. */
+void ch_run_grads_ready(const ch_run *r, const ch_layer *l);
+/* Record a failed collective in the run (keeps the first). */
+void ch_run_comm_failed(const ch_run *r, ch_status st, const ch_err *err);
 
 /* Allocate a layer shell with the given ops, name and shapes; NULL on allocation failure. */
 ch_layer *ch_layer_alloc(const ch_layer_ops *ops, const char *name, ch_shape3 in, ch_shape3 out);

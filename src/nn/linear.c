@@ -30,6 +30,7 @@ static void linear_backward(ch_layer *l, const ch_run *r, int n, const ch_real *
         for (int i = 0; i < n; i++) s += dy[(size_t)i * out + o];
         db[o] = s;
     }
+    ch_run_grads_ready(r, l);
     /* dx (n, in) = dy (n, out) * W (out, in) */
     if (dx) r->k->gemm(&r->kc, false, false, n, in, out, 1, dy, out, l->p[0], in, 0, dx, in);
 }

@@ -1,20 +1,22 @@
-/* The training loop on one device: epoch order, steps, evaluation, metrics. */
+/* The training loop over D replicas: epoch order, the split of each global batch, the crew's jobs,
+ * exact metrics and failure reporting. The replicas' own work is in replica.c. */
 #include "train/trainer.h"
 
 #include <math.h>
-#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/clock.h"
+#include "core/cpu.h"
 #include "core/rng.h"
 #include "core/status.h"
 
 ch_train_config ch_train_config_default(void)
 {
     return (ch_train_config){ .model = "lenet", .init = "default", .epochs = 10,
-                              .batch_size = 256, .lr = 0.1, .seed = 0, .threads = 0 };
+                              .batch_size = 256, .lr = 0.1, .seed = 0, .threads = 0,
+                              .devices = "cpu:0", .bucket_mb = 25 };
 }
 
 static ch_status check_config(const ch_train_config *c, ch_err *err)
@@ -31,21 +33,99 @@ static ch_status check_config(const ch_train_config *c, ch_err *err)
         return ch_fail(err, CH_STATUS_BAD_INPUT, "weight decay %g, expected >= 0", c->weight_decay);
     if (c->threads < 0 || c->threads > 1024)
         return ch_fail(err, CH_STATUS_BAD_INPUT, "threads %d, expected 0..1024", c->threads);
+    if (!(c->bucket_mb >= 0 && c->bucket_mb <= 4096))
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "bucket size %g MiB, expected 0..4096", c->bucket_mb);
     return CH_STATUS_OK;
 }
 
-static ch_status alloc_batch(ch_trainer *t, ch_err *err)
+/* COHORT_INJECT_FAULT=alloc:R | error:R:STEP | nan:R:STEP, for the failure tests. */
+static ch_status parse_fault(ch_fault *f, ch_err *err)
 {
-    const ch_dataset *d = t->train;
-    const size_t per = (size_t)d->c * d->h * d->w, b = (size_t)t->cfg.batch_size;
-    t->x = malloc(sizeof(ch_real) * per * b);
-    t->labels = malloc(sizeof(int32_t) * b);
-    t->dlogits = malloc(sizeof(ch_real) * (size_t)d->classes * b);
-    t->perm = malloc(sizeof(uint32_t) * (d->n ? d->n : 1));
-    t->eval_idx = malloc(sizeof(uint32_t) * b);
-    if (!t->x || !t->labels || !t->dlogits || !t->perm || !t->eval_idx)
-        return CH_SYS_FAIL(err, "allocation of batch buffers");
+    *f = (ch_fault){ 0 };
+    const char *s = getenv("COHORT_INJECT_FAULT");
+    if (!s || !*s) return CH_STATUS_OK;
+    char kind[8];
+    int r = -1;
+    unsigned long long step = 0;
+    const int got = sscanf(s, "%7[a-z]:%d:%llu", kind, &r, &step);
+    if (got >= 2 && strcmp(kind, "alloc") == 0) *f = (ch_fault){ CH_FAULT_ALLOC, r, 0 };
+    else if (got == 3 && strcmp(kind, "error") == 0) *f = (ch_fault){ CH_FAULT_ERROR, r, step };
+    else if (got == 3 && strcmp(kind, "nan") == 0) *f = (ch_fault){ CH_FAULT_NAN, r, step };
+    else
+        return ch_fail(err, CH_STATUS_BAD_INPUT,
+                       "COHORT_INJECT_FAULT='%s': expected alloc:R, error:R:STEP or nan:R:STEP", s);
     return CH_STATUS_OK;
+}
+
+void ch_trainer_slice(int n, int nreplicas, int r, int *offset, int *count)
+{
+    const int base = n / nreplicas, extra = n % nreplicas;
+    *count = base + (r < extra);
+    *offset = r * base + (r < extra ? r : extra);
+}
+
+/* The first failure that started in a replica, else the first failure: the message to show. */
+static ch_status collect_failure(ch_trainer *t, ch_err *err)
+{
+    const ch_replica *pick = NULL;
+    for (int r = 0; r < t->nreplicas; r++) {
+        const ch_replica *rp = &t->replicas[r];
+        if (rp->status == CH_STATUS_OK) continue;
+        if (!pick || (rp->root_cause && !pick->root_cause)) pick = rp;
+    }
+    if (!pick) return CH_STATUS_OK;
+    t->broken = true;
+    t->broken_err = pick->err;
+    if (err) *err = pick->err;
+    return pick->status;
+}
+
+static void job_setup(void *arg, int r)
+{
+    ch_trainer *t = arg;
+    ch_replica_setup(&t->replicas[r], &t->spec);
+}
+
+/* Threads per replica and, when the shares fit the CPUs we may use, which CPUs each one gets. */
+static ch_status start_crew(ch_trainer *t, ch_err *err)
+{
+    const int D = t->nreplicas, T = t->cfg.threads > 0 ? t->cfg.threads : ch_cpu_count();
+    int allowed[1024];
+    const int P = ch_cpu_allowed(allowed, 1024);
+    int total = 0;
+    for (int r = 0; r < D; r++) {
+        const int share = T / D + (r < T % D);
+        t->replicas[r].nthreads = share > 0 ? share : 1;
+        total += t->replicas[r].nthreads;
+    }
+    const bool pin = P > 0 && P <= 1024 && total <= P;
+    const int *cpus[CH_MAX_DEVICES];
+    int ncpus[CH_MAX_DEVICES], at = 0;
+    for (int r = 0; r < D; r++) {
+        cpus[r] = pin ? allowed + at : NULL;
+        ncpus[r] = pin ? t->replicas[r].nthreads : 0;
+        at += t->replicas[r].nthreads;
+    }
+    return ch_crew_create(D, cpus, ncpus, &t->crew, err);
+}
+
+static ch_status make_replicas(ch_trainer *t, ch_err *err)
+{
+    const int D = t->nreplicas;
+    t->replicas = calloc((size_t)D, sizeof *t->replicas);
+    CH_CHECK_ALLOC(err, t->replicas);
+    CH_TRY(ch_local_group_create(D, &t->grads_group, err));
+    CH_TRY(ch_local_group_create(D, &t->ctl_group, err));
+    for (int r = 0; r < D; r++) {
+        ch_replica *rp = &t->replicas[r];
+        rp->index = r;
+        rp->device = t->devices.dev[r];
+        ch_local_comm_init(&rp->grads_comm, t->grads_group, r);
+        ch_local_comm_init(&rp->ctl_comm, t->ctl_group, r);
+    }
+    CH_TRY(start_crew(t, err));
+    ch_crew_run(t->crew, job_setup, t);
+    return collect_failure(t, err);
 }
 
 static ch_status setup(ch_trainer *t, ch_err *err)
@@ -56,12 +136,23 @@ static ch_status setup(ch_trainer *t, ch_err *err)
                     t->test->classes != d->classes))
         return ch_fail(err, CH_STATUS_BAD_INPUT, "test set shape %dx%dx%d differs from training set %dx%dx%d",
                        t->test->c, t->test->h, t->test->w, d->c, d->h, d->w);
-    CH_TRY(ch_model_create(t->model_name, (ch_shape3){ d->c, d->h, d->w }, d->classes, &t->model, err));
-    CH_TRY(ch_model_init_params(t->model, t->init, t->cfg.seed, err));
-    CH_TRY(ch_model_plan(t->model, t->k, t->cfg.batch_size, t->nthreads, err));
-    CH_TRY(ch_sgd_init(&t->opt, t->model->nparams, t->cfg.lr, t->cfg.momentum, 0,
-                       t->cfg.weight_decay, t->cfg.nesterov, err));
-    return alloc_batch(t, err);
+    CH_TRY(ch_device_list_parse(t->cfg.devices ? t->cfg.devices : "cpu:0", &t->devices, err));
+    ch_device_list_format(&t->devices, t->devices_text, sizeof t->devices_text);
+    t->nreplicas = t->devices.count;
+    const int D = t->nreplicas, B = t->cfg.batch_size;
+    t->spec = (ch_replica_spec){
+        .model = t->model_name, .init = t->init, .seed = t->cfg.seed,
+        .input = { d->c, d->h, d->w }, .classes = d->classes, .max_slice = (B + D - 1) / D,
+        .lr = t->cfg.lr, .momentum = t->cfg.momentum, .weight_decay = t->cfg.weight_decay,
+        .nesterov = t->cfg.nesterov, .nan_check = t->cfg.nan_check, .sync_bn = t->cfg.sync_bn,
+        .bucket_elems = (size_t)((t->cfg.bucket_mb > 0 ? t->cfg.bucket_mb : 25) * (1 << 20) /
+                                 sizeof(ch_real)),
+        .k = ch_kernels_cpu(),
+    };
+    CH_TRY(parse_fault(&t->spec.fault, err));
+    t->perm = malloc(sizeof(uint32_t) * d->n);
+    CH_CHECK_ALLOC(err, t->perm);
+    return make_replicas(t, err);
 }
 
 ch_status ch_trainer_create(const ch_train_config *cfg, const ch_dataset *train,
@@ -77,10 +168,9 @@ ch_status ch_trainer_create(const ch_train_config *cfg, const ch_dataset *train,
     t->cfg.init = t->init;
     t->train = train;
     t->test = test;
-    t->k = ch_kernels_cpu();
-    t->nthreads = cfg->threads > 0 ? cfg->threads : ch_cpu_count();
-    snprintf(t->devices, sizeof t->devices, "cpu:0");
     ch_status st = setup(t, err);
+    /* The caller's string was borrowed for parsing only. */
+    t->cfg.devices = t->devices_text;
     if (st != CH_STATUS_OK) {
         ch_trainer_free(t);
         return st;
@@ -95,29 +185,46 @@ void ch_trainer_set_progress(ch_trainer *t, ch_progress_fn fn, void *user)
     t->progress_user = user;
 }
 
+static void job_step(void *arg, int r)
+{
+    ch_trainer *t = arg;
+    int off, cnt;
+    ch_trainer_slice(t->job_n, t->nreplicas, r, &off, &cnt);
+    const ch_slice sl = { .idx = t->job_idx + off, .n = cnt, .offset = (uint64_t)off,
+                          .global_n = t->job_n, .step = t->step };
+    ch_replica_step(&t->replicas[r], &t->spec, t->train, &sl);
+}
+
+static ch_status check_usable(const ch_trainer *t, ch_err *err)
+{
+    if (!t->broken) return CH_STATUS_OK;
+    return ch_fail(err, CH_STATUS_SYSTEM, "the trainer stopped after a failure: %s",
+                   t->broken_err.msg);
+}
+
 ch_status ch_trainer_step(ch_trainer *t, const uint32_t *idx, int n, double *loss_sum,
                           int64_t *correct, ch_err *err)
 {
-    /* oneDNN's GEMM threads by the calling thread's OpenMP setting: keep it at ours. */
-    omp_set_num_threads(t->nthreads);
-    ch_dataset_gather(t->train, idx, n, t->x, t->labels);
-    ch_run r = ch_model_run(t->model, t->k, true);
-    r.seed = t->cfg.seed;
-    r.step = t->step;
-    const ch_real *logits = ch_model_forward(t->model, &r, n, t->x);
-    r.k->softmax_xent(&r.kc, n, t->model->classes, logits, t->labels, 1.0 / n, t->dlogits,
-                      loss_sum, correct);
-    if (t->cfg.nan_check && !isfinite(*loss_sum))
-        return ch_fail(err, CH_STATUS_NUMERIC, "step %llu: the loss is %g on cpu:0",
-                       (unsigned long long)t->step + 1, *loss_sum);
-    ch_model_backward(t->model, &r, n, t->x, t->dlogits);
-    ch_sgd_step(&t->opt, t->model->params, t->model->grads, t->nthreads);
+    CH_TRY(check_usable(t, err));
+    CH_ASSERT(n >= 1 && n <= t->cfg.batch_size);
+    t->job_idx = idx;
+    t->job_n = n;
+    ch_crew_run(t->crew, job_step, t);
+    CH_TRY(collect_failure(t, err));
+    /* Exact totals, in replica order: the same sums whatever the thread timing. */
+    *loss_sum = 0;
+    *correct = 0;
+    for (int r = 0; r < t->nreplicas; r++) {
+        *loss_sum += t->replicas[r].loss_sum;
+        *correct += t->replicas[r].correct;
+    }
     t->step++;
     return CH_STATUS_OK;
 }
 
 ch_status ch_trainer_run_epoch(ch_trainer *t, ch_epoch_stats *s, ch_err *err)
 {
+    CH_TRY(check_usable(t, err));
     const ch_dataset *d = t->train;
     ch_rng rng;
     ch_rng_init(&rng, t->cfg.seed, CH_RNG_STREAM_SHUFFLE, (uint64_t)t->epoch << 40);
@@ -154,50 +261,59 @@ ch_status ch_trainer_run_epoch(ch_trainer *t, ch_epoch_stats *s, ch_err *err)
     return CH_STATUS_OK;
 }
 
+static void job_evaluate(void *arg, int r)
+{
+    ch_trainer *t = arg;
+    ch_replica_evaluate(&t->replicas[r], &t->spec, t->job_data, t->nreplicas);
+}
+
 ch_status ch_trainer_evaluate(ch_trainer *t, const ch_dataset *d, double *loss, double *acc,
                               ch_err *err)
 {
-    omp_set_num_threads(t->nthreads);
+    CH_TRY(check_usable(t, err));
     if (d->c != t->train->c || d->h != t->train->h || d->w != t->train->w)
         return ch_fail(err, CH_STATUS_BAD_INPUT, "evaluation data shape %dx%dx%d does not fit the model",
                        d->c, d->h, d->w);
-    ch_run r = ch_model_run(t->model, t->k, false);
-    const int B = t->cfg.batch_size;
+    t->job_data = d;
+    ch_crew_run(t->crew, job_evaluate, t);
+    CH_TRY(collect_failure(t, err));
     double lsum = 0;
     int64_t hits = 0;
-    for (size_t at = 0; at < d->n; at += (size_t)B) {
-        const int n = (int)((size_t)B < d->n - at ? (size_t)B : d->n - at);
-        for (int i = 0; i < n; i++) t->eval_idx[i] = (uint32_t)(at + (size_t)i);
-        ch_dataset_gather(d, t->eval_idx, n, t->x, t->labels);
-        const ch_real *logits = ch_model_forward(t->model, &r, n, t->x);
-        double l;
-        int64_t c;
-        r.k->softmax_xent(&r.kc, n, t->model->classes, logits, t->labels, 1.0, NULL, &l, &c);
-        lsum += l;
-        hits += c;
+    for (int r = 0; r < t->nreplicas; r++) {
+        lsum += t->replicas[r].loss_sum;
+        hits += t->replicas[r].correct;
     }
     *loss = d->n ? lsum / d->n : 0;
     *acc = d->n ? (double)hits / d->n : 0;
     return CH_STATUS_OK;
 }
 
-const char *ch_trainer_devices(const ch_trainer *t) { return t->devices; }
-size_t ch_trainer_param_count(const ch_trainer *t) { return t->model->nparams; }
+const char *ch_trainer_devices(const ch_trainer *t) { return t->devices_text; }
+size_t ch_trainer_param_count(const ch_trainer *t) { return t->replicas[0].model->nparams; }
 
 void ch_trainer_get_params(const ch_trainer *t, float *out)
 {
-    for (size_t i = 0; i < t->model->nparams; i++) out[i] = (float)t->model->params[i];
+    const ch_model *m = t->replicas[0].model;
+    for (size_t i = 0; i < m->nparams; i++) out[i] = (float)m->params[i];
+}
+
+static void job_free(void *arg, int r)
+{
+    ch_trainer *t = arg;
+    /* On its own thread: the sync thread it started is joined by the thread that owns it. */
+    ch_replica_free(&t->replicas[r]);
 }
 
 void ch_trainer_free(ch_trainer *t)
 {
     if (!t) return;
-    ch_model_free(t->model);
-    ch_sgd_free(&t->opt);
-    free(t->x);
-    free(t->labels);
-    free(t->dlogits);
+    if (t->crew) ch_crew_run(t->crew, job_free, t);
+    ch_crew_free(t->crew);
+    if (!t->crew && t->replicas)
+        for (int r = 0; r < t->nreplicas; r++) ch_replica_free(&t->replicas[r]);
+    ch_local_group_free(t->grads_group);
+    ch_local_group_free(t->ctl_group);
+    free(t->replicas);
     free(t->perm);
-    free(t->eval_idx);
     free(t);
 }

@@ -1,34 +1,46 @@
-/* The trainer's internals, visible to tests (the public face is in cohort.h). */
+/* The trainer's internals, visible to tests (the public face is in cohort.h).
+ * A trainer owns D replicas (one per device), a crew of D pinned threads that runs them, and two
+ * local communicator groups: `grads` for the bucketed gradient sync (used by the replicas' sync
+ * threads) and `ctl` for everything the replicas' compute threads exchange (initial parameters,
+ * sync-BN statistics, BatchNorm running statistics). Two groups, because a sync thread's bucket and a
+ * compute thread's sync-BN exchange are in flight at the same time. */
 #ifndef CH_TRAIN_TRAINER_H
 #define CH_TRAIN_TRAINER_H
 
 #include "cohort.h"
-#include "data/dataset.h"
-#include "nn/model.h"
-#include "optim/sgd.h"
+#include "comm/comm.h"
+#include "train/crew.h"
+#include "train/replica.h"
 
 struct ch_trainer {
     ch_train_config cfg;
-    char model_name[32], init[64], devices[64];
+    char model_name[32], init[64];
+    ch_device_list devices;
+    char devices_text[CH_MAX_DEVICES * 8];
     const ch_dataset *train, *test;
-    const ch_kernels *k;
-    int nthreads;
-    ch_model *model;
-    ch_sgd opt;
-    ch_real *x;             /* batch input (batch, c, h, w) */
-    int32_t *labels;        /* batch labels */
-    ch_real *dlogits;       /* (batch, classes) */
+    ch_replica_spec spec;
+    int nreplicas;
+    ch_replica *replicas;
+    ch_local_group *grads_group, *ctl_group;
+    ch_crew *crew;
     uint32_t *perm;         /* epoch order over the training set */
-    uint32_t *eval_idx;     /* 0..batch-1 offsets for evaluation */
     int epoch;              /* epochs completed */
     uint64_t step;          /* steps completed */
+    bool broken;            /* a replica failed: the replicas may disagree, no more steps */
+    ch_err broken_err;
     ch_progress_fn progress;
     void *progress_user;
+    /* the job in flight (read by the crew threads) */
+    const uint32_t *job_idx;
+    int job_n;
+    const ch_dataset *job_data;
 };
 
-/* One training step on samples idx[0..n): forward, loss (mean over the n samples), backward,
- * update. Returns the summed loss and the correct count. */
+/* One training step on the global batch idx[0..n): split over the replicas, forward, loss (mean
+ * over the n samples), backward, sync, update. Returns the summed loss and the correct count. */
 ch_status ch_trainer_step(ch_trainer *t, const uint32_t *idx, int n, double *loss_sum,
                           int64_t *correct, ch_err *err);
+/* Replica r's share of a global batch of n: n / D, the first n % D replicas one more. */
+void ch_trainer_slice(int n, int nreplicas, int r, int *offset, int *count);
 
 #endif

@@ -6,7 +6,8 @@
 void ch_cpu_relu_forward(const ch_kctx *kc, size_t len, const ch_real *x, ch_real *y)
 {
 #pragma omp parallel for num_threads(kc->nthreads) schedule(static)
-    for (size_t i = 0; i < len; i++) y[i] = x[i] > 0 ? x[i] : 0;
+    /* Written so that NaN passes through, as in PyTorch: a diverging run must not look healthy. */
+    for (size_t i = 0; i < len; i++) y[i] = x[i] < 0 ? 0 : x[i];
 }
 
 void ch_cpu_relu_backward(const ch_kctx *kc, size_t len, const ch_real *y, const ch_real *dy,

@@ -1,0 +1,95 @@
+/* Device lists: "cpu:0,cpu:1", "cpu:0-3", "cpu*4". A CPU device is a logical device: a replica with
+ * its own thread and a share of the cores; its index names it, it does not pick a core. */
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cohort.h"
+#include "core/status.h"
+
+static bool parse_index(const char **p, long *out)
+{
+    if (!isdigit((unsigned char)**p)) return false;
+    char *end;
+    *out = strtol(*p, &end, 10);
+    *p = end;
+    return *out >= 0 && *out < CH_MAX_DEVICES;
+}
+
+static ch_status add_device(ch_device_list *l, ch_device_kind kind, long index, const char *spec,
+                            ch_err *err)
+{
+    for (int i = 0; i < l->count; i++)
+        if (l->dev[i].kind == kind && l->dev[i].index == index)
+            return ch_fail(err, CH_STATUS_BAD_INPUT, "devices '%s': cpu:%ld is listed twice", spec,
+                           index);
+    if (l->count == CH_MAX_DEVICES)
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "devices '%s': more than %d devices", spec,
+                       CH_MAX_DEVICES);
+    l->dev[l->count++] = (ch_device){ .kind = kind, .index = (int)index };
+    return CH_STATUS_OK;
+}
+
+/* One entry: cpu:K | cpu:A-B | cpu*N. *p is left after it. */
+static ch_status parse_entry(const char **p, ch_device_list *l, const char *spec, ch_err *err)
+{
+    if (strncmp(*p, "cuda", 4) == 0 || strncmp(*p, "gpu", 3) == 0)
+        return ch_fail(err, CH_STATUS_BAD_INPUT,
+                       "devices '%s': this build has no CUDA backend; use cpu:K devices", spec);
+    if (strncmp(*p, "cpu", 3) != 0)
+        return ch_fail(err, CH_STATUS_BAD_INPUT,
+                       "devices '%s': expected entries like cpu:0, cpu:0-3 or cpu*4", spec);
+    *p += 3;
+    long a, b;
+    if (**p == '*') {
+        ++*p;
+        if (!parse_index(p, &a) || a < 1)
+            return ch_fail(err, CH_STATUS_BAD_INPUT, "devices '%s': cpu*N needs N in 1..%d", spec,
+                           CH_MAX_DEVICES - 1);
+        for (long i = 0; i < a; i++) CH_TRY(add_device(l, CH_DEVICE_CPU, i, spec, err));
+        return CH_STATUS_OK;
+    }
+    if (**p != ':') return ch_fail(err, CH_STATUS_BAD_INPUT, "devices '%s': expected cpu:K", spec);
+    ++*p;
+    if (!parse_index(p, &a))
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "devices '%s': device index must be 0..%d", spec,
+                       CH_MAX_DEVICES - 1);
+    b = a;
+    if (**p == '-') {
+        ++*p;
+        if (!parse_index(p, &b) || b < a)
+            return ch_fail(err, CH_STATUS_BAD_INPUT, "devices '%s': range cpu:A-B needs A <= B <= %d",
+                           spec, CH_MAX_DEVICES - 1);
+    }
+    for (long i = a; i <= b; i++) CH_TRY(add_device(l, CH_DEVICE_CPU, i, spec, err));
+    return CH_STATUS_OK;
+}
+
+ch_status ch_device_list_parse(const char *spec, ch_device_list *out, ch_err *err)
+{
+    *out = (ch_device_list){ 0 };
+    if (!spec || !*spec) return ch_fail(err, CH_STATUS_BAD_INPUT, "empty device list");
+    const char *p = spec;
+    for (;;) {
+        while (*p == ' ') p++;
+        CH_TRY(parse_entry(&p, out, spec, err));
+        while (*p == ' ') p++;
+        if (*p == '\0') return CH_STATUS_OK;
+        if (*p != ',')
+            return ch_fail(err, CH_STATUS_BAD_INPUT, "devices '%s': unexpected '%c' at position %d",
+                           spec, *p, (int)(p - spec) + 1);
+        p++;
+    }
+}
+
+void ch_device_list_format(const ch_device_list *l, char *buf, size_t len)
+{
+    size_t at = 0;
+    if (len) buf[0] = '\0';
+    for (int i = 0; i < l->count && at < len; i++) {
+        int w = snprintf(buf + at, len - at, "%scpu:%d", i ? ", " : "", l->dev[i].index);
+        if (w < 0) return;
+        at += (size_t)w;
+    }
+}

@@ -1,0 +1,165 @@
+/* Buckets, their countdowns and the sync thread's queue. The queue is a ring of bucket indices
+ * (each bucket enters it once per step, so nbuckets slots suffice). */
+#include "train/gradsync.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+
+typedef struct bucket {
+    size_t lo, hi;          /* [lo, hi) of the flat gradient buffer */
+    size_t pending;         /* elements not yet reported this step */
+    bool queued;
+} bucket;
+
+struct ch_gradsync {
+    ch_comm *comm;
+    ch_real *grads;
+    int nbuckets;
+    bucket *buckets;        /* in sync order: buckets[0] holds the last parameters */
+    int *queue;
+    int head, tail;         /* queue[head..tail) waits for the sync thread (indices mod nbuckets) */
+    int done;               /* buckets summed this step */
+    ch_status status;
+    ch_err err;
+    bool quit;
+    pthread_mutex_t mu;
+    pthread_cond_t work, finished;
+    pthread_t thread;
+    bool started;
+};
+
+static void *sync_main(void *p)
+{
+    ch_gradsync *s = p;
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        while (s->head == s->tail && !s->quit) pthread_cond_wait(&s->work, &s->mu);
+        if (s->quit) break;
+        const bucket *b = &s->buckets[s->queue[s->head % s->nbuckets]];
+        s->head++;
+        const bool failed = s->status != CH_STATUS_OK;
+        pthread_mutex_unlock(&s->mu);
+        ch_err e;
+        ch_status st = failed ? CH_STATUS_OK
+                              : ch_comm_allreduce_sum(s->comm, s->grads + b->lo, b->hi - b->lo, &e);
+        pthread_mutex_lock(&s->mu);
+        if (st != CH_STATUS_OK && s->status == CH_STATUS_OK) {
+            s->status = st;
+            s->err = e;
+        }
+        s->done++;
+        pthread_cond_signal(&s->finished);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+/* Cut the parameters into buckets of whole tensors, last tensor first. */
+static ch_status make_buckets(ch_gradsync *s, const ch_model *m, size_t cap, ch_err *err)
+{
+    s->buckets = calloc((size_t)m->ntensors + 1, sizeof *s->buckets);
+    s->queue = calloc((size_t)m->ntensors + 1, sizeof *s->queue);
+    CH_CHECK_ALLOC(err, s->buckets);
+    CH_CHECK_ALLOC(err, s->queue);
+    size_t hi = m->nparams, lo = m->nparams;
+    for (int i = m->ntensors - 1; i >= 0; i--) {
+        const ch_tensor_ref *t = &m->tensors[i];
+        if (t->kind != CH_TENSOR_PARAM) continue;
+        lo = t->spec->offset;
+        if (hi - lo >= cap) {
+            s->buckets[s->nbuckets++] = (bucket){ .lo = lo, .hi = hi };
+            hi = lo;
+        }
+    }
+    if (hi > 0 || s->nbuckets == 0) s->buckets[s->nbuckets++] = (bucket){ .lo = 0, .hi = hi };
+    return CH_STATUS_OK;
+}
+
+ch_status ch_gradsync_create(ch_comm *comm, ch_model *m, size_t bucket_elems, ch_gradsync **out,
+                             ch_err *err)
+{
+    ch_gradsync *s = calloc(1, sizeof *s);
+    CH_CHECK_ALLOC(err, s);
+    s->comm = comm;
+    s->grads = m->grads;
+    if (pthread_mutex_init(&s->mu, NULL) != 0 || pthread_cond_init(&s->work, NULL) != 0 ||
+        pthread_cond_init(&s->finished, NULL) != 0) {
+        free(s);
+        return CH_SYS_FAIL(err, "gradsync mutex/cond init");
+    }
+    ch_status st = make_buckets(s, m, bucket_elems ? bucket_elems : 1, err);
+    if (st == CH_STATUS_OK && pthread_create(&s->thread, NULL, sync_main, s) != 0)
+        st = CH_SYS_FAIL(err, "pthread_create of a gradient sync thread");
+    s->started = st == CH_STATUS_OK;
+    if (st != CH_STATUS_OK) {
+        ch_gradsync_free(s);
+        return st;
+    }
+    *out = s;
+    return CH_STATUS_OK;
+}
+
+void ch_gradsync_begin(ch_gradsync *s)
+{
+    pthread_mutex_lock(&s->mu);
+    for (int i = 0; i < s->nbuckets; i++) {
+        s->buckets[i].pending = s->buckets[i].hi - s->buckets[i].lo;
+        s->buckets[i].queued = false;
+    }
+    s->head = s->tail = s->done = 0;
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* Call with mu held. */
+static void enqueue(ch_gradsync *s, int b)
+{
+    s->buckets[b].queued = true;
+    s->queue[s->tail % s->nbuckets] = b;
+    s->tail++;
+    pthread_cond_signal(&s->work);
+}
+
+void ch_gradsync_ready(void *user, size_t offset, size_t count)
+{
+    ch_gradsync *s = user;
+    /* Buckets are in decreasing offset order; models have tens of them at most. */
+    int b = 0;
+    while (b < s->nbuckets - 1 && offset < s->buckets[b].lo) b++;
+    pthread_mutex_lock(&s->mu);
+    bucket *k = &s->buckets[b];
+    k->pending = count < k->pending ? k->pending - count : 0;
+    if (k->pending == 0 && !k->queued) enqueue(s, b);
+    pthread_mutex_unlock(&s->mu);
+}
+
+ch_status ch_gradsync_finish(ch_gradsync *s, ch_err *err)
+{
+    pthread_mutex_lock(&s->mu);
+    for (int b = 0; b < s->nbuckets; b++)
+        if (!s->buckets[b].queued) enqueue(s, b);
+    while (s->done < s->nbuckets) pthread_cond_wait(&s->finished, &s->mu);
+    ch_status st = s->status;
+    if (st != CH_STATUS_OK && err) *err = s->err;
+    pthread_mutex_unlock(&s->mu);
+    return st;
+}
+
+int ch_gradsync_buckets(const ch_gradsync *s) { return s->nbuckets; }
+
+void ch_gradsync_free(ch_gradsync *s)
+{
+    if (!s) return;
+    if (s->started) {
+        pthread_mutex_lock(&s->mu);
+        s->quit = true;
+        pthread_cond_signal(&s->work);
+        pthread_mutex_unlock(&s->mu);
+        pthread_join(s->thread, NULL);
+    }
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->work);
+    pthread_cond_destroy(&s->finished);
+    free(s->buckets);
+    free(s->queue);
+    free(s);
+}

@@ -1,0 +1,30 @@
+/* Bucketed gradient sync for one replica, overlapped with backward.
+ * The flat gradient buffer is cut into buckets of whole tensors, from the last parameters to the
+ * first (backward writes them in that order), each about bucket_elems long. Backward reports each
+ * finished tensor (ch_gradsync_ready, the ch_run grads_ready hook); when a bucket's tensors are all
+ * in, it goes to this replica's sync thread, which sums it over the group with ch_comm_allreduce_sum
+ * while backward goes on. Every member sees the same readiness order (same model, same code), so
+ * the members' collectives match up. */
+#ifndef CH_TRAIN_GRADSYNC_H
+#define CH_TRAIN_GRADSYNC_H
+
+#include "comm/comm.h"
+#include "nn/model.h"
+
+typedef struct ch_gradsync ch_gradsync;
+
+/* comm and m->grads are borrowed. Starts the sync thread. */
+ch_status ch_gradsync_create(ch_comm *comm, ch_model *m, size_t bucket_elems, ch_gradsync **out,
+                             ch_err *err);
+/* A new step: every bucket is waiting for its tensors. */
+void ch_gradsync_begin(ch_gradsync *s);
+/* ch_grads_ready_fn: grads[offset, offset + count) are final. user is the ch_gradsync. */
+void ch_gradsync_ready(void *user, size_t offset, size_t count);
+/* Hand over any bucket not yet complete (a layer that reported nothing), then wait until every
+ * bucket is summed. Fails when the group was aborted. */
+ch_status ch_gradsync_finish(ch_gradsync *s, ch_err *err);
+int ch_gradsync_buckets(const ch_gradsync *s);
+/* Stop and join the sync thread. NULL is a no-op. */
+void ch_gradsync_free(ch_gradsync *s);
+
+#endif

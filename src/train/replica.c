@@ -1,0 +1,187 @@
+/* A replica's jobs: set up, train one slice of a global batch, evaluate its share of a data set.
+ * The gradient of a slice of n samples is scaled by 1/global_n (not 1/n), so the sum over replicas
+ * is exactly the gradient of the mean loss over the global batch. */
+#include "train/replica.h"
+
+#include <math.h>
+#include <omp.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+/* This replica failed on its own: say so, and release every member waiting in a collective. */
+static ch_status fail_here(ch_replica *rp, ch_status st, const ch_err *why)
+{
+    rp->status = st;
+    rp->err = *why;
+    rp->root_cause = true;
+    ch_comm_abort(&rp->ctl_comm, why->msg);
+    ch_comm_abort(&rp->grads_comm, why->msg);
+    return st;
+}
+
+static ch_status fail_collective(ch_replica *rp, ch_status st, const ch_err *why)
+{
+    rp->status = st;
+    rp->err = *why;
+    return st;
+}
+
+static ch_status alloc_buffers(ch_replica *rp, const ch_replica_spec *s, ch_err *err)
+{
+    const size_t per = ch_shape3_size(s->input), b = (size_t)s->max_slice;
+    if (s->fault.kind == CH_FAULT_ALLOC && s->fault.replica == rp->index) {
+        /* A request no machine can satisfy: the real allocation failure path. */
+        void *p = malloc(SIZE_MAX / 2);
+        CH_CHECK_ALLOC(err, p);
+        free(p);
+    }
+    rp->x = malloc(sizeof(ch_real) * per * b);
+    rp->labels = malloc(sizeof(int32_t) * b);
+    rp->dlogits = malloc(sizeof(ch_real) * (size_t)s->classes * b);
+    if (!rp->x || !rp->labels || !rp->dlogits)
+        return CH_SYS_FAIL(err, "allocation of replica batch buffers");
+    return CH_STATUS_OK;
+}
+
+static ch_status build(ch_replica *rp, const ch_replica_spec *s, ch_err *err)
+{
+    /* oneDNN's GEMM threads by the calling thread's OpenMP setting: this thread's share. */
+    omp_set_num_threads(rp->nthreads);
+    CH_TRY(ch_model_create(s->model, s->input, s->classes, &rp->model, err));
+    CH_TRY(ch_model_init_params(rp->model, s->init, s->seed, err));
+    CH_TRY(ch_model_plan(rp->model, s->k, s->max_slice, rp->nthreads, err));
+    CH_TRY(ch_sgd_init(&rp->opt, rp->model->nparams, s->lr, s->momentum, 0, s->weight_decay,
+                       s->nesterov, err));
+    CH_TRY(alloc_buffers(rp, s, err));
+    if (rp->grads_comm.size > 1)
+        CH_TRY(ch_gradsync_create(&rp->grads_comm, rp->model, s->bucket_elems, &rp->sync, err));
+    return CH_STATUS_OK;
+}
+
+ch_status ch_replica_setup(ch_replica *rp, const ch_replica_spec *s)
+{
+    ch_err err;
+    rp->status = CH_STATUS_OK;
+    ch_status st = build(rp, s, &err);
+    if (st != CH_STATUS_OK) {
+        ch_err why;
+        ch_fail(&why, st, "cpu:%d: %.490s", rp->device.index, err.msg);
+        return fail_here(rp, st, &why);
+    }
+    /* Every replica starts from replica 0's values, whatever the seeds did. */
+    ch_model *m = rp->model;
+    st = ch_comm_broadcast(&rp->ctl_comm, m->params, m->nparams, 0, &err);
+    if (st == CH_STATUS_OK && m->nbuffers)
+        st = ch_comm_broadcast(&rp->ctl_comm, m->buffers, m->nbuffers, 0, &err);
+    return st == CH_STATUS_OK ? CH_STATUS_OK : fail_collective(rp, st, &err);
+}
+
+/* Per-replica BatchNorm: running statistics become the slices' average weighted by slice size,
+ * so every replica keeps the same values (a slice of 0 samples counts for nothing). */
+static ch_status average_buffers(ch_replica *rp, const ch_slice *sl, ch_err *err)
+{
+    ch_model *m = rp->model;
+    if (m->nbuffers == 0) return CH_STATUS_OK;
+    const ch_real w = (ch_real)((double)sl->n / sl->global_n);
+    for (size_t i = 0; i < m->nbuffers; i++) m->buffers[i] *= w;
+    return ch_comm_allreduce_sum(&rp->ctl_comm, m->buffers, m->nbuffers, err);
+}
+
+static bool injected(const ch_replica *rp, const ch_replica_spec *s, ch_fault_kind kind,
+                     uint64_t step)
+{
+    return s->fault.kind == kind && s->fault.replica == rp->index && s->fault.step == step + 1;
+}
+
+ch_status ch_replica_step(ch_replica *rp, const ch_replica_spec *s, const ch_dataset *d,
+                          const ch_slice *sl)
+{
+    ch_model *m = rp->model;
+    ch_err err;
+    ch_status comm_st = CH_STATUS_OK;
+    rp->status = CH_STATUS_OK;
+    ch_dataset_gather(d, sl->idx, sl->n, rp->x, rp->labels);
+    if (injected(rp, s, CH_FAULT_NAN, sl->step) && sl->n > 0) rp->x[0] = (ch_real)NAN;
+
+    const bool many = rp->ctl_comm.size > 1;
+    ch_run r = ch_model_run(m, s->k, true);
+    r.seed = s->seed;
+    r.step = sl->step;
+    r.sample_offset = sl->offset;
+    r.global_n = sl->global_n;
+    r.sync_bn = s->sync_bn && many ? &rp->ctl_comm : NULL;
+    r.comm_status = &comm_st;
+    r.comm_err = &err;
+    const ch_real *logits = ch_model_forward(m, &r, sl->n, rp->x);
+    if (comm_st != CH_STATUS_OK) return fail_collective(rp, comm_st, &err);
+    rp->loss_sum = 0;
+    rp->correct = 0;
+    s->k->softmax_xent(&r.kc, sl->n, m->classes, logits, rp->labels, 1.0 / sl->global_n,
+                       rp->dlogits, &rp->loss_sum, &rp->correct);
+    if (s->nan_check && !isfinite(rp->loss_sum)) {
+        ch_fail(&err, CH_STATUS_NUMERIC, "step %llu: the loss is %g on cpu:%d",
+                (unsigned long long)sl->step + 1, rp->loss_sum, rp->device.index);
+        return fail_here(rp, CH_STATUS_NUMERIC, &err);
+    }
+    if (injected(rp, s, CH_FAULT_ERROR, sl->step)) {
+        ch_fail(&err, CH_STATUS_SYSTEM, "step %llu: injected fault on cpu:%d",
+                (unsigned long long)sl->step + 1, rp->device.index);
+        return fail_here(rp, CH_STATUS_SYSTEM, &err);
+    }
+
+    if (rp->sync) {
+        ch_gradsync_begin(rp->sync);
+        r.grads_ready = ch_gradsync_ready;
+        r.grads_user = rp->sync;
+    }
+    ch_model_backward(m, &r, sl->n, rp->x, rp->dlogits);
+    if (comm_st != CH_STATUS_OK) return fail_collective(rp, comm_st, &err);
+    if (rp->sync) {
+        ch_status st = ch_gradsync_finish(rp->sync, &err);
+        if (st == CH_STATUS_OK && !s->sync_bn) st = average_buffers(rp, sl, &err);
+        if (st != CH_STATUS_OK) return fail_collective(rp, st, &err);
+    }
+    ch_sgd_step(&rp->opt, m->params, m->grads, rp->nthreads);
+    return CH_STATUS_OK;
+}
+
+ch_status ch_replica_evaluate(ch_replica *rp, const ch_replica_spec *s, const ch_dataset *d,
+                              int nreplicas)
+{
+    rp->status = CH_STATUS_OK;
+    rp->loss_sum = 0;
+    rp->correct = 0;
+    ch_run r = ch_model_run(rp->model, s->k, false);
+    const size_t B = (size_t)s->max_slice;
+    uint32_t idx[256];
+    for (size_t at = (size_t)rp->index * B; at < d->n; at += (size_t)nreplicas * B) {
+        const int n = (int)(B < d->n - at ? B : d->n - at);
+        /* Gather in pieces of up to 256 indices: no allocation per chunk. */
+        for (int done = 0; done < n;) {
+            const int piece = n - done < 256 ? n - done : 256;
+            for (int i = 0; i < piece; i++) idx[i] = (uint32_t)(at + (size_t)(done + i));
+            ch_dataset_gather(d, idx, piece, rp->x + ch_shape3_size(s->input) * (size_t)done,
+                              rp->labels + done);
+            done += piece;
+        }
+        const ch_real *logits = ch_model_forward(rp->model, &r, n, rp->x);
+        double l;
+        int64_t c;
+        s->k->softmax_xent(&r.kc, n, rp->model->classes, logits, rp->labels, 1.0, NULL, &l, &c);
+        rp->loss_sum += l;
+        rp->correct += c;
+    }
+    return CH_STATUS_OK;
+}
+
+void ch_replica_free(ch_replica *rp)
+{
+    ch_gradsync_free(rp->sync);
+    ch_model_free(rp->model);
+    ch_sgd_free(&rp->opt);
+    free(rp->x);
+    free(rp->labels);
+    free(rp->dlogits);
+}

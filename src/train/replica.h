@@ -1,0 +1,76 @@
+/* One replica: a copy of the model on one device, with its optimizer state, batch buffers and
+ * communicator handles. Everything here runs on the replica's own (crew) thread. */
+#ifndef CH_TRAIN_REPLICA_H
+#define CH_TRAIN_REPLICA_H
+
+#include "cohort.h"
+#include "comm/comm.h"
+#include "data/dataset.h"
+#include "nn/model.h"
+#include "optim/sgd.h"
+#include "train/gradsync.h"
+
+/* A fault to inject for the failure tests (COHORT_INJECT_FAULT=KIND:REPLICA[:STEP]). */
+typedef enum ch_fault_kind { CH_FAULT_NONE, CH_FAULT_ALLOC, CH_FAULT_ERROR, CH_FAULT_NAN } ch_fault_kind;
+
+typedef struct ch_fault {
+    ch_fault_kind kind;
+    int replica;
+    uint64_t step;      /* 1-based step for error and nan */
+} ch_fault;
+
+/* What every replica is built from (shared, read-only). */
+typedef struct ch_replica_spec {
+    const char *model, *init;
+    uint64_t seed;
+    ch_shape3 input;
+    int classes;
+    int max_slice;          /* most samples one replica gets in a step */
+    double lr, momentum, weight_decay;
+    bool nesterov, nan_check, sync_bn;
+    size_t bucket_elems;
+    const ch_kernels *k;
+    ch_fault fault;
+} ch_replica_spec;
+
+typedef struct ch_replica {
+    int index;
+    ch_device device;
+    int nthreads;
+    ch_model *model;
+    ch_sgd opt;
+    ch_real *x;             /* (max_slice, c, h, w) */
+    int32_t *labels;
+    ch_real *dlogits;
+    ch_comm grads_comm;     /* member of the gradient group (used by the sync thread) */
+    ch_comm ctl_comm;       /* member of the control group (parameters, sync-BN, buffers) */
+    ch_gradsync *sync;      /* NULL with a single replica */
+    /* results of the last job */
+    ch_status status;
+    ch_err err;
+    bool root_cause;        /* the failure started here (not a collective aborted by another) */
+    double loss_sum;
+    int64_t correct;
+} ch_replica;
+
+/* One slice of a global batch. */
+typedef struct ch_slice {
+    const uint32_t *idx;    /* this replica's sample indices */
+    int n;                  /* this replica's samples (may be 0) */
+    uint64_t offset;        /* index of idx[0] within the global batch */
+    int global_n;           /* samples in the global batch */
+    uint64_t step;          /* 0-based global step */
+} ch_slice;
+
+/* Build the replica's model, optimizer and buffers on the calling thread, then take replica 0's
+ * parameters and buffers. */
+ch_status ch_replica_setup(ch_replica *rp, const ch_replica_spec *s);
+/* Forward, loss, backward, gradient sync, update. Sets loss_sum and correct. */
+ch_status ch_replica_step(ch_replica *rp, const ch_replica_spec *s, const ch_dataset *d,
+                          const ch_slice *sl);
+/* Forward only over chunks replica, replica + D, ... (chunks of max_slice) of d. */
+ch_status ch_replica_evaluate(ch_replica *rp, const ch_replica_spec *s, const ch_dataset *d,
+                              int nreplicas);
+void ch_replica_free(ch_replica *rp);
+
+#endif

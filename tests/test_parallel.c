@@ -1,0 +1,342 @@
+/* Data parallelism inside one process: D replicas must compute what one device computes.
+ * - one step on D = 1..4 devices, even and uneven splits (one with a replica of 0 samples), gives the
+ *   one-device gradient of the whole batch (lenet, mnist-cnn, resnet18 with sync-BN);
+ * - resnet18 with per-replica BatchNorm gives the sum of the slices' gradients, each slice computed
+ *   alone, and running statistics averaged by slice size;
+ * - after 20 steps on 2 devices the replicas' parameters, buffers and momentum are bit-identical;
+ * - a failing replica stops the others: an error, never a hang. */
+#include "test_util.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/rng.h"
+#include "data/dataset.h"
+#include "nn/model.h"
+#include "train/trainer.h"
+
+static ch_trainer *make(const char *model, const ch_dataset *d, const char *devices, int batch,
+                        double lr, bool sync_bn)
+{
+    ch_train_config cfg = ch_train_config_default();
+    cfg.model = model;
+    cfg.batch_size = batch;
+    cfg.lr = lr;
+    cfg.seed = 7;
+    cfg.threads = 2;
+    cfg.devices = devices;
+    cfg.sync_bn = sync_bn;
+    cfg.bucket_mb = 0.05;   /* several buckets even for lenet: the bucket path is exercised */
+    ch_trainer *t = NULL;
+    ch_err err;
+    if (ch_trainer_create(&cfg, d, NULL, &t, &err) != CH_STATUS_OK) fail_msg("%s", err.msg);
+    return t;
+}
+
+/* One step with lr 0: the parameters stay, the synced gradient stays in every replica. */
+static void step_once(ch_trainer *t, int n, double *loss)
+{
+    uint32_t idx[64];
+    for (int i = 0; i < n; i++) idx[i] = (uint32_t)(i * 3 % n);
+    int64_t correct;
+    ch_err err;
+    if (ch_trainer_step(t, idx, n, loss, &correct, &err) != CH_STATUS_OK) fail_msg("%s", err.msg);
+}
+
+/* Per tensor: ||a - b|| <= tol * max(||b||, 1e-2 * ||b of the whole model||). The floor keeps
+ * tensors whose exact gradient is zero (conv biases before BatchNorm) from comparing noise. */
+static double grad_error(const ch_model *m, const ch_real *a, const ch_real *b)
+{
+    double total = 0;
+    for (size_t i = 0; i < m->nparams; i++) total += (double)b[i] * b[i];
+    const double floor = 1e-2 * sqrt(total);
+    double worst = 0;
+    for (int t = 0; t < m->ntensors; t++) {
+        const ch_tensor_ref *r = &m->tensors[t];
+        if (r->kind != CH_TENSOR_PARAM) continue;
+        double d2 = 0, n2 = 0;
+        for (size_t i = r->spec->offset; i < r->spec->offset + r->spec->count; i++) {
+            d2 += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+            n2 += (double)b[i] * b[i];
+        }
+        const double e = sqrt(d2) / fmax(sqrt(n2), floor);
+        if (e > worst) worst = e;
+    }
+    return worst;
+}
+
+static void assert_replicas_identical(const ch_trainer *t)
+{
+    const ch_model *m0 = t->replicas[0].model;
+    for (int r = 1; r < t->nreplicas; r++) {
+        const ch_model *m = t->replicas[r].model;
+        assert_memory_equal(m->params, m0->params, sizeof(ch_real) * m0->nparams);
+        assert_memory_equal(m->grads, m0->grads, sizeof(ch_real) * m0->nparams);
+        if (m0->nbuffers) assert_memory_equal(m->buffers, m0->buffers, sizeof(ch_real) * m0->nbuffers);
+        if (m0->ncounters)
+            assert_memory_equal(m->counters, m0->counters, sizeof(int64_t) * (size_t)m0->ncounters);
+    }
+}
+
+static void check_equivalence(const char *model, int size, bool sync_bn)
+{
+    ch_dataset *d = tu_synthetic(64, size, 11);
+    double worst = 0;
+    static const int batches[] = { 12, 10, 3 };   /* even for D = 1..4; 4,3,3 and 3,3,2,2; 1,1,1,0 */
+    for (size_t b = 0; b < sizeof batches / sizeof *batches; b++) {
+        const int n = batches[b];
+        ch_trainer *one = make(model, d, "cpu:0", n, 0, false);
+        double l1;
+        step_once(one, n, &l1);
+        const ch_model *m1 = one->replicas[0].model;
+        for (int D = 2; D <= 4; D++) {
+            char devices[32];
+            snprintf(devices, sizeof devices, "cpu*%d", D);
+            ch_trainer *many = make(model, d, devices, n, 0, sync_bn);
+            double ld;
+            step_once(many, n, &ld);
+            assert_replicas_identical(many);
+            const double e = grad_error(m1, many->replicas[0].model->grads, m1->grads);
+            worst = fmax(worst, e);
+            if (e > 1e-5 || fabs(ld - l1) > 1e-5 * fabs(l1))
+                fail_msg("%s batch %d on %d devices: gradient error %.3g, loss %.9g vs %.9g", model,
+                         n, D, e, ld, l1);
+            if (sync_bn && m1->nbuffers) {
+                /* Running statistics come from the global batch's statistics, as on one device. */
+                const double eb = tu_max_norm_err(many->replicas[0].model->buffers, m1->buffers,
+                                                  m1->nbuffers);
+                if (eb > 1e-5) fail_msg("%s batch %d on %d devices: running stats error %.3g", model, n, D, eb);
+            }
+            ch_trainer_free(many);
+        }
+        ch_trainer_free(one);
+    }
+    print_message("%s%s: worst relative gradient error over D = 2..4, batches 12, 10, 3: %.2e\n",
+                  model, sync_bn ? " (sync-BN)" : "", worst);
+    ch_dataset_free(d);
+}
+
+static void lenet_gradients_match_one_device(void **state)
+{
+    (void)state;
+    check_equivalence("lenet", 28, false);
+}
+
+static void mnist_cnn_gradients_match_one_device(void **state)
+{
+    (void)state;
+    check_equivalence("mnist-cnn", 28, false);
+}
+
+static void resnet18_sync_bn_gradients_match_one_device(void **state)
+{
+    (void)state;
+    check_equivalence("resnet18", 12, true);
+}
+
+/* The reference for per-replica BatchNorm: one model, each slice run alone, its gradient scaled by
+ * 1/global batch, the slices' gradients summed; running statistics averaged by slice size. */
+static void per_slice_reference(const ch_dataset *d, const uint32_t *idx, int n, int D,
+                                ch_real *grads, ch_real *buffers, ch_model **keep)
+{
+    ch_err err;
+    ch_model *m;
+    if (ch_model_create("resnet18", (ch_shape3){ 1, d->h, d->w }, 10, &m, &err) != CH_STATUS_OK ||
+        ch_model_init_params(m, "default", 7, &err) != CH_STATUS_OK ||
+        ch_model_plan(m, ch_kernels_cpu(), n, 2, &err) != CH_STATUS_OK)
+        fail_msg("%s", err.msg);
+    ch_real *start = malloc(sizeof(ch_real) * m->nbuffers);
+    ch_real *x = malloc(sizeof(ch_real) * (size_t)n * d->h * d->w), *dl = malloc(sizeof(ch_real) * (size_t)n * 10);
+    int32_t *y = malloc(sizeof(int32_t) * (size_t)n);
+    assert_true(start && x && y && dl);
+    memcpy(start, m->buffers, sizeof(ch_real) * m->nbuffers);
+    memset(grads, 0, sizeof(ch_real) * m->nparams);
+    memset(buffers, 0, sizeof(ch_real) * m->nbuffers);
+    for (int r = 0; r < D; r++) {
+        int off, cnt;
+        ch_trainer_slice(n, D, r, &off, &cnt);
+        memcpy(m->buffers, start, sizeof(ch_real) * m->nbuffers);
+        ch_dataset_gather(d, idx + off, cnt, x, y);
+        ch_run run = ch_model_run(m, ch_kernels_cpu(), true);
+        run.global_n = n;
+        run.sample_offset = (uint64_t)off;
+        const ch_real *logits = ch_model_forward(m, &run, cnt, x);
+        double l;
+        int64_t c;
+        run.k->softmax_xent(&run.kc, cnt, 10, logits, y, 1.0 / n, dl, &l, &c);
+        ch_model_backward(m, &run, cnt, x, dl);
+        for (size_t i = 0; i < m->nparams; i++) grads[i] += m->grads[i];
+        for (size_t i = 0; i < m->nbuffers; i++) buffers[i] += m->buffers[i] * (ch_real)((double)cnt / n);
+    }
+    free(start);
+    free(x);
+    free(y);
+    free(dl);
+    *keep = m;
+}
+
+static void resnet18_per_replica_bn_matches_per_slice_reference(void **state)
+{
+    (void)state;
+    ch_dataset *d = tu_synthetic(32, 12, 5);
+    for (int D = 2; D <= 3; D++) {
+        const int n = 10;
+        char devices[32];
+        snprintf(devices, sizeof devices, "cpu*%d", D);
+        ch_trainer *t = make("resnet18", d, devices, n, 0, false);
+        double l;
+        step_once(t, n, &l);
+        assert_replicas_identical(t);
+        uint32_t idx[64];
+        for (int i = 0; i < n; i++) idx[i] = (uint32_t)(i * 3 % n);
+        const ch_model *mt = t->replicas[0].model;
+        ch_real *g = malloc(sizeof(ch_real) * mt->nparams), *b = malloc(sizeof(ch_real) * mt->nbuffers);
+        assert_true(g && b);
+        ch_model *ref;
+        per_slice_reference(d, idx, n, D, g, b, &ref);
+        const double e = grad_error(ref, mt->grads, g);
+        const double eb = tu_max_norm_err(mt->buffers, b, mt->nbuffers);
+        if (e > 1e-5 || eb > 1e-5)
+            fail_msg("per-replica BN on %d devices: gradient error %.3g, running stats error %.3g", D, e, eb);
+        /* And it is not the sync-BN answer: the slices' statistics differ from the batch's. */
+        ch_trainer *one = make("resnet18", d, "cpu:0", n, 0, false);
+        step_once(one, n, &l);
+        assert_true(grad_error(ref, mt->grads, one->replicas[0].model->grads) > 1e-3);
+        ch_trainer_free(one);
+        ch_model_free(ref);
+        free(g);
+        free(b);
+        ch_trainer_free(t);
+    }
+    ch_dataset_free(d);
+}
+
+/* 20 steps with momentum, weight decay and an uneven last batch: the replicas never drift apart. */
+static void replicas_stay_bit_identical(void **state)
+{
+    (void)state;
+    static const struct { const char *model; int size; } cases[] = { { "lenet", 28 }, { "resnet18", 12 } };
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        ch_dataset *d = tu_synthetic(150, cases[c].size, 3);
+        ch_train_config cfg = ch_train_config_default();
+        cfg.model = cases[c].model;
+        cfg.batch_size = 15;    /* 150 / 15 = 10 steps an epoch, 8 + 7 samples per replica */
+        cfg.lr = 0.05;
+        cfg.momentum = 0.9;
+        cfg.weight_decay = 5e-4;
+        cfg.threads = 2;
+        cfg.devices = "cpu:0,cpu:1";
+        cfg.bucket_mb = 0.1;
+        ch_trainer *t;
+        ch_err err;
+        if (ch_trainer_create(&cfg, d, d, &t, &err) != CH_STATUS_OK) fail_msg("%s", err.msg);
+        ch_epoch_stats s;
+        for (int e = 0; e < 2; e++)
+            if (ch_trainer_run_epoch(t, &s, &err) != CH_STATUS_OK) fail_msg("%s", err.msg);
+        assert_int_equal(t->step, 20);
+        assert_replicas_identical(t);
+        const ch_replica *a = &t->replicas[0], *b = &t->replicas[1];
+        assert_memory_equal(a->opt.buf, b->opt.buf, sizeof(ch_real) * a->opt.n);
+        /* Learning happened (the parameters moved away from their start and the data is easy). */
+        assert_true(s.test_acc > 0.3);
+        ch_trainer_free(t);
+        ch_dataset_free(d);
+    }
+}
+
+static void device_lists_parse_and_reject(void **state)
+{
+    (void)state;
+    ch_device_list l;
+    ch_err err;
+    char text[128];
+    assert_int_equal(ch_device_list_parse("cpu:0,cpu:1", &l, &err), CH_STATUS_OK);
+    assert_int_equal(l.count, 2);
+    assert_int_equal(ch_device_list_parse("cpu:0-3", &l, &err), CH_STATUS_OK);
+    assert_int_equal(l.count, 4);
+    assert_int_equal(l.dev[3].index, 3);
+    assert_int_equal(ch_device_list_parse("cpu*3", &l, &err), CH_STATUS_OK);
+    ch_device_list_format(&l, text, sizeof text);
+    assert_string_equal(text, "cpu:0, cpu:1, cpu:2");
+    assert_int_equal(ch_device_list_parse("cpu:0, cpu:2-3", &l, &err), CH_STATUS_OK);
+    assert_int_equal(l.count, 3);
+    static const char *bad[] = { "", "cpu", "cpu:", "cpu:x", "cpu:0,cpu:0", "cpu:3-1", "cpu*0",
+                                 "gpu:0", "cpu:0;cpu:1", "cpu:99", "cpu:0,", "cuda:0" };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        err.msg[0] = '\0';
+        if (ch_device_list_parse(bad[i], &l, &err) != CH_STATUS_BAD_INPUT)
+            fail_msg("'%s' was accepted", bad[i]);
+        assert_true(strlen(err.msg) > 0);
+    }
+}
+
+static void uneven_split_follows_the_rule(void **state)
+{
+    (void)state;
+    int off, cnt;
+    const int want[3][2] = { { 0, 4 }, { 4, 3 }, { 7, 3 } };
+    for (int r = 0; r < 3; r++) {
+        ch_trainer_slice(10, 3, r, &off, &cnt);
+        assert_int_equal(off, want[r][0]);
+        assert_int_equal(cnt, want[r][1]);
+    }
+    ch_trainer_slice(3, 4, 3, &off, &cnt);
+    assert_int_equal(cnt, 0);
+}
+
+static void failing_replica_stops_everyone(void **state)
+{
+    (void)state;
+    ch_dataset *d = tu_synthetic(64, 28, 9);
+    static const struct { const char *fault; ch_status want; const char *says; } cases[] = {
+        { "error:2:3", CH_STATUS_SYSTEM, "injected fault on cpu:2" },
+        { "nan:1:2", CH_STATUS_NUMERIC, "the loss is nan on cpu:1" },
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        setenv("COHORT_INJECT_FAULT", cases[c].fault, 1);
+        ch_train_config cfg = ch_train_config_default();
+        cfg.model = "lenet";
+        cfg.batch_size = 16;
+        cfg.devices = "cpu*3";
+        cfg.nan_check = true;
+        cfg.bucket_mb = 0.05;
+        ch_trainer *t;
+        ch_err err;
+        if (ch_trainer_create(&cfg, d, NULL, &t, &err) != CH_STATUS_OK) fail_msg("%s", err.msg);
+        ch_epoch_stats s;
+        assert_int_equal(ch_trainer_run_epoch(t, &s, &err), cases[c].want);
+        if (!strstr(err.msg, cases[c].says)) fail_msg("message '%s' lacks '%s'", err.msg, cases[c].says);
+        /* The trainer refuses to go on from a state where the replicas may disagree. */
+        assert_int_not_equal(ch_trainer_run_epoch(t, &s, &err), CH_STATUS_OK);
+        assert_non_null(strstr(err.msg, "stopped after a failure"));
+        ch_trainer_free(t);
+    }
+    setenv("COHORT_INJECT_FAULT", "alloc:1", 1);
+    ch_train_config cfg = ch_train_config_default();
+    cfg.model = "lenet";
+    cfg.devices = "cpu*2";
+    ch_trainer *t = NULL;
+    ch_err err;
+    assert_int_equal(ch_trainer_create(&cfg, d, NULL, &t, &err), CH_STATUS_SYSTEM);
+    assert_null(t);
+    assert_non_null(strstr(err.msg, "cpu:1"));
+    unsetenv("COHORT_INJECT_FAULT");
+    ch_dataset_free(d);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(device_lists_parse_and_reject),
+        cmocka_unit_test(uneven_split_follows_the_rule),
+        cmocka_unit_test(lenet_gradients_match_one_device),
+        cmocka_unit_test(mnist_cnn_gradients_match_one_device),
+        cmocka_unit_test(resnet18_sync_bn_gradients_match_one_device),
+        cmocka_unit_test(resnet18_per_replica_bn_matches_per_slice_reference),
+        cmocka_unit_test(replicas_stay_bit_identical),
+        cmocka_unit_test(failing_replica_stops_everyone),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
