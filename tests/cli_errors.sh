@@ -32,6 +32,16 @@ expect 2 "are required" -- "$cohort" train --model lenet
 expect 2 "unknown model 'vgg'" -- "$cohort" train --model vgg --data "$tmp/ok"
 expect 2 "--init 'uniform'" -- "$cohort" train --model lenet --data "$tmp/ok" --init uniform
 expect 2 "no such readable file" -- "$cohort" train --model lenet --data "$tmp/nowhere"
+expect 2 "cpu:0 is listed twice" -- "$cohort" train --model lenet --data "$tmp/ok" --devices cpu:0,cpu:0
+expect 2 "no CUDA backend" -- "$cohort" train --model lenet --data "$tmp/ok" --devices cuda:0
+expect 2 "expected entries like cpu:0" -- "$cohort" train --model lenet --data "$tmp/ok" --devices 2
+expect 2 "--bucket-mb '0'" -- "$cohort" train --model lenet --data "$tmp/ok" --bucket-mb 0
+
+# A replica that fails stops the whole run with one line naming it: never a hang (timeout: 124).
+P=("${T[@]}" --data "$tmp/ok" --devices cpu*3 --batch-size 30 --no-progress)
+expect 1 "step 2: injected fault on cpu:1" -- env COHORT_INJECT_FAULT=error:1:2 timeout 60 "$cohort" "${P[@]}"
+expect 1 "step 3: the loss is nan on cpu:2" -- env COHORT_INJECT_FAULT=nan:2:3 timeout 60 "$cohort" "${P[@]}" --nan-check
+expect 1 "cpu:1: allocation of replica batch buffers failed" -- env COHORT_INJECT_FAULT=alloc:1 timeout 60 "$cohort" "${P[@]}"
 
 # Malformed data sets.
 mk() { rm -rf "$tmp/bad"; mkdir -p "$tmp/bad"; cp "$tmp/ok"/*.gz "$tmp/bad/"; }

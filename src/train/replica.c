@@ -31,13 +31,10 @@ static ch_status fail_collective(ch_replica *rp, ch_status st, const ch_err *why
 static ch_status alloc_buffers(ch_replica *rp, const ch_replica_spec *s, ch_err *err)
 {
     const size_t per = ch_shape3_size(s->input), b = (size_t)s->max_slice;
-    if (s->fault.kind == CH_FAULT_ALLOC && s->fault.replica == rp->index) {
-        /* A request no machine can satisfy: the real allocation failure path. */
-        void *p = malloc(SIZE_MAX / 2);
-        CH_CHECK_ALLOC(err, p);
-        free(p);
-    }
-    rp->x = malloc(sizeof(ch_real) * per * b);
+    size_t x_bytes = sizeof(ch_real) * per * b;
+    /* The injected fault is a request no machine can satisfy: the real failure path. */
+    if (s->fault.kind == CH_FAULT_ALLOC && s->fault.replica == rp->index) x_bytes = SIZE_MAX / 2;
+    rp->x = malloc(x_bytes);
     rp->labels = malloc(sizeof(int32_t) * b);
     rp->dlogits = malloc(sizeof(ch_real) * (size_t)s->classes * b);
     if (!rp->x || !rp->labels || !rp->dlogits)
