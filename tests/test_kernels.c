@@ -2,6 +2,8 @@
  * geometries the zoo uses and a few it does not (padding, stride 2, 1x1, odd sizes). */
 #include "test_util.h"
 
+#include <math.h>
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -124,12 +126,42 @@ static void maxpool_matches_reference(void **state)
     }
 }
 
+/* Average pooling's 2x2 path against the direct loops, bit for bit, odd sizes included (the last
+ * row and column lie outside every window). */
+static void avgpool_matches_reference(void **state)
+{
+    (void)state;
+    const ch_kernels *cpu = ch_kernels_cpu(), *ref = ch_kernels_ref();
+    const ch_pool_desc cases[] = {
+        { .c = 3, .h = 8, .w = 10, .k = 2, .stride = 2, .pad = 0, .oh = 4, .ow = 5 },
+        { .c = 2, .h = 7, .w = 9, .k = 2, .stride = 2, .pad = 0, .oh = 3, .ow = 4 },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const ch_pool_desc *d = &cases[i];
+        const int n = 3;
+        const size_t xs = (size_t)n * d->c * d->h * d->w, ys = (size_t)n * d->c * d->oh * d->ow;
+        ch_real *x = rnd(xs, 4), *dy = rnd(ys, 5);
+        ch_real *y1 = malloc(sizeof(ch_real) * ys), *y2 = malloc(sizeof(ch_real) * ys);
+        ch_real *dx1 = malloc(sizeof(ch_real) * xs), *dx2 = malloc(sizeof(ch_real) * xs);
+        for (size_t j = 0; j < xs; j++) dx1[j] = dx2[j] = (ch_real)NAN;   /* every element written */
+        ch_kctx kc = { .nthreads = 2 };
+        cpu->avgpool2d_forward(&kc, d, n, x, y1);
+        ref->avgpool2d_forward(&kc, d, n, x, y2);
+        assert_memory_equal(y1, y2, sizeof(ch_real) * ys);
+        cpu->avgpool2d_backward(&kc, d, n, dy, dx1);
+        ref->avgpool2d_backward(&kc, d, n, dy, dx2);
+        assert_memory_equal(dx1, dx2, sizeof(ch_real) * xs);
+        free(x), free(dy), free(y1), free(y2), free(dx1), free(dx2);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(gemm_matches_reference_for_every_transpose),
         cmocka_unit_test(conv_matches_reference),
         cmocka_unit_test(maxpool_matches_reference),
+        cmocka_unit_test(avgpool_matches_reference),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -34,6 +34,11 @@ void ch_cpu_avgpool2d_forward(const ch_kctx *kc, const ch_pool_desc *d, int n, c
                               ch_real *y);
 void ch_cpu_avgpool2d_backward(const ch_kctx *kc, const ch_pool_desc *d, int n,
                                const ch_real *dy, ch_real *dx);
+/* The direct formulations (the reference table uses them; the above have a 2x2 fast path). */
+void ch_cpu_avgpool2d_forward_direct(const ch_kctx *kc, const ch_pool_desc *d, int n,
+                                     const ch_real *x, ch_real *y);
+void ch_cpu_avgpool2d_backward_direct(const ch_kctx *kc, const ch_pool_desc *d, int n,
+                                      const ch_real *dy, ch_real *dx);
 
 void ch_cpu_batchnorm_stats(const ch_kctx *kc, int n, int c, int hw, const ch_real *x,
                             double *mean, double *var);

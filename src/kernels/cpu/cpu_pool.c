@@ -96,8 +96,40 @@ void ch_cpu_maxpool2d_backward(const ch_kctx *kc, const ch_pool_desc *d, int n,
 }
 
 /* Average pooling counts padded positions in the divisor (PyTorch's count_include_pad=True). */
-void ch_cpu_avgpool2d_forward(const ch_kctx *kc, const ch_pool_desc *d, int n, const ch_real *x,
-                              ch_real *y)
+/* 2x2 stride-2 unpadded (lenet's pools), branch-free so it vectorises; the same additions in the
+ * same order as the general loops, so the same bits. */
+static void avgpool_plane_2x2(const ch_pool_desc *d, const ch_real *x, ch_real *y)
+{
+    const int w = d->w, ow = d->ow, oh = d->oh;
+    for (int i = 0; i < oh; i++) {
+        const ch_real *restrict r0 = x + (size_t)(2 * i) * w, *restrict r1 = r0 + w;
+        ch_real *restrict yr = y + (size_t)i * ow;
+        for (int j = 0; j < ow; j++)
+            yr[j] = (((ch_real)0 + r0[2 * j] + r0[2 * j + 1]) + r1[2 * j] + r1[2 * j + 1]) * (ch_real)0.25;
+    }
+}
+
+/* Its backward: the windows do not overlap, so every input gets its window's gradient once (and
+ * a last odd row or column, outside every window, gets zero). */
+static void avgpool_backward_plane_2x2(const ch_pool_desc *d, const ch_real *dy, ch_real *dx)
+{
+    const int w = d->w, h = d->h, ow = d->ow, oh = d->oh;
+    for (int i = 0; i < oh; i++) {
+        ch_real *restrict r0 = dx + (size_t)(2 * i) * w, *restrict r1 = r0 + w;
+        const ch_real *restrict g = dy + (size_t)i * ow;
+        for (int j = 0; j < ow; j++) {
+            const ch_real v = g[j] * (ch_real)0.25;
+            r0[2 * j] = r0[2 * j + 1] = r1[2 * j] = r1[2 * j + 1] = v;
+        }
+        if (w > 2 * ow) r0[w - 1] = r1[w - 1] = 0;
+    }
+    if (h > 2 * oh) memset(dx + (size_t)(h - 1) * w, 0, sizeof(ch_real) * (size_t)w);
+}
+
+static bool avgpool_fast(const ch_pool_desc *d) { return d->k == 2 && d->stride == 2 && d->pad == 0; }
+
+static void avgpool_forward(const ch_kctx *kc, const ch_pool_desc *d, int n, const ch_real *x,
+                            ch_real *y, bool fast)
 {
     const long planes = (long)n * d->c;
     const size_t xs = (size_t)d->h * d->w, ys = (size_t)d->oh * d->ow;
@@ -106,6 +138,10 @@ void ch_cpu_avgpool2d_forward(const ch_kctx *kc, const ch_pool_desc *d, int n, c
     for (long pl = 0; pl < planes; pl++) {
         const ch_real *xp = x + pl * xs;
         ch_real *yp = y + pl * ys;
+        if (fast) {
+            avgpool_plane_2x2(d, xp, yp);
+            continue;
+        }
         for (int i = 0; i < d->oh; i++) {
             for (int j = 0; j < d->ow; j++) {
                 ch_real s = 0;
@@ -123,8 +159,8 @@ void ch_cpu_avgpool2d_forward(const ch_kctx *kc, const ch_pool_desc *d, int n, c
     }
 }
 
-void ch_cpu_avgpool2d_backward(const ch_kctx *kc, const ch_pool_desc *d, int n,
-                               const ch_real *dy, ch_real *dx)
+static void avgpool_backward(const ch_kctx *kc, const ch_pool_desc *d, int n, const ch_real *dy,
+                             ch_real *dx, bool fast)
 {
     const long planes = (long)n * d->c;
     const size_t xs = (size_t)d->h * d->w, ys = (size_t)d->oh * d->ow;
@@ -133,6 +169,10 @@ void ch_cpu_avgpool2d_backward(const ch_kctx *kc, const ch_pool_desc *d, int n,
     for (long pl = 0; pl < planes; pl++) {
         ch_real *dxp = dx + pl * xs;
         const ch_real *dyp = dy + pl * ys;
+        if (fast) {
+            avgpool_backward_plane_2x2(d, dyp, dxp);
+            continue;
+        }
         memset(dxp, 0, sizeof(ch_real) * xs);
         for (int i = 0; i < d->oh; i++) {
             for (int j = 0; j < d->ow; j++) {
@@ -148,4 +188,28 @@ void ch_cpu_avgpool2d_backward(const ch_kctx *kc, const ch_pool_desc *d, int n,
             }
         }
     }
+}
+
+void ch_cpu_avgpool2d_forward(const ch_kctx *kc, const ch_pool_desc *d, int n, const ch_real *x,
+                              ch_real *y)
+{
+    avgpool_forward(kc, d, n, x, y, avgpool_fast(d));
+}
+
+void ch_cpu_avgpool2d_forward_direct(const ch_kctx *kc, const ch_pool_desc *d, int n,
+                                     const ch_real *x, ch_real *y)
+{
+    avgpool_forward(kc, d, n, x, y, false);
+}
+
+void ch_cpu_avgpool2d_backward(const ch_kctx *kc, const ch_pool_desc *d, int n,
+                               const ch_real *dy, ch_real *dx)
+{
+    avgpool_backward(kc, d, n, dy, dx, avgpool_fast(d));
+}
+
+void ch_cpu_avgpool2d_backward_direct(const ch_kctx *kc, const ch_pool_desc *d, int n,
+                                      const ch_real *dy, ch_real *dx)
+{
+    avgpool_backward(kc, d, n, dy, dx, false);
 }
