@@ -1,6 +1,7 @@
 /* cohort: data-parallel training of convolutional networks, in C.
  *
- * The public API. A program builds a model from the zoo, loads data sets, and runs a trainer:
+ * The public API. A program loads data sets, names a model of the zoo and the devices to train it on,
+ * and runs a trainer (one replica of the model per device, each global batch split across them):
  *
  *     ch_err err;
  *     ch_dataset *train, *test;
@@ -8,6 +9,7 @@
  *     ch_dataset_load_idx("data/fashion-mnist", CH_SPLIT_TEST, &test, &err);
  *     ch_train_config cfg = ch_train_config_default();
  *     cfg.model = "lenet";
+ *     cfg.devices = "cpu:0,cpu:1";
  *     ch_trainer *t;
  *     ch_trainer_create(&cfg, train, test, &t, &err);
  *     for (int e = 0; e < cfg.epochs; e++) { ch_epoch_stats s; ch_trainer_run_epoch(t, &s, &err); }
