@@ -39,7 +39,7 @@ expect 2 "expected entries like cpu:0" -- "$cohort" train --model lenet --data "
 expect 2 "--bucket-mb '0'" -- "$cohort" train --model lenet --data "$tmp/ok" --bucket-mb 0
 
 # A replica that fails stops the whole run with one line naming it: never a hang (timeout: 124).
-P=("${T[@]}" --data "$tmp/ok" --devices cpu*3 --batch-size 30 --no-progress)
+P=("${T[@]}" --data "$tmp/ok" --devices 'cpu*3' --batch-size 30 --no-progress)
 expect 1 "step 2: injected fault on cpu:1" -- env COHORT_INJECT_FAULT=error:1:2 timeout 60 "$cohort" "${P[@]}"
 expect 1 "step 3: the loss is nan on cpu:2" -- env COHORT_INJECT_FAULT=nan:2:3 timeout 60 "$cohort" "${P[@]}" --nan-check
 expect 1 "cpu:1: allocation of replica batch buffers failed" -- env COHORT_INJECT_FAULT=alloc:1 timeout 60 "$cohort" "${P[@]}"
