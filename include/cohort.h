@@ -139,6 +139,7 @@ ch_status ch_trainer_evaluate(ch_trainer *t, const ch_dataset *d, double *loss, 
                               ch_err *err);
 /* The devices in use, e.g. "cpu:0, cpu:1". */
 const char *ch_trainer_devices(const ch_trainer *t);
+const ch_device_list *ch_trainer_device_list(const ch_trainer *t);
 size_t ch_trainer_param_count(const ch_trainer *t);
 /* Copy the flat float32 parameters (ch_trainer_param_count values) into out; every replica holds
  * the same bits. */

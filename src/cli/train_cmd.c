@@ -153,22 +153,15 @@ static void print_epoch(const ch_epoch_stats *s, const char *devices)
     fflush(stdout);
 }
 
-static bool write_metrics(FILE *f, const ch_epoch_stats *s, const char *devices)
+static bool write_metrics(FILE *f, const ch_epoch_stats *s, const ch_device_list *devices)
 {
     fprintf(f,
             "{\"epoch\": %d, \"loss\": %.6f, \"train_acc\": %.6f, \"test_acc\": %.6f, "
-            "\"time_s\": %.4f, \"images_per_s\": %.2f, \"devices\": [\"",
+            "\"time_s\": %.4f, \"images_per_s\": %.2f, \"devices\": [",
             s->epoch, s->loss, s->train_acc, s->test_acc, s->time_s, s->images_per_s);
-    /* "cpu:0, cpu:1" -> "cpu:0", "cpu:1" (device names hold no quotes or backslashes). */
-    for (const char *p = devices; *p; p++) {
-        if (p[0] == ',' && p[1] == ' ') {
-            fputs("\", \"", f);
-            p++;
-        } else {
-            fputc(*p, f);
-        }
-    }
-    fputs("\"]}\n", f);
+    for (int i = 0; i < devices->count; i++)
+        fprintf(f, "%s\"cpu:%d\"", i ? ", " : "", devices->dev[i].index);
+    fputs("]}\n", f);
     return fflush(f) == 0 && !ferror(f);
 }
 
@@ -186,7 +179,7 @@ static int run_training(const train_opts *o, ch_trainer *t, FILE *metrics)
         ch_progress_clear(&bar);
         if (st != CH_STATUS_OK) return ch_exit_for("train", st, &err);
         print_epoch(&s, ch_trainer_devices(t));
-        if (metrics && !write_metrics(metrics, &s, ch_trainer_devices(t))) {
+        if (metrics && !write_metrics(metrics, &s, ch_trainer_device_list(t))) {
             fprintf(stderr, "cohort train: %s: write failed\n", o->metrics);
             return CH_EXIT_FAIL;
         }

@@ -16,7 +16,6 @@ typedef struct bn_impl {
     ch_real *mean, *invstd, *scale, *shift;   /* (c) each, saved for backward */
     double *batch_mean, *batch_var;           /* (c) each, forward statistics */
     double *sum_dy, *sum_dy_xhat;             /* (c) each, backward reductions */
-    double *sync;                             /* (2c) sync-BN exchange buffer */
 } bn_impl;
 
 static ch_status bn_plan(ch_layer *l, ch_plan *pl, ch_err *err)
@@ -24,7 +23,7 @@ static ch_status bn_plan(ch_layer *l, ch_plan *pl, ch_err *err)
     bn_impl *b = l->impl;
     const size_t c = (size_t)l->in.c;
     b->mean = malloc(sizeof(ch_real) * c * 4);
-    b->batch_mean = malloc(sizeof(double) * c * 6);
+    b->batch_mean = malloc(sizeof(double) * c * 4);
     if (!b->mean || !b->batch_mean) return CH_SYS_FAIL(err, "malloc of batchnorm statistics");
     b->invstd = b->mean + c;
     b->scale = b->invstd + c;
@@ -32,7 +31,6 @@ static ch_status bn_plan(ch_layer *l, ch_plan *pl, ch_err *err)
     b->batch_var = b->batch_mean + c;
     b->sum_dy = b->batch_var + c;
     b->sum_dy_xhat = b->sum_dy + c;
-    b->sync = b->sum_dy_xhat + c;
     return ch_layer_alloc_output(l, pl->max_batch, err);
 }
 
@@ -57,17 +55,18 @@ static void bn_allreduce(const ch_run *r, double *buf, int c)
 }
 
 /* sync-BN: this slice's (count, mean, variance) become the global batch's, from the group's sums of
- * count * mean and count * E[x^2] (in double; the slices' variances are two-pass). */
+ * count * mean and count * E[x^2] (in double; the slices' variances are two-pass), exchanged in place
+ * in batch_mean and batch_var (adjacent, 2c). */
 static void bn_sync_stats(const ch_run *r, bn_impl *b, int c, double cnt, double total)
 {
     for (int i = 0; i < c; i++) {
         const double m = b->batch_mean[i];
-        b->sync[i] = cnt * m;
-        b->sync[c + i] = cnt * (b->batch_var[i] + m * m);
+        b->batch_var[i] = cnt * (b->batch_var[i] + m * m);
+        b->batch_mean[i] = cnt * m;
     }
-    bn_allreduce(r, b->sync, c);
+    bn_allreduce(r, b->batch_mean, c);
     for (int i = 0; i < c; i++) {
-        const double m = b->sync[i] / total, ex2 = b->sync[c + i] / total;
+        const double m = b->batch_mean[i] / total, ex2 = b->batch_var[i] / total;
         b->batch_mean[i] = m;
         b->batch_var[i] = ex2 - m * m > 0 ? ex2 - m * m : 0;
     }
@@ -125,10 +124,8 @@ static void bn_backward(ch_layer *l, const ch_run *r, int n, const ch_real *x, c
     ch_run_grads_ready(r, l);
     double count = (double)n * hw;
     if (r->sync_bn) {
-        /* dx depends on the whole batch's sums (sum_dy and sum_dy_xhat are adjacent in memory). */
-        memcpy(b->sync, b->sum_dy, sizeof(double) * (size_t)c * 2);
-        bn_allreduce(r, b->sync, c);
-        memcpy(b->sum_dy, b->sync, sizeof(double) * (size_t)c * 2);
+        /* dx depends on the whole batch's sums; sum_dy and sum_dy_xhat are adjacent (2c). */
+        bn_allreduce(r, b->sum_dy, c);
         count = (double)r->global_n * hw;
     }
     if (dx)

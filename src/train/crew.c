@@ -12,7 +12,7 @@
 typedef struct member {
     struct ch_crew *crew;
     int index;
-    int cpus[64], ncpus;
+    int *cpus, ncpus;       /* owned copy */
     pthread_t thread;
     bool started;
 } member;
@@ -73,8 +73,15 @@ ch_status ch_crew_create(int size, const int *const *cpus, const int *ncpus, ch_
         member *m = &c->members[i];
         m->crew = c;
         m->index = i;
-        m->ncpus = ncpus[i] < 64 ? ncpus[i] : 64;
-        if (m->ncpus > 0) memcpy(m->cpus, cpus[i], sizeof(int) * (size_t)m->ncpus);
+        m->ncpus = ncpus[i];
+        if (m->ncpus > 0) {
+            m->cpus = malloc(sizeof(int) * (size_t)m->ncpus);
+            if (!m->cpus) {
+                ch_crew_free(c);
+                return CH_SYS_FAIL(err, "allocation of a replica's CPU list");
+            }
+            memcpy(m->cpus, cpus[i], sizeof(int) * (size_t)m->ncpus);
+        }
         if (pthread_create(&m->thread, NULL, member_main, m) != 0) {
             ch_crew_free(c);
             return CH_SYS_FAIL(err, "pthread_create of a replica thread");
@@ -104,8 +111,10 @@ void ch_crew_free(ch_crew *c)
     c->quit = true;
     pthread_cond_broadcast(&c->go);
     pthread_mutex_unlock(&c->mu);
-    for (int i = 0; i < c->size; i++)
+    for (int i = 0; i < c->size; i++) {
         if (c->members[i].started) pthread_join(c->members[i].thread, NULL);
+        free(c->members[i].cpus);
+    }
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->go);
     pthread_cond_destroy(&c->done);

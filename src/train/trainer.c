@@ -289,6 +289,7 @@ ch_status ch_trainer_evaluate(ch_trainer *t, const ch_dataset *d, double *loss, 
 }
 
 const char *ch_trainer_devices(const ch_trainer *t) { return t->devices_text; }
+const ch_device_list *ch_trainer_device_list(const ch_trainer *t) { return &t->devices; }
 size_t ch_trainer_param_count(const ch_trainer *t) { return t->replicas[0].model->nparams; }
 
 void ch_trainer_get_params(const ch_trainer *t, float *out)
