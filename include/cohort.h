@@ -92,6 +92,25 @@ ch_status ch_device_list_parse(const char *spec, ch_device_list *out, ch_err *er
 /* "cpu:0, cpu:1" (what the epoch line shows between brackets). */
 void ch_device_list_format(const ch_device_list *l, char *buf, size_t len);
 
+/* ---- processes (MPI ranks) ----------------------------------------------------------------
+ * One program, started alone or by mpirun: `mpirun -np N prog` makes N processes, ranks 0..N-1, that
+ * train one model together (each on its own devices, the global batch split over all of them).
+ * Call ch_world_init first thing in main; trainers created afterwards span all ranks (unless
+ * ch_train_config.local_only). Started without a launcher, the process is rank 0 of 1 and MPI is not
+ * used. After a trainer call fails in a job of several ranks, the ranks no longer agree on what
+ * comes next: report the error and call ch_world_abort. */
+ch_status ch_world_init(int *argc, char ***argv, ch_err *err);
+int ch_world_rank(void);
+int ch_world_size(void);
+/* The ranks on this host (sharing its memory), and this one's place among them. */
+int ch_world_local_rank(void);
+int ch_world_local_size(void);
+const char *ch_world_host(void);
+/* End every rank of the job now with exit code `code` (MPI_Abort; exit without MPI). */
+_Noreturn void ch_world_abort(int code);
+/* Leave MPI (call once at the end of a successful run, after freeing every trainer). */
+void ch_world_finalize(void);
+
 /* ---- training ----------------------------------------------------------------------------- */
 
 typedef struct ch_train_config {
@@ -107,6 +126,9 @@ typedef struct ch_train_config {
     const char *devices;      /* device list (ch_device_list_parse); NULL: "cpu:0" */
     bool sync_bn;             /* BatchNorm statistics over the global batch, not per device */
     double bucket_mb;         /* gradient sync bucket size in MiB; 0: 25 */
+    double timeout_s;         /* the longest any exchange between ranks may take before the job
+                               * is ended with a message naming it (default 300) */
+    bool local_only;          /* ignore other MPI ranks: this process trains alone */
 } ch_train_config;
 
 ch_train_config ch_train_config_default(void);
@@ -141,6 +163,9 @@ ch_status ch_trainer_evaluate(ch_trainer *t, const ch_dataset *d, double *loss, 
 const char *ch_trainer_devices(const ch_trainer *t);
 const ch_device_list *ch_trainer_device_list(const ch_trainer *t);
 size_t ch_trainer_param_count(const ch_trainer *t);
+/* This process's share of one epoch: the training samples its replicas train on and the test
+ * samples they evaluate. The shares of all ranks add up to the data sets, without overlap. */
+void ch_trainer_share(const ch_trainer *t, size_t *train, size_t *test);
 /* Copy the flat float32 parameters (ch_trainer_param_count values) into out; every replica holds
  * the same bits. */
 void ch_trainer_get_params(const ch_trainer *t, float *out);

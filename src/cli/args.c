@@ -5,6 +5,7 @@
 #include <stdlib.h>
 
 #include "cli/cli.h"
+#include "comm/world.h"
 
 bool ch_arg_int(const char *cmd, const char *flag, const char *s, long lo, long hi, long *out)
 {
@@ -38,6 +39,16 @@ bool ch_arg_double(const char *cmd, const char *flag, const char *s, double lo, 
 int ch_exit_for(const char *cmd, ch_status st, const ch_err *err)
 {
     if (st == CH_STATUS_OK) return CH_EXIT_OK;
-    fprintf(stderr, "cohort %s: %s\n", cmd, err->msg);
-    return st == CH_STATUS_BAD_INPUT ? CH_EXIT_USAGE : CH_EXIT_FAIL;
+    const int code = st == CH_STATUS_BAD_INPUT ? CH_EXIT_USAGE : CH_EXIT_FAIL;
+    if (ch_world_size() == 1) {
+        fprintf(stderr, "cohort %s: %s\n", cmd, err->msg);
+        return code;
+    }
+    /* One rank failing leaves the others waiting for it: name the rank and end the whole job. */
+    char line[900];
+    snprintf(line, sizeof line, "cohort %s: rank %d of %d (%s): %s", cmd, ch_world_rank(),
+             ch_world_size(), ch_world_host(), err->msg);
+    fprintf(stderr, "%s\n", line);
+    ch_world_log(line);
+    ch_world_abort(code);
 }

@@ -20,7 +20,8 @@ int ch_cmd_bench_allreduce(int argc, char **argv);
 bool ch_arg_int(const char *cmd, const char *flag, const char *s, long lo, long hi, long *out);
 bool ch_arg_double(const char *cmd, const char *flag, const char *s, double lo, double hi,
                    double *out);
-/* Map a library status to an exit code after printing "cohort CMD: MESSAGE". */
+/* Map a library status to an exit code after printing "cohort CMD: MESSAGE". In a job of several
+ * ranks it names the rank and host, and ends the whole job (ch_world_abort) instead of returning. */
 int ch_exit_for(const char *cmd, ch_status st, const ch_err *err);
 
 /* The progress bar on stderr (only when it is a terminal). */

@@ -31,9 +31,19 @@ int main(int argc, char **argv)
         printf("cohort %s\n", ch_version());
         return CH_EXIT_OK;
     }
-    if (strcmp(cmd, "train") == 0) return ch_cmd_train(argc - 1, argv + 1);
-    if (strcmp(cmd, "info") == 0) return ch_cmd_info(argc - 1, argv + 1);
-    if (strcmp(cmd, "bench") == 0) return ch_cmd_bench(argc - 1, argv + 1);
+    int (*run)(int, char **) = NULL;
+    if (strcmp(cmd, "train") == 0) run = ch_cmd_train;
+    if (strcmp(cmd, "info") == 0) run = ch_cmd_info;
+    if (strcmp(cmd, "bench") == 0) run = ch_cmd_bench;
+    if (run) {
+        /* Under mpirun this process becomes one rank of the job; alone, rank 0 of 1. */
+        ch_err err;
+        ch_status st = ch_world_init(&argc, &argv, &err);
+        if (st != CH_STATUS_OK) return ch_exit_for(cmd, st, &err);
+        const int rc = run(argc - 1, argv + 1);
+        ch_world_finalize();
+        return rc;
+    }
     fprintf(stderr, "cohort: unknown command '%s' (see cohort --help)\n", cmd);
     return CH_EXIT_USAGE;
 }

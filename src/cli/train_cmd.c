@@ -4,8 +4,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "cli/cli.h"
+#include "comm/world.h"
 #include "core/status.h"
 
 static const char train_usage[] =
@@ -30,16 +33,22 @@ static const char train_usage[] =
     "  --sync-bn             BatchNorm batch statistics over the whole global batch\n"
     "                        (default: each device's own slice, as PyTorch DDP)\n"
     "  --bucket-mb M         gradient sync bucket size in MiB (default 25)\n"
+    "  --timeout SECONDS     end the job when an exchange between ranks takes longer\n"
+    "                        (a stuck or lost rank; default 300)\n"
+    "  --log-dir DIR         every rank writes its own log to DIR/workerlog.RANK\n"
     "  --train-limit N       use only the first N training samples\n"
     "  --test-limit N        evaluate on the first N test samples only\n"
     "  --metrics FILE        append one JSON object per epoch (JSON Lines)\n"
     "  --nan-check           stop with an error when the loss is not finite\n"
     "  --no-progress         no progress bar, even on a terminal\n"
-    "  -h, --help            this text\n";
+    "  -h, --help            this text\n"
+    "\n"
+    "Under mpirun every process is one rank: mpirun -np 2 cohort train ... trains on both,\n"
+    "the global batch split over all ranks' devices; rank 0 prints and writes the metrics.\n";
 
 typedef struct train_opts {
     ch_train_config cfg;
-    const char *data, *metrics;
+    const char *data, *metrics, *log_dir;
     long train_limit, test_limit;
     bool progress;
 } train_opts;
@@ -47,7 +56,7 @@ typedef struct train_opts {
 enum {
     OPT_MODEL = 256, OPT_DATA, OPT_EPOCHS, OPT_LR, OPT_MOMENTUM, OPT_NESTEROV, OPT_WD, OPT_INIT,
     OPT_SEED, OPT_THREADS, OPT_TRAIN_LIMIT, OPT_TEST_LIMIT, OPT_METRICS, OPT_NAN_CHECK,
-    OPT_NO_PROGRESS, OPT_DEVICES, OPT_SYNC_BN, OPT_BUCKET_MB,
+    OPT_NO_PROGRESS, OPT_DEVICES, OPT_SYNC_BN, OPT_BUCKET_MB, OPT_TIMEOUT, OPT_LOG_DIR,
 };
 
 static const struct option train_long[] = {
@@ -66,6 +75,8 @@ static const struct option train_long[] = {
     { "devices", required_argument, NULL, OPT_DEVICES },
     { "sync-bn", no_argument, NULL, OPT_SYNC_BN },
     { "bucket-mb", required_argument, NULL, OPT_BUCKET_MB },
+    { "timeout", required_argument, NULL, OPT_TIMEOUT },
+    { "log-dir", required_argument, NULL, OPT_LOG_DIR },
     { "train-limit", required_argument, NULL, OPT_TRAIN_LIMIT },
     { "test-limit", required_argument, NULL, OPT_TEST_LIMIT },
     { "metrics", required_argument, NULL, OPT_METRICS },
@@ -110,6 +121,9 @@ static int parse_one(int c, const char *arg, train_opts *o)
     case OPT_SYNC_BN: cfg->sync_bn = true; return -1;
     case OPT_BUCKET_MB:
         return ch_arg_double("train", "bucket-mb", arg, 0.001, 4096, &cfg->bucket_mb) ? -1 : CH_EXIT_USAGE;
+    case OPT_TIMEOUT:
+        return ch_arg_double("train", "timeout", arg, 0.1, 1e6, &cfg->timeout_s) ? -1 : CH_EXIT_USAGE;
+    case OPT_LOG_DIR: o->log_dir = arg; return -1;
     case OPT_TRAIN_LIMIT:
         return ch_arg_int("train", "train-limit", arg, 1, __LONG_MAX__, &o->train_limit) ? -1 : CH_EXIT_USAGE;
     case OPT_TEST_LIMIT:
@@ -146,11 +160,14 @@ static int parse_train(int argc, char **argv, train_opts *o)
     return -1;
 }
 
-static void print_epoch(const ch_epoch_stats *s, const char *devices)
+/* "epoch 3, loss ..., 14630 img/s on [cpu:0, cpu:1]" (" x 2 ranks" after the devices of a job). */
+static void format_epoch(char *line, size_t len, const ch_epoch_stats *s, const char *devices)
 {
-    printf("epoch %d, loss %.4f, train acc %.4f, test acc %.4f, time %.1f sec, %.0f img/s on [%s]\n",
-           s->epoch, s->loss, s->train_acc, s->test_acc, s->time_s, s->images_per_s, devices);
-    fflush(stdout);
+    char ranks[32] = "";
+    if (ch_world_size() > 1) snprintf(ranks, sizeof ranks, " x %d ranks", ch_world_size());
+    snprintf(line, len,
+             "epoch %d, loss %.4f, train acc %.4f, test acc %.4f, time %.1f sec, %.0f img/s on [%s]%s",
+             s->epoch, s->loss, s->train_acc, s->test_acc, s->time_s, s->images_per_s, devices, ranks);
 }
 
 static bool write_metrics(FILE *f, const ch_epoch_stats *s, const ch_device_list *devices)
@@ -161,14 +178,15 @@ static bool write_metrics(FILE *f, const ch_epoch_stats *s, const ch_device_list
             s->epoch, s->loss, s->train_acc, s->test_acc, s->time_s, s->images_per_s);
     for (int i = 0; i < devices->count; i++)
         fprintf(f, "%s\"cpu:%d\"", i ? ", " : "", devices->dev[i].index);
-    fputs("]}\n", f);
+    fprintf(f, "], \"ranks\": %d}\n", ch_world_size());
     return fflush(f) == 0 && !ferror(f);
 }
 
 static int run_training(const train_opts *o, ch_trainer *t, FILE *metrics)
 {
     ch_progress bar;
-    ch_progress_init(&bar, o->progress);
+    const bool root = ch_world_rank() == 0;
+    ch_progress_init(&bar, o->progress && root);
     bar.epochs = o->cfg.epochs;
     ch_trainer_set_progress(t, ch_progress_update, &bar);
     for (int e = 0; e < o->cfg.epochs; e++) {
@@ -178,13 +196,47 @@ static int run_training(const train_opts *o, ch_trainer *t, FILE *metrics)
         ch_status st = ch_trainer_run_epoch(t, &s, &err);
         ch_progress_clear(&bar);
         if (st != CH_STATUS_OK) return ch_exit_for("train", st, &err);
-        print_epoch(&s, ch_trainer_devices(t));
+        char line[256];
+        format_epoch(line, sizeof line, &s, ch_trainer_devices(t));
+        ch_world_log(line);
+        if (root) {
+            puts(line);
+            fflush(stdout);
+        }
         if (metrics && !write_metrics(metrics, &s, ch_trainer_device_list(t))) {
             fprintf(stderr, "cohort train: %s: write failed\n", o->metrics);
             return CH_EXIT_FAIL;
         }
     }
     return CH_EXIT_OK;
+}
+
+/* DIR/workerlog.RANK, truncated: this run's log of this rank (Paddle's launch convention). */
+static ch_status open_worker_log(const char *dir, FILE **out, ch_err *err)
+{
+    if (mkdir(dir, 0777) != 0 && errno != EEXIST)
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "--log-dir %s: cannot create (%s)", dir, strerror(errno));
+    char path[4096];
+    snprintf(path, sizeof path, "%s/workerlog.%d", dir, ch_world_rank());
+    if (!(*out = fopen(path, "w")))
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: cannot open for writing (%s)", path, strerror(errno));
+    ch_world_set_log(*out);
+    return CH_STATUS_OK;
+}
+
+/* Who this rank is and what it trains on: the head of its worker log. */
+static void log_identity(const ch_trainer *t, const ch_dataset *train, const ch_dataset *test)
+{
+    size_t train_n, test_n;
+    ch_trainer_share(t, &train_n, &test_n);
+    char line[1024];
+    snprintf(line, sizeof line,
+             "rank %d of %d, local rank %d of %d, host %s, pid %ld, devices [%s]; per epoch it "
+             "trains on %zu of %zu training samples and evaluates %zu of %zu test samples",
+             ch_world_rank(), ch_world_size(), ch_world_local_rank(), ch_world_local_size(),
+             ch_world_host(), (long)getpid(), ch_trainer_devices(t), train_n,
+             ch_dataset_size(train), test_n, ch_dataset_size(test));
+    ch_world_log(line);
 }
 
 int ch_cmd_train(int argc, char **argv)
@@ -195,19 +247,23 @@ int ch_cmd_train(int argc, char **argv)
     ch_err err;
     ch_dataset *train = NULL, *test = NULL;
     ch_trainer *t = NULL;
-    FILE *metrics = NULL;
-    ch_status st = ch_dataset_load_idx(o.data, CH_SPLIT_TRAIN, &train, &err);
+    FILE *metrics = NULL, *log = NULL;
+    ch_status st = o.log_dir ? open_worker_log(o.log_dir, &log, &err) : CH_STATUS_OK;
+    if (st == CH_STATUS_OK) st = ch_dataset_load_idx(o.data, CH_SPLIT_TRAIN, &train, &err);
     if (st == CH_STATUS_OK) st = ch_dataset_load_idx(o.data, CH_SPLIT_TEST, &test, &err);
     if (st == CH_STATUS_OK) {
         ch_dataset_truncate(train, (size_t)o.train_limit);
         ch_dataset_truncate(test, (size_t)o.test_limit);
         st = ch_trainer_create(&o.cfg, train, test, &t, &err);
     }
-    if (st == CH_STATUS_OK && o.metrics && !(metrics = fopen(o.metrics, "a")))
+    if (st == CH_STATUS_OK) log_identity(t, train, test);
+    if (st == CH_STATUS_OK && o.metrics && ch_world_rank() == 0 && !(metrics = fopen(o.metrics, "a")))
         st = ch_fail(&err, CH_STATUS_BAD_INPUT, "%s: cannot open for writing (%s)", o.metrics,
                      strerror(errno));
     rc = st == CH_STATUS_OK ? run_training(&o, t, metrics) : ch_exit_for("train", st, &err);
     if (metrics) fclose(metrics);
+    ch_world_set_log(NULL);
+    if (log) fclose(log);
     ch_trainer_free(t);
     ch_dataset_free(train);
     ch_dataset_free(test);

@@ -2,12 +2,14 @@
  * threads or MPI directly (design.md). One ch_comm handle per member (replica thread or rank); the
  * members of a group call the same collectives in the same order.
  *
- * Back ends: `local` (threads of one process, shared memory) here; `mpi` and `nccl` later.
+ * Back ends: `local` (threads of one process, shared memory, below), `mpi` (one member per process,
+ * comm/mpi.h) and `hier` (below: replica threads of many processes, a local stage and an MPI stage).
  * Every collective returns CH_STATUS_OK, or CH_STATUS_SYSTEM once the group has been aborted (a member
  * failed): no member waits forever for one that will never arrive. */
 #ifndef CH_COMM_H
 #define CH_COMM_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "core/real.h"
@@ -32,6 +34,8 @@ struct ch_comm {
     const ch_comm_ops *ops;
     int rank, size;
     void *group;    /* back end state shared by the members; owned by the group's creator */
+    char what[96];  /* what the next collective exchanges ("step 3, gradient bucket 2 of 5"), for
+                     * the message when it times out; set by the caller, may be empty */
 };
 
 /* A group of `size` members inside one process. ch_local_group_create returns the shared state;
@@ -40,6 +44,21 @@ typedef struct ch_local_group ch_local_group;
 ch_status ch_local_group_create(int size, ch_local_group **out, ch_err *err);
 void ch_local_comm_init(ch_comm *c, ch_local_group *g, int rank);
 void ch_local_group_free(ch_local_group *g);
+/* buf (bytes) <- root's buf, over a local group (any element type). */
+ch_status ch_local_broadcast_bytes(ch_comm *c, void *buf, size_t bytes, int root, ch_err *err);
+
+/* Hierarchical: D replica threads in each of N processes, R = N x D members in all. A collective is
+ * the local one among the process's replicas, then (by local member 0 only) the MPI one among the
+ * processes, then a local broadcast of the result: every member of every process ends with the same
+ * bits. h is the member's own state, owned by the caller, and must outlive c. mpi is NULL for a
+ * single process (then it is exactly the local communicator). rank/size are the global member index
+ * process x D + member and R. */
+typedef struct ch_hier {
+    ch_comm local;
+    ch_comm mpi;
+    bool has_mpi;
+} ch_hier;
+void ch_hier_comm_init(ch_comm *c, ch_hier *h, ch_local_group *g, int member, ch_comm *mpi);
 
 static inline ch_status ch_comm_allreduce_sum(ch_comm *c, ch_real *buf, size_t n, ch_err *err)
 {

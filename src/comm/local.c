@@ -114,7 +114,7 @@ static void chunk_of(size_t n, int size, int rank, size_t *lo, size_t *hi)
 DEFINE_ALLREDUCE(local_allreduce_sum, ch_real)
 DEFINE_ALLREDUCE(local_allreduce_sum_f64, double)
 
-static ch_status local_broadcast(ch_comm *c, ch_real *buf, size_t n, int root, ch_err *err)
+ch_status ch_local_broadcast_bytes(ch_comm *c, void *buf, size_t bytes, int root, ch_err *err)
 {
     struct ch_local_group *g = c->group;
     if (root < 0 || root >= g->size)
@@ -122,8 +122,13 @@ static ch_status local_broadcast(ch_comm *c, ch_real *buf, size_t n, int root, c
     if (g->size == 1) return atomic_load(&g->aborted) ? aborted_status(g, err) : CH_STATUS_OK;
     g->bufs[c->rank] = buf;
     CH_TRY(group_barrier(g, err));
-    if (c->rank != root) memcpy(buf, (const ch_real *)g->bufs[root], sizeof(ch_real) * n);
+    if (c->rank != root) memcpy(buf, g->bufs[root], bytes);
     return group_barrier(g, err);
+}
+
+static ch_status local_broadcast(ch_comm *c, ch_real *buf, size_t n, int root, ch_err *err)
+{
+    return ch_local_broadcast_bytes(c, buf, sizeof(ch_real) * n, root, err);
 }
 
 static void local_abort(ch_comm *c, const char *why)

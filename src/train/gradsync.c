@@ -3,6 +3,7 @@
 #include "train/gradsync.h"
 
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 typedef struct bucket {
@@ -19,6 +20,7 @@ struct ch_gradsync {
     int *queue;
     int head, tail;         /* queue[head..tail) waits for the sync thread (indices mod nbuckets) */
     int done;               /* buckets summed this step */
+    uint64_t step;
     ch_status status;
     ch_err err;
     bool quit;
@@ -35,9 +37,12 @@ static void *sync_main(void *p)
     for (;;) {
         while (s->head == s->tail && !s->quit) pthread_cond_wait(&s->work, &s->mu);
         if (s->quit) break;
-        const bucket *b = &s->buckets[s->queue[s->head % s->nbuckets]];
+        const int bi = s->queue[s->head % s->nbuckets];
+        const bucket *b = &s->buckets[bi];
         s->head++;
         const bool failed = s->status != CH_STATUS_OK;
+        snprintf(s->comm->what, sizeof s->comm->what, "step %llu, gradient bucket %d of %d",
+                 (unsigned long long)s->step + 1, bi + 1, s->nbuckets);
         pthread_mutex_unlock(&s->mu);
         ch_err e;
         ch_status st = failed ? CH_STATUS_OK
@@ -99,9 +104,10 @@ ch_status ch_gradsync_create(ch_comm *comm, ch_model *m, size_t bucket_elems, ch
     return CH_STATUS_OK;
 }
 
-void ch_gradsync_begin(ch_gradsync *s)
+void ch_gradsync_begin(ch_gradsync *s, uint64_t step)
 {
     pthread_mutex_lock(&s->mu);
+    s->step = step;
     for (int i = 0; i < s->nbuckets; i++) {
         s->buckets[i].pending = s->buckets[i].hi - s->buckets[i].lo;
         s->buckets[i].queued = false;

@@ -16,8 +16,8 @@ typedef struct ch_gradsync ch_gradsync;
 /* comm and m->grads are borrowed. Starts the sync thread. */
 ch_status ch_gradsync_create(ch_comm *comm, ch_model *m, size_t bucket_elems, ch_gradsync **out,
                              ch_err *err);
-/* A new step: every bucket is waiting for its tensors. */
-void ch_gradsync_begin(ch_gradsync *s);
+/* A new step (0-based, for the timeout message): every bucket is waiting for its tensors. */
+void ch_gradsync_begin(ch_gradsync *s, uint64_t step);
 /* ch_grads_ready_fn: grads[offset, offset + count) are final. user is the ch_gradsync. */
 void ch_gradsync_ready(void *user, size_t offset, size_t count);
 /* Hand over any bucket not yet complete (a layer that reported nothing), then wait until every

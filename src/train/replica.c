@@ -5,9 +5,11 @@
 
 #include <math.h>
 #include <omp.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 /* This replica failed on its own: say so, and release every member waiting in a collective. */
 static ch_status fail_here(ch_replica *rp, ch_status st, const ch_err *why)
@@ -32,7 +34,7 @@ static ch_status alloc_buffers(ch_replica *rp, const ch_replica_spec *s, ch_err 
     const size_t per = ch_shape3_size(s->input), b = (size_t)s->max_slice;
     size_t x_bytes = sizeof(ch_real) * per * b;
     /* The injected fault is a request no machine can satisfy: the real failure path. */
-    if (s->fault.kind == CH_FAULT_ALLOC && s->fault.replica == rp->index) x_bytes = SIZE_MAX / 2;
+    if (s->fault.kind == CH_FAULT_ALLOC && s->fault.replica == rp->global_index) x_bytes = SIZE_MAX / 2;
     rp->x = malloc(x_bytes);
     rp->labels = malloc(sizeof(int32_t) * b);
     rp->dlogits = malloc(sizeof(ch_real) * (size_t)s->classes * b);
@@ -66,8 +68,9 @@ ch_status ch_replica_setup(ch_replica *rp, const ch_replica_spec *s)
         ch_fail(&why, st, "cpu:%d: %.490s", rp->device.index, err.msg);
         return fail_here(rp, st, &why);
     }
-    /* Every replica starts from replica 0's values, whatever the seeds did. */
+    /* Every replica of every process starts from rank 0's replica 0, whatever the seeds did. */
     ch_model *m = rp->model;
+    snprintf(rp->ctl_comm.what, sizeof rp->ctl_comm.what, "set-up, initial parameters");
     st = ch_comm_broadcast(&rp->ctl_comm, m->params, m->nparams, 0, &err);
     if (st == CH_STATUS_OK && m->nbuffers)
         st = ch_comm_broadcast(&rp->ctl_comm, m->buffers, m->nbuffers, 0, &err);
@@ -82,13 +85,29 @@ static ch_status average_buffers(ch_replica *rp, const ch_slice *sl, ch_err *err
     if (m->nbuffers == 0) return CH_STATUS_OK;
     const ch_real w = (ch_real)((double)sl->n / sl->global_n);
     for (size_t i = 0; i < m->nbuffers; i++) m->buffers[i] *= w;
+    snprintf(rp->ctl_comm.what, sizeof rp->ctl_comm.what, "step %llu, BatchNorm running statistics",
+             (unsigned long long)sl->step + 1);
     return ch_comm_allreduce_sum(&rp->ctl_comm, m->buffers, m->nbuffers, err);
 }
 
 static bool injected(const ch_replica *rp, const ch_replica_spec *s, ch_fault_kind kind,
                      uint64_t step)
 {
-    return s->fault.kind == kind && s->fault.replica == rp->index && s->fault.step == step + 1;
+    return s->fault.kind == kind && s->fault.replica == rp->global_index && s->fault.step == step + 1;
+}
+
+/* The faults that take the whole process down, or freeze it, at the start of a step. */
+static void inject_process_faults(const ch_replica *rp, const ch_replica_spec *s, uint64_t step)
+{
+    if (injected(rp, s, CH_FAULT_KILL, step)) raise(SIGKILL);
+    if (injected(rp, s, CH_FAULT_HANG, step))
+        for (;;) pause();
+}
+
+static void count_samples(const ch_replica_spec *s, const ch_slice *sl)
+{
+    if (!s->sample_counts) return;
+    for (int i = 0; i < sl->n; i++) __atomic_fetch_add(&s->sample_counts[sl->idx[i]], 1, __ATOMIC_RELAXED);
 }
 
 ch_status ch_replica_step(ch_replica *rp, const ch_replica_spec *s, const ch_dataset *d,
@@ -98,10 +117,15 @@ ch_status ch_replica_step(ch_replica *rp, const ch_replica_spec *s, const ch_dat
     ch_err err;
     ch_status comm_st = CH_STATUS_OK;
     rp->status = CH_STATUS_OK;
+    inject_process_faults(rp, s, sl->step);
+    count_samples(s, sl);
     ch_dataset_gather(d, sl->idx, sl->n, rp->x, rp->labels);
     if (injected(rp, s, CH_FAULT_NAN, sl->step) && sl->n > 0) rp->x[0] = (ch_real)NAN;
 
-    const bool many = rp->ctl_comm.size > 1;
+    const bool many = rp->ctl_comm.size > 1, sync = rp->sync && !s->skip_sync;
+    if (s->sync_bn && many)
+        snprintf(rp->ctl_comm.what, sizeof rp->ctl_comm.what, "step %llu, sync-BN statistics",
+                 (unsigned long long)sl->step + 1);
     ch_run r = ch_model_run(m, s->k, true);
     r.seed = s->seed;
     r.step = sl->step;
@@ -127,14 +151,14 @@ ch_status ch_replica_step(ch_replica *rp, const ch_replica_spec *s, const ch_dat
         return fail_here(rp, CH_STATUS_SYSTEM, &err);
     }
 
-    if (rp->sync) {
-        ch_gradsync_begin(rp->sync);
+    if (sync) {
+        ch_gradsync_begin(rp->sync, sl->step);
         r.grads_ready = ch_gradsync_ready;
         r.grads_user = rp->sync;
     }
     ch_model_backward(m, &r, sl->n, rp->x, rp->dlogits);
     if (comm_st != CH_STATUS_OK) return fail_collective(rp, comm_st, &err);
-    if (rp->sync) {
+    if (sync) {
         ch_status st = ch_gradsync_finish(rp->sync, &err);
         if (st == CH_STATUS_OK && !s->sync_bn) st = average_buffers(rp, sl, &err);
         if (st != CH_STATUS_OK) return fail_collective(rp, st, &err);
@@ -143,8 +167,7 @@ ch_status ch_replica_step(ch_replica *rp, const ch_replica_spec *s, const ch_dat
     return CH_STATUS_OK;
 }
 
-ch_status ch_replica_evaluate(ch_replica *rp, const ch_replica_spec *s, const ch_dataset *d,
-                              int nreplicas)
+ch_status ch_replica_evaluate(ch_replica *rp, const ch_replica_spec *s, const ch_dataset *d)
 {
     rp->status = CH_STATUS_OK;
     rp->loss_sum = 0;
@@ -152,7 +175,7 @@ ch_status ch_replica_evaluate(ch_replica *rp, const ch_replica_spec *s, const ch
     ch_run r = ch_model_run(rp->model, s->k, false);
     const size_t B = (size_t)s->max_slice;
     uint32_t idx[256];
-    for (size_t at = (size_t)rp->index * B; at < d->n; at += (size_t)nreplicas * B) {
+    for (size_t at = (size_t)rp->global_index * B; at < d->n; at += (size_t)s->nglobal * B) {
         const int n = (int)(B < d->n - at ? B : d->n - at);
         /* Gather in pieces of up to 256 indices: no allocation per chunk. */
         for (int done = 0; done < n;) {

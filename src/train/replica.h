@@ -10,13 +10,18 @@
 #include "optim/sgd.h"
 #include "train/gradsync.h"
 
-/* A fault to inject for the failure tests (COHORT_INJECT_FAULT=KIND:REPLICA[:STEP]). */
-typedef enum ch_fault_kind { CH_FAULT_NONE, CH_FAULT_ALLOC, CH_FAULT_ERROR, CH_FAULT_NAN } ch_fault_kind;
+/* A fault to inject for the failure tests (COHORT_INJECT_FAULT=KIND:REPLICA[:STEP]). REPLICA is
+ * the global replica index (process x devices per process + device), so with one device per
+ * process it is the rank. kill sends the process SIGKILL; hang stops the replica for good (a stuck
+ * rank, for the --timeout test). */
+typedef enum ch_fault_kind {
+    CH_FAULT_NONE, CH_FAULT_ALLOC, CH_FAULT_ERROR, CH_FAULT_NAN, CH_FAULT_KILL, CH_FAULT_HANG,
+} ch_fault_kind;
 
 typedef struct ch_fault {
     ch_fault_kind kind;
     int replica;
-    uint64_t step;      /* 1-based step for error and nan */
+    uint64_t step;      /* 1-based step for error, nan, kill and hang */
 } ch_fault;
 
 /* What every replica is built from (shared, read-only). */
@@ -31,10 +36,15 @@ typedef struct ch_replica_spec {
     size_t bucket_elems;
     const ch_kernels *k;
     ch_fault fault;
+    int nglobal;            /* replicas in the whole job (processes x devices) */
+    /* benchmark and test hooks */
+    bool skip_sync;         /* bench only: no gradient sync (the cost of sync, by difference) */
+    uint32_t *sample_counts; /* tests only: count every training sample a replica gathers */
 } ch_replica_spec;
 
 typedef struct ch_replica {
-    int index;
+    int index;              /* within this process */
+    int global_index;       /* within the job: process x devices per process + index */
     ch_device device;
     int nthreads;
     ch_model *model;
@@ -44,6 +54,7 @@ typedef struct ch_replica {
     ch_real *dlogits;
     ch_comm grads_comm;     /* member of the gradient group (used by the sync thread) */
     ch_comm ctl_comm;       /* member of the control group (parameters, sync-BN, buffers) */
+    ch_hier grads_hier, ctl_hier; /* the state behind the two handles */
     ch_gradsync *sync;      /* NULL with a single replica */
     /* results of the last job */
     ch_status status;
@@ -68,9 +79,9 @@ ch_status ch_replica_setup(ch_replica *rp, const ch_replica_spec *s);
 /* Forward, loss, backward, gradient sync, update. Sets loss_sum and correct. */
 ch_status ch_replica_step(ch_replica *rp, const ch_replica_spec *s, const ch_dataset *d,
                           const ch_slice *sl);
-/* Forward only over chunks replica, replica + D, ... (chunks of max_slice) of d. */
-ch_status ch_replica_evaluate(ch_replica *rp, const ch_replica_spec *s, const ch_dataset *d,
-                              int nreplicas);
+/* Forward only over chunks g, g + R, ... (chunks of max_slice) of d, where g is the replica's global
+ * index and R = s->nglobal: every sample of d is seen by exactly one replica of the job. */
+ch_status ch_replica_evaluate(ch_replica *rp, const ch_replica_spec *s, const ch_dataset *d);
 void ch_replica_free(ch_replica *rp);
 
 #endif

@@ -7,6 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <zlib.h>
+
+#include "comm/world.h"
 #include "core/clock.h"
 #include "core/cpu.h"
 #include "core/rng.h"
@@ -16,7 +19,8 @@ ch_train_config ch_train_config_default(void)
 {
     return (ch_train_config){ .model = "lenet", .init = "default", .epochs = 10,
                               .batch_size = 256, .lr = 0.1, .seed = 0, .threads = 0,
-                              .devices = "cpu:0", .bucket_mb = 25 };
+                              .devices = "cpu:0", .bucket_mb = 25,
+                              .timeout_s = 300 };
 }
 
 static ch_status check_config(const ch_train_config *c, ch_err *err)
@@ -35,10 +39,13 @@ static ch_status check_config(const ch_train_config *c, ch_err *err)
         return ch_fail(err, CH_STATUS_BAD_INPUT, "threads %d, expected 0..1024", c->threads);
     if (!(c->bucket_mb >= 0 && c->bucket_mb <= 4096))
         return ch_fail(err, CH_STATUS_BAD_INPUT, "bucket size %g MiB, expected 0..4096", c->bucket_mb);
+    if (!(c->timeout_s >= 0 && c->timeout_s <= 1e6))
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "timeout %g s, expected 0..1000000", c->timeout_s);
     return CH_STATUS_OK;
 }
 
-/* COHORT_INJECT_FAULT=alloc:R | error:R:STEP | nan:R:STEP, for the failure tests. */
+/* COHORT_INJECT_FAULT=alloc:R | error:R:STEP | nan:R:STEP | kill:R:STEP | hang:R:STEP, for the
+ * failure tests (R: the global replica index). */
 static ch_status parse_fault(ch_fault *f, ch_err *err)
 {
     *f = (ch_fault){ 0 };
@@ -51,9 +58,12 @@ static ch_status parse_fault(ch_fault *f, ch_err *err)
     if (got >= 2 && strcmp(kind, "alloc") == 0) *f = (ch_fault){ CH_FAULT_ALLOC, r, 0 };
     else if (got == 3 && strcmp(kind, "error") == 0) *f = (ch_fault){ CH_FAULT_ERROR, r, step };
     else if (got == 3 && strcmp(kind, "nan") == 0) *f = (ch_fault){ CH_FAULT_NAN, r, step };
+    else if (got == 3 && strcmp(kind, "kill") == 0) *f = (ch_fault){ CH_FAULT_KILL, r, step };
+    else if (got == 3 && strcmp(kind, "hang") == 0) *f = (ch_fault){ CH_FAULT_HANG, r, step };
     else
         return ch_fail(err, CH_STATUS_BAD_INPUT,
-                       "COHORT_INJECT_FAULT='%s': expected alloc:R, error:R:STEP or nan:R:STEP", s);
+                       "COHORT_INJECT_FAULT='%s': expected alloc:R, error:R:STEP, nan:R:STEP, "
+                       "kill:R:STEP or hang:R:STEP", s);
     return CH_STATUS_OK;
 }
 
@@ -89,7 +99,10 @@ static void job_setup(void *arg, int r)
 /* Threads per replica and, when the shares fit the CPUs we may use, which CPUs each one gets. */
 static ch_status start_crew(ch_trainer *t, ch_err *err)
 {
-    const int D = t->nreplicas, T = t->cfg.threads > 0 ? t->cfg.threads : ch_cpu_count();
+    /* By default the ranks on one host share its cores. */
+    const int local_procs = t->procs > 1 ? ch_world_local_size() : 1;
+    const int cores = ch_cpu_count() / local_procs;
+    const int D = t->nreplicas, T = t->cfg.threads > 0 ? t->cfg.threads : (cores > 1 ? cores : 1);
     int allowed[1024];
     const int P = ch_cpu_allowed(allowed, 1024);
     int total = 0;
@@ -98,9 +111,11 @@ static ch_status start_crew(ch_trainer *t, ch_err *err)
         t->replicas[r].nthreads = share > 0 ? share : 1;
         total += t->replicas[r].nthreads;
     }
-    const bool pin = P > 0 && P <= 1024 && total <= P;
+    /* Ranks of one host that see the same CPUs take consecutive ranges of them. */
+    const int first = t->procs > 1 ? ch_world_local_rank() * total : 0;
+    const bool pin = P > 0 && P <= 1024 && first + total <= P;
     const int *cpus[CH_MAX_DEVICES];
-    int ncpus[CH_MAX_DEVICES], at = 0;
+    int ncpus[CH_MAX_DEVICES], at = first;
     for (int r = 0; r < D; r++) {
         cpus[r] = pin ? allowed + at : NULL;
         ncpus[r] = pin ? t->replicas[r].nthreads : 0;
@@ -116,16 +131,84 @@ static ch_status make_replicas(ch_trainer *t, ch_err *err)
     CH_CHECK_ALLOC(err, t->replicas);
     CH_TRY(ch_local_group_create(D, &t->grads_group, err));
     CH_TRY(ch_local_group_create(D, &t->ctl_group, err));
+    const bool mpi = t->procs > 1;
     for (int r = 0; r < D; r++) {
         ch_replica *rp = &t->replicas[r];
         rp->index = r;
+        rp->global_index = t->proc * D + r;
         rp->device = t->devices.dev[r];
-        ch_local_comm_init(&rp->grads_comm, t->grads_group, r);
-        ch_local_comm_init(&rp->ctl_comm, t->ctl_group, r);
+        ch_hier_comm_init(&rp->grads_comm, &rp->grads_hier, t->grads_group, r,
+                          mpi ? &t->mpi_grads_comm : NULL);
+        ch_hier_comm_init(&rp->ctl_comm, &rp->ctl_hier, t->ctl_group, r, mpi ? &t->mpi_ctl_comm : NULL);
     }
     CH_TRY(start_crew(t, err));
     ch_crew_run(t->crew, job_setup, t);
     return collect_failure(t, err);
+}
+
+/* The MPI groups, made in the same order on every rank. */
+static ch_status join_ranks(ch_trainer *t, ch_err *err)
+{
+    t->procs = t->cfg.local_only ? 1 : ch_world_size();
+    t->proc = t->cfg.local_only ? 0 : ch_world_rank();
+    if (t->procs == 1) return CH_STATUS_OK;
+    CH_TRY(ch_mpi_group_create(t->cfg.timeout_s, &t->mpi_grads, err));
+    CH_TRY(ch_mpi_group_create(t->cfg.timeout_s, &t->mpi_ctl, err));
+    CH_TRY(ch_mpi_group_create(t->cfg.timeout_s, &t->mpi_main, err));
+    ch_mpi_comm_init(&t->mpi_grads_comm, t->mpi_grads);
+    ch_mpi_comm_init(&t->mpi_ctl_comm, t->mpi_ctl);
+    ch_mpi_comm_init(&t->main_comm, t->mpi_main);
+    return CH_STATUS_OK;
+}
+
+/* Split v into 16-bit pieces: their squares, summed over many ranks, stay exact in a double. */
+static int put_u64(double *f, int at, uint64_t v)
+{
+    for (int i = 0; i < 4; i++) f[at + i] = (double)((v >> (16 * i)) & 0xffff);
+    return at + 4;
+}
+
+static int put_dataset(double *f, int at, const ch_dataset *d)
+{
+    if (!d) return put_u64(f, at, UINT64_MAX);
+    const uint64_t shape = ((uint64_t)d->c << 48) | ((uint64_t)d->h << 32) | ((uint64_t)d->w << 16) |
+                           (uint64_t)d->classes;
+    uLong crc = crc32(0L, Z_NULL, 0);
+    const size_t len = d->n * (size_t)d->c * d->h * d->w;
+    for (size_t at2 = 0; at2 < len; at2 += 1u << 30)
+        crc = crc32(crc, d->images + at2, (uInt)(len - at2 < (1u << 30) ? len - at2 : (1u << 30)));
+    crc = crc32(crc, d->labels, (uInt)d->n);
+    at = put_u64(f, at, d->n);
+    at = put_u64(f, at, shape);
+    return put_u64(f, at, crc);
+}
+
+/* Every rank must train on the same data with the same plan, or the ranks' shares overlap and the
+ * sums mean nothing. Sum each fingerprint value and its square over the ranks: they are all equal
+ * exactly when N * sum(f^2) == sum(f)^2, which every rank can tell. */
+static ch_status check_ranks_agree(ch_trainer *t, ch_err *err)
+{
+    if (t->procs == 1) return CH_STATUS_OK;
+    enum { K = 32 };
+    double f[2 * K] = { 0 };
+    int at = put_dataset(f, 0, t->train);
+    at = put_dataset(f, at, t->test);
+    const uint64_t plan = ((uint64_t)t->nreplicas << 32) | (uint64_t)t->cfg.batch_size;
+    at = put_u64(f, at, plan);
+    at = put_u64(f, at, t->cfg.seed);
+    CH_ASSERT(at == K);
+    for (int i = 0; i < K; i++) f[K + i] = f[i] * f[i];
+    snprintf(t->main_comm.what, sizeof t->main_comm.what, "set-up, data check");
+    CH_TRY(ch_comm_allreduce_sum_f64(&t->main_comm, f, 2 * K, err));
+    for (int i = 0; i < K; i++)
+        if (t->procs * f[K + i] != f[i] * f[i])
+            return ch_fail(err, CH_STATUS_BAD_INPUT,
+                           "the ranks disagree on the %s (here: %zu training and %zu test samples, "
+                           "%d devices, batch %d, seed %llu): every rank needs the same data and flags",
+                           i < 12 ? "training set" : i < 24 ? "test set" : i < 28 ? "devices or batch" : "seed",
+                           t->train->n, t->test ? t->test->n : 0, t->nreplicas, t->cfg.batch_size,
+                           (unsigned long long)t->cfg.seed);
+    return CH_STATUS_OK;
 }
 
 static ch_status setup(ch_trainer *t, ch_err *err)
@@ -139,10 +222,13 @@ static ch_status setup(ch_trainer *t, ch_err *err)
     CH_TRY(ch_device_list_parse(t->cfg.devices ? t->cfg.devices : "cpu:0", &t->devices, err));
     ch_device_list_format(&t->devices, t->devices_text, sizeof t->devices_text);
     t->nreplicas = t->devices.count;
-    const int D = t->nreplicas, B = t->cfg.batch_size;
+    CH_TRY(join_ranks(t, err));
+    CH_TRY(check_ranks_agree(t, err));
+    const int D = t->nreplicas, B = t->cfg.batch_size, R = t->procs * D;
     t->spec = (ch_replica_spec){
         .model = t->model_name, .init = t->init, .seed = t->cfg.seed,
-        .input = { d->c, d->h, d->w }, .classes = d->classes, .max_slice = (B + D - 1) / D,
+        .input = { d->c, d->h, d->w }, .classes = d->classes, .max_slice = (B + R - 1) / R,
+        .nglobal = R,
         .lr = t->cfg.lr, .momentum = t->cfg.momentum, .weight_decay = t->cfg.weight_decay,
         .nesterov = t->cfg.nesterov, .nan_check = t->cfg.nan_check, .sync_bn = t->cfg.sync_bn,
         .bucket_elems = (size_t)((t->cfg.bucket_mb > 0 ? t->cfg.bucket_mb : 25) * (1 << 20) /
@@ -189,7 +275,7 @@ static void job_step(void *arg, int r)
 {
     ch_trainer *t = arg;
     int off, cnt;
-    ch_trainer_slice(t->job_n, t->nreplicas, r, &off, &cnt);
+    ch_trainer_slice(t->job_n, t->procs * t->nreplicas, t->replicas[r].global_index, &off, &cnt);
     const ch_slice sl = { .idx = t->job_idx + off, .n = cnt, .offset = (uint64_t)off,
                           .global_n = t->job_n, .step = t->step };
     ch_replica_step(&t->replicas[r], &t->spec, t->train, &sl);
@@ -222,6 +308,39 @@ ch_status ch_trainer_step(ch_trainer *t, const uint32_t *idx, int n, double *los
     return CH_STATUS_OK;
 }
 
+/* The samples of a global batch of n that this process's replicas take. */
+static int local_count(const ch_trainer *t, int n)
+{
+    int off, first, last, cnt;
+    const int R = t->procs * t->nreplicas, g0 = t->proc * t->nreplicas;
+    ch_trainer_slice(n, R, g0, &first, &cnt);
+    ch_trainer_slice(n, R, g0 + t->nreplicas - 1, &off, &cnt);
+    last = off + cnt;
+    return last - first;
+}
+
+void ch_trainer_share(const ch_trainer *t, size_t *train, size_t *test)
+{
+    const size_t B = (size_t)t->cfg.batch_size, n = t->train->n;
+    *train = 0;
+    for (size_t seen = 0; seen < n; seen += B) *train += (size_t)local_count(t, (int)(n - seen < B ? n - seen : B));
+    *test = 0;
+    if (!t->test) return;
+    /* Evaluation chunks of max_slice go round-robin over the job's replicas. */
+    const size_t chunk = (size_t)t->spec.max_slice, R = (size_t)t->procs * t->nreplicas;
+    for (int r = 0; r < t->nreplicas; r++)
+        for (size_t at = (size_t)t->replicas[r].global_index * chunk; at < t->test->n; at += R * chunk)
+            *test += t->test->n - at < chunk ? t->test->n - at : chunk;
+}
+
+/* Sum v (n doubles) over the ranks; a no-op in a single process. */
+static ch_status sum_over_ranks(ch_trainer *t, double *v, int n, const char *what, ch_err *err)
+{
+    if (t->procs == 1) return CH_STATUS_OK;
+    snprintf(t->main_comm.what, sizeof t->main_comm.what, "%s", what);
+    return ch_comm_allreduce_sum_f64(&t->main_comm, v, (size_t)n, err);
+}
+
 ch_status ch_trainer_run_epoch(ch_trainer *t, ch_epoch_stats *s, ch_err *err)
 {
     CH_TRY(check_usable(t, err));
@@ -234,7 +353,7 @@ ch_status ch_trainer_run_epoch(ch_trainer *t, ch_epoch_stats *s, ch_err *err)
     const int steps = (int)((d->n + (size_t)B - 1) / (size_t)B);
     double loss = 0, t0 = ch_clock_s();
     int64_t hits = 0;
-    size_t seen = 0;
+    size_t seen = 0, mine = 0;
     for (int i = 0; i < steps; i++) {
         const int n = (int)((size_t)B < d->n - seen ? (size_t)B : d->n - seen);
         double l;
@@ -243,14 +362,20 @@ ch_status ch_trainer_run_epoch(ch_trainer *t, ch_epoch_stats *s, ch_err *err)
         loss += l;
         hits += c;
         seen += (size_t)n;
+        mine += (size_t)local_count(t, n);
+        /* The running figures are this process's share; the epoch's are exact over all ranks. */
         if (t->progress)
-            t->progress(t->progress_user, i + 1, steps, loss / seen, (double)hits / seen, seen,
-                        ch_clock_s() - t0);
+            t->progress(t->progress_user, i + 1, steps, mine ? loss / mine : 0,
+                        mine ? (double)hits / mine : 0, seen, ch_clock_s() - t0);
     }
+    double sums[2] = { loss, (double)hits };
+    char what[64];
+    snprintf(what, sizeof what, "epoch %d, training metrics", t->epoch + 1);
+    CH_TRY(sum_over_ranks(t, sums, 2, what, err));
     const double elapsed = ch_clock_s() - t0;
     t->epoch++;
-    *s = (ch_epoch_stats){ .epoch = t->epoch, .loss = loss / seen,
-                           .train_acc = (double)hits / seen, .time_s = elapsed,
+    *s = (ch_epoch_stats){ .epoch = t->epoch, .loss = sums[0] / seen,
+                           .train_acc = sums[1] / seen, .time_s = elapsed,
                            .images_per_s = seen / (elapsed > 0 ? elapsed : 1e-9),
                            .train_images = seen, .test_acc = -1 };
     if (t->test) {
@@ -264,7 +389,7 @@ ch_status ch_trainer_run_epoch(ch_trainer *t, ch_epoch_stats *s, ch_err *err)
 static void job_evaluate(void *arg, int r)
 {
     ch_trainer *t = arg;
-    ch_replica_evaluate(&t->replicas[r], &t->spec, t->job_data, t->nreplicas);
+    ch_replica_evaluate(&t->replicas[r], &t->spec, t->job_data);
 }
 
 ch_status ch_trainer_evaluate(ch_trainer *t, const ch_dataset *d, double *loss, double *acc,
@@ -277,14 +402,15 @@ ch_status ch_trainer_evaluate(ch_trainer *t, const ch_dataset *d, double *loss, 
     t->job_data = d;
     ch_crew_run(t->crew, job_evaluate, t);
     CH_TRY(collect_failure(t, err));
-    double lsum = 0;
-    int64_t hits = 0;
+    /* Loss sums in replica order, counts exact; then over the ranks. */
+    double sums[2] = { 0, 0 };
     for (int r = 0; r < t->nreplicas; r++) {
-        lsum += t->replicas[r].loss_sum;
-        hits += t->replicas[r].correct;
+        sums[0] += t->replicas[r].loss_sum;
+        sums[1] += (double)t->replicas[r].correct;
     }
-    *loss = d->n ? lsum / d->n : 0;
-    *acc = d->n ? (double)hits / d->n : 0;
+    CH_TRY(sum_over_ranks(t, sums, 2, "evaluation metrics", err));
+    *loss = d->n ? sums[0] / d->n : 0;
+    *acc = d->n ? sums[1] / d->n : 0;
     return CH_STATUS_OK;
 }
 
@@ -314,6 +440,9 @@ void ch_trainer_free(ch_trainer *t)
         for (int r = 0; r < t->nreplicas; r++) ch_replica_free(&t->replicas[r]);
     ch_local_group_free(t->grads_group);
     ch_local_group_free(t->ctl_group);
+    ch_mpi_group_free(t->mpi_grads);
+    ch_mpi_group_free(t->mpi_ctl);
+    ch_mpi_group_free(t->mpi_main);
     free(t->replicas);
     free(t->perm);
     free(t);

@@ -9,6 +9,7 @@
 
 #include "cohort.h"
 #include "comm/comm.h"
+#include "comm/mpi.h"
 #include "train/crew.h"
 #include "train/replica.h"
 
@@ -22,6 +23,12 @@ struct ch_trainer {
     int nreplicas;
     ch_replica *replicas;
     ch_local_group *grads_group, *ctl_group;
+    /* Across processes (MPI ranks): procs is 1 and the groups NULL in a single process. The
+     * replicas' hierarchical communicators use mpi_grads and mpi_ctl through local member 0; the
+     * trainer's own sums (metrics, the data check) go through main_comm. */
+    int procs, proc;
+    ch_mpi_group *mpi_grads, *mpi_ctl, *mpi_main;
+    ch_comm mpi_grads_comm, mpi_ctl_comm, main_comm;
     ch_crew *crew;
     uint32_t *perm;         /* epoch order over the training set */
     int epoch;              /* epochs completed */
@@ -40,7 +47,8 @@ struct ch_trainer {
  * over the n samples), backward, sync, update. Returns the summed loss and the correct count. */
 ch_status ch_trainer_step(ch_trainer *t, const uint32_t *idx, int n, double *loss_sum,
                           int64_t *correct, ch_err *err);
-/* Replica r's share of a global batch of n: n / D, the first n % D replicas one more. */
+/* Replica r's share of a global batch of n: n / R, the first n % R replicas one more. With
+ * processes, r is the global replica index (process x D + device) and R all replicas of the job. */
 void ch_trainer_slice(int n, int nreplicas, int r, int *offset, int *count);
 
 #endif

@@ -1,0 +1,190 @@
+/* The MPI communicator: a ch_comm over one MPI communicator (a duplicate of MPI_COMM_WORLD per
+ * use, so that the gradient buckets, the control exchanges and the trainer's own sums never match
+ * each other's messages). Every collective is started nonblocking (MPI_Iallreduce, MPI_Ibcast,
+ * MPI_Ibarrier) and completed by polling MPI_Test under the world lock, so that
+ *  - several threads can use MPI at MPI_THREAD_SERIALIZED without one holding the lock while it waits,
+ *  - a wait ends when the group is aborted (a local replica failed), and
+ *  - a collective that has not finished after the timeout ends the job with a message naming what
+ *    was being exchanged (ch_comm.what), instead of hanging on a stuck or vanished rank.
+ * Polling yields the CPU between tests and then sleeps, so a waiting sync thread leaves the cores
+ * to the compute threads. */
+#include "comm/mpi.h"
+
+#include <mpi.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "comm/world.h"
+#include "core/clock.h"
+
+struct ch_mpi_group {
+    MPI_Comm comm;
+    double timeout_s;
+    atomic_int aborted;
+    char why[256];
+};
+
+static ch_status mpi_error(ch_err *err, const char *call, int rc)
+{
+    char text[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS) snprintf(text, sizeof text, "code %d", rc);
+    return ch_fail(err, CH_STATUS_SYSTEM, "%s failed: %s", call, text);
+}
+
+static void pause_briefly(int round)
+{
+    if (round < 200) {
+        sched_yield();
+        return;
+    }
+    const struct timespec ts = { 0, round < 2000 ? 20000 : 200000 };
+    nanosleep(&ts, NULL);
+}
+
+/* Complete req by polling. On abort the request is left behind: the process is going down. */
+static ch_status wait_request(ch_comm *c, MPI_Request *req, const char *call, ch_err *err)
+{
+    struct ch_mpi_group *g = c->group;
+    const double t0 = ch_clock_s();
+    for (int round = 0;; round++) {
+        int done = 0;
+        ch_world_lock();
+        const int rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
+        ch_world_unlock();
+        if (rc != MPI_SUCCESS) return mpi_error(err, call, rc);
+        if (done) return CH_STATUS_OK;
+        if (atomic_load(&g->aborted))
+            return ch_fail(err, CH_STATUS_SYSTEM, "MPI communicator aborted: %s", g->why);
+        if ((round & 63) == 63 && ch_clock_s() - t0 > g->timeout_s) {
+            char msg[512];
+            snprintf(msg, sizeof msg,
+                     "%s: %s did not finish within %g s (--timeout): a rank is stuck or gone",
+                     c->what[0] ? c->what : "collective", call, g->timeout_s);
+            ch_world_fatal(1, msg);
+        }
+        pause_briefly(round);
+    }
+}
+
+static ch_status start_and_wait(ch_comm *c, int rc, MPI_Request *req, const char *call, ch_err *err)
+{
+    ch_world_unlock();
+    if (rc != MPI_SUCCESS) return mpi_error(err, call, rc);
+    return wait_request(c, req, call, err);
+}
+
+/* MPI counts are int: large buffers go in pieces of at most 1 Gi elements. */
+enum { MAX_PIECE = 1 << 30 };
+
+static ch_status mpi_allreduce_type(ch_comm *c, void *buf, size_t n, MPI_Datatype type,
+                                    size_t elem, ch_err *err)
+{
+    struct ch_mpi_group *g = c->group;
+    for (size_t at = 0; at < n; at += MAX_PIECE) {
+        const int len = (int)(n - at < MAX_PIECE ? n - at : MAX_PIECE);
+        MPI_Request req;
+        ch_world_lock();
+        const int rc = MPI_Iallreduce(MPI_IN_PLACE, (char *)buf + at * elem, len, type, MPI_SUM,
+                                      g->comm, &req);
+        CH_TRY(start_and_wait(c, rc, &req, "MPI_Iallreduce", err));
+    }
+    return CH_STATUS_OK;
+}
+
+static MPI_Datatype real_type(void) { return sizeof(ch_real) == sizeof(float) ? MPI_FLOAT : MPI_DOUBLE; }
+
+static ch_status mpi_allreduce_sum(ch_comm *c, ch_real *buf, size_t n, ch_err *err)
+{
+    return mpi_allreduce_type(c, buf, n, real_type(), sizeof(ch_real), err);
+}
+
+static ch_status mpi_allreduce_sum_f64(ch_comm *c, double *buf, size_t n, ch_err *err)
+{
+    return mpi_allreduce_type(c, buf, n, MPI_DOUBLE, sizeof(double), err);
+}
+
+static ch_status mpi_broadcast(ch_comm *c, ch_real *buf, size_t n, int root, ch_err *err)
+{
+    struct ch_mpi_group *g = c->group;
+    if (root < 0 || root >= c->size)
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "broadcast root %d outside 0..%d", root, c->size - 1);
+    for (size_t at = 0; at < n; at += MAX_PIECE) {
+        const int len = (int)(n - at < MAX_PIECE ? n - at : MAX_PIECE);
+        MPI_Request req;
+        ch_world_lock();
+        const int rc = MPI_Ibcast(buf + at, len, real_type(), root, g->comm, &req);
+        CH_TRY(start_and_wait(c, rc, &req, "MPI_Ibcast", err));
+    }
+    return CH_STATUS_OK;
+}
+
+static ch_status mpi_barrier(ch_comm *c, ch_err *err)
+{
+    struct ch_mpi_group *g = c->group;
+    MPI_Request req;
+    ch_world_lock();
+    const int rc = MPI_Ibarrier(g->comm, &req);
+    return start_and_wait(c, rc, &req, "MPI_Ibarrier", err);
+}
+
+static void mpi_abort_group(ch_comm *c, const char *why)
+{
+    struct ch_mpi_group *g = c->group;
+    if (atomic_load(&g->aborted)) return;
+    snprintf(g->why, sizeof g->why, "%s", why);
+    atomic_store(&g->aborted, 1);
+}
+
+static const ch_comm_ops mpi_ops = {
+    .name = "mpi",
+    .allreduce_sum = mpi_allreduce_sum,
+    .allreduce_sum_f64 = mpi_allreduce_sum_f64,
+    .broadcast = mpi_broadcast,
+    .barrier = mpi_barrier,
+    .abort = mpi_abort_group,
+};
+
+ch_status ch_mpi_group_create(double timeout_s, ch_mpi_group **out, ch_err *err)
+{
+    if (!ch_world_mpi()) return ch_fail(err, CH_STATUS_SYSTEM, "MPI is not initialised");
+    struct ch_mpi_group *g = calloc(1, sizeof *g);
+    CH_CHECK_ALLOC(err, g);
+    g->timeout_s = timeout_s > 0 ? timeout_s : 300;
+    ch_world_lock();
+    int rc = MPI_Comm_dup(MPI_COMM_WORLD, &g->comm);
+    if (rc == MPI_SUCCESS) MPI_Comm_set_errhandler(g->comm, MPI_ERRORS_RETURN);
+    ch_world_unlock();
+    if (rc != MPI_SUCCESS) {
+        free(g);
+        return mpi_error(err, "MPI_Comm_dup", rc);
+    }
+    *out = g;
+    return CH_STATUS_OK;
+}
+
+void ch_mpi_comm_init(ch_comm *c, ch_mpi_group *g)
+{
+    int rank = 0, size = 1;
+    ch_world_lock();
+    MPI_Comm_rank(g->comm, &rank);
+    MPI_Comm_size(g->comm, &size);
+    ch_world_unlock();
+    *c = (ch_comm){ .ops = &mpi_ops, .rank = rank, .size = size, .group = g };
+}
+
+void ch_mpi_group_free(ch_mpi_group *g)
+{
+    if (!g) return;
+    /* MPI_Comm_free is collective in spirit; after an abort the job is ending anyway. */
+    if (!atomic_load(&g->aborted)) {
+        ch_world_lock();
+        MPI_Comm_free(&g->comm);
+        ch_world_unlock();
+    }
+    free(g);
+}

@@ -1,0 +1,25 @@
+/* The process's place in the job (the public face, ch_world_*, is in cohort.h): rank, size, the
+ * ranks on this host, the host name, and the one lock every MPI call is made under.
+ * cohort asks MPI for MPI_THREAD_SERIALIZED and serialises its calls itself: the calls come from a
+ * few threads (a replica's compute thread, its gradient sync thread, the main thread), every wait
+ * is a poll with MPI_Test, so the lock is only ever held for one short call. */
+#ifndef CH_COMM_WORLD_H
+#define CH_COMM_WORLD_H
+
+#include <stdbool.h>
+#include <stdio.h>
+
+#include "core/status.h"
+
+/* True when MPI was initialised (started by mpirun or another MPI launcher). */
+bool ch_world_mpi(void);
+void ch_world_lock(void);
+void ch_world_unlock(void);
+/* Print "cohort: rank R of N (HOST): MSG" to stderr and to the worker log, then end the whole
+ * job with code. For failures after which the ranks can no longer agree (a timed-out collective). */
+/* Where ch_world_fatal and ch_world_log also write (the worker log of --log-dir); NULL: nowhere. */
+void ch_world_set_log(FILE *log);
+void ch_world_log(const char *line);
+_Noreturn void ch_world_fatal(int code, const char *msg);
+
+#endif
