@@ -170,7 +170,7 @@ static int put_u64(double *f, int at, uint64_t v)
 
 static int put_dataset(double *f, int at, const ch_dataset *d)
 {
-    if (!d) return put_u64(f, at, UINT64_MAX);
+    if (!d) return put_u64(f, put_u64(f, put_u64(f, at, UINT64_MAX), UINT64_MAX), UINT64_MAX);
     const uint64_t shape = ((uint64_t)d->c << 48) | ((uint64_t)d->h << 32) | ((uint64_t)d->w << 16) |
                            (uint64_t)d->classes;
     uLong crc = crc32(0L, Z_NULL, 0);

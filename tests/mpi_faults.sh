@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Failures in a job of several ranks (mpirun): every rank ends promptly with a non-zero exit, and the
+# output names the rank that failed and why. Never a hang: each case runs under `timeout`, and 124
+# (timed out) is a failure.
+#   mpi_faults.sh COHORT DATA_ROOT MPIRUN...
+set -uo pipefail
+cohort=$1 data=$2; shift 2
+mpirun=("$@")
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"; [ -n "${job:-}" ] && kill -9 "$job" 2>/dev/null' EXIT
+fails=0 passes=0
+
+check() { # name ok-condition-result
+    if [ "$2" -eq 0 ]; then passes=$((passes + 1)); else echo "FAIL: $1"; cat "$tmp/out"; fails=$((fails + 1)); fi
+}
+
+# expect NEEDLE SECONDS -- command: exits non-zero within SECONDS and prints NEEDLE.
+expect() {
+    local needle=$1 limit=$2; shift 3
+    local t0=$SECONDS
+    timeout $((limit + 30)) "$@" >"$tmp/out" 2>&1; local got=$? took=$((SECONDS - t0))
+    local bad=0
+    [ "$got" -ne 0 ] && [ "$got" -ne 124 ] || bad=1
+    [ "$took" -le "$limit" ] || bad=1
+    grep -qF -- "$needle" "$tmp/out" || bad=1
+    check "$* -> exit $got after ${took}s (want non-zero within ${limit}s and '$needle')" $bad
+}
+
+T=(train --model lenet --data "$data/mnist" --epochs 1 --train-limit 3000 --test-limit 500 -b 64 --no-progress)
+
+# A rank that fails with an error names itself, its host and the cause; the job ends.
+expect "rank 1 of 2 ($(hostname)): step 3: injected fault on cpu:0" 30 -- \
+    env COHORT_INJECT_FAULT=error:1:3 "${mpirun[@]}" -np 2 "$cohort" "${T[@]}"
+expect "rank 1 of 2 ($(hostname)): step 2: the loss is nan on cpu:0" 30 -- \
+    env COHORT_INJECT_FAULT=nan:1:2 "${mpirun[@]}" -np 2 "$cohort" "${T[@]}" --nan-check
+# With local devices too: global replica 3 is rank 1's cpu:1.
+expect "rank 1 of 2 ($(hostname)): step 2: injected fault on cpu:1" 30 -- \
+    env COHORT_INJECT_FAULT=error:3:2 "${mpirun[@]}" -np 2 "$cohort" "${T[@]}" --devices cpu:0,cpu:1
+# A rank that dies (SIGKILL, from inside): mpirun names it and ends the others.
+expect "rank 1 with PID" 30 -- env COHORT_INJECT_FAULT=kill:1:4 "${mpirun[@]}" -np 2 "$cohort" "${T[@]}"
+# A rank that is stuck: the others give up after --timeout and say on what.
+expect "step 3, gradient bucket 1 of 1: MPI_Iallreduce did not finish within 3 s" 30 -- \
+    env COHORT_INJECT_FAULT=hang:1:3 "${mpirun[@]}" -np 2 "$cohort" "${T[@]}" --timeout 3
+# Ranks that load different data (a host with another copy) refuse to train together.
+expect "the ranks disagree on the training set" 30 -- \
+    "${mpirun[@]}" -np 1 "$cohort" "${T[@]}" : -np 1 "$cohort" "${T[@]}" --train-limit 2999
+# A rank that cannot read its data names itself and the file.
+expect "rank 1 of 2 ($(hostname)): " 30 -- \
+    "${mpirun[@]}" -np 1 "$cohort" "${T[@]}" : -np 1 "$cohort" "${T[@]}" --data "$tmp/nowhere"
+
+# SIGKILL from outside, mid-epoch: every rank ends within 30 s, non-zero, and the rank is named.
+rm -rf "$tmp/logs"
+"${mpirun[@]}" -np 2 "$cohort" train --model lenet --data "$data/mnist" --epochs 50 -b 64 \
+    --no-progress --log-dir "$tmp/logs" >"$tmp/out" 2>&1 &
+job=$!
+for _ in $(seq 100); do grep -q '^rank 1 of 2' "$tmp/logs/workerlog.1" 2>/dev/null && break; sleep 0.2; done
+pid=$(sed -n 's/.*pid \([0-9]*\),.*/\1/p' "$tmp/logs/workerlog.1" | head -1)
+sleep 2
+t0=$SECONDS
+if [ -n "$pid" ] && kill -9 "$pid"; then
+    for _ in $(seq 300); do kill -0 "$job" 2>/dev/null || break; sleep 0.1; done
+    if kill -0 "$job" 2>/dev/null; then
+        check "external SIGKILL of rank 1: the job is still running after 30 s" 1
+    else
+        wait "$job"; got=$?; job=""
+        took=$((SECONDS - t0)) bad=0
+        [ "$got" -ne 0 ] || bad=1
+        grep -q "rank 1 with PID" "$tmp/out" || bad=1
+        check "external SIGKILL of rank 1 (pid $pid) -> exit $got after ${took}s" $bad
+    fi
+else
+    check "external SIGKILL: no pid for rank 1 in its worker log" 1
+fi
+# Every rank's worker log says who it is and what it trains on.
+for r in 0 1; do
+    grep -q "^rank $r of 2, local rank $r of 2, host $(hostname), pid [0-9]*, devices \[cpu:0\]; per epoch it trains on 30000 of 60000 training samples and evaluates [0-9]* of 10000 test samples" \
+        "$tmp/logs/workerlog.$r"
+    check "workerlog.$r has rank $r's identity and share" $?
+done
+
+echo "mpi_faults: $passes passed, $fails failed"
+[ "$fails" -eq 0 ]

@@ -1,0 +1,205 @@
+/* Ranks over Open MPI must compute what one process computes. Run under mpirun with N = 1, 2, 4
+ * (ctest does; oversubscribed on small machines). Every rank also builds a single-process trainer
+ * (local_only) on the whole global batch as its reference.
+ * - one step (lr 0) of lenet, mnist-cnn and resnet18 with sync-BN on a global batch that does not
+ *   divide evenly gives the single-process gradient within 1e-5 relative, on every rank;
+ * - one epoch of lenet on a subset of real MNIST (size not a multiple of N x batch) ends with the
+ *   single-process parameters within 1e-4, every rank holds the same bits, and every training sample
+ *   was gathered exactly once across all ranks and replicas;
+ * - evaluation splits the test set over the ranks and reports exactly the single-process accuracy.
+ * A failed check prints the rank and ends the job (MPI_Abort) so no rank waits for another.
+ * usage: test_mpi DATA_ROOT (holding mnist/) */
+#include <math.h>
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "data/dataset.h"
+#include "nn/model.h"
+#include "test_util.h"
+#include "train/trainer.h"
+
+static int rank, size;
+
+#define CHECK(cond, ...)                                                              \
+    do {                                                                              \
+        if (!(cond)) {                                                                \
+            fprintf(stderr, "test_mpi: rank %d of %d: %s:%d: ", rank, size, __FILE__, __LINE__); \
+            fprintf(stderr, __VA_ARGS__);                                             \
+            fputc('\n', stderr);                                                      \
+            MPI_Abort(MPI_COMM_WORLD, 1);                                             \
+        }                                                                             \
+    } while (0)
+
+static ch_trainer *make(const char *model, const ch_dataset *train, const ch_dataset *test,
+                        const char *devices, int batch, double lr, double momentum,
+                        bool local_only)
+{
+    ch_train_config cfg = ch_train_config_default();
+    cfg.model = model;
+    cfg.batch_size = batch;
+    cfg.lr = lr;
+    cfg.momentum = momentum;
+    cfg.seed = 11;
+    cfg.threads = 1;
+    cfg.devices = devices;
+    cfg.sync_bn = true;
+    cfg.bucket_mb = 0.05;   /* several buckets, several Iallreduce per step */
+    cfg.local_only = local_only;
+    cfg.timeout_s = 120;
+    ch_trainer *t = NULL;
+    ch_err err;
+    ch_status st = ch_trainer_create(&cfg, train, test, &t, &err);
+    CHECK(st == CH_STATUS_OK, "trainer: %s", err.msg);
+    return t;
+}
+
+/* Per tensor ||a - b|| / max(||b||, 1e-2 ||b of the model||): worst over the tensors. */
+static double grad_error(const ch_model *m, const ch_real *a, const ch_real *b)
+{
+    double total = 0;
+    for (size_t i = 0; i < m->nparams; i++) total += (double)b[i] * b[i];
+    const double floor = 1e-2 * sqrt(total);
+    double worst = 0;
+    for (int t = 0; t < m->ntensors; t++) {
+        const ch_tensor_ref *r = &m->tensors[t];
+        if (r->kind != CH_TENSOR_PARAM) continue;
+        double d2 = 0, n2 = 0;
+        for (size_t i = r->spec->offset; i < r->spec->offset + r->spec->count; i++) {
+            d2 += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+            n2 += (double)b[i] * b[i];
+        }
+        const double e = sqrt(d2) / fmax(sqrt(n2), floor);
+        if (e > worst) worst = e;
+    }
+    return worst;
+}
+
+/* Rank 0's bits, everywhere. */
+static void check_same_on_all_ranks(const ch_real *x, size_t n, const char *what)
+{
+    ch_real *mine = malloc(sizeof(ch_real) * n);
+    CHECK(mine != NULL, "malloc");
+    memcpy(mine, x, sizeof(ch_real) * n);
+    MPI_Bcast(mine, (int)(n * sizeof(ch_real)), MPI_BYTE, 0, MPI_COMM_WORLD);
+    CHECK(memcmp(mine, x, sizeof(ch_real) * n) == 0, "%s differ from rank 0's", what);
+    free(mine);
+}
+
+static void test_gradient(const char *model, const char *devices, int n)
+{
+    ch_dataset *d = tu_synthetic(64, 28, 5);
+    ch_trainer *job = make(model, d, NULL, devices, n, 0, 0.9, false);
+    ch_trainer *one = make(model, d, NULL, "cpu:0", n, 0, 0.9, true);
+    uint32_t idx[64];
+    for (int i = 0; i < n; i++) idx[i] = (uint32_t)((i * 7 + 3) % 64);
+    double l1, l2;
+    int64_t c1, c2;
+    ch_err err;
+    CHECK(ch_trainer_step(job, idx, n, &l1, &c1, &err) == CH_STATUS_OK, "%s", err.msg);
+    CHECK(ch_trainer_step(one, idx, n, &l2, &c2, &err) == CH_STATUS_OK, "%s", err.msg);
+    const ch_model *m = job->replicas[0].model;
+    const double e = grad_error(m, m->grads, one->replicas[0].model->grads);
+    if (rank == 0)
+        printf("gradient %-9s %d ranks x [%s], batch %2d: %.3g relative to one process\n", model,
+               size, devices, n, e);
+    CHECK(e <= 1e-5, "%s gradient differs from one process by %.3g (> 1e-5)", model, e);
+    check_same_on_all_ranks(m->grads, m->nparams, "synced gradients");
+    ch_trainer_free(job);
+    ch_trainer_free(one);
+    ch_dataset_free(d);
+}
+
+static void test_epoch(const char *root)
+{
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/mnist", root);
+    ch_dataset *train, *test;
+    ch_err err;
+    CHECK(ch_dataset_load_idx(dir, CH_SPLIT_TRAIN, &train, &err) == CH_STATUS_OK, "%s", err.msg);
+    CHECK(ch_dataset_load_idx(dir, CH_SPLIT_TEST, &test, &err) == CH_STATUS_OK, "%s", err.msg);
+    /* 1100 = 17 x 64 + 12: the last step is short, and with 4 ranks each of its slices is 3. */
+    const size_t n = 1100;
+    const int batch = 64;
+    CHECK(n % (size_t)(size * batch) != 0 || size == 1, "subset size must not divide evenly");
+    ch_dataset_truncate(train, n);
+    ch_dataset_truncate(test, 1000);
+    ch_trainer *job = make("lenet", train, test, "cpu:0", batch, 0.3, 0.9, false);
+    ch_trainer *one = make("lenet", train, test, "cpu:0", batch, 0.3, 0.9, true);
+
+    /* Before training both hold the same parameters: evaluation must agree exactly. */
+    double jl, ja, ol, oa;
+    CHECK(ch_trainer_evaluate(job, test, &jl, &ja, &err) == CH_STATUS_OK, "%s", err.msg);
+    CHECK(ch_trainer_evaluate(one, test, &ol, &oa, &err) == CH_STATUS_OK, "%s", err.msg);
+    CHECK(ja == oa, "test accuracy %.6f over the ranks, %.6f in one process", ja, oa);
+    CHECK(fabs(jl - ol) <= 1e-6 * fabs(ol), "test loss %.9f over the ranks, %.9f in one process", jl, ol);
+
+    uint32_t *counts = calloc(n, sizeof *counts);
+    CHECK(counts != NULL, "calloc");
+    job->spec.sample_counts = counts;
+    ch_epoch_stats sj, so;
+    CHECK(ch_trainer_run_epoch(job, &sj, &err) == CH_STATUS_OK, "%s", err.msg);
+    CHECK(ch_trainer_run_epoch(one, &so, &err) == CH_STATUS_OK, "%s", err.msg);
+    MPI_Allreduce(MPI_IN_PLACE, counts, (int)n, MPI_UINT32_T, MPI_SUM, MPI_COMM_WORLD);
+    for (size_t i = 0; i < n; i++) CHECK(counts[i] == 1, "training sample %zu used %u times in the epoch", i, counts[i]);
+    size_t share_train, share_test, sums[2];
+    ch_trainer_share(job, &share_train, &share_test);
+    sums[0] = share_train;
+    sums[1] = share_test;
+    MPI_Allreduce(MPI_IN_PLACE, sums, 2, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
+    CHECK(sums[0] == n && sums[1] == 1000, "the ranks' shares add up to %zu and %zu", sums[0], sums[1]);
+
+    const size_t np = ch_trainer_param_count(job);
+    float *pj = malloc(sizeof(float) * np), *po = malloc(sizeof(float) * np);
+    CHECK(pj && po, "malloc");
+    ch_trainer_get_params(job, pj);
+    ch_trainer_get_params(one, po);
+    const double e = tu_max_norm_err(pj, po, np);
+    if (rank == 0)
+        printf("epoch lenet %d ranks, %zu samples, batch %d: parameters %.3g from one process; "
+               "loss %.6f vs %.6f, test acc %.4f vs %.4f\n",
+               size, n, batch, e, sj.loss, so.loss, sj.test_acc, so.test_acc);
+    CHECK(e <= 1e-4, "after one epoch the parameters differ from one process by %.3g (> 1e-4)", e);
+    CHECK(sj.train_images == n, "epoch reports %zu images, expected %zu", sj.train_images, n);
+    const ch_model *m = job->replicas[0].model;
+    check_same_on_all_ranks(m->params, m->nparams, "parameters after an epoch");
+    free(pj);
+    free(po);
+    free(counts);
+    ch_trainer_free(job);
+    ch_trainer_free(one);
+    ch_dataset_free(train);
+    ch_dataset_free(test);
+}
+
+int main(int argc, char **argv)
+{
+    ch_err err;
+    if (ch_world_init(&argc, &argv, &err) != CH_STATUS_OK) {
+        fprintf(stderr, "test_mpi: %s\n", err.msg);
+        return 1;
+    }
+    /* --epoch-only: the multi-host test, where each exchange crosses a (namespaced) network. */
+    const bool epoch_only = argc == 3 && strcmp(argv[1], "--epoch-only") == 0;
+    if (argc != 2 && !epoch_only) {
+        fprintf(stderr, "usage: mpirun -np N test_mpi [--epoch-only] DATA_ROOT\n");
+        return 2;
+    }
+    if (!getenv("OMPI_COMM_WORLD_SIZE")) {
+        fprintf(stderr, "test_mpi: run me under mpirun\n");
+        return 2;
+    }
+    rank = ch_world_rank();
+    size = ch_world_size();
+    if (!epoch_only) {
+        test_gradient("lenet", "cpu:0", 13);
+        test_gradient("mnist-cnn", "cpu:0", 11);
+        test_gradient("resnet18", "cpu:0", 9);
+    }
+    test_gradient("lenet", "cpu:0,cpu:1", 13);
+    test_epoch(argv[argc - 1]);
+    if (rank == 0) printf("test_mpi: %d ranks: all checks passed\n", size);
+    ch_world_finalize();
+    return 0;
+}
