@@ -32,6 +32,12 @@ extern "C" {
 
 #define CH_VERSION "0.1.0"
 
+#ifdef __cplusplus
+#define CH_NORETURN [[noreturn]]
+#else
+#define CH_NORETURN _Noreturn
+#endif
+
 typedef enum ch_status {
     CH_STATUS_OK = 0,
     CH_STATUS_BAD_INPUT = 2,   /* the user's input (flag, file, config) is wrong: exit code 2 */
@@ -107,7 +113,7 @@ int ch_world_local_rank(void);
 int ch_world_local_size(void);
 const char *ch_world_host(void);
 /* End every rank of the job now with exit code `code` (MPI_Abort; exit without MPI). */
-_Noreturn void ch_world_abort(int code);
+CH_NORETURN void ch_world_abort(int code);
 /* Leave MPI (call once at the end of a successful run, after freeing every trainer). */
 void ch_world_finalize(void);
 

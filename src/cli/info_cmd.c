@@ -3,6 +3,10 @@
 #include <stdio.h>
 
 #include "cli/cli.h"
+
+#ifdef CH_HAVE_MPI
+#include <mpi.h>
+#endif
 #include "core/real.h"
 
 #ifndef CH_REAL_DOUBLE
@@ -26,8 +30,10 @@ int ch_cmd_info(int argc, char **argv)
     printf("oneDNN cpu: %s\n", v->cpu_runtime == DNNL_RUNTIME_OMP ? "OpenMP runtime" : "other runtime");
     printf("cpu:        %s\n", cpu);
     printf("threads:    %d by default (--threads T to change)\n", ch_cpu_count());
-#ifdef COHORT_MPI_FOUND
-    printf("mpi:        Open MPI found at build time; not used by this build yet\n");
+#ifdef CH_HAVE_MPI
+    printf("mpi:        Open MPI %d.%d.%d; this process is rank %d of %d on %s%s\n",
+           OMPI_MAJOR_VERSION, OMPI_MINOR_VERSION, OMPI_RELEASE_VERSION, ch_world_rank(),
+           ch_world_size(), ch_world_host(), ch_world_size() > 1 ? "" : " (started without mpirun)");
 #else
     printf("mpi:        not available (install libopenmpi-dev and rebuild)\n");
 #endif

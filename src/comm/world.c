@@ -109,7 +109,7 @@ void ch_world_log(const char *line)
     fflush(world.log);
 }
 
-_Noreturn void ch_world_abort(int code)
+CH_NORETURN void ch_world_abort(int code)
 {
     fflush(stdout);
     fflush(stderr);
