@@ -17,12 +17,25 @@
 
 typedef struct ch_comm ch_comm;
 
+/* A collective in flight (see iallreduce_sum). */
+typedef struct ch_request {
+    unsigned char impl[16]; /* the back end's handle */
+    bool done;
+    double started;         /* when it started, for the timeout */
+    char what[96];          /* what it exchanges, for the timeout message */
+} ch_request;
+
 typedef struct ch_comm_ops {
     const char *name;
     /* buf (n) <- the sum over all members' buf, element by element; every member gets the same bits. */
     ch_status (*allreduce_sum)(ch_comm *c, ch_real *buf, size_t n, ch_err *err);
     /* The same for doubles: small exact sums (sync-BN statistics, metrics). */
     ch_status (*allreduce_sum_f64)(ch_comm *c, double *buf, size_t n, ch_err *err);
+    /* Optional (NULL: the blocking allreduce_sum is used): start allreduce_sum and return at once.
+     * buf must not be touched until test says done. May complete at once (req->done). */
+    ch_status (*iallreduce_sum)(ch_comm *c, ch_real *buf, size_t n, ch_request *req, ch_err *err);
+    /* Has req completed? Fails when the group was aborted; ends the job after the timeout. */
+    ch_status (*test)(ch_comm *c, ch_request *req, bool *done, ch_err *err);
     /* buf (n) <- root's buf. */
     ch_status (*broadcast)(ch_comm *c, ch_real *buf, size_t n, int root, ch_err *err);
     ch_status (*barrier)(ch_comm *c, ch_err *err);
@@ -69,6 +82,23 @@ static inline ch_status ch_comm_allreduce_sum_f64(ch_comm *c, double *buf, size_
     return c->ops->allreduce_sum_f64(c, buf, n, err);
 }
 static inline void ch_comm_abort(ch_comm *c, const char *why) { c->ops->abort(c, why); }
+/* Start an allreduce; back ends without a nonblocking one complete it here (req->done). */
+static inline ch_status ch_comm_iallreduce_sum(ch_comm *c, ch_real *buf, size_t n, ch_request *req,
+                                               ch_err *err)
+{
+    req->done = false;
+    if (c->ops->iallreduce_sum) return c->ops->iallreduce_sum(c, buf, n, req, err);
+    req->done = true;
+    return c->ops->allreduce_sum(c, buf, n, err);
+}
+static inline ch_status ch_comm_test(ch_comm *c, ch_request *req, bool *done, ch_err *err)
+{
+    if (req->done) {
+        *done = true;
+        return CH_STATUS_OK;
+    }
+    return c->ops->test(c, req, done, err);
+}
 static inline ch_status ch_comm_broadcast(ch_comm *c, ch_real *buf, size_t n, int root, ch_err *err)
 {
     return c->ops->broadcast(c, buf, n, root, err);

@@ -59,6 +59,24 @@ static ch_status hier_allreduce_sum_f64(ch_comm *c, double *buf, size_t n, ch_er
     return across_then_share(c, buf, sizeof(double) * n, stage_sum_f64, n, err);
 }
 
+/* Nonblocking only when the process has one replica (the MPI stage is all there is); with local
+ * members the stages must run in the same order on every member, so it completes at once. */
+static ch_status hier_iallreduce_sum(ch_comm *c, ch_real *buf, size_t n, ch_request *req, ch_err *err)
+{
+    ch_hier *h = hier_of(c);
+    if (h->has_mpi && h->local.size == 1) {
+        memcpy(h->mpi.what, c->what, sizeof c->what);
+        return ch_comm_iallreduce_sum(&h->mpi, buf, n, req, err);
+    }
+    req->done = true;
+    return hier_allreduce_sum(c, buf, n, err);
+}
+
+static ch_status hier_test(ch_comm *c, ch_request *req, bool *done, ch_err *err)
+{
+    return ch_comm_test(&hier_of(c)->mpi, req, done, err);
+}
+
 /* Only root 0 (process 0, member 0) is needed: the initial parameters come from there. */
 static ch_status hier_broadcast(ch_comm *c, ch_real *buf, size_t n, int root, ch_err *err)
 {
@@ -93,6 +111,8 @@ static const ch_comm_ops hier_ops = {
     .name = "hier",
     .allreduce_sum = hier_allreduce_sum,
     .allreduce_sum_f64 = hier_allreduce_sum_f64,
+    .iallreduce_sum = hier_iallreduce_sum,
+    .test = hier_test,
     .broadcast = hier_broadcast,
     .barrier = hier_barrier,
     .abort = hier_abort,

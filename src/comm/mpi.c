@@ -46,27 +46,37 @@ static void pause_briefly(int round)
     nanosleep(&ts, NULL);
 }
 
-/* Complete req by polling. On abort the request is left behind: the process is going down. */
+/* One MPI_Test of req. On abort the request is left behind: the process is going down. After the
+ * timeout the job ends, naming what was being exchanged. */
+static ch_status test_once(struct ch_mpi_group *g, MPI_Request *req, const char *what,
+                           const char *call, double t0, bool check_clock, bool *done, ch_err *err)
+{
+    int flag = 0;
+    ch_world_lock();
+    const int rc = MPI_Test(req, &flag, MPI_STATUS_IGNORE);
+    ch_world_unlock();
+    if (rc != MPI_SUCCESS) return mpi_error(err, call, rc);
+    *done = flag != 0;
+    if (*done) return CH_STATUS_OK;
+    if (atomic_load(&g->aborted))
+        return ch_fail(err, CH_STATUS_SYSTEM, "MPI communicator aborted: %s", g->why);
+    if (check_clock && ch_clock_s() - t0 > g->timeout_s) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s: %s did not finish within %g s (--timeout): a rank is stuck or gone",
+                 what[0] ? what : "collective", call, g->timeout_s);
+        ch_world_fatal(1, msg);
+    }
+    return CH_STATUS_OK;
+}
+
+/* Complete req by polling. */
 static ch_status wait_request(ch_comm *c, MPI_Request *req, const char *call, ch_err *err)
 {
-    struct ch_mpi_group *g = c->group;
     const double t0 = ch_clock_s();
     for (int round = 0;; round++) {
-        int done = 0;
-        ch_world_lock();
-        const int rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
-        ch_world_unlock();
-        if (rc != MPI_SUCCESS) return mpi_error(err, call, rc);
+        bool done;
+        CH_TRY(test_once(c->group, req, c->what, call, t0, (round & 63) == 63, &done, err));
         if (done) return CH_STATUS_OK;
-        if (atomic_load(&g->aborted))
-            return ch_fail(err, CH_STATUS_SYSTEM, "MPI communicator aborted: %s", g->why);
-        if ((round & 63) == 63 && ch_clock_s() - t0 > g->timeout_s) {
-            char msg[512];
-            snprintf(msg, sizeof msg,
-                     "%s: %s did not finish within %g s (--timeout): a rank is stuck or gone",
-                     c->what[0] ? c->what : "collective", call, g->timeout_s);
-            ch_world_fatal(1, msg);
-        }
         pause_briefly(round);
     }
 }
@@ -108,6 +118,36 @@ static ch_status mpi_allreduce_sum_f64(ch_comm *c, double *buf, size_t n, ch_err
     return mpi_allreduce_type(c, buf, n, MPI_DOUBLE, sizeof(double), err);
 }
 
+_Static_assert(sizeof(MPI_Request) <= sizeof(((ch_request *)0)->impl), "MPI_Request fits ch_request");
+
+static ch_status mpi_iallreduce_sum(ch_comm *c, ch_real *buf, size_t n, ch_request *req, ch_err *err)
+{
+    struct ch_mpi_group *g = c->group;
+    if (n > MAX_PIECE) {
+        req->done = true;
+        return mpi_allreduce_sum(c, buf, n, err);
+    }
+    memcpy(req->what, c->what, sizeof req->what);
+    req->started = ch_clock_s();
+    MPI_Request r;
+    ch_world_lock();
+    const int rc = MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, real_type(), MPI_SUM, g->comm, &r);
+    ch_world_unlock();
+    if (rc != MPI_SUCCESS) return mpi_error(err, "MPI_Iallreduce", rc);
+    memcpy(req->impl, &r, sizeof r);
+    return CH_STATUS_OK;
+}
+
+static ch_status mpi_test(ch_comm *c, ch_request *req, bool *done, ch_err *err)
+{
+    MPI_Request r;
+    memcpy(&r, req->impl, sizeof r);
+    ch_status st = test_once(c->group, &r, req->what, "MPI_Iallreduce", req->started, true, done, err);
+    memcpy(req->impl, &r, sizeof r);
+    if (*done) req->done = true;
+    return st;
+}
+
 static ch_status mpi_broadcast(ch_comm *c, ch_real *buf, size_t n, int root, ch_err *err)
 {
     struct ch_mpi_group *g = c->group;
@@ -144,6 +184,8 @@ static const ch_comm_ops mpi_ops = {
     .name = "mpi",
     .allreduce_sum = mpi_allreduce_sum,
     .allreduce_sum_f64 = mpi_allreduce_sum_f64,
+    .iallreduce_sum = mpi_iallreduce_sum,
+    .test = mpi_test,
     .broadcast = mpi_broadcast,
     .barrier = mpi_barrier,
     .abort = mpi_abort_group,

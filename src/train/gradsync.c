@@ -3,8 +3,10 @@
 #include "train/gradsync.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 
 typedef struct bucket {
     size_t lo, hi;          /* [lo, hi) of the flat gradient buffer */
@@ -19,6 +21,8 @@ struct ch_gradsync {
     bucket *buckets;        /* in sync order: buckets[0] holds the last parameters */
     int *queue;
     int head, tail;         /* queue[head..tail) waits for the sync thread (indices mod nbuckets) */
+    ch_request *reqs;       /* reqs[out_head..out_tail): sums in flight, oldest first */
+    int out_head, out_tail;
     int done;               /* buckets summed this step */
     uint64_t step;
     ch_status status;
@@ -30,30 +34,91 @@ struct ch_gradsync {
     bool started;
 };
 
+static void record_failure(ch_gradsync *s, ch_status st, const ch_err *e)
+{
+    if (st != CH_STATUS_OK && s->status == CH_STATUS_OK) {
+        s->status = st;
+        s->err = *e;
+    }
+}
+
+/* Call with mu held: the next queued bucket's sum is started (nonblocking where the communicator
+ * can: MPI between processes), and joins the in-flight list unless it completed at once. */
+static void start_next(ch_gradsync *s)
+{
+    const int bi = s->queue[s->head % s->nbuckets];
+    const bucket *b = &s->buckets[bi];
+    s->head++;
+    const bool failed = s->status != CH_STATUS_OK;
+    snprintf(s->comm->what, sizeof s->comm->what, "step %llu, gradient bucket %d of %d",
+             (unsigned long long)s->step + 1, bi + 1, s->nbuckets);
+    ch_request *req = &s->reqs[s->out_tail % s->nbuckets];
+    pthread_mutex_unlock(&s->mu);
+    ch_err e;
+    ch_status st = CH_STATUS_OK;
+    if (failed) req->done = true;
+    else st = ch_comm_iallreduce_sum(s->comm, s->grads + b->lo, b->hi - b->lo, req, &e);
+    pthread_mutex_lock(&s->mu);
+    record_failure(s, st, &e);
+    if (st != CH_STATUS_OK || req->done) {
+        s->done++;
+        pthread_cond_signal(&s->finished);
+    } else {
+        s->out_tail++;
+    }
+}
+
+/* Call with mu held: test the oldest sum in flight; true when it has completed (or failed). */
+static bool test_oldest(ch_gradsync *s)
+{
+    ch_request *req = &s->reqs[s->out_head % s->nbuckets];
+    pthread_mutex_unlock(&s->mu);
+    ch_err e;
+    bool done = false;
+    ch_status st = ch_comm_test(s->comm, req, &done, &e);
+    pthread_mutex_lock(&s->mu);
+    record_failure(s, st, &e);
+    if (!done && st == CH_STATUS_OK) return false;
+    s->out_head++;
+    s->done++;
+    pthread_cond_signal(&s->finished);
+    return true;
+}
+
+/* While sums are in flight and no bucket is waiting: yield, then nap (a bucket that becomes ready
+ * meanwhile waits at most one nap), leaving the cores to backward. */
+static void nap(int round)
+{
+    if (round < 200) {
+        sched_yield();
+        return;
+    }
+    const struct timespec ts = { 0, round < 2000 ? 20000 : 200000 };
+    nanosleep(&ts, NULL);
+}
+
+/* The sync thread: starts every bucket as soon as it is queued, and completes them in order. */
 static void *sync_main(void *p)
 {
     ch_gradsync *s = p;
+    int round = 0;
     pthread_mutex_lock(&s->mu);
     for (;;) {
-        while (s->head == s->tail && !s->quit) pthread_cond_wait(&s->work, &s->mu);
+        while (s->head == s->tail && s->out_head == s->out_tail && !s->quit)
+            pthread_cond_wait(&s->work, &s->mu);
         if (s->quit) break;
-        const int bi = s->queue[s->head % s->nbuckets];
-        const bucket *b = &s->buckets[bi];
-        s->head++;
-        const bool failed = s->status != CH_STATUS_OK;
-        snprintf(s->comm->what, sizeof s->comm->what, "step %llu, gradient bucket %d of %d",
-                 (unsigned long long)s->step + 1, bi + 1, s->nbuckets);
-        pthread_mutex_unlock(&s->mu);
-        ch_err e;
-        ch_status st = failed ? CH_STATUS_OK
-                              : ch_comm_allreduce_sum(s->comm, s->grads + b->lo, b->hi - b->lo, &e);
-        pthread_mutex_lock(&s->mu);
-        if (st != CH_STATUS_OK && s->status == CH_STATUS_OK) {
-            s->status = st;
-            s->err = e;
+        if (s->head != s->tail) {
+            start_next(s);
+            round = 0;
+            continue;
         }
-        s->done++;
-        pthread_cond_signal(&s->finished);
+        if (test_oldest(s)) {
+            round = 0;
+            continue;
+        }
+        pthread_mutex_unlock(&s->mu);
+        nap(round++);
+        pthread_mutex_lock(&s->mu);
     }
     pthread_mutex_unlock(&s->mu);
     return NULL;
@@ -64,8 +129,10 @@ static ch_status make_buckets(ch_gradsync *s, const ch_model *m, size_t cap, ch_
 {
     s->buckets = calloc((size_t)m->ntensors + 1, sizeof *s->buckets);
     s->queue = calloc((size_t)m->ntensors + 1, sizeof *s->queue);
+    s->reqs = calloc((size_t)m->ntensors + 1, sizeof *s->reqs);
     CH_CHECK_ALLOC(err, s->buckets);
     CH_CHECK_ALLOC(err, s->queue);
+    CH_CHECK_ALLOC(err, s->reqs);
     size_t hi = m->nparams, lo = m->nparams;
     for (int i = m->ntensors - 1; i >= 0; i--) {
         const ch_tensor_ref *t = &m->tensors[i];
@@ -112,7 +179,7 @@ void ch_gradsync_begin(ch_gradsync *s, uint64_t step)
         s->buckets[i].pending = s->buckets[i].hi - s->buckets[i].lo;
         s->buckets[i].queued = false;
     }
-    s->head = s->tail = s->done = 0;
+    s->head = s->tail = s->done = s->out_head = s->out_tail = 0;
     pthread_mutex_unlock(&s->mu);
 }
 
@@ -167,5 +234,6 @@ void ch_gradsync_free(ch_gradsync *s)
     pthread_cond_destroy(&s->finished);
     free(s->buckets);
     free(s->queue);
+    free(s->reqs);
     free(s);
 }

@@ -2,9 +2,10 @@
  * The flat gradient buffer is cut into buckets of whole tensors, from the last parameters to the
  * first (backward writes them in that order), each about bucket_elems long. Backward reports each
  * finished tensor (ch_gradsync_ready, the ch_run grads_ready hook); when a bucket's tensors are all
- * in, it goes to this replica's sync thread, which sums it over the group with ch_comm_allreduce_sum
- * while backward goes on. Every member sees the same readiness order (same model, same code), so
- * the members' collectives match up. */
+ * in, it goes to this replica's sync thread, which starts its sum over the group at once while
+ * backward goes on: nonblocking (MPI_Iallreduce) where the communicator can, several buckets in
+ * flight, completed oldest first; otherwise (the local communicator) one at a time. Every member
+ * sees the same readiness order (same model, same code), so the members' collectives match up. */
 #ifndef CH_TRAIN_GRADSYNC_H
 #define CH_TRAIN_GRADSYNC_H
 
