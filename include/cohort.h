@@ -135,6 +135,9 @@ typedef struct ch_train_config {
     double timeout_s;         /* the longest any exchange between ranks may take before the job
                                * is ended with a message naming it (default 300) */
     bool local_only;          /* ignore other MPI ranks: this process trains alone */
+    const char *checkpoint_dir; /* write a checkpoint there after every epoch; NULL: none */
+    int checkpoint_every;     /* also every N global steps (0: only at epoch ends) */
+    int keep;                 /* keep the newest K checkpoints (0: all) */
 } ch_train_config;
 
 ch_train_config ch_train_config_default(void);
@@ -169,6 +172,21 @@ ch_status ch_trainer_evaluate(ch_trainer *t, const ch_dataset *d, double *loss, 
 const char *ch_trainer_devices(const ch_trainer *t);
 const ch_device_list *ch_trainer_device_list(const ch_trainer *t);
 size_t ch_trainer_param_count(const ch_trainer *t);
+/* Continue from a checkpoint (a checkpoint directory, or a --checkpoint-dir whose `latest` names
+ * one): parameters, buffers, optimizer state, epoch and position in it. Collective over the ranks;
+ * any number of devices and ranks; with the same ones, training continues bit for bit. Errors name
+ * the file, the tensor and the mismatch, and leave the trainer as it was. */
+ch_status ch_trainer_resume(ch_trainer *t, const char *path, ch_err *err);
+/* Weights and buffers only, from a safetensors state_dict (cohort's model.safetensors, or one
+ * exported from PyTorch; a `module.` prefix is stripped). Collective. */
+ch_status ch_trainer_load_weights(ch_trainer *t, const char *file, ch_err *err);
+/* Write the state_dict alone (weights and BatchNorm buffers) to a safetensors file, atomically. */
+ch_status ch_trainer_export(const ch_trainer *t, const char *file, ch_err *err);
+/* Epochs completed (counting those of a resumed checkpoint). */
+int ch_trainer_epochs_done(const ch_trainer *t);
+/* Evaluate on d, counting per class: hits[c] and counts[c] for c < classes (exact over ranks). */
+ch_status ch_trainer_evaluate_classes(ch_trainer *t, const ch_dataset *d, double *loss, double *acc,
+                                      int64_t *hits, int64_t *counts, ch_err *err);
 /* This process's share of one epoch: the training samples its replicas train on and the test
  * samples they evaluate. The shares of all ranks add up to the data sets, without overlap. */
 void ch_trainer_share(const ch_trainer *t, size_t *train, size_t *test);

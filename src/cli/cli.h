@@ -12,6 +12,8 @@ enum { CH_EXIT_OK = 0, CH_EXIT_FAIL = 1, CH_EXIT_USAGE = 2 };
 
 int ch_cmd_train(int argc, char **argv);
 int ch_cmd_info(int argc, char **argv);
+int ch_cmd_eval(int argc, char **argv);
+int ch_cmd_export(int argc, char **argv);
 int ch_cmd_bench(int argc, char **argv);
 int ch_cmd_bench_allreduce(int argc, char **argv);
 

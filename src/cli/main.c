@@ -11,6 +11,8 @@ static const char usage[] =
     "\n"
     "commands:\n"
     "  train    train a model (cohort train --help)\n"
+    "  eval     test loss and accuracy of a checkpoint (cohort eval --help)\n"
+    "  export   a checkpoint's weights as one safetensors file (cohort export --help)\n"
     "  bench    measure training or evaluation throughput (cohort bench --help)\n"
     "  info     version, kernels, CPU and optional back ends\n"
     "\n"
@@ -35,6 +37,8 @@ int main(int argc, char **argv)
     if (strcmp(cmd, "train") == 0) run = ch_cmd_train;
     if (strcmp(cmd, "info") == 0) run = ch_cmd_info;
     if (strcmp(cmd, "bench") == 0) run = ch_cmd_bench;
+    if (strcmp(cmd, "eval") == 0) run = ch_cmd_eval;
+    if (strcmp(cmd, "export") == 0) run = ch_cmd_export;
     if (run) {
         /* Under mpirun this process becomes one rank of the job; alone, rank 0 of 1. */
         ch_err err;

@@ -36,6 +36,11 @@ static const char train_usage[] =
     "  --timeout SECONDS     end the job when an exchange between ranks takes longer\n"
     "                        (a stuck or lost rank; default 300)\n"
     "  --log-dir DIR         every rank writes its own log to DIR/workerlog.RANK\n"
+    "  --checkpoint-dir DIR  write a checkpoint DIR/epoch-NNNN after every epoch\n"
+    "  --checkpoint-every N  also DIR/step-NNNNNNNN every N steps\n"
+    "  --keep K              keep only the newest K checkpoints (default: all)\n"
+    "  --resume [PATH]       continue from PATH (a checkpoint) or from the latest one in\n"
+    "                        --checkpoint-dir; --epochs counts the epochs in all\n"
     "  --train-limit N       use only the first N training samples\n"
     "  --test-limit N        evaluate on the first N test samples only\n"
     "  --metrics FILE        append one JSON object per epoch (JSON Lines)\n"
@@ -48,7 +53,8 @@ static const char train_usage[] =
 
 typedef struct train_opts {
     ch_train_config cfg;
-    const char *data, *metrics, *log_dir;
+    const char *data, *metrics, *log_dir, *resume;
+    bool resume_latest;
     long train_limit, test_limit;
     bool progress;
 } train_opts;
@@ -57,6 +63,7 @@ enum {
     OPT_MODEL = 256, OPT_DATA, OPT_EPOCHS, OPT_LR, OPT_MOMENTUM, OPT_NESTEROV, OPT_WD, OPT_INIT,
     OPT_SEED, OPT_THREADS, OPT_TRAIN_LIMIT, OPT_TEST_LIMIT, OPT_METRICS, OPT_NAN_CHECK,
     OPT_NO_PROGRESS, OPT_DEVICES, OPT_SYNC_BN, OPT_BUCKET_MB, OPT_TIMEOUT, OPT_LOG_DIR,
+    OPT_CKPT_DIR, OPT_CKPT_EVERY, OPT_KEEP, OPT_RESUME,
 };
 
 static const struct option train_long[] = {
@@ -77,6 +84,10 @@ static const struct option train_long[] = {
     { "bucket-mb", required_argument, NULL, OPT_BUCKET_MB },
     { "timeout", required_argument, NULL, OPT_TIMEOUT },
     { "log-dir", required_argument, NULL, OPT_LOG_DIR },
+    { "checkpoint-dir", required_argument, NULL, OPT_CKPT_DIR },
+    { "checkpoint-every", required_argument, NULL, OPT_CKPT_EVERY },
+    { "keep", required_argument, NULL, OPT_KEEP },
+    { "resume", optional_argument, NULL, OPT_RESUME },
     { "train-limit", required_argument, NULL, OPT_TRAIN_LIMIT },
     { "test-limit", required_argument, NULL, OPT_TEST_LIMIT },
     { "metrics", required_argument, NULL, OPT_METRICS },
@@ -124,6 +135,19 @@ static int parse_one(int c, const char *arg, train_opts *o)
     case OPT_TIMEOUT:
         return ch_arg_double("train", "timeout", arg, 0.1, 1e6, &cfg->timeout_s) ? -1 : CH_EXIT_USAGE;
     case OPT_LOG_DIR: o->log_dir = arg; return -1;
+    case OPT_CKPT_DIR: cfg->checkpoint_dir = arg; return -1;
+    case OPT_CKPT_EVERY:
+        if (!ch_arg_int("train", "checkpoint-every", arg, 1, 1L << 40, &v)) return CH_EXIT_USAGE;
+        cfg->checkpoint_every = (int)(v > 1 << 30 ? 1 << 30 : v);
+        return -1;
+    case OPT_KEEP:
+        if (!ch_arg_int("train", "keep", arg, 1, 1000000, &v)) return CH_EXIT_USAGE;
+        cfg->keep = (int)v;
+        return -1;
+    case OPT_RESUME:
+        o->resume = arg;
+        o->resume_latest = arg == NULL;
+        return -1;
     case OPT_TRAIN_LIMIT:
         return ch_arg_int("train", "train-limit", arg, 1, __LONG_MAX__, &o->train_limit) ? -1 : CH_EXIT_USAGE;
     case OPT_TEST_LIMIT:
@@ -146,7 +170,10 @@ static int parse_train(int argc, char **argv, train_opts *o)
     opterr = 0;
     int c;
     while ((c = getopt_long(argc, argv, ":b:h", train_long, NULL)) != -1) {
-        int rc = parse_one(c, optarg, o);
+        /* --resume PATH, as well as --resume=PATH: a following word that is no option is its PATH. */
+        const char *arg = optarg;
+        if (c == OPT_RESUME && !arg && optind < argc && argv[optind][0] != '-') arg = argv[optind++];
+        int rc = parse_one(c, arg, o);
         if (rc >= 0) return rc;
     }
     if (optind < argc) {
@@ -155,6 +182,14 @@ static int parse_train(int argc, char **argv, train_opts *o)
     }
     if (!o->cfg.model || !o->data) {
         fprintf(stderr, "cohort train: --model and --data are required (see cohort train --help)\n");
+        return CH_EXIT_USAGE;
+    }
+    if (o->resume_latest && !o->cfg.checkpoint_dir) {
+        fprintf(stderr, "cohort train: --resume without a PATH needs --checkpoint-dir\n");
+        return CH_EXIT_USAGE;
+    }
+    if ((o->cfg.checkpoint_every || o->cfg.keep) && !o->cfg.checkpoint_dir) {
+        fprintf(stderr, "cohort train: --checkpoint-every and --keep need --checkpoint-dir\n");
         return CH_EXIT_USAGE;
     }
     return -1;
@@ -189,7 +224,7 @@ static int run_training(const train_opts *o, ch_trainer *t, FILE *metrics)
     ch_progress_init(&bar, o->progress && root);
     bar.epochs = o->cfg.epochs;
     ch_trainer_set_progress(t, ch_progress_update, &bar);
-    for (int e = 0; e < o->cfg.epochs; e++) {
+    for (int e = ch_trainer_epochs_done(t); e < o->cfg.epochs; e++) {
         bar.epoch = e + 1;
         ch_epoch_stats s;
         ch_err err;
@@ -256,6 +291,8 @@ int ch_cmd_train(int argc, char **argv)
         ch_dataset_truncate(test, (size_t)o.test_limit);
         st = ch_trainer_create(&o.cfg, train, test, &t, &err);
     }
+    if (st == CH_STATUS_OK && (o.resume || o.resume_latest))
+        st = ch_trainer_resume(t, o.resume ? o.resume : o.cfg.checkpoint_dir, &err);
     if (st == CH_STATUS_OK) log_identity(t, train, test);
     if (st == CH_STATUS_OK && o.metrics && ch_world_rank() == 0 && !(metrics = fopen(o.metrics, "a")))
         st = ch_fail(&err, CH_STATUS_BAD_INPUT, "%s: cannot open for writing (%s)", o.metrics,

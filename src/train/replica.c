@@ -38,7 +38,9 @@ static ch_status alloc_buffers(ch_replica *rp, const ch_replica_spec *s, ch_err 
     rp->x = malloc(x_bytes);
     rp->labels = malloc(sizeof(int32_t) * b);
     rp->dlogits = malloc(sizeof(ch_real) * (size_t)s->classes * b);
-    if (!rp->x || !rp->labels || !rp->dlogits)
+    rp->class_hits = calloc((size_t)s->classes, sizeof(int64_t));
+    rp->class_counts = calloc((size_t)s->classes, sizeof(int64_t));
+    if (!rp->x || !rp->labels || !rp->dlogits || !rp->class_hits || !rp->class_counts)
         return CH_SYS_FAIL(err, "allocation of replica batch buffers");
     return CH_STATUS_OK;
 }
@@ -167,11 +169,25 @@ ch_status ch_replica_step(ch_replica *rp, const ch_replica_spec *s, const ch_dat
     return CH_STATUS_OK;
 }
 
+/* Per-class tallies, with the loss kernel's rule for the predicted class (the first maximum). */
+static void tally_classes(ch_replica *rp, int n, int classes, const ch_real *logits)
+{
+    for (int i = 0; i < n; i++) {
+        const ch_real *z = logits + (size_t)i * classes;
+        int arg = 0;
+        for (int j = 1; j < classes; j++)
+            if (z[j] > z[arg]) arg = j;
+        rp->class_counts[rp->labels[i]]++;
+        rp->class_hits[rp->labels[i]] += arg == rp->labels[i];
+    }
+}
+
 ch_status ch_replica_evaluate(ch_replica *rp, const ch_replica_spec *s, const ch_dataset *d)
 {
     rp->status = CH_STATUS_OK;
     rp->loss_sum = 0;
     rp->correct = 0;
+    for (int c = 0; c < s->classes; c++) rp->class_hits[c] = rp->class_counts[c] = 0;
     ch_run r = ch_model_run(rp->model, s->k, false);
     const size_t B = (size_t)s->max_slice;
     uint32_t idx[256];
@@ -189,10 +205,39 @@ ch_status ch_replica_evaluate(ch_replica *rp, const ch_replica_spec *s, const ch
         double l;
         int64_t c;
         s->k->softmax_xent(&r.kc, n, rp->model->classes, logits, rp->labels, 1.0, NULL, &l, &c);
+        tally_classes(rp, n, rp->model->classes, logits);
         rp->loss_sum += l;
         rp->correct += c;
     }
     return CH_STATUS_OK;
+}
+
+static ch_status share(ch_replica *rp, ch_err *err)
+{
+    ch_model *m = rp->model;
+    ch_comm *c = &rp->ctl_comm;
+    snprintf(c->what, sizeof c->what, "loading a checkpoint");
+    CH_TRY(ch_comm_broadcast(c, m->params, m->nparams, 0, err));
+    if (m->nbuffers) CH_TRY(ch_comm_broadcast(c, m->buffers, m->nbuffers, 0, err));
+    if (rp->opt.buf) CH_TRY(ch_comm_broadcast(c, rp->opt.buf, m->nparams, 0, err));
+    if (m->ncounters == 0) return CH_STATUS_OK;
+    /* Counters are int64: exact through a double sum of replica 0's value and zeros. */
+    double *v = calloc((size_t)m->ncounters, sizeof *v);
+    CH_CHECK_ALLOC(err, v);
+    if (rp->global_index == 0)
+        for (int i = 0; i < m->ncounters; i++) v[i] = (double)m->counters[i];
+    ch_status st = ch_comm_allreduce_sum_f64(c, v, (size_t)m->ncounters, err);
+    for (int i = 0; st == CH_STATUS_OK && i < m->ncounters; i++) m->counters[i] = (int64_t)v[i];
+    free(v);
+    return st;
+}
+
+ch_status ch_replica_share_state(ch_replica *rp)
+{
+    ch_err err;
+    rp->status = CH_STATUS_OK;
+    ch_status st = share(rp, &err);
+    return st == CH_STATUS_OK ? CH_STATUS_OK : fail_collective(rp, st, &err);
 }
 
 void ch_replica_free(ch_replica *rp)
@@ -203,4 +248,6 @@ void ch_replica_free(ch_replica *rp)
     free(rp->x);
     free(rp->labels);
     free(rp->dlogits);
+    free(rp->class_hits);
+    free(rp->class_counts);
 }

@@ -62,6 +62,7 @@ typedef struct ch_replica {
     bool root_cause;        /* the failure started here (not a collective aborted by another) */
     double loss_sum;
     int64_t correct;
+    int64_t *class_hits, *class_counts; /* evaluation, per class (classes each) */
 } ch_replica;
 
 /* One slice of a global batch. */
@@ -82,6 +83,9 @@ ch_status ch_replica_step(ch_replica *rp, const ch_replica_spec *s, const ch_dat
 /* Forward only over chunks g, g + R, ... (chunks of max_slice) of d, where g is the replica's global
  * index and R = s->nglobal: every sample of d is seen by exactly one replica of the job. */
 ch_status ch_replica_evaluate(ch_replica *rp, const ch_replica_spec *s, const ch_dataset *d);
+/* Global replica 0's parameters, buffers, counters and momentum to this replica (all replicas of
+ * all ranks call it: a checkpoint was just loaded into global replica 0). */
+ch_status ch_replica_share_state(ch_replica *rp);
 void ch_replica_free(ch_replica *rp);
 
 #endif

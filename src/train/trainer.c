@@ -2,6 +2,8 @@
  * exact metrics and failure reporting. The replicas' own work is in replica.c. */
 #include "train/trainer.h"
 
+#include "train/checkpoint.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,6 +41,9 @@ static ch_status check_config(const ch_train_config *c, ch_err *err)
         return ch_fail(err, CH_STATUS_BAD_INPUT, "threads %d, expected 0..1024", c->threads);
     if (!(c->bucket_mb >= 0 && c->bucket_mb <= 4096))
         return ch_fail(err, CH_STATUS_BAD_INPUT, "bucket size %g MiB, expected 0..4096", c->bucket_mb);
+    if (c->checkpoint_every < 0 || c->keep < 0)
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "checkpoint-every %d / keep %d, expected >= 0",
+                       c->checkpoint_every, c->keep);
     if (!(c->timeout_s >= 0 && c->timeout_s <= 1e6))
         return ch_fail(err, CH_STATUS_BAD_INPUT, "timeout %g s, expected 0..1000000", c->timeout_s);
     return CH_STATUS_OK;
@@ -236,6 +241,7 @@ static ch_status setup(ch_trainer *t, ch_err *err)
         .k = ch_kernels_cpu(),
     };
     CH_TRY(parse_fault(&t->spec.fault, err));
+    if (t->cfg.checkpoint_dir && t->proc == 0) CH_TRY(ch_checkpoint_prepare(t->cfg.checkpoint_dir, err));
     t->perm = malloc(sizeof(uint32_t) * d->n);
     CH_CHECK_ALLOC(err, t->perm);
     return make_replicas(t, err);
@@ -252,6 +258,11 @@ ch_status ch_trainer_create(const ch_train_config *cfg, const ch_dataset *train,
     snprintf(t->init, sizeof t->init, "%s", cfg->init ? cfg->init : "default");
     t->cfg.model = t->model_name;
     t->cfg.init = t->init;
+    if (cfg->checkpoint_dir) {
+        snprintf(t->checkpoint_dir, sizeof t->checkpoint_dir, "%s", cfg->checkpoint_dir);
+        t->cfg.checkpoint_dir = t->checkpoint_dir;
+    }
+    t->pos = (ch_ckpt_position){ .train_loss = -1, .train_acc = -1, .test_loss = -1, .test_acc = -1 };
     t->train = train;
     t->test = test;
     ch_status st = setup(t, err);
@@ -341,6 +352,43 @@ static ch_status sum_over_ranks(ch_trainer *t, double *v, int n, const char *wha
     return ch_comm_allreduce_sum_f64(&t->main_comm, v, (size_t)n, err);
 }
 
+/* A step checkpoint inside an epoch: the partial sums over all ranks go with it. Collective. */
+static ch_status save_step_checkpoint(ch_trainer *t, int steps_done, size_t seen, double loss,
+                                      int64_t hits, ch_err *err)
+{
+    double sums[2] = { loss, (double)hits };
+    CH_TRY(sum_over_ranks(t, sums, 2, "checkpoint, partial epoch sums", err));
+    ch_ckpt_position p = t->pos;
+    p.epoch = t->epoch;
+    p.step_in_epoch = steps_done;
+    p.seen_in_epoch = seen;
+    p.global_step = t->step;
+    p.loss_sum = sums[0];
+    p.hits = sums[1];
+    char name[64];
+    snprintf(name, sizeof name, "step-%08llu", (unsigned long long)t->step);
+    return ch_checkpoint_save(t, t->cfg.checkpoint_dir, name, &p, err);
+}
+
+static ch_status save_epoch_checkpoint(ch_trainer *t, ch_err *err)
+{
+    ch_ckpt_position p = t->pos;
+    p.epoch = t->epoch;
+    p.step_in_epoch = 0;
+    p.seen_in_epoch = 0;
+    p.global_step = t->step;
+    p.loss_sum = p.hits = 0;
+    char name[64];
+    snprintf(name, sizeof name, "epoch-%04d", t->epoch);
+    return ch_checkpoint_save(t, t->cfg.checkpoint_dir, name, &p, err);
+}
+
+static bool step_checkpoint_due(const ch_trainer *t, size_t seen)
+{
+    return t->cfg.checkpoint_dir && t->cfg.checkpoint_every > 0 && seen < t->train->n &&
+           t->step % (uint64_t)t->cfg.checkpoint_every == 0;
+}
+
 ch_status ch_trainer_run_epoch(ch_trainer *t, ch_epoch_stats *s, ch_err *err)
 {
     CH_TRY(check_usable(t, err));
@@ -349,12 +397,27 @@ ch_status ch_trainer_run_epoch(ch_trainer *t, ch_epoch_stats *s, ch_err *err)
     ch_rng_init(&rng, t->cfg.seed, CH_RNG_STREAM_SHUFFLE, (uint64_t)t->epoch << 40);
     ch_rng_permutation(&rng, t->perm, (uint32_t)d->n);
 
+    /* Resumed inside this epoch: go on from the checkpoint's position, with its partial sums
+     * (counted once, on rank 0). */
     const int B = t->cfg.batch_size;
-    const int steps = (int)((d->n + (size_t)B - 1) / (size_t)B);
-    double loss = 0, t0 = ch_clock_s();
+    size_t seen = 0;
+    int first = 0;
+    double loss = 0;
     int64_t hits = 0;
-    size_t seen = 0, mine = 0;
-    for (int i = 0; i < steps; i++) {
+    if (t->mid_epoch) {
+        seen = t->pos.seen_in_epoch;
+        first = t->pos.step_in_epoch;
+        if (t->proc == 0) {
+            loss = t->pos.loss_sum;
+            hits = (int64_t)t->pos.hits;
+        }
+        t->mid_epoch = false;
+    }
+    const size_t seen0 = seen;
+    const int steps = first + (int)((d->n - seen + (size_t)B - 1) / (size_t)B);
+    const double t0 = ch_clock_s();
+    size_t mine = 0;
+    for (int i = first; seen < d->n; i++) {
         const int n = (int)((size_t)B < d->n - seen ? (size_t)B : d->n - seen);
         double l;
         int64_t c;
@@ -367,6 +430,7 @@ ch_status ch_trainer_run_epoch(ch_trainer *t, ch_epoch_stats *s, ch_err *err)
         if (t->progress)
             t->progress(t->progress_user, i + 1, steps, mine ? loss / mine : 0,
                         mine ? (double)hits / mine : 0, seen, ch_clock_s() - t0);
+        if (step_checkpoint_due(t, seen)) CH_TRY(save_step_checkpoint(t, i + 1, seen, loss, hits, err));
     }
     double sums[2] = { loss, (double)hits };
     char what[64];
@@ -376,15 +440,51 @@ ch_status ch_trainer_run_epoch(ch_trainer *t, ch_epoch_stats *s, ch_err *err)
     t->epoch++;
     *s = (ch_epoch_stats){ .epoch = t->epoch, .loss = sums[0] / seen,
                            .train_acc = sums[1] / seen, .time_s = elapsed,
-                           .images_per_s = seen / (elapsed > 0 ? elapsed : 1e-9),
+                           .images_per_s = (seen - seen0) / (elapsed > 0 ? elapsed : 1e-9),
                            .train_images = seen, .test_acc = -1 };
+    double test_loss = -1;
     if (t->test) {
-        double tl;
-        CH_TRY(ch_trainer_evaluate(t, t->test, &tl, &s->test_acc, err));
+        CH_TRY(ch_trainer_evaluate(t, t->test, &test_loss, &s->test_acc, err));
         s->test_images = t->test->n;
     }
+    t->pos.train_loss = s->loss;
+    t->pos.train_acc = s->train_acc;
+    t->pos.test_loss = test_loss;
+    t->pos.test_acc = s->test_acc;
+    if (t->cfg.checkpoint_dir) CH_TRY(save_epoch_checkpoint(t, err));
     return CH_STATUS_OK;
 }
+
+ch_status ch_trainer_resume(ch_trainer *t, const char *path, ch_err *err)
+{
+    CH_TRY(check_usable(t, err));
+    ch_ckpt_position p;
+    ch_status st = ch_checkpoint_load(t, path, &p, err);
+    if (st != CH_STATUS_OK) {
+        /* Checks fail before anything is copied; only a failed exchange leaves replicas apart. */
+        for (int r = 0; r < t->nreplicas; r++)
+            if (t->replicas[r].status != CH_STATUS_OK) t->broken = true;
+        return st;
+    }
+    t->pos = p;
+    t->epoch = p.epoch;
+    t->step = p.global_step;
+    t->mid_epoch = p.seen_in_epoch > 0;
+    return CH_STATUS_OK;
+}
+
+ch_status ch_trainer_load_weights(ch_trainer *t, const char *file, ch_err *err)
+{
+    CH_TRY(check_usable(t, err));
+    return ch_checkpoint_load_weights(t, file, err);
+}
+
+ch_status ch_trainer_export(const ch_trainer *t, const char *file, ch_err *err)
+{
+    return ch_checkpoint_export(t, file, err);
+}
+
+int ch_trainer_epochs_done(const ch_trainer *t) { return t->epoch; }
 
 static void job_evaluate(void *arg, int r)
 {
@@ -392,8 +492,8 @@ static void job_evaluate(void *arg, int r)
     ch_replica_evaluate(&t->replicas[r], &t->spec, t->job_data);
 }
 
-ch_status ch_trainer_evaluate(ch_trainer *t, const ch_dataset *d, double *loss, double *acc,
-                              ch_err *err)
+ch_status ch_trainer_evaluate_classes(ch_trainer *t, const ch_dataset *d, double *loss, double *acc,
+                                      int64_t *hits, int64_t *counts, ch_err *err)
 {
     CH_TRY(check_usable(t, err));
     if (d->c != t->train->c || d->h != t->train->h || d->w != t->train->w)
@@ -403,15 +503,33 @@ ch_status ch_trainer_evaluate(ch_trainer *t, const ch_dataset *d, double *loss, 
     ch_crew_run(t->crew, job_evaluate, t);
     CH_TRY(collect_failure(t, err));
     /* Loss sums in replica order, counts exact; then over the ranks. */
-    double sums[2] = { 0, 0 };
+    const int K = t->spec.classes;
+    double *v = calloc((size_t)(2 * K + 2), sizeof *v);
+    CH_CHECK_ALLOC(err, v);
     for (int r = 0; r < t->nreplicas; r++) {
-        sums[0] += t->replicas[r].loss_sum;
-        sums[1] += (double)t->replicas[r].correct;
+        const ch_replica *rp = &t->replicas[r];
+        v[0] += rp->loss_sum;
+        v[1] += (double)rp->correct;
+        for (int c = 0; c < K; c++) {
+            v[2 + c] += (double)rp->class_hits[c];
+            v[2 + K + c] += (double)rp->class_counts[c];
+        }
     }
-    CH_TRY(sum_over_ranks(t, sums, 2, "evaluation metrics", err));
-    *loss = d->n ? sums[0] / d->n : 0;
-    *acc = d->n ? sums[1] / d->n : 0;
-    return CH_STATUS_OK;
+    ch_status st = sum_over_ranks(t, v, 2 * K + 2, "evaluation metrics", err);
+    if (st == CH_STATUS_OK) {
+        *loss = d->n ? v[0] / d->n : 0;
+        *acc = d->n ? v[1] / d->n : 0;
+        for (int c = 0; hits && c < K; c++) hits[c] = (int64_t)v[2 + c];
+        for (int c = 0; counts && c < K; c++) counts[c] = (int64_t)v[2 + K + c];
+    }
+    free(v);
+    return st;
+}
+
+ch_status ch_trainer_evaluate(ch_trainer *t, const ch_dataset *d, double *loss, double *acc,
+                              ch_err *err)
+{
+    return ch_trainer_evaluate_classes(t, d, loss, acc, NULL, NULL, err);
 }
 
 const char *ch_trainer_devices(const ch_trainer *t) { return t->devices_text; }

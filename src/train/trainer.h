@@ -13,9 +13,20 @@
 #include "train/crew.h"
 #include "train/replica.h"
 
+/* Where training stands, saved with the state. */
+typedef struct ch_ckpt_position {
+    int epoch;                  /* epochs completed */
+    int step_in_epoch;          /* steps done in the next epoch (0 at an epoch's end) */
+    uint64_t seen_in_epoch;     /* samples of the next epoch already trained on */
+    uint64_t global_step;
+    double loss_sum, hits;      /* the partial epoch's sums over all ranks */
+    double train_loss, train_acc, test_loss, test_acc; /* the last finished epoch's; -1: none */
+} ch_ckpt_position;
+
 struct ch_trainer {
     ch_train_config cfg;
     char model_name[32], init[64];
+    char checkpoint_dir[4096];  /* cfg.checkpoint_dir points here */
     ch_device_list devices;
     char devices_text[CH_MAX_DEVICES * 8];
     const ch_dataset *train, *test;
@@ -33,6 +44,8 @@ struct ch_trainer {
     uint32_t *perm;         /* epoch order over the training set */
     int epoch;              /* epochs completed */
     uint64_t step;          /* steps completed */
+    ch_ckpt_position pos;   /* a resumed checkpoint's position, then the last epoch's metrics */
+    bool mid_epoch;         /* resumed inside an epoch: the next epoch starts at pos */
     bool broken;            /* a replica failed: the replicas may disagree, no more steps */
     ch_err broken_err;
     ch_progress_fn progress;

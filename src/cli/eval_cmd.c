@@ -1,0 +1,154 @@
+/* cohort eval: test loss and accuracy of a checkpoint (or a safetensors state_dict) on a data set's
+ * test split, on any number of devices and ranks; --per-class adds a table. */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "comm/world.h"
+#include "core/status.h"
+#include "train/checkpoint.h"
+
+static const char eval_usage[] =
+    "usage: cohort eval --checkpoint PATH --data DIR [options]\n"
+    "\n"
+    "Evaluate a checkpoint on the test split of DIR (t10k- IDX files).\n"
+    "\n"
+    "  --checkpoint PATH     a checkpoint directory (DIR/epoch-0003), a --checkpoint-dir (its\n"
+    "                        latest), or a safetensors state_dict file (then --model is needed;\n"
+    "                        a PyTorch `module.` prefix is stripped)\n"
+    "  --data DIR            the data set\n"
+    "  --model NAME          the architecture, for a bare safetensors file\n"
+    "  --devices LIST        devices to evaluate on (default cpu:0); also under mpirun\n"
+    "  --threads T           compute threads in all (default: all cores)\n"
+    "  -b, --batch-size B    evaluation batch over all devices (default 256)\n"
+    "  --test-limit N        the first N test samples only\n"
+    "  --per-class           a table of accuracy per class\n"
+    "  -h, --help            this text\n";
+
+typedef struct eval_opts {
+    const char *checkpoint, *data, *model, *devices;
+    long threads, batch, test_limit;
+    bool per_class;
+} eval_opts;
+
+static int parse_eval(int argc, char **argv, eval_opts *o)
+{
+    static const struct option opts[] = {
+        { "checkpoint", required_argument, NULL, 'c' }, { "data", required_argument, NULL, 'd' },
+        { "model", required_argument, NULL, 'm' },      { "devices", required_argument, NULL, 'D' },
+        { "threads", required_argument, NULL, 't' },    { "batch-size", required_argument, NULL, 'b' },
+        { "test-limit", required_argument, NULL, 'l' }, { "per-class", no_argument, NULL, 'p' },
+        { "help", no_argument, NULL, 'h' },             { NULL, 0, NULL, 0 },
+    };
+    *o = (eval_opts){ .batch = 256 };
+    optind = 1;
+    opterr = 0;
+    int c;
+    while ((c = getopt_long(argc, argv, ":b:h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'c': o->checkpoint = optarg; break;
+        case 'd': o->data = optarg; break;
+        case 'm': o->model = optarg; break;
+        case 'D': o->devices = optarg; break;
+        case 't': if (!ch_arg_int("eval", "threads", optarg, 1, 1024, &o->threads)) return CH_EXIT_USAGE; break;
+        case 'b': if (!ch_arg_int("eval", "batch-size", optarg, 1, 1 << 20, &o->batch)) return CH_EXIT_USAGE; break;
+        case 'l': if (!ch_arg_int("eval", "test-limit", optarg, 1, __LONG_MAX__, &o->test_limit)) return CH_EXIT_USAGE; break;
+        case 'p': o->per_class = true; break;
+        case 'h': fputs(eval_usage, stdout); return CH_EXIT_OK;
+        default: fprintf(stderr, "cohort eval: unknown or incomplete option (see cohort eval --help)\n"); return CH_EXIT_USAGE;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "cohort eval: unexpected argument '%s'\n", argv[optind]);
+        return CH_EXIT_USAGE;
+    }
+    if (!o->checkpoint || !o->data) {
+        fprintf(stderr, "cohort eval: --checkpoint and --data are required (see cohort eval --help)\n");
+        return CH_EXIT_USAGE;
+    }
+    return -1;
+}
+
+static bool is_file(const char *path)
+{
+    const size_t n = strlen(path);
+    return n > 12 && strcmp(path + n - 12, ".safetensors") == 0;
+}
+
+static void print_result(ch_trainer *t, double loss, double acc, size_t n, const int64_t *hits,
+                         const int64_t *counts, int classes, bool per_class)
+{
+    if (ch_world_rank() != 0) return;
+    char ranks[32] = "";
+    if (ch_world_size() > 1) snprintf(ranks, sizeof ranks, " x %d ranks", ch_world_size());
+    printf("test loss %.4f, test acc %.4f (%zu images) on [%s]%s\n", loss, acc, n,
+           ch_trainer_devices(t), ranks);
+    if (per_class) {
+        printf("%-6s %8s %8s %9s\n", "class", "images", "correct", "accuracy");
+        for (int c = 0; c < classes; c++)
+            printf("%-6d %8lld %8lld %9.4f\n", c, (long long)counts[c], (long long)hits[c],
+                   counts[c] ? (double)hits[c] / (double)counts[c] : 0.0);
+    }
+    fflush(stdout);
+}
+
+static ch_status evaluate(const eval_opts *o, ch_dataset *test, ch_err *err)
+{
+    char model[64];
+    int classes = 0;
+    char weights[4096];
+    if (is_file(o->checkpoint)) {
+        if (!o->model)
+            return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: a bare safetensors file needs --model", o->checkpoint);
+        snprintf(model, sizeof model, "%s", o->model);
+        snprintf(weights, sizeof weights, "%s", o->checkpoint);
+    } else {
+        char dir[4096];
+        CH_TRY(ch_checkpoint_peek(o->checkpoint, model, sizeof model, &classes, err));
+        CH_TRY(ch_checkpoint_resolve(o->checkpoint, dir, sizeof dir, err));
+        if (o->model && strcmp(o->model, model) != 0)
+            return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: a checkpoint of %s, not %s", dir, model, o->model);
+        if (snprintf(weights, sizeof weights, "%s/model.safetensors", dir) >= (int)sizeof weights)
+            return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: path too long", dir);
+        if (classes != ch_dataset_classes(test))
+            return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: a model for %d classes, the data has %d", dir,
+                           classes, ch_dataset_classes(test));
+    }
+    ch_train_config cfg = ch_train_config_default();
+    cfg.model = model;
+    cfg.devices = o->devices;
+    cfg.threads = (int)o->threads;
+    cfg.batch_size = (int)o->batch;
+    ch_trainer *t = NULL;
+    /* The test set stands in as the training set: it only fixes the shapes. */
+    CH_TRY(ch_trainer_create(&cfg, test, test, &t, err));
+    const int K = ch_dataset_classes(test);
+    int64_t *hits = calloc((size_t)K, sizeof *hits), *counts = calloc((size_t)K, sizeof *counts);
+    double loss = 0, acc = 0;
+    ch_status st = hits && counts ? CH_STATUS_OK : CH_SYS_FAIL(err, "allocation of class tallies");
+    if (st == CH_STATUS_OK) st = ch_trainer_load_weights(t, weights, err);
+    if (st == CH_STATUS_OK) st = ch_trainer_evaluate_classes(t, test, &loss, &acc, hits, counts, err);
+    if (st == CH_STATUS_OK) print_result(t, loss, acc, ch_dataset_size(test), hits, counts, K, o->per_class);
+    free(hits);
+    free(counts);
+    ch_trainer_free(t);
+    return st;
+}
+
+int ch_cmd_eval(int argc, char **argv)
+{
+    eval_opts o;
+    int rc = parse_eval(argc, argv, &o);
+    if (rc >= 0) return rc;
+    ch_err err;
+    ch_dataset *test = NULL;
+    ch_status st = ch_dataset_load_idx(o.data, CH_SPLIT_TEST, &test, &err);
+    if (st == CH_STATUS_OK) {
+        ch_dataset_truncate(test, (size_t)o.test_limit);
+        st = evaluate(&o, test, &err);
+    }
+    ch_dataset_free(test);
+    return ch_exit_for("eval", st, &err);
+}

@@ -1,0 +1,804 @@
+/* Checkpoint directories: what goes in them, how they are written atomically, how they are read
+ * back and checked, and how old ones are pruned (see checkpoint.h). */
+#include "train/checkpoint.h"
+
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "io/safetensors.h"
+
+/* ---- files -------------------------------------------------------------------------------- */
+
+/* out <- a/b. The entry points refuse directories longer than PATH_MAX - 512, so this never
+ * truncates. */
+static void join(char *out, size_t len, const char *a, const char *b)
+{
+    const int n = snprintf(out, len, "%s/%s", a, b);
+    CH_ASSERT(n >= 0 && (size_t)n < len);
+}
+
+/* mkdir -p */
+static ch_status make_dirs(const char *dir, ch_err *err)
+{
+    char p[PATH_MAX];
+    snprintf(p, sizeof p, "%s", dir);
+    for (char *s = p + 1;; s++) {
+        const bool end = *s == 0;
+        if (*s == '/' || end) {
+            *s = 0;
+            if (mkdir(p, 0777) != 0 && errno != EEXIST)
+                return ch_fail(err, CH_STATUS_BAD_INPUT, "--checkpoint-dir %s: cannot create %s (%s)", dir,
+                               p, strerror(errno));
+            if (end) return CH_STATUS_OK;
+            *s = '/';
+        }
+    }
+}
+
+static ch_status check_length(const char *path, ch_err *err)
+{
+    if (strlen(path) > PATH_MAX - 512)
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "%.80s...: path too long", path);
+    return CH_STATUS_OK;
+}
+
+static ch_status fsync_path(const char *path, ch_err *err)
+{
+    const int fd = open(path, O_RDONLY);
+    if (fd < 0) return ch_fail(err, CH_STATUS_SYSTEM, "%s: cannot open to sync (%s)", path, strerror(errno));
+    const int rc = fsync(fd);
+    close(fd);
+    if (rc != 0) return ch_fail(err, CH_STATUS_SYSTEM, "%s: fsync failed (%s)", path, strerror(errno));
+    return CH_STATUS_OK;
+}
+
+static ch_status write_text(const char *path, const char *text, ch_err *err)
+{
+    FILE *f = fopen(path, "w");
+    if (!f) return ch_fail(err, CH_STATUS_SYSTEM, "%s: cannot create (%s)", path, strerror(errno));
+    const size_t n = strlen(text);
+    bool ok = fwrite(text, 1, n, f) == n && fflush(f) == 0 && fsync(fileno(f)) == 0;
+    ok = fclose(f) == 0 && ok;
+    return ok ? CH_STATUS_OK : ch_fail(err, CH_STATUS_SYSTEM, "%s: write failed (%s)", path, strerror(errno));
+}
+
+static char *read_text(const char *path, size_t max, ch_err *err)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        ch_fail(err, CH_STATUS_BAD_INPUT, "%s: cannot open (%s)", path, strerror(errno));
+        return NULL;
+    }
+    char *buf = malloc(max + 1);
+    size_t n = buf ? fread(buf, 1, max + 1, f) : 0;
+    fclose(f);
+    if (!buf) {
+        CH_SYS_FAIL(err, "allocation of a text buffer");
+        return NULL;
+    }
+    if (n > max) {
+        free(buf);
+        ch_fail(err, CH_STATUS_BAD_INPUT, "%s: larger than %zu bytes", path, max);
+        return NULL;
+    }
+    buf[n] = 0;
+    return buf;
+}
+
+/* A checkpoint directory holds plain files only: remove them, then it. */
+static void remove_tree(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *e;
+    char p[PATH_MAX];
+    while ((e = readdir(d)))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
+            join(p, sizeof p, dir, e->d_name);
+            unlink(p);
+        }
+    closedir(d);
+    rmdir(dir);
+}
+
+/* COHORT_INJECT_CKPT_CRASH=STAGE: the process kills itself (SIGKILL) right after STAGE of a save
+ * (model, optimizer, trainer, rename, latest), for the test that a crash never loses a checkpoint. */
+static void crash_point(const char *stage)
+{
+    const char *s = getenv("COHORT_INJECT_CKPT_CRASH");
+    if (s && strcmp(s, stage) == 0) raise(SIGKILL);
+}
+
+/* ---- what is saved ------------------------------------------------------------------------ */
+
+static void shape_of(const ch_tensor_ref *r, ch_st_tensor *t)
+{
+    t->ndim = r->spec ? r->spec->ndim : 0;
+    for (int i = 0; i < t->ndim; i++) t->shape[i] = r->spec->dims[i];
+}
+
+/* The state_dict as float32 (params, buffers) and int64 (num_batches_tracked); vals is filled with
+ * the float copies and must hold nparams + nbuffers floats. */
+static int model_tensors(const ch_model *m, ch_st_tensor *out, float *vals)
+{
+    const size_t P = m->nparams;
+    for (size_t i = 0; i < P; i++) vals[i] = (float)m->params[i];
+    for (size_t i = 0; i < m->nbuffers; i++) vals[P + i] = (float)m->buffers[i];
+    for (int k = 0; k < m->ntensors; k++) {
+        const ch_tensor_ref *r = &m->tensors[k];
+        ch_st_tensor *t = &out[k];
+        *t = (ch_st_tensor){ 0 };
+        snprintf(t->name, sizeof t->name, "%s", r->name);
+        shape_of(r, t);
+        if (r->kind == CH_TENSOR_COUNTER) {
+            t->dtype = CH_ST_I64;
+            t->data = r->counter;
+            t->nbytes = sizeof(int64_t);
+        } else {
+            const size_t base = r->kind == CH_TENSOR_PARAM ? 0 : P;
+            t->dtype = CH_ST_F32;
+            t->data = vals + base + r->spec->offset;
+            t->nbytes = sizeof(float) * r->spec->count;
+        }
+    }
+    return m->ntensors;
+}
+
+static int optimizer_tensors(const ch_model *m, const ch_sgd *o, ch_st_tensor *out, float *vals)
+{
+    if (!o->buf) return 0;
+    for (size_t i = 0; i < m->nparams; i++) vals[i] = (float)o->buf[i];
+    int n = 0;
+    for (int k = 0; k < m->ntensors; k++) {
+        const ch_tensor_ref *r = &m->tensors[k];
+        if (r->kind != CH_TENSOR_PARAM) continue;
+        ch_st_tensor *t = &out[n++];
+        *t = (ch_st_tensor){ .dtype = CH_ST_F32, .data = vals + r->spec->offset,
+                             .nbytes = sizeof(float) * r->spec->count };
+        snprintf(t->name, sizeof t->name, "%s.momentum_buffer", r->name);
+        shape_of(r, t);
+    }
+    return n;
+}
+
+static char *trainer_json(const ch_trainer *t, const ch_ckpt_position *p)
+{
+    cJSON *j = cJSON_CreateObject();
+    if (!j) return NULL;
+    const ch_model *m = t->replicas[0].model;
+    cJSON_AddNumberToObject(j, "format_version", CH_CHECKPOINT_FORMAT);
+    cJSON_AddStringToObject(j, "written_by", "cohort " CH_VERSION);
+    cJSON_AddStringToObject(j, "model", t->model_name);
+    const double in[3] = { m->input.c, m->input.h, m->input.w };
+    cJSON_AddItemToObject(j, "input", cJSON_CreateDoubleArray(in, 3));
+    cJSON_AddNumberToObject(j, "classes", m->classes);
+    cJSON *cfg = cJSON_AddObjectToObject(j, "config");
+    cJSON_AddStringToObject(cfg, "init", t->init);
+    cJSON_AddNumberToObject(cfg, "batch_size", t->cfg.batch_size);
+    cJSON_AddNumberToObject(cfg, "lr", t->cfg.lr);
+    cJSON_AddNumberToObject(cfg, "momentum", t->cfg.momentum);
+    cJSON_AddNumberToObject(cfg, "weight_decay", t->cfg.weight_decay);
+    cJSON_AddBoolToObject(cfg, "nesterov", t->cfg.nesterov);
+    cJSON_AddBoolToObject(cfg, "sync_bn", t->cfg.sync_bn);
+    cJSON_AddNumberToObject(j, "seed", (double)t->cfg.seed);
+    cJSON_AddNumberToObject(j, "epoch", p->epoch);
+    cJSON_AddNumberToObject(j, "step_in_epoch", p->step_in_epoch);
+    cJSON_AddNumberToObject(j, "global_step", (double)p->global_step);
+    cJSON_AddNumberToObject(j, "optimizer_steps", (double)t->replicas[0].opt.steps);
+    /* The epoch order and every random stream are Philox keyed by (seed, stream, counter); the
+     * counters derive from the epoch and global step, so this is the whole RNG state. */
+    cJSON *rng = cJSON_AddObjectToObject(j, "rng");
+    cJSON_AddStringToObject(rng, "generator", "philox4x32-10");
+    cJSON_AddNumberToObject(rng, "seed", (double)t->cfg.seed);
+    cJSON_AddStringToObject(rng, "keys", "shuffle: (seed, epoch); dropout: (seed, layer, global_step, sample)");
+    cJSON *order = cJSON_AddObjectToObject(j, "data_order");
+    cJSON_AddNumberToObject(order, "epoch", p->epoch);
+    cJSON_AddNumberToObject(order, "samples_seen", (double)p->seen_in_epoch);
+    cJSON_AddNumberToObject(order, "loss_sum", p->loss_sum);
+    cJSON_AddNumberToObject(order, "correct", p->hits);
+    cJSON *sched = cJSON_AddObjectToObject(j, "schedule");
+    cJSON_AddStringToObject(sched, "kind", "constant");
+    cJSON_AddNumberToObject(sched, "position", (double)p->global_step);
+    cJSON *last = cJSON_AddObjectToObject(j, "last_epoch");
+    cJSON_AddNumberToObject(last, "train_loss", p->train_loss);
+    cJSON_AddNumberToObject(last, "train_acc", p->train_acc);
+    cJSON_AddNumberToObject(last, "test_loss", p->test_loss);
+    cJSON_AddNumberToObject(last, "test_acc", p->test_acc);
+    cJSON_AddNumberToObject(j, "world_size", t->procs);
+    cJSON *devs = cJSON_AddArrayToObject(j, "devices");
+    for (int i = 0; i < t->devices.count; i++) {
+        char d[16];
+        snprintf(d, sizeof d, "cpu:%d", t->devices.dev[i].index);
+        cJSON_AddItemToArray(devs, cJSON_CreateString(d));
+    }
+    char *text = cJSON_Print(j);
+    cJSON_Delete(j);
+    return text;
+}
+
+/* ---- saving ------------------------------------------------------------------------------- */
+
+static ch_status write_model_files(const ch_trainer *t, const char *tmp, ch_err *err)
+{
+    const ch_replica *rp = &t->replicas[0];
+    const ch_model *m = rp->model;
+    ch_st_tensor *ts = calloc((size_t)m->ntensors + 1, sizeof *ts);
+    float *vals = malloc(sizeof(float) * (m->nparams + m->nbuffers + 1));
+    ch_status st = ts && vals ? CH_STATUS_OK : CH_SYS_FAIL(err, "allocation of checkpoint buffers");
+    char path[PATH_MAX];
+    static const char *const meta[][2] = { { "format", "pt" }, { "writer", "cohort " CH_VERSION } };
+    if (st == CH_STATUS_OK) {
+        const int n = model_tensors(m, ts, vals);
+        join(path, sizeof path, tmp, "model.safetensors");
+        st = ch_st_write(path, ts, n, meta, 2, err);
+    }
+    crash_point("model");
+    if (st == CH_STATUS_OK) {
+        const int n = optimizer_tensors(m, &rp->opt, ts, vals);
+        join(path, sizeof path, tmp, "optimizer.safetensors");
+        st = ch_st_write(path, ts, n, meta, 2, err);
+    }
+    crash_point("optimizer");
+    free(ts);
+    free(vals);
+    return st;
+}
+
+static ch_status write_into(const ch_trainer *t, const char *tmp, const ch_ckpt_position *p, ch_err *err)
+{
+    CH_TRY(write_model_files(t, tmp, err));
+    char *text = trainer_json(t, p);
+    if (!text) return CH_SYS_FAIL(err, "building trainer.json");
+    char path[PATH_MAX];
+    join(path, sizeof path, tmp, "trainer.json");
+    ch_status st = write_text(path, text, err);
+    free(text);
+    crash_point("trainer");
+    if (st == CH_STATUS_OK) st = fsync_path(tmp, err);
+    return st;
+}
+
+/* DIR/latest <- name, by rename of a synced temporary file. */
+static ch_status point_latest(const char *dir, const char *name, ch_err *err)
+{
+    char tmp[PATH_MAX], dst[PATH_MAX], line[300];
+    CH_ASSERT(snprintf(tmp, sizeof tmp, "%s/.latest.%ld", dir, (long)getpid()) < (int)sizeof tmp);
+    join(dst, sizeof dst, dir, "latest");
+    snprintf(line, sizeof line, "%s\n", name);
+    CH_TRY(write_text(tmp, line, err));
+    if (rename(tmp, dst) != 0)
+        return ch_fail(err, CH_STATUS_SYSTEM, "%s: rename failed (%s)", dst, strerror(errno));
+    return fsync_path(dir, err);
+}
+
+static uint64_t step_of(const char *dir, const char *name)
+{
+    char path[PATH_MAX];
+    CH_ASSERT(snprintf(path, sizeof path, "%s/%s/trainer.json", dir, name) < (int)sizeof path);
+    char *text = read_text(path, 1 << 20, NULL);
+    if (!text) return UINT64_MAX;
+    cJSON *j = cJSON_Parse(text);
+    free(text);
+    const cJSON *s = cJSON_GetObjectItemCaseSensitive(j, "global_step");
+    const uint64_t v = cJSON_IsNumber(s) ? (uint64_t)s->valuedouble : UINT64_MAX;
+    cJSON_Delete(j);
+    return v;
+}
+
+typedef struct entry { char name[256]; uint64_t step; } entry;
+
+static int by_step(const void *a, const void *b)
+{
+    const entry *x = a, *y = b;
+    return (x->step > y->step) - (x->step < y->step);
+}
+
+/* Keep the newest `keep` checkpoints (by global step); never the one just written. */
+static void prune(const char *dir, int keep, const char *current)
+{
+    if (keep <= 0) return;
+    DIR *d = opendir(dir);
+    if (!d) return;
+    entry *list = NULL;
+    int n = 0, cap = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (strncmp(e->d_name, "epoch-", 6) != 0 && strncmp(e->d_name, "step-", 5) != 0) continue;
+        if (n == cap) {
+            entry *grown = realloc(list, sizeof *list * (size_t)(cap = cap ? 2 * cap : 16));
+            if (!grown) break;
+            list = grown;
+        }
+        snprintf(list[n].name, sizeof list[n].name, "%s", e->d_name);
+        list[n].step = step_of(dir, e->d_name);
+        n++;
+    }
+    closedir(d);
+    qsort(list, (size_t)n, sizeof *list, by_step);
+    for (int i = 0; i < n - keep; i++) {
+        if (strcmp(list[i].name, current) == 0) continue;
+        char p[PATH_MAX];
+        join(p, sizeof p, dir, list[i].name);
+        remove_tree(p);
+    }
+    free(list);
+}
+
+ch_status ch_checkpoint_prepare(const char *dir, ch_err *err)
+{
+    CH_TRY(check_length(dir, err));
+    CH_TRY(make_dirs(dir, err));
+    if (access(dir, W_OK) != 0)
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "--checkpoint-dir %s: not writable (%s)", dir, strerror(errno));
+    return CH_STATUS_OK;
+}
+
+ch_status ch_checkpoint_save(ch_trainer *t, const char *dir, const char *name,
+                             const ch_ckpt_position *pos, ch_err *err)
+{
+    if (t->proc != 0) return CH_STATUS_OK;
+    CH_TRY(ch_checkpoint_prepare(dir, err));
+    char tmp[PATH_MAX], dst[PATH_MAX], old[PATH_MAX];
+    CH_ASSERT(snprintf(tmp, sizeof tmp, "%s/.tmp-%s-%ld", dir, name, (long)getpid()) < (int)sizeof tmp);
+    join(dst, sizeof dst, dir, name);
+    CH_ASSERT(snprintf(old, sizeof old, "%s/.old-%s-%ld", dir, name, (long)getpid()) < (int)sizeof old);
+    remove_tree(tmp);
+    if (mkdir(tmp, 0777) != 0)
+        return ch_fail(err, CH_STATUS_SYSTEM, "%s: cannot create (%s)", tmp, strerror(errno));
+    ch_status st = write_into(t, tmp, pos, err);
+    if (st != CH_STATUS_OK) {
+        remove_tree(tmp);
+        return st;
+    }
+    /* A checkpoint of the same name (a rerun) moves aside first: rename cannot replace a
+     * non-empty directory. */
+    const bool had = rename(dst, old) == 0;
+    if (rename(tmp, dst) != 0) {
+        st = ch_fail(err, CH_STATUS_SYSTEM, "%s: rename failed (%s)", dst, strerror(errno));
+        if (had) rename(old, dst);
+        remove_tree(tmp);
+        return st;
+    }
+    CH_TRY(fsync_path(dir, err));
+    crash_point("rename");
+    CH_TRY(point_latest(dir, name, err));
+    crash_point("latest");
+    if (had) remove_tree(old);
+    prune(dir, t->cfg.keep, name);
+    return CH_STATUS_OK;
+}
+
+static ch_status export_model(const ch_model *m, const char *model_name, const char *file, ch_err *err)
+{
+    CH_TRY(check_length(file, err));
+    ch_st_tensor *ts = calloc((size_t)m->ntensors + 1, sizeof *ts);
+    float *vals = malloc(sizeof(float) * (m->nparams + m->nbuffers + 1));
+    ch_status st = ts && vals ? CH_STATUS_OK : CH_SYS_FAIL(err, "allocation of export buffers");
+    char tmp[PATH_MAX];
+    CH_ASSERT(snprintf(tmp, sizeof tmp, "%s.tmp-%ld", file, (long)getpid()) < (int)sizeof tmp);
+    const char *const meta[][2] = { { "format", "pt" }, { "writer", "cohort " CH_VERSION },
+                                    { "model", model_name } };
+    if (st == CH_STATUS_OK) st = ch_st_write(tmp, ts, model_tensors(m, ts, vals), meta, 3, err);
+    if (st == CH_STATUS_OK && rename(tmp, file) != 0)
+        st = ch_fail(err, CH_STATUS_SYSTEM, "%s: rename failed (%s)", file, strerror(errno));
+    if (st != CH_STATUS_OK) unlink(tmp);
+    free(ts);
+    free(vals);
+    return st;
+}
+
+ch_status ch_checkpoint_export(const ch_trainer *t, const char *file, ch_err *err)
+{
+    if (t->proc != 0) return CH_STATUS_OK;
+    return export_model(t->replicas[0].model, t->model_name, file, err);
+}
+
+/* ---- loading ------------------------------------------------------------------------------ */
+
+ch_status ch_checkpoint_resolve(const char *path, char *out, size_t len, ch_err *err)
+{
+    CH_TRY(check_length(path, err));
+    char probe[PATH_MAX];
+    join(probe, sizeof probe, path, "trainer.json");
+    if (access(probe, F_OK) == 0) {
+        snprintf(out, len, "%s", path);
+        return CH_STATUS_OK;
+    }
+    join(probe, sizeof probe, path, "latest");
+    if (access(probe, F_OK) != 0)
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: no checkpoint here (no trainer.json, no latest)", path);
+    char *name = read_text(probe, 255, err);
+    if (!name) return CH_STATUS_BAD_INPUT;
+    name[strcspn(name, "\r\n")] = 0;
+    if (!name[0] || strchr(name, '/')) {
+        free(name);
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: does not name a checkpoint", probe);
+    }
+    snprintf(out, len, "%s/%s", path, name);
+    free(name);
+    return CH_STATUS_OK;
+}
+
+/* Everything read from the files, checked, before anything is copied into a model. */
+typedef struct staged {
+    ch_real *params, *buffers, *momentum;
+    double *counters;
+    bool has_momentum;
+    double opt_steps;
+    ch_ckpt_position pos;
+} staged;
+
+static void staged_free(staged *s)
+{
+    free(s->params);
+    free(s->buffers);
+    free(s->momentum);
+    free(s->counters);
+}
+
+static const cJSON *field(const cJSON *j, const char *key) { return cJSON_GetObjectItemCaseSensitive(j, key); }
+
+static ch_status json_number(const char *path, const cJSON *j, const char *key, double lo, double hi,
+                             double *out, ch_err *err)
+{
+    const cJSON *v = field(j, key);
+    if (!cJSON_IsNumber(v) || !(v->valuedouble >= lo && v->valuedouble <= hi))
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: '%s' is missing or out of range", path, key);
+    *out = v->valuedouble;
+    return CH_STATUS_OK;
+}
+
+static ch_status check_identity(const ch_trainer *t, const char *path, const cJSON *j, ch_err *err)
+{
+    double v = 0;
+    CH_TRY(json_number(path, j, "format_version", 1, 1e9, &v, err));
+    if (v > CH_CHECKPOINT_FORMAT)
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: format version %g is newer than this cohort reads (%d)",
+                       path, v, CH_CHECKPOINT_FORMAT);
+    const cJSON *model = field(j, "model");
+    if (!cJSON_IsString(model))
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: no model name", path);
+    if (strcmp(model->valuestring, t->model_name) != 0)
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: a checkpoint of %s, but the model is %s", path,
+                       model->valuestring, t->model_name);
+    const ch_model *m = t->replicas[0].model;
+    CH_TRY(json_number(path, j, "classes", 1, 1e9, &v, err));
+    if ((int)v != m->classes)
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: written for %g classes, the data has %d", path, v, m->classes);
+    return CH_STATUS_OK;
+}
+
+static ch_status read_position(const ch_trainer *t, const char *path, const cJSON *j, staged *s, ch_err *err)
+{
+    double v = 0, seed = 0;
+    ch_ckpt_position *p = &s->pos;
+    CH_TRY(json_number(path, j, "seed", 0, 1.8e19, &seed, err));
+    if ((uint64_t)seed != t->cfg.seed)
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: trained with --seed %.0f, this run has --seed %llu "
+                       "(the data order depends on it)", path, seed, (unsigned long long)t->cfg.seed);
+    CH_TRY(json_number(path, j, "epoch", 0, 1e9, &v, err));
+    p->epoch = (int)v;
+    CH_TRY(json_number(path, j, "step_in_epoch", 0, 1e12, &v, err));
+    p->step_in_epoch = (int)v;
+    CH_TRY(json_number(path, j, "global_step", 0, 9e15, &v, err));
+    p->global_step = (uint64_t)v;
+    CH_TRY(json_number(path, j, "optimizer_steps", 0, 9e15, &s->opt_steps, err));
+    const cJSON *order = field(j, "data_order");
+    CH_TRY(json_number(path, order, "samples_seen", 0, (double)t->train->n, &v, err));
+    p->seen_in_epoch = (uint64_t)v;
+    CH_TRY(json_number(path, order, "loss_sum", -1e300, 1e300, &p->loss_sum, err));
+    CH_TRY(json_number(path, order, "correct", 0, 9e15, &p->hits, err));
+    const cJSON *last = field(j, "last_epoch");
+    CH_TRY(json_number(path, last, "train_loss", -1e300, 1e300, &p->train_loss, err));
+    CH_TRY(json_number(path, last, "train_acc", -1, 1, &p->train_acc, err));
+    CH_TRY(json_number(path, last, "test_loss", -1e300, 1e300, &p->test_loss, err));
+    return json_number(path, last, "test_acc", -1, 1, &p->test_acc, err);
+}
+
+static ch_status read_trainer_json(const ch_trainer *t, const char *dir, staged *s, ch_err *err)
+{
+    char path[PATH_MAX];
+    join(path, sizeof path, dir, "trainer.json");
+    char *text = read_text(path, 1 << 20, err);
+    if (!text) return CH_STATUS_BAD_INPUT;
+    cJSON *j = cJSON_Parse(text);
+    free(text);
+    ch_status st = cJSON_IsObject(j) ? CH_STATUS_OK
+                                     : ch_fail(err, CH_STATUS_BAD_INPUT, "%s: not a JSON object", path);
+    if (st == CH_STATUS_OK) st = check_identity(t, path, j, err);
+    if (st == CH_STATUS_OK) st = read_position(t, path, j, s, err);
+    cJSON_Delete(j);
+    return st;
+}
+
+/* The name as the file has it: a `module.` prefix on every tensor (DataParallel) is dropped. */
+static const ch_st_tensor *find_tensor(const ch_st_file *f, const char *name, bool module)
+{
+    char full[CH_ST_NAME_MAX + 16];
+    snprintf(full, sizeof full, "%s%s", module ? "module." : "", name);
+    return ch_st_find(f, full);
+}
+
+static bool all_prefixed(const ch_st_file *f)
+{
+    for (int i = 0; i < f->ntensors; i++)
+        if (strncmp(f->tensors[i].name, "module.", 7) != 0) return false;
+    return f->ntensors > 0;
+}
+
+static ch_status check_tensor(const char *path, const ch_tensor_ref *r, const ch_st_tensor *x,
+                              ch_st_dtype want, ch_err *err)
+{
+    if (!x) return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: tensor '%s' is missing", path, r->name);
+    if (x->dtype != want)
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: tensor '%s' is %s, expected %s", path, r->name,
+                       ch_st_dtype_name(x->dtype), ch_st_dtype_name(want));
+    ch_st_tensor exp = { 0 };
+    shape_of(r, &exp);
+    bool same = exp.ndim == x->ndim;
+    for (int i = 0; same && i < exp.ndim; i++) same = exp.shape[i] == x->shape[i];
+    if (!same) {
+        char a[96] = "", b[96] = "";
+        for (int i = 0; i < exp.ndim; i++) snprintf(a + strlen(a), sizeof a - strlen(a), "%s%lld", i ? "x" : "", (long long)exp.shape[i]);
+        for (int i = 0; i < x->ndim; i++) snprintf(b + strlen(b), sizeof b - strlen(b), "%s%lld", i ? "x" : "", (long long)x->shape[i]);
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: tensor '%s' has shape [%s], the model needs [%s]",
+                       path, r->name, b, a);
+    }
+    return CH_STATUS_OK;
+}
+
+static void copy_f32(ch_real *dst, const void *src, size_t n)
+{
+    const unsigned char *p = src;
+    for (size_t i = 0; i < n; i++) {
+        float v;
+        memcpy(&v, p + 4 * i, 4);
+        dst[i] = (ch_real)v;
+    }
+}
+
+/* The state_dict of f into s; every tensor present with its dtype and shape, nothing else. */
+static ch_status stage_model(const ch_model *m, const char *path, const ch_st_file *f, staged *s, ch_err *err)
+{
+    const bool module = all_prefixed(f);
+    int used = 0;
+    for (int k = 0; k < m->ntensors; k++) {
+        const ch_tensor_ref *r = &m->tensors[k];
+        const ch_st_tensor *x = find_tensor(f, r->name, module);
+        CH_TRY(check_tensor(path, r, x, r->kind == CH_TENSOR_COUNTER ? CH_ST_I64 : CH_ST_F32, err));
+        used++;
+        if (r->kind == CH_TENSOR_COUNTER) {
+            int64_t c;
+            memcpy(&c, x->data, sizeof c);
+            s->counters[r->counter - m->counters] = (double)c;
+        } else {
+            ch_real *base = r->kind == CH_TENSOR_PARAM ? s->params : s->buffers;
+            copy_f32(base + r->spec->offset, x->data, r->spec->count);
+        }
+    }
+    if (used != f->ntensors)
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: %d tensors the model %s does not have", path,
+                       f->ntensors - used, m->arch);
+    return CH_STATUS_OK;
+}
+
+static ch_status stage_optimizer(const ch_model *m, const char *path, const ch_st_file *f, staged *s, ch_err *err)
+{
+    s->has_momentum = f->ntensors > 0;
+    if (!s->has_momentum) return CH_STATUS_OK;
+    int used = 0;
+    for (int k = 0; k < m->ntensors; k++) {
+        const ch_tensor_ref *r = &m->tensors[k];
+        if (r->kind != CH_TENSOR_PARAM) continue;
+        char name[CH_ST_NAME_MAX];
+        snprintf(name, sizeof name, "%s.momentum_buffer", r->name);
+        const ch_st_tensor *x = ch_st_find(f, name);
+        if (!x) return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: tensor '%s' is missing", path, name);
+        CH_TRY(check_tensor(path, r, x, CH_ST_F32, err));
+        copy_f32(s->momentum + r->spec->offset, x->data, r->spec->count);
+        used++;
+    }
+    if (used != f->ntensors)
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: %d tensors that are no momentum buffer of this model",
+                       path, f->ntensors - used);
+    return CH_STATUS_OK;
+}
+
+static ch_status stage_alloc(const ch_model *m, staged *s, ch_err *err)
+{
+    s->params = calloc(m->nparams + 1, sizeof(ch_real));
+    s->momentum = calloc(m->nparams + 1, sizeof(ch_real));
+    s->buffers = calloc(m->nbuffers + 1, sizeof(ch_real));
+    s->counters = calloc((size_t)m->ncounters + 1, sizeof(double));
+    if (!s->params || !s->momentum || !s->buffers || !s->counters)
+        return CH_SYS_FAIL(err, "allocation of checkpoint staging buffers");
+    return CH_STATUS_OK;
+}
+
+static ch_status stage_file(const ch_model *m, const char *path, bool optimizer, staged *s, ch_err *err)
+{
+    ch_st_file *f = NULL;
+    CH_TRY(ch_st_read(path, &f, err));
+    ch_status st = optimizer ? stage_optimizer(m, path, f, s, err) : stage_model(m, path, f, s, err);
+    ch_st_free(f);
+    return st;
+}
+
+/* Rank 0: read and check; then every rank learns whether it worked. */
+static ch_status stage_on_root(ch_trainer *t, const char *dir, const char *weights, staged *s, ch_err *err)
+{
+    const ch_model *m = t->replicas[0].model;
+    ch_status st = stage_alloc(m, s, err);
+    if (st == CH_STATUS_OK && t->proc == 0) {
+        char path[PATH_MAX];
+        if (weights) {
+            st = stage_file(m, weights, false, s, err);
+        } else {
+            st = read_trainer_json(t, dir, s, err);
+            join(path, sizeof path, dir, "model.safetensors");
+            if (st == CH_STATUS_OK) st = stage_file(m, path, false, s, err);
+            join(path, sizeof path, dir, "optimizer.safetensors");
+            if (st == CH_STATUS_OK) st = stage_file(m, path, true, s, err);
+        }
+    }
+    if (t->procs == 1) return st;
+    double failed[1] = { st != CH_STATUS_OK };
+    snprintf(t->main_comm.what, sizeof t->main_comm.what, "loading a checkpoint");
+    ch_err e2;
+    CH_TRY(ch_comm_allreduce_sum_f64(&t->main_comm, failed, 1, &e2));
+    if (failed[0] > 0 && st == CH_STATUS_OK)
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "rank 0 could not load the checkpoint");
+    return st;
+}
+
+/* Rank 0's staged scalars to every rank (zeros elsewhere, then a sum). */
+static ch_status share_scalars(ch_trainer *t, staged *s, ch_err *err)
+{
+    if (t->procs == 1) return CH_STATUS_OK;
+    ch_ckpt_position *p = &s->pos;
+    double v[13] = { p->epoch, p->step_in_epoch, (double)p->seen_in_epoch, (double)p->global_step,
+                     p->loss_sum, p->hits, p->train_loss, p->train_acc, p->test_loss, p->test_acc,
+                     s->opt_steps, s->has_momentum, 0 };
+    if (t->proc != 0) memset(v, 0, sizeof v);
+    CH_TRY(ch_comm_allreduce_sum_f64(&t->main_comm, v, 13, err));
+    *p = (ch_ckpt_position){ (int)v[0], (int)v[1], (uint64_t)v[2], (uint64_t)v[3], v[4], v[5],
+                             v[6], v[7], v[8], v[9] };
+    s->opt_steps = v[10];
+    s->has_momentum = v[11] > 0;
+    return CH_STATUS_OK;
+}
+
+static void apply_on_root(ch_trainer *t, const staged *s, bool weights_only)
+{
+    if (t->proc != 0) return;
+    ch_replica *rp = &t->replicas[0];
+    ch_model *m = rp->model;
+    memcpy(m->params, s->params, sizeof(ch_real) * m->nparams);
+    memcpy(m->buffers, s->buffers, sizeof(ch_real) * m->nbuffers);
+    for (int i = 0; i < m->ncounters; i++) m->counters[i] = (int64_t)s->counters[i];
+    if (weights_only) return;
+    if (rp->opt.buf && s->has_momentum) memcpy(rp->opt.buf, s->momentum, sizeof(ch_real) * m->nparams);
+}
+
+static void job_share(void *arg, int r)
+{
+    ch_trainer *t = arg;
+    ch_replica_share_state(&t->replicas[r]);
+}
+
+static ch_status load(ch_trainer *t, const char *dir, const char *weights, ch_ckpt_position *pos, ch_err *err)
+{
+    staged s = { 0 };
+    ch_status st = stage_on_root(t, dir, weights, &s, err);
+    if (st == CH_STATUS_OK) st = share_scalars(t, &s, err);
+    if (st == CH_STATUS_OK) {
+        apply_on_root(t, &s, weights != NULL);
+        for (int r = 0; r < t->nreplicas; r++) {
+            /* Without momentum in the file the buffers start afresh, as on a first step. */
+            t->replicas[r].opt.steps = weights || !s.has_momentum ? 0 : (long)s.opt_steps;
+        }
+        ch_crew_run(t->crew, job_share, t);
+        for (int r = 0; r < t->nreplicas && st == CH_STATUS_OK; r++)
+            if (t->replicas[r].status != CH_STATUS_OK) {
+                st = t->replicas[r].status;
+                if (err) *err = t->replicas[r].err;
+            }
+    }
+    if (st == CH_STATUS_OK && pos) *pos = s.pos;
+    staged_free(&s);
+    return st;
+}
+
+ch_status ch_checkpoint_load(ch_trainer *t, const char *path, ch_ckpt_position *pos, ch_err *err)
+{
+    char dir[PATH_MAX];
+    CH_TRY(ch_checkpoint_resolve(path, dir, sizeof dir, err));
+    return load(t, dir, NULL, pos, err);
+}
+
+ch_status ch_checkpoint_load_weights(ch_trainer *t, const char *file, ch_err *err)
+{
+    CH_TRY(check_length(file, err));
+    return load(t, NULL, file, NULL, err);
+}
+
+ch_status ch_checkpoint_peek(const char *path, char *model, size_t len, int *classes, ch_err *err)
+{
+    char dir[PATH_MAX], file[PATH_MAX];
+    CH_TRY(ch_checkpoint_resolve(path, dir, sizeof dir, err));
+    join(file, sizeof file, dir, "trainer.json");
+    char *text = read_text(file, 1 << 20, err);
+    if (!text) return CH_STATUS_BAD_INPUT;
+    cJSON *j = cJSON_Parse(text);
+    free(text);
+    const cJSON *m = field(j, "model"), *c = field(j, "classes");
+    ch_status st = CH_STATUS_OK;
+    if (!cJSON_IsString(m) || !cJSON_IsNumber(c))
+        st = ch_fail(err, CH_STATUS_BAD_INPUT, "%s: no model name or class count", file);
+    else {
+        snprintf(model, len, "%s", m->valuestring);
+        *classes = (int)c->valuedouble;
+    }
+    cJSON_Delete(j);
+    return st;
+}
+
+/* The architecture a checkpoint directory was written for, built (unplanned) to check its files. */
+static ch_status model_of(const char *dir, ch_model **out, char *name, size_t len, ch_err *err)
+{
+    char file[PATH_MAX];
+    join(file, sizeof file, dir, "trainer.json");
+    char *text = read_text(file, 1 << 20, err);
+    if (!text) return CH_STATUS_BAD_INPUT;
+    cJSON *j = cJSON_Parse(text);
+    free(text);
+    const cJSON *m = field(j, "model"), *in = field(j, "input");
+    double c = 0, v = 0;
+    ch_status st = json_number(file, j, "format_version", 1, 1e9, &v, err);
+    if (st == CH_STATUS_OK && v > CH_CHECKPOINT_FORMAT)
+        st = ch_fail(err, CH_STATUS_BAD_INPUT, "%s: format version %g is newer than this cohort reads (%d)",
+                     file, v, CH_CHECKPOINT_FORMAT);
+    if (st == CH_STATUS_OK) st = json_number(file, j, "classes", 1, 1e6, &c, err);
+    ch_shape3 shape = { 0, 0, 0 };
+    if (st == CH_STATUS_OK && (!cJSON_IsString(m) || !cJSON_IsArray(in) || cJSON_GetArraySize(in) != 3))
+        st = ch_fail(err, CH_STATUS_BAD_INPUT, "%s: no model name or input shape", file);
+    if (st == CH_STATUS_OK) {
+        shape = (ch_shape3){ (int)cJSON_GetArrayItem(in, 0)->valuedouble,
+                             (int)cJSON_GetArrayItem(in, 1)->valuedouble,
+                             (int)cJSON_GetArrayItem(in, 2)->valuedouble };
+        snprintf(name, len, "%s", m->valuestring);
+        st = ch_model_create(name, shape, (int)c, out, err);
+    }
+    cJSON_Delete(j);
+    return st;
+}
+
+ch_status ch_checkpoint_export_dir(const char *path, const char *file, ch_err *err)
+{
+    char dir[PATH_MAX], name[64], weights[PATH_MAX];
+    CH_TRY(ch_checkpoint_resolve(path, dir, sizeof dir, err));
+    ch_model *m = NULL;
+    CH_TRY(model_of(dir, &m, name, sizeof name, err));
+    staged s = { 0 };
+    join(weights, sizeof weights, dir, "model.safetensors");
+    ch_status st = stage_alloc(m, &s, err);
+    if (st == CH_STATUS_OK) st = stage_file(m, weights, false, &s, err);
+    if (st == CH_STATUS_OK) {
+        memcpy(m->params, s.params, sizeof(ch_real) * m->nparams);
+        memcpy(m->buffers, s.buffers, sizeof(ch_real) * m->nbuffers);
+        for (int i = 0; i < m->ncounters; i++) m->counters[i] = (int64_t)s.counters[i];
+        st = export_model(m, name, file, err);
+    }
+    staged_free(&s);
+    ch_model_free(m);
+    return st;
+}
