@@ -333,12 +333,30 @@ static void prune(const char *dir, int keep, const char *current)
     free(list);
 }
 
+/* What a save that was killed half-way leaves behind (never a checkpoint anyone points at). */
+static void remove_leftovers(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *e;
+    char p[PATH_MAX];
+    while ((e = readdir(d))) {
+        const bool tmp = strncmp(e->d_name, ".tmp-", 5) == 0 || strncmp(e->d_name, ".old-", 5) == 0;
+        if (!tmp && strncmp(e->d_name, ".latest.", 8) != 0) continue;
+        join(p, sizeof p, dir, e->d_name);
+        if (tmp) remove_tree(p);
+        else unlink(p);
+    }
+    closedir(d);
+}
+
 ch_status ch_checkpoint_prepare(const char *dir, ch_err *err)
 {
     CH_TRY(check_length(dir, err));
     CH_TRY(make_dirs(dir, err));
     if (access(dir, W_OK) != 0)
         return ch_fail(err, CH_STATUS_BAD_INPUT, "--checkpoint-dir %s: not writable (%s)", dir, strerror(errno));
+    remove_leftovers(dir);
     return CH_STATUS_OK;
 }
 
@@ -586,8 +604,12 @@ static ch_status stage_model(const ch_model *m, const char *path, const ch_st_fi
         }
     }
     if (used != f->ntensors)
-        return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: %d tensors the model %s does not have", path,
-                       f->ntensors - used, m->arch);
+        for (int i = 0; i < f->ntensors; i++) {
+            const char *name = f->tensors[i].name + (module ? 7 : 0);
+            if (!ch_model_find(m, name))
+                return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: tensor '%s' is not part of %s", path,
+                               f->tensors[i].name, m->arch);
+        }
     return CH_STATUS_OK;
 }
 

@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# Checkpoints end to end, on a subset of real Fashion-MNIST:
+#  - 2 epochs straight == 1 epoch, stop, --resume for 1 more: bit-identical model and optimizer
+#    files (1 device and 2 devices); also after a SIGKILL mid-epoch, from the last step checkpoint;
+#  - a save killed at any stage leaves `latest` naming a complete checkpoint, and resuming from it
+#    still ends bit-identical;
+#  - trained on 2 devices (and on 2 MPI ranks), evaluated on 1 device: the accuracy of that epoch;
+#  - export, a `module.` prefix, and every kind of checkpoint that does not fit: one line, exit 2.
+#   checkpoint.sh COHORT DATA_ROOT [MPIRUN...]
+set -uo pipefail
+cohort=$1 data=$2/fashion-mnist; shift 2
+mpirun=("$@")
+here=$(cd "$(dirname "$0")" && pwd)
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+fails=0 passes=0
+ok() { if [ "$2" -eq 0 ]; then passes=$((passes + 1)); else echo "FAIL: $1"; fails=$((fails + 1)); fi; }
+same() { cmp -s "$1/model.safetensors" "$2/model.safetensors" && cmp -s "$1/optimizer.safetensors" "$2/optimizer.safetensors"; }
+
+A=(train --model lenet --data "$data" --train-limit 2000 --test-limit 1000 -b 64 --lr 0.05 --momentum 0.9
+   --seed 4 --no-progress)
+
+for devs in cpu:0 cpu:0,cpu:1; do
+    c=$tmp/$devs
+    "$cohort" "${A[@]}" --devices $devs --epochs 2 --checkpoint-dir "$c/straight" >/dev/null
+    "$cohort" "${A[@]}" --devices $devs --epochs 1 --checkpoint-dir "$c/split" >/dev/null
+    "$cohort" "${A[@]}" --devices $devs --epochs 2 --checkpoint-dir "$c/split" --resume >/dev/null
+    same "$c/straight/epoch-0002" "$c/split/epoch-0002"
+    ok "[$devs] 2 epochs == 1 + resume 1: bit-identical" $?
+    # Killed (SIGKILL) at step 45 of 64; the step checkpoints came every 20 steps.
+    env COHORT_INJECT_FAULT=kill:0:45 "$cohort" "${A[@]}" --devices $devs --epochs 2 \
+        --checkpoint-dir "$c/killed" --checkpoint-every 20 >/dev/null 2>&1
+    [ "$(cat "$c/killed/latest")" = step-00000040 ]
+    ok "[$devs] after the kill at step 45, latest is step-00000040 (got $(cat "$c/killed/latest"))" $?
+    "$cohort" "${A[@]}" --devices $devs --epochs 2 --checkpoint-dir "$c/killed" --checkpoint-every 20 --resume >/dev/null
+    same "$c/straight/epoch-0002" "$c/killed/epoch-0002"
+    ok "[$devs] killed mid-epoch, resumed from the step checkpoint: bit-identical" $?
+done
+
+# A save killed at each stage: the previous checkpoint stays complete and named by latest.
+for stage in model optimizer trainer rename latest; do
+    c=$tmp/crash-$stage
+    "$cohort" "${A[@]}" --epochs 1 --checkpoint-dir "$c" >/dev/null
+    env COHORT_INJECT_CKPT_CRASH=$stage "$cohort" "${A[@]}" --epochs 2 --checkpoint-dir "$c" --resume >/dev/null 2>&1
+    want=epoch-0001; [ $stage = latest ] && want=epoch-0002
+    [ "$(cat "$c/latest")" = $want ] && "$cohort" eval --checkpoint "$c" --data "$data" --test-limit 10 >/dev/null
+    ok "crash after '$stage' while saving: latest is $want and loads" $?
+    "$cohort" "${A[@]}" --epochs 2 --checkpoint-dir "$c" --resume >/dev/null
+    same "$tmp/cpu:0/straight/epoch-0002" "$c/epoch-0002" && ! ls -d "$c"/.tmp-* "$c"/.old-* 2>/dev/null
+    ok "crash after '$stage', then resumed: bit-identical, no leftovers" $?
+done
+
+# Trained on 2 devices, evaluated on 1: the same test accuracy as the training run printed.
+acc_of_epoch() { sed -n "s/^epoch $1, .*test acc \([0-9.]*\),.*/\1/p" "$2"; }
+acc_of_eval() { sed -n 's/^test loss [0-9.]*, test acc \([0-9.]*\) .*/\1/p' "$1"; }
+"$cohort" "${A[@]}" --devices cpu:0,cpu:1 --epochs 2 --checkpoint-dir "$tmp/two" >"$tmp/two.out"
+"$cohort" eval --checkpoint "$tmp/two/epoch-0001" --data "$data" --test-limit 1000 >"$tmp/e1.out"
+"$cohort" eval --checkpoint "$tmp/two" --data "$data" --test-limit 1000 --devices 'cpu*3' --per-class >"$tmp/e2.out"
+[ -n "$(acc_of_epoch 1 "$tmp/two.out")" ] && [ "$(acc_of_epoch 1 "$tmp/two.out")" = "$(acc_of_eval "$tmp/e1.out")" ] &&
+    [ "$(acc_of_epoch 2 "$tmp/two.out")" = "$(acc_of_eval "$tmp/e2.out")" ]
+ok "2 devices trained, 1 and 3 evaluated: $(acc_of_epoch 1 "$tmp/two.out")/$(acc_of_eval "$tmp/e1.out"), $(acc_of_epoch 2 "$tmp/two.out")/$(acc_of_eval "$tmp/e2.out")" $?
+[ "$(grep -cE '^[0-9] +[0-9]+ +[0-9]+ +[0-9.]+$' "$tmp/e2.out")" -eq 10 ] &&
+    [ "$(awk '/^[0-9] /{s += $2} END {print s}' "$tmp/e2.out")" -eq 1000 ]
+ok "--per-class: 10 rows covering the 1000 images" $?
+if [ ${#mpirun[@]} -gt 0 ]; then
+    "${mpirun[@]}" -np 2 "$cohort" "${A[@]}" --epochs 1 --checkpoint-dir "$tmp/ranks" --checkpoint-every 10 >"$tmp/ranks.out"
+    "$cohort" eval --checkpoint "$tmp/ranks" --data "$data" --test-limit 1000 >"$tmp/e3.out"
+    [ -n "$(acc_of_eval "$tmp/e3.out")" ] && [ "$(acc_of_epoch 1 "$tmp/ranks.out")" = "$(acc_of_eval "$tmp/e3.out")" ]
+    ok "2 ranks trained, 1 device evaluated: $(acc_of_epoch 1 "$tmp/ranks.out")/$(acc_of_eval "$tmp/e3.out")" $?
+    # Resumed on another shape of job (2 ranks -> 1 process, 3 devices): it goes on.
+    "$cohort" "${A[@]}" --epochs 2 --devices 'cpu*3' --checkpoint-dir "$tmp/ranks" --resume >"$tmp/r3.out"
+    grep -q '^epoch 2, ' "$tmp/r3.out" && ! grep -q '^epoch 1, ' "$tmp/r3.out"
+    ok "a 2-rank checkpoint resumes on 1 process with 3 devices" $?
+fi
+
+# Export: the weights alone; PyTorch's DataParallel prefix is stripped on load.
+"$cohort" export --checkpoint "$tmp/two" --out "$tmp/w.safetensors" &&
+    "$cohort" eval --checkpoint "$tmp/w.safetensors" --model lenet --data "$data" --test-limit 1000 >"$tmp/e4.out"
+[ "$(acc_of_eval "$tmp/e4.out")" = "$(acc_of_epoch 2 "$tmp/two.out")" ]
+ok "export, then evaluate the exported file" $?
+python3 "$here/st_edit.py" "$tmp/w.safetensors" "$tmp/module.safetensors" prefix module.
+"$cohort" eval --checkpoint "$tmp/module.safetensors" --model lenet --data "$data" --test-limit 1000 >"$tmp/e5.out"
+[ "$(acc_of_eval "$tmp/e5.out")" = "$(acc_of_epoch 2 "$tmp/two.out")" ]
+ok "a module.-prefixed state_dict loads" $?
+
+# Checkpoints that do not fit: one line naming file, tensor and mismatch; exit 2.
+expect() { # needle -- command
+    local needle=$1; shift 2
+    "$@" >"$tmp/out" 2>"$tmp/err"; local got=$?
+    [ $got -eq 2 ] && grep -qF -- "$needle" "$tmp/err" && [ "$(wc -l <"$tmp/err")" -eq 1 ]
+    ok "$* -> exit $got, want 2 and '$needle': $(cat "$tmp/err")" $?
+}
+E=(eval --data "$data" --test-limit 100)
+bad() { mkdir -p "$tmp/bad"; rm -f "$tmp/bad"/*; cp "$tmp/two/epoch-0002"/* "$tmp/bad/"; }
+expect "a checkpoint of lenet, but the model is mlp" -- "$cohort" train --model mlp --data "$data" --checkpoint-dir "$tmp/two" --resume --epochs 3
+expect "trained with --seed 4, this run has --seed 5" -- "$cohort" "${A[@]}" --seed 5 --checkpoint-dir "$tmp/two" --resume --epochs 3
+expect "tensor '0.weight' has shape [20x1x3x3], the model needs [20x1x5x5]" -- "$cohort" "${E[@]}" --checkpoint "$tmp/w.safetensors" --model mnist-cnn
+bad; python3 "$here/st_edit.py" "$tmp/two/epoch-0002/model.safetensors" "$tmp/bad/model.safetensors" drop 3.bias
+expect "model.safetensors: tensor '3.bias' is missing" -- "$cohort" "${E[@]}" --checkpoint "$tmp/bad"
+bad; python3 "$here/st_edit.py" "$tmp/two/epoch-0002/model.safetensors" "$tmp/bad/model.safetensors" dtype 7.weight F8
+expect "model.safetensors: tensor '7.weight': unknown dtype F8" -- "$cohort" "${E[@]}" --checkpoint "$tmp/bad"
+bad; python3 "$here/st_edit.py" "$tmp/two/epoch-0002/model.safetensors" "$tmp/bad/model.safetensors" dtype 7.weight F64
+expect "model.safetensors: tensor '7.weight'" -- "$cohort" "${E[@]}" --checkpoint "$tmp/bad"
+bad; head -c 100000 "$tmp/two/epoch-0002/model.safetensors" >"$tmp/bad/model.safetensors"
+expect "(is the file truncated?)" -- "$cohort" "${E[@]}" --checkpoint "$tmp/bad"
+bad; : >"$tmp/bad/optimizer.safetensors"
+expect "optimizer.safetensors: 0 bytes, too short" -- "$cohort" "${A[@]}" --epochs 3 --resume "$tmp/bad"
+bad; sed -i 's/"format_version":\t1/"format_version":\t2/' "$tmp/bad/trainer.json"
+expect "trainer.json: format version 2 is newer than this cohort reads (1)" -- "$cohort" "${A[@]}" --epochs 3 --resume "$tmp/bad"
+expect "no checkpoint here" -- "$cohort" "${A[@]}" --checkpoint-dir "$tmp/empty" --resume
+expect "--resume without a PATH needs --checkpoint-dir" -- "$cohort" "${A[@]}" --resume
+expect "a bare safetensors file needs --model" -- "$cohort" "${E[@]}" --checkpoint "$tmp/w.safetensors"
+
+echo "checkpoint: $passes passed, $fails failed"
+[ "$fails" -eq 0 ]
