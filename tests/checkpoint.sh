@@ -66,6 +66,9 @@ if [ ${#mpirun[@]} -gt 0 ]; then
     "$cohort" eval --checkpoint "$tmp/ranks" --data "$data" --test-limit 1000 >"$tmp/e3.out"
     [ -n "$(acc_of_eval "$tmp/e3.out")" ] && [ "$(acc_of_epoch 1 "$tmp/ranks.out")" = "$(acc_of_eval "$tmp/e3.out")" ]
     ok "2 ranks trained, 1 device evaluated: $(acc_of_epoch 1 "$tmp/ranks.out")/$(acc_of_eval "$tmp/e3.out")" $?
+    "${mpirun[@]}" -np 2 "$cohort" eval --checkpoint "$tmp/two" --data "$data" --test-limit 1000 >"$tmp/e6.out"
+    [ "$(acc_of_eval "$tmp/e6.out")" = "$(acc_of_epoch 2 "$tmp/two.out")" ] && grep -q ' x 2 ranks$' "$tmp/e6.out"
+    ok "2 devices trained, 2 ranks evaluated: $(acc_of_eval "$tmp/e6.out")" $?
     # Resumed on another shape of job (2 ranks -> 1 process, 3 devices): it goes on.
     "$cohort" "${A[@]}" --epochs 2 --devices 'cpu*3' --checkpoint-dir "$tmp/ranks" --resume >"$tmp/r3.out"
     grep -q '^epoch 2, ' "$tmp/r3.out" && ! grep -q '^epoch 1, ' "$tmp/r3.out"

@@ -58,7 +58,8 @@ def main():
     n = 500
     x, y = test_images(root, n)
     failed = 0
-    for model, extra in (("lenet", []), ("mnist-cnn", []), ("resnet18", ["--devices", "cpu:0,cpu:1"])):
+    for model, extra in (("lenet", []), ("mnist-cnn", []), ("mlp", []),
+                         ("resnet18", ["--devices", "cpu:0,cpu:1"])):
         with tempfile.TemporaryDirectory() as tmp:
             subprocess.run([cohort, "train", "--model", model, "--data", root, "--train-limit", "512",
                             "--test-limit", "100", "--epochs", "1", "-b", "64", "--lr", "0.05", "--momentum", "0.9",
