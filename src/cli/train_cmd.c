@@ -224,6 +224,9 @@ static int run_training(const train_opts *o, ch_trainer *t, FILE *metrics)
     ch_progress_init(&bar, o->progress && root);
     bar.epochs = o->cfg.epochs;
     ch_trainer_set_progress(t, ch_progress_update, &bar);
+    if (root && ch_trainer_epochs_done(t) >= o->cfg.epochs)
+        printf("cohort train: the checkpoint has %d epochs done and --epochs is %d: nothing to train\n",
+               ch_trainer_epochs_done(t), o->cfg.epochs);
     for (int e = ch_trainer_epochs_done(t); e < o->cfg.epochs; e++) {
         bar.epoch = e + 1;
         ch_epoch_stats s;
