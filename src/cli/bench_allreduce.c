@@ -1,6 +1,8 @@
 /* cohort bench allreduce: nccl-tests style table (size, count, time, algbw, busbw) for the local
- * communicator with D member threads, each result checked against the serial sum first.
- * busbw = algbw * 2 (D - 1) / D, the nccl-tests definition. */
+ * communicator with D member threads, or, under mpirun, for the communicator training uses between
+ * ranks (D threads per rank: local reduce, MPI_Iallreduce across ranks, local broadcast; with one
+ * device per rank, MPI alone). Every size's result is checked against the serial sum first.
+ * busbw = algbw * 2 (R - 1) / R for R members in all, the nccl-tests definition. */
 #include <getopt.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -9,10 +11,13 @@
 
 #include "cli/cli.h"
 #include "comm/comm.h"
+#include "comm/mpi.h"
+#include "comm/world.h"
 #include "core/clock.h"
 
 typedef struct ar_member {
     ch_comm comm;
+    ch_hier hier;
     size_t max_count, min_count;
     ch_real *buf;
     int ok;              /* out: every check passed */
@@ -57,7 +62,7 @@ static void *run_member(void *arg)
     ar_member *m = arg;
     m->ok = 1;
     for (size_t c = m->min_count; c <= m->max_count && m->ok; c *= 2) m->ok = run_size(m, c);
-    if (!m->ok) m->comm.ops->abort(&m->comm, "allreduce result differs from the serial sum");
+    if (!m->ok) ch_comm_abort(&m->comm, "allreduce result differs from the serial sum");
     return NULL;
 }
 
@@ -67,7 +72,7 @@ int ch_cmd_bench_allreduce(int argc, char **argv)
         { "devices", required_argument, NULL, 'd' }, { "min-bytes", required_argument, NULL, 'm' },
         { "max-bytes", required_argument, NULL, 'M' }, { NULL, 0, NULL, 0 },
     };
-    long devices = 2, min_b = 1024, max_b = 64l << 20;
+    long devices = ch_world_size() > 1 ? 1 : 2, min_b = 8, max_b = 256l << 20;
     int c;
     optind = 1;
     opterr = 0;
@@ -83,23 +88,38 @@ int ch_cmd_bench_allreduce(int argc, char **argv)
     }
     ch_local_group *g;
     ch_err err;
+    ch_mpi_group *mg = NULL;
+    ch_comm mpi;
+    const int ranks = ch_world_size();
+    if (ranks > 1) {
+        if (ch_mpi_group_create(300, &mg, &err) != CH_STATUS_OK) return ch_exit_for("bench allreduce", CH_STATUS_SYSTEM, &err);
+        ch_mpi_comm_init(&mpi, mg);
+    }
     if (ch_local_group_create((int)devices, &g, &err) != CH_STATUS_OK)
         return ch_exit_for("bench allreduce", CH_STATUS_BAD_INPUT, &err);
     ar_member *ms = calloc((size_t)devices, sizeof *ms);
     pthread_t *th = calloc((size_t)devices, sizeof *th);
     int rc = CH_EXIT_OK;
-    printf("# local allreduce (sum, %s), %ld members\n%12s %12s %10s %8s %8s %6s\n", CH_REAL_NAME,
-           devices, "size(B)", "count", "time(us)", "algbw", "busbw", "check");
+    if (ch_world_rank() == 0) {
+        if (ranks > 1)
+            printf("# allreduce (sum, %s) between ranks: %d ranks x %ld devices (%s), %ld members\n",
+                   CH_REAL_NAME, ranks, devices,
+                   devices > 1 ? "local reduce, MPI_Iallreduce, local broadcast" : "MPI_Iallreduce",
+                   ranks * devices);
+        else
+            printf("# local allreduce (sum, %s), %ld members\n", CH_REAL_NAME, devices);
+        printf("%12s %12s %10s %8s %8s %6s\n", "size(B)", "count", "time(us)", "algbw", "busbw", "check");
+    }
     long started = 0;
     for (long r = 0; ms && th && r < devices; r++, started++) {
-        ch_local_comm_init(&ms[r].comm, g, (int)r);
+        ch_hier_comm_init(&ms[r].comm, &ms[r].hier, g, (int)r, ranks > 1 ? &mpi : NULL);
         ms[r].min_count = (size_t)min_b / sizeof(ch_real);
         ms[r].max_count = (size_t)max_b / sizeof(ch_real);
         if (ms[r].min_count == 0) ms[r].min_count = 1;
         ms[r].buf = malloc(sizeof(ch_real) * ms[r].max_count);
         if (!ms[r].buf || pthread_create(&th[r], NULL, run_member, &ms[r]) != 0) {
             /* Release the members already waiting for this one, then join them below. */
-            ms[r].comm.ops->abort(&ms[r].comm, "could not start");
+            ch_comm_abort(&ms[r].comm, "could not start");
             free(ms[r].buf);
             rc = CH_EXIT_FAIL;
             break;
@@ -115,5 +135,7 @@ int ch_cmd_bench_allreduce(int argc, char **argv)
     free(ms);
     free(th);
     ch_local_group_free(g);
+    ch_mpi_group_free(mg);
+    if (rc != CH_EXIT_OK && ranks > 1) ch_world_abort(rc);
     return rc;
 }

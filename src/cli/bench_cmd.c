@@ -15,12 +15,14 @@
 static const char bench_usage[] =
     "usage: cohort bench train --model NAME [--batch-size B] [--threads T] [--devices LIST]\n"
     "                          [--steps N] [--warmup W] [--eval] [--skip-sync]\n"
-    "       cohort bench allreduce [--devices D] [--min-bytes B] [--max-bytes B]\n"
+    "       cohort bench allreduce [--devices D] [--min-bytes B] [--max-bytes B]   (also under mpirun)\n"
     "train: times N training steps (or forward-only evaluation batches with --eval) on synthetic\n"
     "1x28x28 inputs with 10 classes and prints images/second (of the whole job under mpirun;\n"
     "rank 0 prints). --skip-sync leaves out the gradient sync between devices and ranks: the\n"
     "model does not train correctly then; it exists to measure what the sync costs.\n"
-    "allreduce: size, time, algbw and busbw (GB/s) of the local communicator, results checked.\n";
+    "allreduce: size, count, time, algbw and busbw (GB/s) from 8 B to 256 MiB by default, every\n"
+    "result checked: the local communicator with D threads (default 2) or, under mpirun, the one\n"
+    "training uses between ranks (D devices per rank, default 1).\n";
 
 /* Random pixels and labels: throughput does not depend on the values. */
 static ch_dataset *synthetic(size_t n)
