@@ -64,5 +64,10 @@ expect 0 "" -- "$cohort" --version
 expect 0 "" -- "$cohort" train --help
 expect 0 "" -- "$cohort" info
 expect 0 "" -- "$cohort" "${T[@]}" --data "$tmp/ok" --no-progress
+# --dry-run: the summary (lenet is ~13.7 MFLOP per training image, 129068 parameters), no training.
+"$cohort" train --model lenet --data "$tmp/ok" --devices cpu:0,cpu:1 --dry-run >"$tmp/out" 2>&1
+if [ $? -eq 0 ] && grep -q "total: 129068 parameters" "$tmp/out" && grep -q "training ~13.661 MFLOP/image" "$tmp/out" &&
+   grep -q "global batch 256 -> 128 to 128 per replica; 235 steps per epoch (last batch 96)" "$tmp/out" &&
+   ! grep -q "^epoch" "$tmp/out"; then passes=$((passes + 1)); else echo "FAIL: --dry-run:"; cat "$tmp/out"; fails=$((fails + 1)); fi
 echo "cli_errors: $passes passed, $fails failed"
 [ "$fails" -eq 0 ]

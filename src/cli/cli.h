@@ -17,6 +17,10 @@ int ch_cmd_export(int argc, char **argv);
 int ch_cmd_bench(int argc, char **argv);
 int ch_cmd_bench_allreduce(int argc, char **argv);
 
+/* The --dry-run summary of a trainer (rank 0 prints). */
+struct ch_trainer;
+void ch_cli_print_summary(const struct ch_trainer *t);
+
 /* Strict number parsing for flags: the whole string, within [lo, hi]; on failure prints one line
  * "cohort CMD: --FLAG 'VALUE': expected ..." and returns false. */
 bool ch_arg_int(const char *cmd, const char *flag, const char *s, long lo, long hi, long *out);

@@ -46,6 +46,7 @@ static const char train_usage[] =
     "  --metrics FILE        append one JSON object per epoch (JSON Lines)\n"
     "  --nan-check           stop with an error when the loss is not finite\n"
     "  --no-progress         no progress bar, even on a terminal\n"
+    "  --dry-run             print the model summary and the data and device plan, then exit\n"
     "  -h, --help            this text\n"
     "\n"
     "Under mpirun every process is one rank: mpirun -np 2 cohort train ... trains on both,\n"
@@ -56,14 +57,14 @@ typedef struct train_opts {
     const char *data, *metrics, *log_dir, *resume;
     bool resume_latest;
     long train_limit, test_limit;
-    bool progress;
+    bool progress, dry_run;
 } train_opts;
 
 enum {
     OPT_MODEL = 256, OPT_DATA, OPT_EPOCHS, OPT_LR, OPT_MOMENTUM, OPT_NESTEROV, OPT_WD, OPT_INIT,
     OPT_SEED, OPT_THREADS, OPT_TRAIN_LIMIT, OPT_TEST_LIMIT, OPT_METRICS, OPT_NAN_CHECK,
     OPT_NO_PROGRESS, OPT_DEVICES, OPT_SYNC_BN, OPT_BUCKET_MB, OPT_TIMEOUT, OPT_LOG_DIR,
-    OPT_CKPT_DIR, OPT_CKPT_EVERY, OPT_KEEP, OPT_RESUME,
+    OPT_CKPT_DIR, OPT_CKPT_EVERY, OPT_KEEP, OPT_RESUME, OPT_DRY_RUN,
 };
 
 static const struct option train_long[] = {
@@ -88,6 +89,7 @@ static const struct option train_long[] = {
     { "checkpoint-every", required_argument, NULL, OPT_CKPT_EVERY },
     { "keep", required_argument, NULL, OPT_KEEP },
     { "resume", optional_argument, NULL, OPT_RESUME },
+    { "dry-run", no_argument, NULL, OPT_DRY_RUN },
     { "train-limit", required_argument, NULL, OPT_TRAIN_LIMIT },
     { "test-limit", required_argument, NULL, OPT_TEST_LIMIT },
     { "metrics", required_argument, NULL, OPT_METRICS },
@@ -155,6 +157,7 @@ static int parse_one(int c, const char *arg, train_opts *o)
     case OPT_METRICS: o->metrics = arg; return -1;
     case OPT_NAN_CHECK: cfg->nan_check = true; return -1;
     case OPT_NO_PROGRESS: o->progress = false; return -1;
+    case OPT_DRY_RUN: o->dry_run = true; return -1;
     case 'h': fputs(train_usage, stdout); return CH_EXIT_OK;
     default:
         fprintf(stderr, "cohort train: unknown or incomplete option (see cohort train --help)\n");
@@ -297,10 +300,15 @@ int ch_cmd_train(int argc, char **argv)
     if (st == CH_STATUS_OK && (o.resume || o.resume_latest))
         st = ch_trainer_resume(t, o.resume ? o.resume : o.cfg.checkpoint_dir, &err);
     if (st == CH_STATUS_OK) log_identity(t, train, test);
-    if (st == CH_STATUS_OK && o.metrics && ch_world_rank() == 0 && !(metrics = fopen(o.metrics, "a")))
+    if (st == CH_STATUS_OK && o.metrics && !o.dry_run && ch_world_rank() == 0 && !(metrics = fopen(o.metrics, "a")))
         st = ch_fail(&err, CH_STATUS_BAD_INPUT, "%s: cannot open for writing (%s)", o.metrics,
                      strerror(errno));
-    rc = st == CH_STATUS_OK ? run_training(&o, t, metrics) : ch_exit_for("train", st, &err);
+    if (st == CH_STATUS_OK && o.dry_run) {
+        ch_cli_print_summary(t);
+        rc = CH_EXIT_OK;
+    } else {
+        rc = st == CH_STATUS_OK ? run_training(&o, t, metrics) : ch_exit_for("train", st, &err);
+    }
     if (metrics) fclose(metrics);
     ch_world_set_log(NULL);
     if (log) fclose(log);

@@ -1,0 +1,115 @@
+/* cohort train --dry-run: the model summary (layers, output shapes, parameters, FLOPs per image,
+ * memory plan) and the data and device plan of the run, from a trainer that has been set up but has
+ * not trained. FLOPs count a multiply-add as 2; training costs about 3x the forward pass (forward,
+ * data gradient, weight gradient). */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "comm/world.h"
+#include "nn/model.h"
+#include "train/trainer.h"
+
+static size_t shape_size(ch_shape3 s) { return (size_t)s.c * (size_t)s.h * (size_t)s.w; }
+
+static size_t layer_params(const ch_layer *l)
+{
+    size_t n = 0;
+    for (int i = 0; i < l->nparams; i++) n += l->params[i].count;
+    return n;
+}
+
+/* Forward FLOPs per image of a leaf layer. */
+static double layer_flops(const ch_layer *l)
+{
+    const double out = (double)shape_size(l->out);
+    if (strcmp(l->ops->kind, "Conv2d") == 0) {
+        const int64_t *w = l->params[0].dims;   /* [cout, cin, k, k] */
+        return out * 2.0 * (double)(w[1] * w[2] * w[3]) + (l->nparams > 1 ? out : 0);
+    }
+    if (strcmp(l->ops->kind, "Linear") == 0) return 2.0 * (double)shape_size(l->in) * l->out.c + l->out.c;
+    if (strcmp(l->ops->kind, "MaxPool2d") == 0 || strcmp(l->ops->kind, "AvgPool2d") == 0 ||
+        strcmp(l->ops->kind, "AdaptiveAvgPool2d") == 0)
+        return (double)shape_size(l->in);
+    if (strcmp(l->ops->kind, "BatchNorm2d") == 0) return 2.0 * out;
+    if (strcmp(l->ops->kind, "Residual") == 0) return 2.0 * out;   /* the add and the ReLU */
+    if (strcmp(l->ops->kind, "ReLU") == 0 || strcmp(l->ops->kind, "Dropout") == 0) return out;
+    return 0;
+}
+
+typedef struct totals {
+    double flops;
+    size_t act_elems;
+} totals;
+
+static void walk(const ch_layer *l, const char *prefix, int depth, totals *t, bool print)
+{
+    /* Module paths as PyTorch names them ("resnet_block2.0.conv1"); truncation only shortens the
+     * printed name. */
+    char path[160];
+    int len = depth == 0 ? snprintf(path, sizeof path, "(model)")
+              : prefix[0] ? snprintf(path, sizeof path, "%s.%s", prefix, l->name)
+                          : snprintf(path, sizeof path, "%s", l->name);
+    if (len < 0) path[0] = 0;
+    const double f = layer_flops(l);
+    t->flops += f;
+    if (l->y_owned) t->act_elems += shape_size(l->out);
+    if (print && depth > 0) {
+        char shape[48];
+        snprintf(shape, sizeof shape, "%dx%dx%d", l->out.c, l->out.h, l->out.w);
+        printf("  %-32s %-18s %-12s %10zu %12.3f\n", path, l->ops->kind, shape, layer_params(l), f / 1e6);
+    }
+    for (int i = 0; i < l->nchildren; i++) walk(l->children[i], depth ? path : "", depth + 1, t, print);
+}
+
+static double mib(double bytes) { return bytes / (1 << 20); }
+
+void ch_cli_print_summary(const ch_trainer *t)
+{
+    if (ch_world_rank() != 0) return;
+    const ch_model *m = t->replicas[0].model;
+    const int B = t->cfg.batch_size, D = t->nreplicas, R = t->procs * D;
+    const int slice = t->spec.max_slice;
+    printf("model %s: input %dx%dx%d, %d classes\n", t->model_name, m->input.c, m->input.h,
+           m->input.w, m->classes);
+    printf("  %-32s %-18s %-12s %10s %12s\n", "layer", "kind", "output", "params", "MFLOP/img");
+    totals tot = { 0, 0 };
+    walk(m->root, "", 0, &tot, true);
+    const double P = (double)m->nparams;
+    printf("total: %zu parameters (%.2f MiB), %zu buffer values; forward %.3f MFLOP/image, "
+           "training ~%.3f MFLOP/image\n", m->nparams, mib(P * 4), m->nbuffers, tot.flops / 1e6,
+           3 * tot.flops / 1e6);
+    const double act = (double)tot.act_elems * slice * sizeof(ch_real);
+    printf("memory per replica (slice of %d): parameters %.2f MiB, gradients %.2f MiB, momentum %.2f MiB, "
+           "activations %.2f MiB, kernel workspace %.2f MiB\n", slice, mib(P * 4), mib(P * 4),
+           t->replicas[0].opt.buf ? mib(P * 4) : 0.0, mib(act), mib((double)m->ws_len * sizeof(ch_real)));
+    int threads = 0;
+    for (int r = 0; r < D; r++) threads += t->replicas[r].nthreads;
+    printf("devices: %d rank%s x [%s] = %d replica%s; %d compute thread%s in this rank\n", t->procs,
+           t->procs > 1 ? "s" : "", t->devices_text, R, R > 1 ? "s" : "", threads, threads > 1 ? "s" : "");
+    const size_t n = t->train->n;
+    const size_t steps = (n + (size_t)B - 1) / (size_t)B, last = n - (steps - 1) * (size_t)B;
+    int lo, cnt_lo, hi_off, cnt_hi;
+    ch_trainer_slice(B, R, 0, &lo, &cnt_hi);
+    ch_trainer_slice(B, R, R - 1, &hi_off, &cnt_lo);
+    printf("data: %zu training samples, global batch %d -> %d to %d per replica; %zu steps per epoch "
+           "(last batch %zu)", n, B, cnt_lo, cnt_hi, steps, last);
+    if (t->test) printf("; %zu test samples", t->test->n);
+    printf("\n");
+    size_t share_train, share_test;
+    ch_trainer_share(t, &share_train, &share_test);
+    if (t->procs > 1)
+        printf("rank 0 trains on %zu and evaluates %zu samples per epoch\n", share_train, share_test);
+    if (R > 1) {
+        const int nb = t->replicas[0].sync ? ch_gradsync_buckets(t->replicas[0].sync) : 0;
+        printf("gradient sync: %.2f MiB in %d bucket%s of up to %g MiB, %s\n", mib(P * 4), nb, nb > 1 ? "s" : "",
+               t->cfg.bucket_mb > 0 ? t->cfg.bucket_mb : 25.0,
+               t->procs > 1 ? (D > 1 ? "local reduce + MPI_Iallreduce + local broadcast"
+                                     : "MPI_Iallreduce between ranks")
+                            : "local allreduce between threads");
+    }
+    printf("optimizer: SGD lr %g, momentum %g%s, weight decay %g; %d epochs; seed %llu\n", t->cfg.lr,
+           t->cfg.momentum, t->cfg.nesterov ? " (Nesterov)" : "", t->cfg.weight_decay, t->cfg.epochs,
+           (unsigned long long)t->cfg.seed);
+    fflush(stdout);
+}
