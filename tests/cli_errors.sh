@@ -69,5 +69,13 @@ expect 0 "" -- "$cohort" "${T[@]}" --data "$tmp/ok" --no-progress
 if [ $? -eq 0 ] && grep -q "total: 129068 parameters" "$tmp/out" && grep -q "training ~13.661 MFLOP/image" "$tmp/out" &&
    grep -q "global batch 256 -> 128 to 128 per replica; 235 steps per epoch (last batch 96)" "$tmp/out" &&
    ! grep -q "^epoch" "$tmp/out"; then passes=$((passes + 1)); else echo "FAIL: --dry-run:"; cat "$tmp/out"; fails=$((fails + 1)); fi
+# Every flag of `cohort train --help` is in the manual page and in the first column of the
+# README's flag table.
+readme=$(dirname "$0")/../README.md
+page=$("$cohort" help train)
+for flag in $("$cohort" train --help | grep -oE -- '--[a-z][a-z-]+' | sort -u); do
+    if [[ $page == *"$flag"* ]] && grep -qE -- "^\| [^|]*${flag}[] ,\`]" "$readme"; then passes=$((passes + 1))
+    else echo "FAIL: $flag is missing from cohort help train or the README's flag table"; fails=$((fails + 1)); fi
+done
 echo "cli_errors: $passes passed, $fails failed"
 [ "$fails" -eq 0 ]

@@ -15,6 +15,7 @@ static const char usage[] =
     "  export   a checkpoint's weights as one safetensors file (cohort export --help)\n"
     "  bench    measure training or evaluation throughput (cohort bench --help)\n"
     "  info     version, kernels, CPU and optional back ends\n"
+    "  help     the manual page of a command (cohort help train)\n"
     "\n"
     "  --help, --version\n";
 
@@ -25,6 +26,7 @@ int main(int argc, char **argv)
         return CH_EXIT_USAGE;
     }
     const char *cmd = argv[1];
+    if (strcmp(cmd, "help") == 0 && argc > 2) return ch_cmd_help(argc - 1, argv + 1);
     if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0 || strcmp(cmd, "help") == 0) {
         fputs(usage, stdout);
         return CH_EXIT_OK;

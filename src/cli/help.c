@@ -1,0 +1,125 @@
+/* cohort help [COMMAND]: manual pages, in the sections of man(1). `cohort COMMAND --help` gives the
+ * short usage; this is the long form. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/cli.h"
+
+static const char train_page[] =
+    "NAME\n"
+    "    cohort train - train a model on one or more devices, processes and machines\n"
+    "\n"
+    "SYNOPSIS\n"
+    "    cohort train --model NAME --data DIR [OPTION]...\n"
+    "    mpirun -np N [--hostfile FILE] cohort train --model NAME --data DIR [OPTION]...\n"
+    "\n"
+    "DESCRIPTION\n"
+    "    Trains a model of the zoo on an IDX data set (MNIST, Fashion-MNIST layout: train-images-\n"
+    "    idx3-ubyte[.gz], train-labels-idx1-ubyte[.gz], t10k-...) and prints one line per epoch:\n"
+    "        epoch 3, loss 0.4173, train acc 0.8458, test acc 0.8575, time 5.3 sec, 11220 img/s on\n"
+    "        [cpu:0, cpu:1]\n"
+    "    Every device (--devices) holds a replica of the model; under mpirun every process is a\n"
+    "    rank with its own devices. The global batch (-b) is split over all replicas of all ranks,\n"
+    "    the gradients are summed (in buckets, while backward runs) and every replica applies the\n"
+    "    same update, so any number of devices and ranks computes what one device would. A\n"
+    "    progress bar is drawn on stderr when it is a terminal (rank 0 only).\n"
+    "\n"
+    "MODEL AND DATA\n"
+    "    --model NAME          lenet | mnist-cnn | resnet18 | mlp (required)\n"
+    "    --data DIR            the data set directory (required)\n"
+    "    --train-limit N       train on the first N samples only (default: all)\n"
+    "    --test-limit N        evaluate on the first N test samples only (default: all)\n"
+    "    --init SPEC           default (PyTorch's initialisation) | normal:STD (weights N(0, STD),\n"
+    "                          biases 0) (default: default)\n"
+    "    --seed S              seed of every random choice: the same command gives the same bits\n"
+    "                          (default 0)\n"
+    "\n"
+    "OPTIMISATION\n"
+    "    --epochs N            epochs in all, counting those of a resumed checkpoint (default 10)\n"
+    "    -b, --batch-size B    global batch size (default 256)\n"
+    "    --lr X                learning rate (default 0.1)\n"
+    "    --momentum M          SGD momentum, PyTorch semantics (default 0)\n"
+    "    --nesterov            Nesterov momentum (default off)\n"
+    "    --weight-decay W, --wd W\n"
+    "                          L2 weight decay (default 0)\n"
+    "    --nan-check           stop with an error when the loss is not finite (default off)\n"
+    "\n"
+    "DEVICES AND PROCESSES\n"
+    "    --devices LIST        cpu:0,cpu:1 | cpu:0-3 | 'cpu*4' (default cpu:0)\n"
+    "    --threads T           compute threads in all, shared out among the devices, at least one\n"
+    "                          each (default: the cores this process may use, divided by the\n"
+    "                          ranks on the host)\n"
+    "    --sync-bn             BatchNorm statistics over the whole global batch (default: each\n"
+    "                          device's own slice, as PyTorch DDP)\n"
+    "    --bucket-mb M         gradient sync bucket size in MiB (default 25)\n"
+    "    --timeout SECONDS     end the job when an exchange between ranks takes longer: a stuck\n"
+    "                          or lost rank (default 300)\n"
+    "    --log-dir DIR         every rank writes DIR/workerlog.RANK: rank, host, pid, devices,\n"
+    "                          share of the data, epoch lines, errors (default: none)\n"
+    "\n"
+    "CHECKPOINTS\n"
+    "    --checkpoint-dir DIR  write DIR/epoch-NNNN after every epoch (model.safetensors,\n"
+    "                          optimizer.safetensors, trainer.json), atomically, and point\n"
+    "                          DIR/latest at it (default: none)\n"
+    "    --checkpoint-every N  also DIR/step-NNNNNNNN every N steps (default 0: epoch ends only)\n"
+    "    --keep K              keep the newest K checkpoints (default: all)\n"
+    "    --resume [PATH]       continue from PATH, or from DIR/latest; with the same devices and\n"
+    "                          ranks, bit for bit\n"
+    "\n"
+    "OUTPUT\n"
+    "    --metrics FILE        append one JSON object per epoch (JSON Lines): epoch, loss,\n"
+    "                          train_acc, test_acc, time_s, images_per_s, devices, ranks\n"
+    "    --no-progress         no progress bar\n"
+    "    --dry-run             print the model summary (layers, output shapes, parameters, FLOPs\n"
+    "                          per image, memory per replica) and the data and device plan; exit\n"
+    "    -h, --help            the short usage\n"
+    "\n"
+    "EXIT STATUS\n"
+    "    0 success; 2 bad input (a flag, a data file, a checkpoint), with one line naming it;\n"
+    "    1 any other failure (a replica's error, a NaN under --nan-check, a failed rank).\n"
+    "\n"
+    "ENVIRONMENT\n"
+    "    OMPI_COMM_WORLD_SIZE, PMI_SIZE, PMIX_RANK\n"
+    "                          set by MPI launchers: the process joins the job as one rank\n"
+    "    COHORT_MPI=0|1        force (or forbid) joining an MPI job\n"
+    "    OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1\n"
+    "                          let mpirun run as root (or mpirun --allow-run-as-root)\n"
+    "\n"
+    "EXAMPLES\n"
+    "    cohort train --model lenet --data data/fashion-mnist --devices cpu:0,cpu:1 --lr 0.05 \\\n"
+    "        --momentum 0.9 --checkpoint-dir ckpt\n"
+    "    cohort train --model lenet --data data/fashion-mnist --checkpoint-dir ckpt --resume\n"
+    "    mpirun -np 4 --hostfile hosts cohort train --model resnet18 --data /data/fashion-mnist \\\n"
+    "        -b 512 --lr 0.2 --log-dir logs\n"
+    "\n"
+    "SEE ALSO\n"
+    "    cohort help eval, cohort help export, cohort help bench; README.md; docs/ARCHITECTURE.md\n";
+
+static int show_usage(int (*cmd)(int, char **), const char *name)
+{
+    char *argv[] = { (char *)name, (char *)"--help", NULL };
+    return cmd(2, argv);
+}
+
+int ch_cmd_help(int argc, char **argv)
+{
+    if (argc < 2) {
+        puts("usage: cohort help COMMAND    (train, eval, export, bench, info)");
+        return CH_EXIT_OK;
+    }
+    const char *what = argv[1];
+    if (strcmp(what, "train") == 0) {
+        fputs(train_page, stdout);
+        return CH_EXIT_OK;
+    }
+    if (strcmp(what, "eval") == 0) return show_usage(ch_cmd_eval, "eval");
+    if (strcmp(what, "export") == 0) return show_usage(ch_cmd_export, "export");
+    if (strcmp(what, "bench") == 0) return show_usage(ch_cmd_bench, "bench");
+    if (strcmp(what, "info") == 0) {
+        puts("usage: cohort info\n\nVersion, precision, kernels, CPU, default threads, Open MPI (and this\n"
+             "process's rank) and CUDA availability.");
+        return CH_EXIT_OK;
+    }
+    fprintf(stderr, "cohort help: no page for '%s' (train, eval, export, bench, info)\n", what);
+    return CH_EXIT_USAGE;
+}
