@@ -62,6 +62,10 @@ typedef struct ch_dataset ch_dataset;
 /* Load the IDX files of DIR (train-images-idx3-ubyte[.gz] etc., raw or gzip). Every header field,
  * count and label is validated; a bad file is CH_STATUS_BAD_INPUT with the file named. */
 ch_status ch_dataset_load_idx(const char *dir, ch_split split, ch_dataset **out, ch_err *err);
+/* A data set from memory: n samples of c x h x w uint8 pixels (images, n*c*h*w bytes, copied) and
+ * labels (n bytes, copied), each < classes (checked). */
+ch_status ch_dataset_from_memory(size_t n, int c, int h, int w, int classes, const uint8_t *images,
+                                 const uint8_t *labels, ch_dataset **out, ch_err *err);
 size_t ch_dataset_size(const ch_dataset *d);
 int ch_dataset_classes(const ch_dataset *d);
 void ch_dataset_shape(const ch_dataset *d, int *c, int *h, int *w);
@@ -71,7 +75,7 @@ void ch_dataset_free(ch_dataset *d);
 
 /* ---- models ------------------------------------------------------------------------------- */
 
-/* Names of the zoo: "lenet", "mnist-cnn", "resnet18", "mlp". NULL-terminated. */
+/* Names of the zoo: "lenet", "mnist-cnn", "resnet18", "mlp", "linear". NULL-terminated. */
 const char *const *ch_model_names(void);
 
 /* ---- devices ------------------------------------------------------------------------------ */

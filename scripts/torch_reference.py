@@ -20,6 +20,11 @@ def mnist_cnn(num_classes=10):
                          nn.Linear(980, num_classes))
 
 
+def linear(num_classes=10, in_features=784):
+    """Reference program E's Linear, as softmax regression over the flattened input."""
+    return nn.Sequential(nn.Flatten(), nn.Linear(in_features, num_classes))
+
+
 def mlp(num_classes=10):
     return nn.Sequential(nn.Flatten(), nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, num_classes))
 
@@ -66,4 +71,4 @@ def resnet18(num_classes=10, in_channels=1):
     return net
 
 
-MODELS = {"lenet": lenet, "mnist-cnn": mnist_cnn, "mlp": mlp, "resnet18": resnet18}
+MODELS = {"lenet": lenet, "mnist-cnn": mnist_cnn, "mlp": mlp, "resnet18": resnet18, "linear": linear}

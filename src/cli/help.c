@@ -25,7 +25,7 @@ static const char train_page[] =
     "    progress bar is drawn on stderr when it is a terminal (rank 0 only).\n"
     "\n"
     "MODEL AND DATA\n"
-    "    --model NAME          lenet | mnist-cnn | resnet18 | mlp (required)\n"
+    "    --model NAME          lenet | mnist-cnn | resnet18 | mlp | linear (required)\n"
     "    --data DIR            the data set directory (required)\n"
     "    --train-limit N       train on the first N samples only (default: all)\n"
     "    --test-limit N        evaluate on the first N test samples only (default: all)\n"

@@ -16,7 +16,7 @@ static const char train_usage[] =
     "\n"
     "Train a model of the zoo on an IDX data set (MNIST, Fashion-MNIST layout).\n"
     "\n"
-    "  --model NAME          lenet | mnist-cnn | resnet18 | mlp\n"
+    "  --model NAME          lenet | mnist-cnn | resnet18 | mlp | linear\n"
     "  --data DIR            directory with train-/t10k- images and labels (.gz or raw)\n"
     "  --epochs N            epochs to train (default 10)\n"
     "  -b, --batch-size B    global batch size (default 256)\n"

@@ -2,6 +2,36 @@
 #include "data/dataset.h"
 
 #include <stdlib.h>
+#include <string.h>
+
+#include "core/status.h"
+
+ch_status ch_dataset_from_memory(size_t n, int c, int h, int w, int classes, const uint8_t *images,
+                                 const uint8_t *labels, ch_dataset **out, ch_err *err)
+{
+    if (c < 1 || h < 1 || w < 1 || c > 4096 || h > 65536 || w > 65536 || classes < 2 || classes > 256)
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "data set of %dx%dx%d samples with %d classes: "
+                       "sizes must be >= 1 and classes 2..256", c, h, w, classes);
+    const size_t per = (size_t)c * (size_t)h * (size_t)w;
+    if (n > SIZE_MAX / per) return ch_fail(err, CH_STATUS_BAD_INPUT, "data set of %zu samples is too large", n);
+    for (size_t i = 0; i < n; i++)
+        if (labels[i] >= classes)
+            return ch_fail(err, CH_STATUS_BAD_INPUT, "label %d of sample %zu is not below %d classes",
+                           labels[i], i, classes);
+    ch_dataset *d = calloc(1, sizeof *d);
+    CH_CHECK_ALLOC(err, d);
+    *d = (ch_dataset){ .n = n, .c = c, .h = h, .w = w, .classes = classes };
+    d->images = malloc(n * per + 1);
+    d->labels = malloc(n + 1);
+    if (!d->images || !d->labels) {
+        ch_dataset_free(d);
+        return CH_SYS_FAIL(err, "allocation of a data set");
+    }
+    if (n) memcpy(d->images, images, n * per);
+    if (n) memcpy(d->labels, labels, n);
+    *out = d;
+    return CH_STATUS_OK;
+}
 
 size_t ch_dataset_size(const ch_dataset *d) { return d->n; }
 int ch_dataset_classes(const ch_dataset *d) { return d->classes; }

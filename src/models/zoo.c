@@ -7,7 +7,9 @@
  *   resnet18  (program D): Conv(1->64,3,pad 1) BN ReLU, resnet_block1..4 (2 residual blocks each,
  *                          64/128/256/512 channels, stride 2 + 1x1 shortcut at the start of 2..4),
  *                          global_avg_pool, fc = Sequential(Flatten, Linear(512->classes))
- *   mlp:                   Flatten Linear(784->256) ReLU Linear(256->10) */
+ *   mlp:                   Flatten Linear(784->256) ReLU Linear(256->10)
+ *   linear    (program E): Flatten Linear(c*h*w->classes), softmax regression; on 1x1x5 inputs with
+ *                          5 classes it is program E's Linear(5, 5) */
 #include "models/zoo.h"
 
 #include <stdio.h>
@@ -81,6 +83,12 @@ static void build_mlp(builder *b, int classes)
     ADD(b, ch_linear_create, classes);
 }
 
+static void build_linear(builder *b, int classes)
+{
+    ADD(b, ch_flatten_create);
+    ADD(b, ch_linear_create, classes);
+}
+
 /* A named child Sequential built by fill(). */
 static void add_named_seq(builder *b, const char *name, void (*fill)(builder *, int), int arg)
 {
@@ -134,9 +142,10 @@ static const arch archs[] = {
     { "mnist-cnn", build_mnist_cnn },
     { "resnet18", build_resnet18 },
     { "mlp", build_mlp },
+    { "linear", build_linear },
 };
 
-static const char *const arch_names[] = { "lenet", "mnist-cnn", "resnet18", "mlp", NULL };
+static const char *const arch_names[] = { "lenet", "mnist-cnn", "resnet18", "mlp", "linear", NULL };
 
 const char *const *ch_model_names(void) { return arch_names; }
 
@@ -154,7 +163,7 @@ ch_status ch_zoo_build(const char *name, ch_shape3 in, int classes, ch_layer **r
         if (strcmp(archs[i].name, name) == 0) a = &archs[i];
     if (!a)
         return ch_fail(err, CH_STATUS_BAD_INPUT,
-                       "unknown model '%s' (expected lenet, mnist-cnn, resnet18 or mlp)", name);
+                       "unknown model '%s' (expected lenet, mnist-cnn, resnet18, mlp or linear)", name);
     if (classes < 2)
         return ch_fail(err, CH_STATUS_BAD_INPUT, "model %s: %d classes, need at least 2", name,
                        classes);
