@@ -15,6 +15,7 @@ int ch_cmd_info(int argc, char **argv);
 int ch_cmd_eval(int argc, char **argv);
 int ch_cmd_export(int argc, char **argv);
 int ch_cmd_help(int argc, char **argv);
+int ch_cmd_plot(int argc, char **argv);
 int ch_cmd_bench(int argc, char **argv);
 int ch_cmd_bench_allreduce(int argc, char **argv);
 

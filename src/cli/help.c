@@ -69,6 +69,8 @@ static const char train_page[] =
     "OUTPUT\n"
     "    --metrics FILE        append one JSON object per epoch (JSON Lines): epoch, loss,\n"
     "                          train_acc, test_acc, time_s, images_per_s, devices, ranks\n"
+    "    --plot FILE.svg       after every epoch, redraw an SVG chart of train loss, train accuracy\n"
+    "                          and test accuracy per epoch (cohort plot compares several runs)\n"
     "    --no-progress         no progress bar\n"
     "    --dry-run             print the model summary (layers, output shapes, parameters, FLOPs\n"
     "                          per image, memory per replica) and the data and device plan; exit\n"
@@ -104,7 +106,7 @@ static int show_usage(int (*cmd)(int, char **), const char *name)
 int ch_cmd_help(int argc, char **argv)
 {
     if (argc < 2) {
-        puts("usage: cohort help COMMAND    (train, eval, export, bench, info)");
+        puts("usage: cohort help COMMAND    (train, eval, export, plot, bench, info)");
         return CH_EXIT_OK;
     }
     const char *what = argv[1];
@@ -115,11 +117,12 @@ int ch_cmd_help(int argc, char **argv)
     if (strcmp(what, "eval") == 0) return show_usage(ch_cmd_eval, "eval");
     if (strcmp(what, "export") == 0) return show_usage(ch_cmd_export, "export");
     if (strcmp(what, "bench") == 0) return show_usage(ch_cmd_bench, "bench");
+    if (strcmp(what, "plot") == 0) return show_usage(ch_cmd_plot, "plot");
     if (strcmp(what, "info") == 0) {
         puts("usage: cohort info\n\nVersion, precision, kernels, CPU, default threads, Open MPI (and this\n"
              "process's rank) and CUDA availability.");
         return CH_EXIT_OK;
     }
-    fprintf(stderr, "cohort help: no page for '%s' (train, eval, export, bench, info)\n", what);
+    fprintf(stderr, "cohort help: no page for '%s' (train, eval, export, plot, bench, info)\n", what);
     return CH_EXIT_USAGE;
 }

@@ -14,6 +14,7 @@ static const char usage[] =
     "  eval     test loss and accuracy of a checkpoint (cohort eval --help)\n"
     "  export   a checkpoint's weights as one safetensors file (cohort export --help)\n"
     "  bench    measure training or evaluation throughput (cohort bench --help)\n"
+    "  plot     several runs' metrics in one SVG chart (cohort plot --help)\n"
     "  info     version, kernels, CPU and optional back ends\n"
     "  help     the manual page of a command (cohort help train)\n"
     "\n"
@@ -41,6 +42,7 @@ int main(int argc, char **argv)
     if (strcmp(cmd, "bench") == 0) run = ch_cmd_bench;
     if (strcmp(cmd, "eval") == 0) run = ch_cmd_eval;
     if (strcmp(cmd, "export") == 0) run = ch_cmd_export;
+    if (strcmp(cmd, "plot") == 0) return ch_cmd_plot(argc - 1, argv + 1);
     if (run) {
         /* Under mpirun this process becomes one rank of the job; alone, rank 0 of 1. */
         ch_err err;

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "cli/plot.h"
 #include "comm/world.h"
 #include "core/status.h"
 
@@ -44,6 +45,7 @@ static const char train_usage[] =
     "  --train-limit N       use only the first N training samples\n"
     "  --test-limit N        evaluate on the first N test samples only\n"
     "  --metrics FILE        append one JSON object per epoch (JSON Lines)\n"
+    "  --plot FILE.svg       after every epoch, redraw the training curves as an SVG chart\n"
     "  --nan-check           stop with an error when the loss is not finite\n"
     "  --no-progress         no progress bar, even on a terminal\n"
     "  --dry-run             print the model summary and the data and device plan, then exit\n"
@@ -54,7 +56,7 @@ static const char train_usage[] =
 
 typedef struct train_opts {
     ch_train_config cfg;
-    const char *data, *metrics, *log_dir, *resume;
+    const char *data, *metrics, *log_dir, *resume, *plot;
     bool resume_latest;
     long train_limit, test_limit;
     bool progress, dry_run;
@@ -64,7 +66,7 @@ enum {
     OPT_MODEL = 256, OPT_DATA, OPT_EPOCHS, OPT_LR, OPT_MOMENTUM, OPT_NESTEROV, OPT_WD, OPT_INIT,
     OPT_SEED, OPT_THREADS, OPT_TRAIN_LIMIT, OPT_TEST_LIMIT, OPT_METRICS, OPT_NAN_CHECK,
     OPT_NO_PROGRESS, OPT_DEVICES, OPT_SYNC_BN, OPT_BUCKET_MB, OPT_TIMEOUT, OPT_LOG_DIR,
-    OPT_CKPT_DIR, OPT_CKPT_EVERY, OPT_KEEP, OPT_RESUME, OPT_DRY_RUN,
+    OPT_CKPT_DIR, OPT_CKPT_EVERY, OPT_KEEP, OPT_RESUME, OPT_DRY_RUN, OPT_PLOT,
 };
 
 static const struct option train_long[] = {
@@ -90,6 +92,7 @@ static const struct option train_long[] = {
     { "keep", required_argument, NULL, OPT_KEEP },
     { "resume", optional_argument, NULL, OPT_RESUME },
     { "dry-run", no_argument, NULL, OPT_DRY_RUN },
+    { "plot", required_argument, NULL, OPT_PLOT },
     { "train-limit", required_argument, NULL, OPT_TRAIN_LIMIT },
     { "test-limit", required_argument, NULL, OPT_TEST_LIMIT },
     { "metrics", required_argument, NULL, OPT_METRICS },
@@ -158,6 +161,7 @@ static int parse_one(int c, const char *arg, train_opts *o)
     case OPT_NAN_CHECK: cfg->nan_check = true; return -1;
     case OPT_NO_PROGRESS: o->progress = false; return -1;
     case OPT_DRY_RUN: o->dry_run = true; return -1;
+    case OPT_PLOT: o->plot = arg; return -1;
     case 'h': fputs(train_usage, stdout); return CH_EXIT_OK;
     default:
         fprintf(stderr, "cohort train: unknown or incomplete option (see cohort train --help)\n");
@@ -220,7 +224,31 @@ static bool write_metrics(FILE *f, const ch_epoch_stats *s, const ch_device_list
     return fflush(f) == 0 && !ferror(f);
 }
 
+/* Redraw the chart with the epochs so far (rank 0). */
+static int redraw_plot(const train_opts *o, ch_trainer *t, ch_plot_run *curve, const ch_epoch_stats *s)
+{
+    ch_err err;
+    char title[256];
+    char ranks[32] = "";
+    if (ch_world_size() > 1) snprintf(ranks, sizeof ranks, " x %d ranks", ch_world_size());
+    snprintf(title, sizeof title, "%s on [%s]%s, batch %d, lr %g", o->cfg.model, ch_trainer_devices(t), ranks,
+             o->cfg.batch_size, o->cfg.lr);
+    ch_status st = ch_plot_add(curve, s->epoch, s->loss, s->train_acc, s->test_acc, &err);
+    if (st == CH_STATUS_OK) st = ch_plot_write_svg(o->plot, title, curve, 1, &err);
+    return st == CH_STATUS_OK ? CH_EXIT_OK : ch_exit_for("train", st, &err);
+}
+
+static int run_epochs(const train_opts *o, ch_trainer *t, FILE *metrics, ch_plot_run *curve);
+
 static int run_training(const train_opts *o, ch_trainer *t, FILE *metrics)
+{
+    ch_plot_run curve = { 0 };
+    int rc = run_epochs(o, t, metrics, &curve);
+    ch_plot_run_free(&curve);
+    return rc;
+}
+
+static int run_epochs(const train_opts *o, ch_trainer *t, FILE *metrics, ch_plot_run *curve)
 {
     ch_progress bar;
     const bool root = ch_world_rank() == 0;
@@ -243,6 +271,7 @@ static int run_training(const train_opts *o, ch_trainer *t, FILE *metrics)
         if (root) {
             puts(line);
             fflush(stdout);
+            if (o->plot && redraw_plot(o, t, curve, &s) != CH_EXIT_OK) return CH_EXIT_FAIL;
         }
         if (metrics && !write_metrics(metrics, &s, ch_trainer_device_list(t))) {
             fprintf(stderr, "cohort train: %s: write failed\n", o->metrics);
