@@ -142,6 +142,8 @@ typedef struct ch_train_config {
     const char *checkpoint_dir; /* write a checkpoint there after every epoch; NULL: none */
     int checkpoint_every;     /* also every N global steps (0: only at epoch ends) */
     int keep;                 /* keep the newest K checkpoints (0: all) */
+    const char *trace;        /* write a Chrome trace (JSON) of the first trace_steps steps; NULL: none */
+    int trace_steps;          /* default 20 */
 } ch_train_config;
 
 ch_train_config ch_train_config_default(void);
@@ -186,6 +188,11 @@ ch_status ch_trainer_resume(ch_trainer *t, const char *path, ch_err *err);
 ch_status ch_trainer_load_weights(ch_trainer *t, const char *file, ch_err *err);
 /* Write the state_dict alone (weights and BatchNorm buffers) to a safetensors file, atomically. */
 ch_status ch_trainer_export(const ch_trainer *t, const char *file, ch_err *err);
+/* Write the trace (cfg.trace) now, if one is being recorded and was not written yet: the spans
+ * recorded so far, of every rank (rank 0 writes the file, merging the ranks' parts, which it reads
+ * from cfg.trace.rank<R>: a file system the ranks share). Collective. The trainer calls it itself
+ * once trace_steps steps are recorded. */
+ch_status ch_trainer_write_trace(ch_trainer *t, ch_err *err);
 /* Epochs completed (counting those of a resumed checkpoint). */
 int ch_trainer_epochs_done(const ch_trainer *t);
 /* Evaluate on d, counting per class: hits[c] and counts[c] for c < classes (exact over ranks). */

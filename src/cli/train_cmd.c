@@ -46,6 +46,9 @@ static const char train_usage[] =
     "  --test-limit N        evaluate on the first N test samples only\n"
     "  --metrics FILE        append one JSON object per epoch (JSON Lines)\n"
     "  --plot FILE.svg       after every epoch, redraw the training curves as an SVG chart\n"
+    "  --trace FILE.json     a timeline (Chrome trace format) of the first steps: data, forward,\n"
+    "                        backward per layer, each bucket's sync, optimizer; per rank and device\n"
+    "  --trace-steps N       steps in the trace (default 20)\n"
     "  --nan-check           stop with an error when the loss is not finite\n"
     "  --no-progress         no progress bar, even on a terminal\n"
     "  --dry-run             print the model summary and the data and device plan, then exit\n"
@@ -66,7 +69,8 @@ enum {
     OPT_MODEL = 256, OPT_DATA, OPT_EPOCHS, OPT_LR, OPT_MOMENTUM, OPT_NESTEROV, OPT_WD, OPT_INIT,
     OPT_SEED, OPT_THREADS, OPT_TRAIN_LIMIT, OPT_TEST_LIMIT, OPT_METRICS, OPT_NAN_CHECK,
     OPT_NO_PROGRESS, OPT_DEVICES, OPT_SYNC_BN, OPT_BUCKET_MB, OPT_TIMEOUT, OPT_LOG_DIR,
-    OPT_CKPT_DIR, OPT_CKPT_EVERY, OPT_KEEP, OPT_RESUME, OPT_DRY_RUN, OPT_PLOT,
+    OPT_CKPT_DIR, OPT_CKPT_EVERY, OPT_KEEP, OPT_RESUME, OPT_DRY_RUN, OPT_PLOT, OPT_TRACE,
+    OPT_TRACE_STEPS,
 };
 
 static const struct option train_long[] = {
@@ -93,6 +97,8 @@ static const struct option train_long[] = {
     { "resume", optional_argument, NULL, OPT_RESUME },
     { "dry-run", no_argument, NULL, OPT_DRY_RUN },
     { "plot", required_argument, NULL, OPT_PLOT },
+    { "trace", required_argument, NULL, OPT_TRACE },
+    { "trace-steps", required_argument, NULL, OPT_TRACE_STEPS },
     { "train-limit", required_argument, NULL, OPT_TRAIN_LIMIT },
     { "test-limit", required_argument, NULL, OPT_TEST_LIMIT },
     { "metrics", required_argument, NULL, OPT_METRICS },
@@ -162,6 +168,11 @@ static int parse_one(int c, const char *arg, train_opts *o)
     case OPT_NO_PROGRESS: o->progress = false; return -1;
     case OPT_DRY_RUN: o->dry_run = true; return -1;
     case OPT_PLOT: o->plot = arg; return -1;
+    case OPT_TRACE: cfg->trace = arg; return -1;
+    case OPT_TRACE_STEPS:
+        if (!ch_arg_int("train", "trace-steps", arg, 1, 100000, &v)) return CH_EXIT_USAGE;
+        cfg->trace_steps = (int)v;
+        return -1;
     case 'h': fputs(train_usage, stdout); return CH_EXIT_OK;
     default:
         fprintf(stderr, "cohort train: unknown or incomplete option (see cohort train --help)\n");
@@ -245,6 +256,9 @@ static int run_training(const train_opts *o, ch_trainer *t, FILE *metrics)
     ch_plot_run curve = { 0 };
     int rc = run_epochs(o, t, metrics, &curve);
     ch_plot_run_free(&curve);
+    /* A run shorter than --trace-steps writes what it has. */
+    ch_err err;
+    if (rc == CH_EXIT_OK && o->cfg.trace) rc = ch_exit_for("train", ch_trainer_write_trace(t, &err), &err);
     return rc;
 }
 

@@ -60,6 +60,7 @@ typedef struct ch_run {
     ch_err *comm_err;
     ch_grads_ready_fn grads_ready;
     void *grads_user;
+    struct ch_trace_track *trace;   /* record each child's backward as a span; NULL: no trace */
 } ch_run;
 
 typedef struct ch_layer ch_layer;

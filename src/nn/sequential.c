@@ -3,7 +3,10 @@
  * sized to the largest child input it must hold. */
 #include "nn/layer.h"
 
+#include <stdio.h>
 #include <stdlib.h>
+
+#include "core/trace.h"
 
 typedef struct seq_impl {
     ch_real *buf[2];
@@ -52,7 +55,13 @@ static void seq_backward(ch_layer *l, const ch_run *r, int n, const ch_real *x, 
         ch_layer *c = l->children[i];
         const ch_real *cx = i > 0 ? l->children[i - 1]->y : x;
         ch_real *cdx = i > 0 ? s->buf[i & 1] : dx;
+        const int64_t t0 = r->trace ? ch_trace_now() : 0;
         c->ops->backward(c, r, n, cx, g, cdx);
+        if (r->trace) {
+            char name[56];
+            snprintf(name, sizeof name, "%s %s", c->name, c->ops->kind);
+            ch_trace_span(r->trace, "backward", name, t0, -1);
+        }
         g = cdx;
     }
 }

@@ -12,6 +12,8 @@ typedef struct bucket {
     size_t lo, hi;          /* [lo, hi) of the flat gradient buffer */
     size_t pending;         /* elements not yet reported this step */
     bool queued;
+    int64_t t_start;        /* when its sum started (trace) */
+    int lane;               /* its trace lane while in flight */
 } bucket;
 
 struct ch_gradsync {
@@ -22,9 +24,12 @@ struct ch_gradsync {
     int *queue;
     int head, tail;         /* queue[head..tail) waits for the sync thread (indices mod nbuckets) */
     ch_request *reqs;       /* reqs[out_head..out_tail): sums in flight, oldest first */
+    int *inflight;          /* the bucket of each of reqs' slots */
     int out_head, out_tail;
     int done;               /* buckets summed this step */
     uint64_t step;
+    ch_trace_track *trace, *trace_next; /* this step's track (sync thread only); the next step's */
+    unsigned lanes_busy;    /* trace lanes holding a bucket in flight */
     ch_status status;
     ch_err err;
     bool quit;
@@ -33,6 +38,26 @@ struct ch_gradsync {
     pthread_t thread;
     bool started;
 };
+
+/* The span of bucket b's sum, from its start to now. */
+static void trace_bucket(ch_gradsync *s, int b)
+{
+    if (!s->trace) return;
+    char name[56];
+    snprintf(name, sizeof name, "allreduce bucket %d of %d", b + 1, s->nbuckets);
+    ch_trace_span_lane(s->trace, "sync", name, s->buckets[b].t_start,
+                       (int64_t)((s->buckets[b].hi - s->buckets[b].lo) * sizeof(ch_real)), s->buckets[b].lane);
+    s->lanes_busy &= ~(1u << s->buckets[b].lane);
+}
+
+/* The lowest trace lane with no bucket in flight (buckets overlap in time, not by nesting). */
+static int take_lane(ch_gradsync *s)
+{
+    int lane = 0;
+    while (lane < 31 && (s->lanes_busy >> lane & 1u)) lane++;
+    s->lanes_busy |= 1u << lane;
+    return lane;
+}
 
 static void record_failure(ch_gradsync *s, ch_status st, const ch_err *e)
 {
@@ -53,6 +78,9 @@ static void start_next(ch_gradsync *s)
     snprintf(s->comm->what, sizeof s->comm->what, "step %llu, gradient bucket %d of %d",
              (unsigned long long)s->step + 1, bi + 1, s->nbuckets);
     ch_request *req = &s->reqs[s->out_tail % s->nbuckets];
+    s->buckets[bi].t_start = s->trace ? ch_trace_now() : 0;
+    if (s->trace) s->buckets[bi].lane = take_lane(s);
+    s->inflight[s->out_tail % s->nbuckets] = bi;
     pthread_mutex_unlock(&s->mu);
     ch_err e;
     ch_status st = CH_STATUS_OK;
@@ -61,6 +89,7 @@ static void start_next(ch_gradsync *s)
     pthread_mutex_lock(&s->mu);
     record_failure(s, st, &e);
     if (st != CH_STATUS_OK || req->done) {
+        trace_bucket(s, bi);
         s->done++;
         pthread_cond_signal(&s->finished);
     } else {
@@ -79,6 +108,7 @@ static bool test_oldest(ch_gradsync *s)
     pthread_mutex_lock(&s->mu);
     record_failure(s, st, &e);
     if (!done && st == CH_STATUS_OK) return false;
+    trace_bucket(s, s->inflight[s->out_head % s->nbuckets]);
     s->out_head++;
     s->done++;
     pthread_cond_signal(&s->finished);
@@ -130,6 +160,8 @@ static ch_status make_buckets(ch_gradsync *s, const ch_model *m, size_t cap, ch_
     s->buckets = calloc((size_t)m->ntensors + 1, sizeof *s->buckets);
     s->queue = calloc((size_t)m->ntensors + 1, sizeof *s->queue);
     s->reqs = calloc((size_t)m->ntensors + 1, sizeof *s->reqs);
+    s->inflight = calloc((size_t)m->ntensors + 1, sizeof *s->inflight);
+    CH_CHECK_ALLOC(err, s->inflight);
     CH_CHECK_ALLOC(err, s->buckets);
     CH_CHECK_ALLOC(err, s->queue);
     CH_CHECK_ALLOC(err, s->reqs);
@@ -175,11 +207,13 @@ void ch_gradsync_begin(ch_gradsync *s, uint64_t step)
 {
     pthread_mutex_lock(&s->mu);
     s->step = step;
+    s->trace = s->trace_next;
     for (int i = 0; i < s->nbuckets; i++) {
         s->buckets[i].pending = s->buckets[i].hi - s->buckets[i].lo;
         s->buckets[i].queued = false;
     }
     s->head = s->tail = s->done = s->out_head = s->out_tail = 0;
+    s->lanes_busy = 0;
     pthread_mutex_unlock(&s->mu);
 }
 
@@ -219,6 +253,13 @@ ch_status ch_gradsync_finish(ch_gradsync *s, ch_err *err)
 
 int ch_gradsync_buckets(const ch_gradsync *s) { return s->nbuckets; }
 
+void ch_gradsync_set_trace(ch_gradsync *s, ch_trace_track *track)
+{
+    pthread_mutex_lock(&s->mu);
+    s->trace_next = track;
+    pthread_mutex_unlock(&s->mu);
+}
+
 void ch_gradsync_free(ch_gradsync *s)
 {
     if (!s) return;
@@ -235,5 +276,6 @@ void ch_gradsync_free(ch_gradsync *s)
     free(s->buckets);
     free(s->queue);
     free(s->reqs);
+    free(s->inflight);
     free(s);
 }

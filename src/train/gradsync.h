@@ -10,6 +10,7 @@
 #define CH_TRAIN_GRADSYNC_H
 
 #include "comm/comm.h"
+#include "core/trace.h"
 #include "nn/model.h"
 
 typedef struct ch_gradsync ch_gradsync;
@@ -25,6 +26,9 @@ void ch_gradsync_ready(void *user, size_t offset, size_t count);
  * bucket is summed. Fails when the group was aborted. */
 ch_status ch_gradsync_finish(ch_gradsync *s, ch_err *err);
 int ch_gradsync_buckets(const ch_gradsync *s);
+/* Record each bucket's sum as a span on track (the sync thread's own) from the next
+ * ch_gradsync_begin on; NULL stops recording. */
+void ch_gradsync_set_trace(ch_gradsync *s, ch_trace_track *track);
 /* Stop and join the sync thread. NULL is a no-op. */
 void ch_gradsync_free(ch_gradsync *s);
 

@@ -55,6 +55,13 @@ static ch_status build(ch_replica *rp, const ch_replica_spec *s, ch_err *err)
     CH_TRY(ch_sgd_init(&rp->opt, rp->model->nparams, s->lr, s->momentum, 0, s->weight_decay,
                        s->nesterov, err));
     CH_TRY(alloc_buffers(rp, s, err));
+    if (s->trace_capacity > 0) {
+        char name[48];
+        snprintf(name, sizeof name, "cpu:%d compute", rp->device.index);
+        CH_TRY(ch_trace_track_init(&rp->trace_compute, name, 2 * rp->index, s->trace_capacity, err));
+        snprintf(name, sizeof name, "cpu:%d sync", rp->device.index);
+        CH_TRY(ch_trace_track_init(&rp->trace_sync, name, 2 * rp->index + 1, s->trace_capacity, err));
+    }
     if (rp->grads_comm.size > 1)
         CH_TRY(ch_gradsync_create(&rp->grads_comm, rp->model, s->bucket_elems, &rp->sync, err));
     return CH_STATUS_OK;
@@ -112,9 +119,11 @@ static void count_samples(const ch_replica_spec *s, const ch_slice *sl)
     for (int i = 0; i < sl->n; i++) __atomic_fetch_add(&s->sample_counts[sl->idx[i]], 1, __ATOMIC_RELAXED);
 }
 
-ch_status ch_replica_step(ch_replica *rp, const ch_replica_spec *s, const ch_dataset *d,
-                          const ch_slice *sl)
+/* One step; with tr, each phase is a span on the replica's compute track. */
+static ch_status step_traced(ch_replica *rp, const ch_replica_spec *s, const ch_dataset *d,
+                             const ch_slice *sl, ch_trace_track *tr)
 {
+    int64_t t0 = tr ? ch_trace_now() : 0;
     ch_model *m = rp->model;
     ch_err err;
     ch_status comm_st = CH_STATUS_OK;
@@ -123,6 +132,7 @@ ch_status ch_replica_step(ch_replica *rp, const ch_replica_spec *s, const ch_dat
     count_samples(s, sl);
     ch_dataset_gather(d, sl->idx, sl->n, rp->x, rp->labels);
     if (injected(rp, s, CH_FAULT_NAN, sl->step) && sl->n > 0) rp->x[0] = (ch_real)NAN;
+    if (tr) ch_trace_span(tr, "data", "data", t0, (int64_t)sl->n);
 
     const bool many = rp->ctl_comm.size > 1, sync = rp->sync && !s->skip_sync;
     if (s->sync_bn && many)
@@ -136,12 +146,14 @@ ch_status ch_replica_step(ch_replica *rp, const ch_replica_spec *s, const ch_dat
     r.sync_bn = s->sync_bn && many ? &rp->ctl_comm : NULL;
     r.comm_status = &comm_st;
     r.comm_err = &err;
+    t0 = tr ? ch_trace_now() : 0;
     const ch_real *logits = ch_model_forward(m, &r, sl->n, rp->x);
     if (comm_st != CH_STATUS_OK) return fail_collective(rp, comm_st, &err);
     rp->loss_sum = 0;
     rp->correct = 0;
     s->k->softmax_xent(&r.kc, sl->n, m->classes, logits, rp->labels, 1.0 / sl->global_n,
                        rp->dlogits, &rp->loss_sum, &rp->correct);
+    if (tr) ch_trace_span(tr, "forward", "forward + loss", t0, -1);
     if (s->nan_check && !isfinite(rp->loss_sum)) {
         ch_fail(&err, CH_STATUS_NUMERIC, "step %llu: the loss is %g on cpu:%d",
                 (unsigned long long)sl->step + 1, rp->loss_sum, rp->device.index);
@@ -154,19 +166,41 @@ ch_status ch_replica_step(ch_replica *rp, const ch_replica_spec *s, const ch_dat
     }
 
     if (sync) {
+        ch_gradsync_set_trace(rp->sync, tr ? &rp->trace_sync : NULL);
         ch_gradsync_begin(rp->sync, sl->step);
         r.grads_ready = ch_gradsync_ready;
         r.grads_user = rp->sync;
     }
+    r.trace = tr;
+    t0 = tr ? ch_trace_now() : 0;
     ch_model_backward(m, &r, sl->n, rp->x, rp->dlogits);
+    if (tr) ch_trace_span(tr, "backward", "backward", t0, -1);
     if (comm_st != CH_STATUS_OK) return fail_collective(rp, comm_st, &err);
     if (sync) {
+        t0 = tr ? ch_trace_now() : 0;
         ch_status st = ch_gradsync_finish(rp->sync, &err);
+        if (tr) ch_trace_span(tr, "sync", "wait for gradient sync", t0, -1);
         if (st == CH_STATUS_OK && !s->sync_bn) st = average_buffers(rp, sl, &err);
         if (st != CH_STATUS_OK) return fail_collective(rp, st, &err);
     }
+    t0 = tr ? ch_trace_now() : 0;
     ch_sgd_step(&rp->opt, m->params, m->grads, rp->nthreads);
+    if (tr) ch_trace_span(tr, "optimizer", "optimizer", t0, -1);
     return CH_STATUS_OK;
+}
+
+ch_status ch_replica_step(ch_replica *rp, const ch_replica_spec *s, const ch_dataset *d,
+                          const ch_slice *sl)
+{
+    ch_trace_track *tr = rp->tracing ? &rp->trace_compute : NULL;
+    const int64_t t_step = tr ? ch_trace_now() : 0;
+    ch_status st = step_traced(rp, s, d, sl, tr);
+    if (tr) {
+        char name[32];
+        snprintf(name, sizeof name, "step %llu", (unsigned long long)sl->step + 1);
+        ch_trace_span(tr, "step", name, t_step, (int64_t)sl->n);
+    }
+    return st;
 }
 
 /* Per-class tallies, with the loss kernel's rule for the predicted class (the first maximum). */
@@ -243,6 +277,8 @@ ch_status ch_replica_share_state(ch_replica *rp)
 void ch_replica_free(ch_replica *rp)
 {
     ch_gradsync_free(rp->sync);
+    ch_trace_track_free(&rp->trace_compute);
+    ch_trace_track_free(&rp->trace_sync);
     ch_model_free(rp->model);
     ch_sgd_free(&rp->opt);
     free(rp->x);

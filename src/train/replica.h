@@ -8,6 +8,7 @@
 #include "data/dataset.h"
 #include "nn/model.h"
 #include "optim/sgd.h"
+#include "core/trace.h"
 #include "train/gradsync.h"
 
 /* A fault to inject for the failure tests (COHORT_INJECT_FAULT=KIND:REPLICA[:STEP]). REPLICA is
@@ -40,6 +41,7 @@ typedef struct ch_replica_spec {
     /* benchmark and test hooks */
     bool skip_sync;         /* bench only: no gradient sync (the cost of sync, by difference) */
     uint32_t *sample_counts; /* tests only: count every training sample a replica gathers */
+    int trace_capacity;     /* spans per track when tracing (0: no trace tracks) */
 } ch_replica_spec;
 
 typedef struct ch_replica {
@@ -55,6 +57,8 @@ typedef struct ch_replica {
     ch_comm grads_comm;     /* member of the gradient group (used by the sync thread) */
     ch_comm ctl_comm;       /* member of the control group (parameters, sync-BN, buffers) */
     ch_hier grads_hier, ctl_hier; /* the state behind the two handles */
+    ch_trace_track trace_compute, trace_sync; /* --trace: this replica's two timelines */
+    bool tracing;           /* record the next steps (set by the trainer) */
     ch_gradsync *sync;      /* NULL with a single replica */
     /* results of the last job */
     ch_status status;

@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <errno.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include "comm/world.h"
@@ -22,7 +24,7 @@ ch_train_config ch_train_config_default(void)
     return (ch_train_config){ .model = "lenet", .init = "default", .epochs = 10,
                               .batch_size = 256, .lr = 0.1, .seed = 0, .threads = 0,
                               .devices = "cpu:0", .bucket_mb = 25,
-                              .timeout_s = 300 };
+                              .timeout_s = 300, .trace_steps = 20 };
 }
 
 static ch_status check_config(const ch_train_config *c, ch_err *err)
@@ -41,6 +43,8 @@ static ch_status check_config(const ch_train_config *c, ch_err *err)
         return ch_fail(err, CH_STATUS_BAD_INPUT, "threads %d, expected 0..1024", c->threads);
     if (!(c->bucket_mb >= 0 && c->bucket_mb <= 4096))
         return ch_fail(err, CH_STATUS_BAD_INPUT, "bucket size %g MiB, expected 0..4096", c->bucket_mb);
+    if (c->trace && (c->trace_steps < 1 || c->trace_steps > 100000))
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "trace steps %d, expected 1..100000", c->trace_steps);
     if (c->checkpoint_every < 0 || c->keep < 0)
         return ch_fail(err, CH_STATUS_BAD_INPUT, "checkpoint-every %d / keep %d, expected >= 0",
                        c->checkpoint_every, c->keep);
@@ -216,6 +220,20 @@ static ch_status check_ranks_agree(ch_trainer *t, ch_err *err)
     return CH_STATUS_OK;
 }
 
+/* The ranks' monotonic clocks differ (other hosts): take rank 0's reading right after a barrier as
+ * the common origin. Good to the barrier's skew, microseconds on one host. */
+static ch_status align_trace_clocks(ch_trainer *t, ch_err *err)
+{
+    if (!t->cfg.trace || t->procs == 1) return CH_STATUS_OK;
+    snprintf(t->main_comm.what, sizeof t->main_comm.what, "set-up, trace clocks");
+    CH_TRY(ch_comm_barrier(&t->main_comm, err));
+    const int64_t mine = ch_trace_now();
+    double root[1] = { t->proc == 0 ? (double)mine : 0 };
+    CH_TRY(ch_comm_allreduce_sum_f64(&t->main_comm, root, 1, err));
+    t->trace_offset_ns = (int64_t)root[0] - mine;
+    return CH_STATUS_OK;
+}
+
 static ch_status setup(ch_trainer *t, ch_err *err)
 {
     const ch_dataset *d = t->train;
@@ -241,10 +259,12 @@ static ch_status setup(ch_trainer *t, ch_err *err)
         .k = ch_kernels_cpu(),
     };
     CH_TRY(parse_fault(&t->spec.fault, err));
+    t->spec.trace_capacity = t->cfg.trace ? 8192 : 0;
     if (t->cfg.checkpoint_dir && t->proc == 0) CH_TRY(ch_checkpoint_prepare(t->cfg.checkpoint_dir, err));
     t->perm = malloc(sizeof(uint32_t) * d->n);
     CH_CHECK_ALLOC(err, t->perm);
-    return make_replicas(t, err);
+    CH_TRY(make_replicas(t, err));
+    return align_trace_clocks(t, err);
 }
 
 ch_status ch_trainer_create(const ch_train_config *cfg, const ch_dataset *train,
@@ -261,6 +281,10 @@ ch_status ch_trainer_create(const ch_train_config *cfg, const ch_dataset *train,
     if (cfg->checkpoint_dir) {
         snprintf(t->checkpoint_dir, sizeof t->checkpoint_dir, "%s", cfg->checkpoint_dir);
         t->cfg.checkpoint_dir = t->checkpoint_dir;
+    }
+    if (cfg->trace) {
+        snprintf(t->trace_path, sizeof t->trace_path, "%s", cfg->trace);
+        t->cfg.trace = t->trace_path;
     }
     t->pos = (ch_ckpt_position){ .train_loss = -1, .train_acc = -1, .test_loss = -1, .test_acc = -1 };
     t->train = train;
@@ -306,6 +330,8 @@ ch_status ch_trainer_step(ch_trainer *t, const uint32_t *idx, int n, double *los
     CH_ASSERT(n >= 1 && n <= t->cfg.batch_size);
     t->job_idx = idx;
     t->job_n = n;
+    const bool tracing = t->cfg.trace && !t->trace_done && t->step - t->trace_first < (uint64_t)t->cfg.trace_steps;
+    for (int r = 0; r < t->nreplicas; r++) t->replicas[r].tracing = tracing;
     ch_crew_run(t->crew, job_step, t);
     CH_TRY(collect_failure(t, err));
     /* Exact totals, in replica order: the same sums whatever the thread timing. */
@@ -316,7 +342,75 @@ ch_status ch_trainer_step(ch_trainer *t, const uint32_t *idx, int n, double *los
         *correct += t->replicas[r].correct;
     }
     t->step++;
+    if (tracing && t->step - t->trace_first == (uint64_t)t->cfg.trace_steps) CH_TRY(ch_trainer_write_trace(t, err));
     return CH_STATUS_OK;
+}
+
+/* This rank's spans as JSON array elements into path (no brackets). */
+static ch_status write_trace_part(const ch_trainer *t, const char *path, ch_err *err)
+{
+    FILE *f = fopen(path, "w");
+    if (!f) return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: cannot create (%s)", path, strerror(errno));
+    char process[300];
+    snprintf(process, sizeof process, "rank %d (%s)", t->proc, ch_world_host());
+    int first = 1;
+    ch_trace_track tracks[2 * CH_MAX_DEVICES];
+    for (int r = 0; r < t->nreplicas; r++) {
+        tracks[2 * r] = t->replicas[r].trace_compute;
+        tracks[2 * r + 1] = t->replicas[r].trace_sync;
+    }
+    ch_trace_write_events(f, tracks, 2 * t->nreplicas, t->proc, process, t->trace_offset_ns, &first);
+    const bool ok = fflush(f) == 0 && !ferror(f);
+    if (fclose(f) != 0 || !ok) return ch_fail(err, CH_STATUS_SYSTEM, "%s: write failed", path);
+    return CH_STATUS_OK;
+}
+
+/* Rank 0: the file is {"traceEvents": [part 0, part 1, ...]}, written to a temporary and renamed. */
+static ch_status merge_trace(const ch_trainer *t, ch_err *err)
+{
+    char tmp[4200], part[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp", t->trace_path);
+    FILE *out = fopen(tmp, "w");
+    if (!out) return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: cannot create (%s)", tmp, strerror(errno));
+    fputs("{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n", out);
+    ch_status st = CH_STATUS_OK;
+    for (int r = 0; r < t->procs && st == CH_STATUS_OK; r++) {
+        snprintf(part, sizeof part, "%s.rank%d", t->trace_path, r);
+        FILE *in = fopen(part, "r");
+        if (!in) {
+            st = ch_fail(err, CH_STATUS_SYSTEM, "%s: cannot open rank %d's part of the trace (%s): the "
+                         "ranks must share the trace's directory", part, r, strerror(errno));
+            break;
+        }
+        if (r > 0) fputs(",\n", out);
+        char buf[65536];
+        size_t n;
+        while ((n = fread(buf, 1, sizeof buf, in)) > 0) fwrite(buf, 1, n, out);
+        fclose(in);
+        unlink(part);
+    }
+    fputs("\n]}\n", out);
+    const bool ok = fflush(out) == 0 && !ferror(out);
+    if (fclose(out) != 0 || !ok) st = ch_fail(err, CH_STATUS_SYSTEM, "%s: write failed", tmp);
+    if (st == CH_STATUS_OK && rename(tmp, t->trace_path) != 0)
+        st = ch_fail(err, CH_STATUS_SYSTEM, "%s: rename failed (%s)", t->trace_path, strerror(errno));
+    if (st != CH_STATUS_OK) unlink(tmp);
+    return st;
+}
+
+ch_status ch_trainer_write_trace(ch_trainer *t, ch_err *err)
+{
+    if (!t->cfg.trace || t->trace_done) return CH_STATUS_OK;
+    t->trace_done = true;
+    for (int r = 0; r < t->nreplicas; r++) t->replicas[r].tracing = false;
+    char part[4200];
+    snprintf(part, sizeof part, "%s.rank%d", t->trace_path, t->proc);
+    CH_TRY(write_trace_part(t, part, err));
+    if (t->procs > 1) {
+        snprintf(t->main_comm.what, sizeof t->main_comm.what, "writing the trace");
+        CH_TRY(ch_comm_barrier(&t->main_comm, err));
+    }
+    return t->proc == 0 ? merge_trace(t, err) : CH_STATUS_OK;
 }
 
 /* The samples of a global batch of n that this process's replicas take. */
@@ -469,6 +563,7 @@ ch_status ch_trainer_resume(ch_trainer *t, const char *path, ch_err *err)
     t->pos = p;
     t->epoch = p.epoch;
     t->step = p.global_step;
+    t->trace_first = p.global_step;
     t->mid_epoch = p.seen_in_epoch > 0;
     return CH_STATUS_OK;
 }

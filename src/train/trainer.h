@@ -27,6 +27,10 @@ struct ch_trainer {
     ch_train_config cfg;
     char model_name[32], init[64];
     char checkpoint_dir[4096];  /* cfg.checkpoint_dir points here */
+    char trace_path[4096];      /* cfg.trace points here */
+    uint64_t trace_first;       /* the first traced step */
+    int64_t trace_offset_ns;    /* added to this rank's times: rank 0's clock */
+    bool trace_done;
     ch_device_list devices;
     char devices_text[CH_MAX_DEVICES * 8];
     const ch_dataset *train, *test;
