@@ -55,27 +55,6 @@ static ch_trainer *make(const char *model, const ch_dataset *train, const ch_dat
     return t;
 }
 
-/* Per tensor ||a - b|| / max(||b||, 1e-2 ||b of the model||): worst over the tensors. */
-static double grad_error(const ch_model *m, const ch_real *a, const ch_real *b)
-{
-    double total = 0;
-    for (size_t i = 0; i < m->nparams; i++) total += (double)b[i] * b[i];
-    const double floor = 1e-2 * sqrt(total);
-    double worst = 0;
-    for (int t = 0; t < m->ntensors; t++) {
-        const ch_tensor_ref *r = &m->tensors[t];
-        if (r->kind != CH_TENSOR_PARAM) continue;
-        double d2 = 0, n2 = 0;
-        for (size_t i = r->spec->offset; i < r->spec->offset + r->spec->count; i++) {
-            d2 += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
-            n2 += (double)b[i] * b[i];
-        }
-        const double e = sqrt(d2) / fmax(sqrt(n2), floor);
-        if (e > worst) worst = e;
-    }
-    return worst;
-}
-
 /* Rank 0's bits, everywhere. */
 static void check_same_on_all_ranks(const ch_real *x, size_t n, const char *what)
 {
@@ -100,7 +79,7 @@ static void test_gradient(const char *model, const char *devices, int n)
     CHECK(ch_trainer_step(job, idx, n, &l1, &c1, &err) == CH_STATUS_OK, "%s", err.msg);
     CHECK(ch_trainer_step(one, idx, n, &l2, &c2, &err) == CH_STATUS_OK, "%s", err.msg);
     const ch_model *m = job->replicas[0].model;
-    const double e = grad_error(m, m->grads, one->replicas[0].model->grads);
+    const double e = tu_grad_error(m, m->grads, one->replicas[0].model->grads);
     if (rank == 0)
         printf("gradient %-9s %d ranks x [%s], batch %2d: %.3g relative to one process\n", model,
                size, devices, n, e);

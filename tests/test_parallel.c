@@ -45,28 +45,6 @@ static void step_once(ch_trainer *t, int n, double *loss)
     if (ch_trainer_step(t, idx, n, loss, &correct, &err) != CH_STATUS_OK) fail_msg("%s", err.msg);
 }
 
-/* Per tensor: ||a - b|| <= tol * max(||b||, 1e-2 * ||b of the whole model||). The floor keeps
- * tensors whose exact gradient is zero (conv biases before BatchNorm) from comparing noise. */
-static double grad_error(const ch_model *m, const ch_real *a, const ch_real *b)
-{
-    double total = 0;
-    for (size_t i = 0; i < m->nparams; i++) total += (double)b[i] * b[i];
-    const double floor = 1e-2 * sqrt(total);
-    double worst = 0;
-    for (int t = 0; t < m->ntensors; t++) {
-        const ch_tensor_ref *r = &m->tensors[t];
-        if (r->kind != CH_TENSOR_PARAM) continue;
-        double d2 = 0, n2 = 0;
-        for (size_t i = r->spec->offset; i < r->spec->offset + r->spec->count; i++) {
-            d2 += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
-            n2 += (double)b[i] * b[i];
-        }
-        const double e = sqrt(d2) / fmax(sqrt(n2), floor);
-        if (e > worst) worst = e;
-    }
-    return worst;
-}
-
 static void assert_replicas_identical(const ch_trainer *t)
 {
     const ch_model *m0 = t->replicas[0].model;
@@ -98,7 +76,7 @@ static void check_equivalence(const char *model, int size, bool sync_bn)
             double ld;
             step_once(many, n, &ld);
             assert_replicas_identical(many);
-            const double e = grad_error(m1, many->replicas[0].model->grads, m1->grads);
+            const double e = tu_grad_error(m1, many->replicas[0].model->grads, m1->grads);
             worst = fmax(worst, e);
             if (e > 1e-5 || fabs(ld - l1) > 1e-5 * fabs(l1))
                 fail_msg("%s batch %d on %d devices: gradient error %.3g, loss %.9g vs %.9g", model,
@@ -196,14 +174,14 @@ static void resnet18_per_replica_bn_matches_per_slice_reference(void **state)
         assert_true(g && b);
         ch_model *ref;
         per_slice_reference(d, idx, n, D, g, b, &ref);
-        const double e = grad_error(ref, mt->grads, g);
+        const double e = tu_grad_error(ref, mt->grads, g);
         const double eb = tu_max_norm_err(mt->buffers, b, mt->nbuffers);
         if (e > 1e-5 || eb > 1e-5)
             fail_msg("per-replica BN on %d devices: gradient error %.3g, running stats error %.3g", D, e, eb);
         /* And it is not the sync-BN answer: the slices' statistics differ from the batch's. */
         ch_trainer *one = make("resnet18", d, "cpu:0", n, 0, false);
         step_once(one, n, &l);
-        assert_true(grad_error(ref, mt->grads, one->replicas[0].model->grads) > 1e-3);
+        assert_true(tu_grad_error(ref, mt->grads, one->replicas[0].model->grads) > 1e-3);
         ch_trainer_free(one);
         ch_model_free(ref);
         free(g);

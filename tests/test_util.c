@@ -8,6 +8,7 @@
 #include <zlib.h>
 
 #include "core/rng.h"
+#include "nn/model.h"
 #include "data/dataset.h"
 
 void tu_fill_uniform(ch_real *x, size_t n, double lo, double hi, uint64_t seed)
@@ -87,4 +88,24 @@ struct ch_dataset *tu_synthetic(size_t n, int size, uint64_t seed)
                                                   ? 200 : ch_rng_below(&r, 60));
     }
     return d;
+}
+
+double tu_grad_error(const struct ch_model *m, const ch_real *a, const ch_real *b)
+{
+    double total = 0;
+    for (size_t i = 0; i < m->nparams; i++) total += (double)b[i] * b[i];
+    const double floor = 1e-2 * sqrt(total);
+    double worst = 0;
+    for (int t = 0; t < m->ntensors; t++) {
+        const ch_tensor_ref *r = &m->tensors[t];
+        if (r->kind != CH_TENSOR_PARAM) continue;
+        double d2 = 0, n2 = 0;
+        for (size_t i = r->spec->offset; i < r->spec->offset + r->spec->count; i++) {
+            d2 += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+            n2 += (double)b[i] * b[i];
+        }
+        const double e = sqrt(d2) / fmax(sqrt(n2), floor);
+        if (e > worst) worst = e;
+    }
+    return worst;
 }

@@ -17,6 +17,11 @@ double tu_max_rel_err(const ch_real *a, const ch_real *b, size_t n, double floor
 /* max_i |a_i - b_i| / max_i |b_i|: the error relative to the array's scale, the fair measure for
  * float sums whose terms cancel. */
 double tu_max_norm_err(const ch_real *a, const ch_real *b, size_t n);
+/* Per parameter tensor of m: ||a - b|| / max(||b||, 1e-2 ||b over the model||), the worst; the
+ * floor keeps tensors whose exact gradient is zero (conv biases before BatchNorm) from comparing
+ * noise. a and b are gradient buffers laid out like m->grads. */
+struct ch_model;
+double tu_grad_error(const struct ch_model *m, const ch_real *a, const ch_real *b);
 /* n single-channel size x size images with 10 classes and a learnable pattern (a bright column at
  * the label's position). Free with ch_dataset_free. */
 struct ch_dataset *tu_synthetic(size_t n, int size, uint64_t seed);

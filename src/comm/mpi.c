@@ -11,12 +11,10 @@
 #include "comm/mpi.h"
 
 #include <mpi.h>
-#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "comm/world.h"
 #include "core/clock.h"
@@ -34,16 +32,6 @@ static ch_status mpi_error(ch_err *err, const char *call, int rc)
     int len = 0;
     if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS) snprintf(text, sizeof text, "code %d", rc);
     return ch_fail(err, CH_STATUS_SYSTEM, "%s failed: %s", call, text);
-}
-
-static void pause_briefly(int round)
-{
-    if (round < 200) {
-        sched_yield();
-        return;
-    }
-    const struct timespec ts = { 0, round < 2000 ? 20000 : 200000 };
-    nanosleep(&ts, NULL);
 }
 
 /* One MPI_Test of req. On abort the request is left behind: the process is going down. After the
@@ -77,7 +65,7 @@ static ch_status wait_request(ch_comm *c, MPI_Request *req, const char *call, ch
         bool done;
         CH_TRY(test_once(c->group, req, c->what, call, t0, (round & 63) == 63, &done, err));
         if (done) return CH_STATUS_OK;
-        pause_briefly(round);
+        ch_poll_pause(round);
     }
 }
 

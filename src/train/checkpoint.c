@@ -475,13 +475,29 @@ static ch_status json_number(const char *path, const cJSON *j, const char *key, 
     return CH_STATUS_OK;
 }
 
+/* DIR/trainer.json parsed (path gets its name); NULL with err set when it is missing or no JSON
+ * object, or written by a newer format. The caller deletes it. */
+static cJSON *read_trainer_doc(const char *dir, char *path, size_t len, ch_err *err)
+{
+    join(path, len, dir, "trainer.json");
+    char *text = read_text(path, 1 << 20, err);
+    if (!text) return NULL;
+    cJSON *j = cJSON_Parse(text);
+    free(text);
+    double v = 0;
+    ch_status st = cJSON_IsObject(j) ? json_number(path, j, "format_version", 1, 1e9, &v, err)
+                                     : ch_fail(err, CH_STATUS_BAD_INPUT, "%s: not a JSON object", path);
+    if (st == CH_STATUS_OK && v > CH_CHECKPOINT_FORMAT)
+        st = ch_fail(err, CH_STATUS_BAD_INPUT, "%s: format version %g is newer than this cohort reads (%d)",
+                     path, v, CH_CHECKPOINT_FORMAT);
+    if (st == CH_STATUS_OK) return j;
+    cJSON_Delete(j);
+    return NULL;
+}
+
 static ch_status check_identity(const ch_trainer *t, const char *path, const cJSON *j, ch_err *err)
 {
     double v = 0;
-    CH_TRY(json_number(path, j, "format_version", 1, 1e9, &v, err));
-    if (v > CH_CHECKPOINT_FORMAT)
-        return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: format version %g is newer than this cohort reads (%d)",
-                       path, v, CH_CHECKPOINT_FORMAT);
     const cJSON *model = field(j, "model");
     if (!cJSON_IsString(model))
         return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: no model name", path);
@@ -525,14 +541,9 @@ static ch_status read_position(const ch_trainer *t, const char *path, const cJSO
 static ch_status read_trainer_json(const ch_trainer *t, const char *dir, staged *s, ch_err *err)
 {
     char path[PATH_MAX];
-    join(path, sizeof path, dir, "trainer.json");
-    char *text = read_text(path, 1 << 20, err);
-    if (!text) return CH_STATUS_BAD_INPUT;
-    cJSON *j = cJSON_Parse(text);
-    free(text);
-    ch_status st = cJSON_IsObject(j) ? CH_STATUS_OK
-                                     : ch_fail(err, CH_STATUS_BAD_INPUT, "%s: not a JSON object", path);
-    if (st == CH_STATUS_OK) st = check_identity(t, path, j, err);
+    cJSON *j = read_trainer_doc(dir, path, sizeof path, err);
+    if (!j) return CH_STATUS_BAD_INPUT;
+    ch_status st = check_identity(t, path, j, err);
     if (st == CH_STATUS_OK) st = read_position(t, path, j, s, err);
     cJSON_Delete(j);
     return st;
@@ -699,14 +710,20 @@ static ch_status share_scalars(ch_trainer *t, staged *s, ch_err *err)
     return CH_STATUS_OK;
 }
 
+/* The staged state_dict into m. */
+static void apply_model(ch_model *m, const staged *s)
+{
+    memcpy(m->params, s->params, sizeof(ch_real) * m->nparams);
+    memcpy(m->buffers, s->buffers, sizeof(ch_real) * m->nbuffers);
+    for (int i = 0; i < m->ncounters; i++) m->counters[i] = (int64_t)s->counters[i];
+}
+
 static void apply_on_root(ch_trainer *t, const staged *s, bool weights_only)
 {
     if (t->proc != 0) return;
     ch_replica *rp = &t->replicas[0];
     ch_model *m = rp->model;
-    memcpy(m->params, s->params, sizeof(ch_real) * m->nparams);
-    memcpy(m->buffers, s->buffers, sizeof(ch_real) * m->nbuffers);
-    for (int i = 0; i < m->ncounters; i++) m->counters[i] = (int64_t)s->counters[i];
+    apply_model(m, s);
     if (weights_only) return;
     if (rp->opt.buf && s->has_momentum) memcpy(rp->opt.buf, s->momentum, sizeof(ch_real) * m->nparams);
 }
@@ -757,11 +774,8 @@ ch_status ch_checkpoint_peek(const char *path, char *model, size_t len, int *cla
 {
     char dir[PATH_MAX], file[PATH_MAX];
     CH_TRY(ch_checkpoint_resolve(path, dir, sizeof dir, err));
-    join(file, sizeof file, dir, "trainer.json");
-    char *text = read_text(file, 1 << 20, err);
-    if (!text) return CH_STATUS_BAD_INPUT;
-    cJSON *j = cJSON_Parse(text);
-    free(text);
+    cJSON *j = read_trainer_doc(dir, file, sizeof file, err);
+    if (!j) return CH_STATUS_BAD_INPUT;
     const cJSON *m = field(j, "model"), *c = field(j, "classes");
     ch_status st = CH_STATUS_OK;
     if (!cJSON_IsString(m) || !cJSON_IsNumber(c))
@@ -778,18 +792,11 @@ ch_status ch_checkpoint_peek(const char *path, char *model, size_t len, int *cla
 static ch_status model_of(const char *dir, ch_model **out, char *name, size_t len, ch_err *err)
 {
     char file[PATH_MAX];
-    join(file, sizeof file, dir, "trainer.json");
-    char *text = read_text(file, 1 << 20, err);
-    if (!text) return CH_STATUS_BAD_INPUT;
-    cJSON *j = cJSON_Parse(text);
-    free(text);
+    cJSON *j = read_trainer_doc(dir, file, sizeof file, err);
+    if (!j) return CH_STATUS_BAD_INPUT;
     const cJSON *m = field(j, "model"), *in = field(j, "input");
-    double c = 0, v = 0;
-    ch_status st = json_number(file, j, "format_version", 1, 1e9, &v, err);
-    if (st == CH_STATUS_OK && v > CH_CHECKPOINT_FORMAT)
-        st = ch_fail(err, CH_STATUS_BAD_INPUT, "%s: format version %g is newer than this cohort reads (%d)",
-                     file, v, CH_CHECKPOINT_FORMAT);
-    if (st == CH_STATUS_OK) st = json_number(file, j, "classes", 1, 1e6, &c, err);
+    double c = 0;
+    ch_status st = json_number(file, j, "classes", 1, 1e6, &c, err);
     ch_shape3 shape = { 0, 0, 0 };
     if (st == CH_STATUS_OK && (!cJSON_IsString(m) || !cJSON_IsArray(in) || cJSON_GetArraySize(in) != 3))
         st = ch_fail(err, CH_STATUS_BAD_INPUT, "%s: no model name or input shape", file);
@@ -815,9 +822,7 @@ ch_status ch_checkpoint_export_dir(const char *path, const char *file, ch_err *e
     ch_status st = stage_alloc(m, &s, err);
     if (st == CH_STATUS_OK) st = stage_file(m, weights, false, &s, err);
     if (st == CH_STATUS_OK) {
-        memcpy(m->params, s.params, sizeof(ch_real) * m->nparams);
-        memcpy(m->buffers, s.buffers, sizeof(ch_real) * m->nbuffers);
-        for (int i = 0; i < m->ncounters; i++) m->counters[i] = (int64_t)s.counters[i];
+        apply_model(m, &s);
         st = export_model(m, name, file, err);
     }
     staged_free(&s);

@@ -3,10 +3,10 @@
 #include "train/gradsync.h"
 
 #include <pthread.h>
-#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
+
+#include "core/clock.h"
 
 typedef struct bucket {
     size_t lo, hi;          /* [lo, hi) of the flat gradient buffer */
@@ -115,18 +115,6 @@ static bool test_oldest(ch_gradsync *s)
     return true;
 }
 
-/* While sums are in flight and no bucket is waiting: yield, then nap (a bucket that becomes ready
- * meanwhile waits at most one nap), leaving the cores to backward. */
-static void nap(int round)
-{
-    if (round < 200) {
-        sched_yield();
-        return;
-    }
-    const struct timespec ts = { 0, round < 2000 ? 20000 : 200000 };
-    nanosleep(&ts, NULL);
-}
-
 /* The sync thread: starts every bucket as soon as it is queued, and completes them in order. */
 static void *sync_main(void *p)
 {
@@ -147,7 +135,7 @@ static void *sync_main(void *p)
             continue;
         }
         pthread_mutex_unlock(&s->mu);
-        nap(round++);
+        ch_poll_pause(round++);
         pthread_mutex_lock(&s->mu);
     }
     pthread_mutex_unlock(&s->mu);
