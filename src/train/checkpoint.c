@@ -203,6 +203,7 @@ static char *trainer_json(const ch_trainer *t, const ch_ckpt_position *p)
     cJSON *order = cJSON_AddObjectToObject(j, "data_order");
     cJSON_AddNumberToObject(order, "epoch", p->epoch);
     cJSON_AddNumberToObject(order, "samples_seen", (double)p->seen_in_epoch);
+    cJSON_AddNumberToObject(order, "train_samples", (double)t->train->n);
     cJSON_AddNumberToObject(order, "loss_sum", p->loss_sum);
     cJSON_AddNumberToObject(order, "correct", p->hits);
     cJSON *sched = cJSON_AddObjectToObject(j, "schedule");
@@ -527,8 +528,15 @@ static ch_status read_position(const ch_trainer *t, const char *path, const cJSO
     p->global_step = (uint64_t)v;
     CH_TRY(json_number(path, j, "optimizer_steps", 0, 9e15, &s->opt_steps, err));
     const cJSON *order = field(j, "data_order");
-    CH_TRY(json_number(path, order, "samples_seen", 0, (double)t->train->n, &v, err));
+    CH_TRY(json_number(path, order, "samples_seen", 0, 1e15, &v, err));
     p->seen_in_epoch = (uint64_t)v;
+    double n = 0;
+    CH_TRY(json_number(path, order, "train_samples", 1, 1e15, &n, err));
+    /* Inside an epoch, the rest of its order is a permutation of the same training set. */
+    if (p->seen_in_epoch > 0 && (size_t)n != t->train->n)
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: stopped inside an epoch of %.0f training samples, "
+                       "this run has %zu (same data and --train-limit needed to finish that epoch)",
+                       path, n, t->train->n);
     CH_TRY(json_number(path, order, "loss_sum", -1e300, 1e300, &p->loss_sum, err));
     CH_TRY(json_number(path, order, "correct", 0, 9e15, &p->hits, err));
     const cJSON *last = field(j, "last_epoch");
