@@ -128,8 +128,12 @@ typedef struct ch_train_config {
     const char *init;         /* "default" (PyTorch's) or "normal:STD" */
     int epochs;
     int batch_size;           /* global batch */
+    const char *optimizer;    /* "sgd" (default), "adam", "adamw", "adagrad" */
     double lr, momentum, weight_decay;
     bool nesterov;
+    double dampening;         /* SGD */
+    double beta1, beta2;      /* Adam, AdamW (default 0.9, 0.999) */
+    double eps;               /* Adam, AdamW, Adagrad; < 0: PyTorch's default (1e-8; Adagrad 1e-10) */
     uint64_t seed;
     int threads;              /* compute threads; 0: all cores */
     bool nan_check;           /* stop with CH_STATUS_NUMERIC on a non-finite loss */

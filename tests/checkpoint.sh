@@ -36,6 +36,16 @@ for devs in cpu:0 cpu:0,cpu:1; do
     ok "[$devs] killed mid-epoch, resumed from the step checkpoint: bit-identical" $?
 done
 
+# Adam's state (exp_avg, exp_avg_sq, step) resumes bit for bit too; another optimizer is refused.
+c=$tmp/adam
+AD=(train --model lenet --data "$data" --train-limit 2000 --test-limit 1000 -b 64 --optimizer adam --lr 0.002
+    --seed 4 --no-progress)
+"$cohort" "${AD[@]}" --epochs 2 --checkpoint-dir "$c/straight" >/dev/null
+"$cohort" "${AD[@]}" --epochs 1 --checkpoint-dir "$c/split" >/dev/null
+"$cohort" "${AD[@]}" --epochs 2 --checkpoint-dir "$c/split" --resume >/dev/null
+same "$c/straight/epoch-0002" "$c/split/epoch-0002"
+ok "[adam] 2 epochs == 1 + resume 1: bit-identical" $?
+
 # A save killed at each stage: the previous checkpoint stays complete and named by latest.
 for stage in model optimizer trainer rename latest; do
     c=$tmp/crash-$stage
@@ -109,6 +119,7 @@ bad; : >"$tmp/bad/optimizer.safetensors"
 expect "optimizer.safetensors: 0 bytes, too short" -- "$cohort" "${A[@]}" --epochs 3 --resume "$tmp/bad"
 bad; sed -i 's/"format_version":\t1/"format_version":\t2/' "$tmp/bad/trainer.json"
 expect "trainer.json: format version 2 is newer than this cohort reads (1)" -- "$cohort" "${A[@]}" --epochs 3 --resume "$tmp/bad"
+expect "trained with --optimizer adam, this run has sgd" -- "$cohort" "${A[@]}" --checkpoint-dir "$tmp/adam/straight" --resume --epochs 3
 expect "no checkpoint here" -- "$cohort" "${A[@]}" --checkpoint-dir "$tmp/empty" --resume
 expect "--resume without a PATH needs --checkpoint-dir" -- "$cohort" "${A[@]}" --resume
 expect "a bare safetensors file needs --model" -- "$cohort" "${E[@]}" --checkpoint "$tmp/w.safetensors"

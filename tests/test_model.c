@@ -8,7 +8,7 @@
 
 #include "core/rng.h"
 #include "nn/model.h"
-#include "optim/sgd.h"
+#include "optim/optim.h"
 #include "train/trainer.h"
 
 static ch_model *make(const char *arch, ch_shape3 in)
@@ -119,14 +119,18 @@ static void sgd_follows_pytorch_update_rule(void **state)
     enum { N = 4 };
     const double lr = 0.1, mom = 0.9, wd = 0.01;
     for (int nesterov = 0; nesterov < 2; nesterov++) {
-        ch_sgd o;
+        ch_optim o;
         ch_err err;
-        assert_int_equal(ch_sgd_init(&o, N, lr, mom, 0, wd, nesterov, &err), CH_STATUS_OK);
+        ch_optim_config c = ch_optim_defaults(CH_OPTIM_SGD);
+        c.momentum = mom;
+        c.weight_decay = wd;
+        c.nesterov = nesterov;
+        assert_int_equal(ch_optim_init(&o, N, &c, &err), CH_STATUS_OK);
         ch_real p[N] = { 1, -2, 0.5, 3 }, g[N];
         double ep[N] = { 1, -2, 0.5, 3 }, buf[N] = { 0 };
         for (int step = 0; step < 5; step++) {
             for (int i = 0; i < N; i++) g[i] = (ch_real)(0.3 * (i + 1) - 0.2 * step);
-            ch_sgd_step(&o, p, g, 1);
+            ch_optim_step(&o, lr, p, g, 1);
             for (int i = 0; i < N; i++) {
                 double d = (double)g[i] + wd * ep[i];
                 buf[i] = step == 0 ? d : mom * buf[i] + d;
@@ -134,7 +138,7 @@ static void sgd_follows_pytorch_update_rule(void **state)
             }
         }
         for (int i = 0; i < N; i++) assert_true(fabs(p[i] - ep[i]) < 1e-5);
-        ch_sgd_free(&o);
+        ch_optim_free(&o);
     }
 }
 

@@ -216,7 +216,7 @@ static void replicas_stay_bit_identical(void **state)
         assert_int_equal(t->step, 20);
         assert_replicas_identical(t);
         const ch_replica *a = &t->replicas[0], *b = &t->replicas[1];
-        assert_memory_equal(a->opt.buf, b->opt.buf, sizeof(ch_real) * a->opt.n);
+        assert_memory_equal(a->opt.state[0], b->opt.state[0], sizeof(ch_real) * a->opt.n);
         /* Learning happened (the parameters moved away from their start and the data is easy). */
         assert_true(s.test_acc > 0.3);
         ch_trainer_free(t);

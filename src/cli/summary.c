@@ -80,9 +80,9 @@ void ch_cli_print_summary(const ch_trainer *t)
            "training ~%.3f MFLOP/image\n", m->nparams, mib(P * 4), m->nbuffers, tot.flops / 1e6,
            3 * tot.flops / 1e6);
     const double act = (double)tot.act_elems * slice * sizeof(ch_real);
-    printf("memory per replica (slice of %d): parameters %.2f MiB, gradients %.2f MiB, momentum %.2f MiB, "
+    printf("memory per replica (slice of %d): parameters %.2f MiB, gradients %.2f MiB, optimizer state %.2f MiB, "
            "activations %.2f MiB, kernel workspace %.2f MiB\n", slice, mib(P * 4), mib(P * 4),
-           t->replicas[0].opt.buf ? mib(P * 4) : 0.0, mib(act), mib((double)m->ws_len * sizeof(ch_real)));
+           t->replicas[0].opt.nstate * mib(P * 4), mib(act), mib((double)m->ws_len * sizeof(ch_real)));
     int threads = 0;
     for (int r = 0; r < D; r++) threads += t->replicas[r].nthreads;
     printf("devices: %d rank%s x [%s] = %d replica%s; %d compute thread%s in this rank\n", t->procs,
@@ -108,8 +108,11 @@ void ch_cli_print_summary(const ch_trainer *t)
                                      : "MPI_Iallreduce between ranks")
                             : "local allreduce between threads");
     }
-    printf("optimizer: SGD lr %g, momentum %g%s, weight decay %g; %d epochs; seed %llu\n", t->cfg.lr,
-           t->cfg.momentum, t->cfg.nesterov ? " (Nesterov)" : "", t->cfg.weight_decay, t->cfg.epochs,
-           (unsigned long long)t->cfg.seed);
+    const ch_optim_config *oc = &t->spec.optim;
+    printf("optimizer: %s lr %g", ch_optim_kind_name(oc->kind), t->cfg.lr);
+    if (oc->kind == CH_OPTIM_SGD) printf(", momentum %g%s", oc->momentum, oc->nesterov ? " (Nesterov)" : "");
+    if (oc->kind == CH_OPTIM_ADAM || oc->kind == CH_OPTIM_ADAMW) printf(", betas %g, %g, eps %g", oc->beta1, oc->beta2, oc->eps);
+    if (oc->kind == CH_OPTIM_ADAGRAD) printf(", eps %g", oc->eps);
+    printf(", weight decay %g; %d epochs; seed %llu\n", oc->weight_decay, t->cfg.epochs, (unsigned long long)t->cfg.seed);
     fflush(stdout);
 }

@@ -22,8 +22,12 @@ static const char train_usage[] =
     "  --epochs N            epochs to train (default 10)\n"
     "  -b, --batch-size B    global batch size (default 256)\n"
     "  --lr X                learning rate (default 0.1)\n"
+    "  --optimizer NAME      sgd | adam | adamw | adagrad, PyTorch's rules (default sgd)\n"
     "  --momentum M          SGD momentum (default 0)\n"
     "  --nesterov            Nesterov momentum\n"
+    "  --dampening D         SGD momentum dampening (default 0)\n"
+    "  --betas B1,B2         Adam/AdamW betas (default 0.9,0.999)\n"
+    "  --eps E               Adam/AdamW/Adagrad epsilon (default 1e-8; Adagrad 1e-10)\n"
     "  --weight-decay W      L2 weight decay, also --wd (default 0)\n"
     "  --init SPEC           default (PyTorch's) | normal:STD (weights N(0,STD), biases 0)\n"
     "  --seed S              seed of every random choice (default 0)\n"
@@ -70,7 +74,7 @@ enum {
     OPT_SEED, OPT_THREADS, OPT_TRAIN_LIMIT, OPT_TEST_LIMIT, OPT_METRICS, OPT_NAN_CHECK,
     OPT_NO_PROGRESS, OPT_DEVICES, OPT_SYNC_BN, OPT_BUCKET_MB, OPT_TIMEOUT, OPT_LOG_DIR,
     OPT_CKPT_DIR, OPT_CKPT_EVERY, OPT_KEEP, OPT_RESUME, OPT_DRY_RUN, OPT_PLOT, OPT_TRACE,
-    OPT_TRACE_STEPS,
+    OPT_TRACE_STEPS, OPT_OPTIMIZER, OPT_DAMPENING, OPT_BETAS, OPT_EPS,
 };
 
 static const struct option train_long[] = {
@@ -99,6 +103,10 @@ static const struct option train_long[] = {
     { "plot", required_argument, NULL, OPT_PLOT },
     { "trace", required_argument, NULL, OPT_TRACE },
     { "trace-steps", required_argument, NULL, OPT_TRACE_STEPS },
+    { "optimizer", required_argument, NULL, OPT_OPTIMIZER },
+    { "dampening", required_argument, NULL, OPT_DAMPENING },
+    { "betas", required_argument, NULL, OPT_BETAS },
+    { "eps", required_argument, NULL, OPT_EPS },
     { "train-limit", required_argument, NULL, OPT_TRAIN_LIMIT },
     { "test-limit", required_argument, NULL, OPT_TEST_LIMIT },
     { "metrics", required_argument, NULL, OPT_METRICS },
@@ -107,6 +115,21 @@ static const struct option train_long[] = {
     { "help", no_argument, NULL, 'h' },
     { NULL, 0, NULL, 0 },
 };
+
+/* --betas B1,B2: two numbers in [0, 1). */
+static bool parse_betas(const char *arg, ch_train_config *cfg)
+{
+    char a[64], b[64];
+    const char *comma = strchr(arg, ',');
+    if (!comma || (size_t)(comma - arg) >= sizeof a || strlen(comma + 1) >= sizeof b) {
+        fprintf(stderr, "cohort train: --betas '%s': expected B1,B2 (for example 0.9,0.999)\n", arg);
+        return false;
+    }
+    snprintf(a, sizeof a, "%.*s", (int)(comma - arg), arg);
+    snprintf(b, sizeof b, "%s", comma + 1);
+    return ch_arg_double("train", "betas", a, 0, 0.999999999, &cfg->beta1) &&
+           ch_arg_double("train", "betas", b, 0, 0.999999999, &cfg->beta2);
+}
 
 /* Returns -1 to go on, else the exit code. */
 static int parse_one(int c, const char *arg, train_opts *o)
@@ -168,6 +191,11 @@ static int parse_one(int c, const char *arg, train_opts *o)
     case OPT_NO_PROGRESS: o->progress = false; return -1;
     case OPT_DRY_RUN: o->dry_run = true; return -1;
     case OPT_PLOT: o->plot = arg; return -1;
+    case OPT_OPTIMIZER: cfg->optimizer = arg; return -1;
+    case OPT_DAMPENING:
+        return ch_arg_double("train", "dampening", arg, 0, 1, &cfg->dampening) ? -1 : CH_EXIT_USAGE;
+    case OPT_BETAS: return parse_betas(arg, cfg) ? -1 : CH_EXIT_USAGE;
+    case OPT_EPS: return ch_arg_double("train", "eps", arg, 0, 1, &cfg->eps) ? -1 : CH_EXIT_USAGE;
     case OPT_TRACE: cfg->trace = arg; return -1;
     case OPT_TRACE_STEPS:
         if (!ch_arg_int("train", "trace-steps", arg, 1, 100000, &v)) return CH_EXIT_USAGE;

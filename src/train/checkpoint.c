@@ -153,19 +153,23 @@ static int model_tensors(const ch_model *m, ch_st_tensor *out, float *vals)
     return m->ntensors;
 }
 
-static int optimizer_tensors(const ch_model *m, const ch_sgd *o, ch_st_tensor *out, float *vals)
+/* Every state buffer of the optimizer per parameter ("0.weight.exp_avg", ...); vals holds
+ * nstate x nparams floats. */
+static int optimizer_tensors(const ch_model *m, const ch_optim *o, ch_st_tensor *out, float *vals)
 {
-    if (!o->buf) return 0;
-    for (size_t i = 0; i < m->nparams; i++) vals[i] = (float)o->buf[i];
     int n = 0;
-    for (int k = 0; k < m->ntensors; k++) {
-        const ch_tensor_ref *r = &m->tensors[k];
-        if (r->kind != CH_TENSOR_PARAM) continue;
-        ch_st_tensor *t = &out[n++];
-        *t = (ch_st_tensor){ .dtype = CH_ST_F32, .data = vals + r->spec->offset,
-                             .nbytes = sizeof(float) * r->spec->count };
-        snprintf(t->name, sizeof t->name, "%s.momentum_buffer", r->name);
-        shape_of(r, t);
+    for (int s = 0; s < o->nstate; s++) {
+        float *v = vals + (size_t)s * m->nparams;
+        for (size_t i = 0; i < m->nparams; i++) v[i] = (float)o->state[s][i];
+        for (int k = 0; k < m->ntensors; k++) {
+            const ch_tensor_ref *r = &m->tensors[k];
+            if (r->kind != CH_TENSOR_PARAM) continue;
+            ch_st_tensor *t = &out[n++];
+            *t = (ch_st_tensor){ .dtype = CH_ST_F32, .data = v + r->spec->offset,
+                                 .nbytes = sizeof(float) * r->spec->count };
+            snprintf(t->name, sizeof t->name, "%s.%s", r->name, ch_optim_state_name(o, s));
+            shape_of(r, t);
+        }
     }
     return n;
 }
@@ -186,13 +190,18 @@ static char *trainer_json(const ch_trainer *t, const ch_ckpt_position *p)
     cJSON_AddNumberToObject(cfg, "batch_size", t->cfg.batch_size);
     cJSON_AddNumberToObject(cfg, "lr", t->cfg.lr);
     cJSON_AddNumberToObject(cfg, "momentum", t->cfg.momentum);
-    cJSON_AddNumberToObject(cfg, "weight_decay", t->cfg.weight_decay);
+    cJSON_AddNumberToObject(cfg, "weight_decay", t->spec.optim.weight_decay);
+    cJSON_AddNumberToObject(cfg, "dampening", t->spec.optim.dampening);
+    cJSON_AddNumberToObject(cfg, "beta1", t->spec.optim.beta1);
+    cJSON_AddNumberToObject(cfg, "beta2", t->spec.optim.beta2);
+    cJSON_AddNumberToObject(cfg, "eps", t->spec.optim.eps);
     cJSON_AddBoolToObject(cfg, "nesterov", t->cfg.nesterov);
     cJSON_AddBoolToObject(cfg, "sync_bn", t->cfg.sync_bn);
     cJSON_AddNumberToObject(j, "seed", (double)t->cfg.seed);
     cJSON_AddNumberToObject(j, "epoch", p->epoch);
     cJSON_AddNumberToObject(j, "step_in_epoch", p->step_in_epoch);
     cJSON_AddNumberToObject(j, "global_step", (double)p->global_step);
+    cJSON_AddStringToObject(j, "optimizer", ch_optim_kind_name(t->spec.optim.kind));
     cJSON_AddNumberToObject(j, "optimizer_steps", (double)t->replicas[0].opt.steps);
     /* The epoch order and every random stream are Philox keyed by (seed, stream, counter); the
      * counters derive from the epoch and global step, so this is the whole RNG state. */
@@ -232,8 +241,9 @@ static ch_status write_model_files(const ch_trainer *t, const char *tmp, ch_err 
 {
     const ch_replica *rp = &t->replicas[0];
     const ch_model *m = rp->model;
-    ch_st_tensor *ts = calloc((size_t)m->ntensors + 1, sizeof *ts);
-    float *vals = malloc(sizeof(float) * (m->nparams + m->nbuffers + 1));
+    const size_t nvals = m->nparams * CH_OPTIM_MAX_STATE + m->nbuffers + 1;
+    ch_st_tensor *ts = calloc((size_t)m->ntensors * CH_OPTIM_MAX_STATE + 1, sizeof *ts);
+    float *vals = malloc(sizeof(float) * nvals);
     ch_status st = ts && vals ? CH_STATUS_OK : CH_SYS_FAIL(err, "allocation of checkpoint buffers");
     char path[PATH_MAX];
     static const char *const meta[][2] = { { "format", "pt" }, { "writer", "cohort " CH_VERSION } };
@@ -449,9 +459,9 @@ ch_status ch_checkpoint_resolve(const char *path, char *out, size_t len, ch_err 
 
 /* Everything read from the files, checked, before anything is copied into a model. */
 typedef struct staged {
-    ch_real *params, *buffers, *momentum;
+    ch_real *params, *buffers, *state[CH_OPTIM_MAX_STATE];
     double *counters;
-    bool has_momentum;
+    bool has_state;         /* the optimizer file holds state (empty: a fresh optimizer) */
     double opt_steps;
     ch_ckpt_position pos;
 } staged;
@@ -460,7 +470,7 @@ static void staged_free(staged *s)
 {
     free(s->params);
     free(s->buffers);
-    free(s->momentum);
+    for (int i = 0; i < CH_OPTIM_MAX_STATE; i++) free(s->state[i]);
     free(s->counters);
 }
 
@@ -527,6 +537,11 @@ static ch_status read_position(const ch_trainer *t, const char *path, const cJSO
     CH_TRY(json_number(path, j, "global_step", 0, 9e15, &v, err));
     p->global_step = (uint64_t)v;
     CH_TRY(json_number(path, j, "optimizer_steps", 0, 9e15, &s->opt_steps, err));
+    const cJSON *kind = field(j, "optimizer");
+    const char *mine = ch_optim_kind_name(t->spec.optim.kind);
+    if (cJSON_IsString(kind) && strcmp(kind->valuestring, mine) != 0)
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: trained with --optimizer %s, this run has %s", path,
+                       kind->valuestring, mine);
     const cJSON *order = field(j, "data_order");
     CH_TRY(json_number(path, order, "samples_seen", 0, 1e15, &v, err));
     p->seen_in_epoch = (uint64_t)v;
@@ -632,44 +647,50 @@ static ch_status stage_model(const ch_model *m, const char *path, const ch_st_fi
     return CH_STATUS_OK;
 }
 
-static ch_status stage_optimizer(const ch_model *m, const char *path, const ch_st_file *f, staged *s, ch_err *err)
+static ch_status stage_optimizer(const ch_model *m, const ch_optim *o, const char *path, const ch_st_file *f,
+                                 staged *s, ch_err *err)
 {
-    s->has_momentum = f->ntensors > 0;
-    if (!s->has_momentum) return CH_STATUS_OK;
+    s->has_state = f->ntensors > 0;
+    if (!s->has_state) return CH_STATUS_OK;
     int used = 0;
-    for (int k = 0; k < m->ntensors; k++) {
-        const ch_tensor_ref *r = &m->tensors[k];
-        if (r->kind != CH_TENSOR_PARAM) continue;
-        char name[CH_ST_NAME_MAX];
-        snprintf(name, sizeof name, "%s.momentum_buffer", r->name);
-        const ch_st_tensor *x = ch_st_find(f, name);
-        if (!x) return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: tensor '%s' is missing", path, name);
-        CH_TRY(check_tensor(path, r, x, CH_ST_F32, err));
-        copy_f32(s->momentum + r->spec->offset, x->data, r->spec->count);
-        used++;
-    }
+    for (int b = 0; b < o->nstate; b++)
+        for (int k = 0; k < m->ntensors; k++) {
+            const ch_tensor_ref *r = &m->tensors[k];
+            if (r->kind != CH_TENSOR_PARAM) continue;
+            char name[CH_ST_NAME_MAX];
+            snprintf(name, sizeof name, "%s.%s", r->name, ch_optim_state_name(o, b));
+            const ch_st_tensor *x = ch_st_find(f, name);
+            if (!x) return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: tensor '%s' is missing", path, name);
+            CH_TRY(check_tensor(path, r, x, CH_ST_F32, err));
+            copy_f32(s->state[b] + r->spec->offset, x->data, r->spec->count);
+            used++;
+        }
     if (used != f->ntensors)
-        return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: %d tensors that are no momentum buffer of this model",
-                       path, f->ntensors - used);
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: %d tensors that are no %s state of this model",
+                       path, f->ntensors - used, ch_optim_kind_name(o->c.kind));
     return CH_STATUS_OK;
 }
 
 static ch_status stage_alloc(const ch_model *m, staged *s, ch_err *err)
 {
     s->params = calloc(m->nparams + 1, sizeof(ch_real));
-    s->momentum = calloc(m->nparams + 1, sizeof(ch_real));
+    for (int i = 0; i < CH_OPTIM_MAX_STATE; i++) {
+        s->state[i] = calloc(m->nparams + 1, sizeof(ch_real));
+        CH_CHECK_ALLOC(err, s->state[i]);
+    }
     s->buffers = calloc(m->nbuffers + 1, sizeof(ch_real));
     s->counters = calloc((size_t)m->ncounters + 1, sizeof(double));
-    if (!s->params || !s->momentum || !s->buffers || !s->counters)
+    if (!s->params || !s->buffers || !s->counters)
         return CH_SYS_FAIL(err, "allocation of checkpoint staging buffers");
     return CH_STATUS_OK;
 }
 
-static ch_status stage_file(const ch_model *m, const char *path, bool optimizer, staged *s, ch_err *err)
+static ch_status stage_file(const ch_model *m, const ch_optim *opt, const char *path, bool optimizer,
+                            staged *s, ch_err *err)
 {
     ch_st_file *f = NULL;
     CH_TRY(ch_st_read(path, &f, err));
-    ch_status st = optimizer ? stage_optimizer(m, path, f, s, err) : stage_model(m, path, f, s, err);
+    ch_status st = optimizer ? stage_optimizer(m, opt, path, f, s, err) : stage_model(m, path, f, s, err);
     ch_st_free(f);
     return st;
 }
@@ -682,13 +703,13 @@ static ch_status stage_on_root(ch_trainer *t, const char *dir, const char *weigh
     if (st == CH_STATUS_OK && t->proc == 0) {
         char path[PATH_MAX];
         if (weights) {
-            st = stage_file(m, weights, false, s, err);
+            st = stage_file(m, NULL, weights, false, s, err);
         } else {
             st = read_trainer_json(t, dir, s, err);
             join(path, sizeof path, dir, "model.safetensors");
-            if (st == CH_STATUS_OK) st = stage_file(m, path, false, s, err);
+            if (st == CH_STATUS_OK) st = stage_file(m, NULL, path, false, s, err);
             join(path, sizeof path, dir, "optimizer.safetensors");
-            if (st == CH_STATUS_OK) st = stage_file(m, path, true, s, err);
+            if (st == CH_STATUS_OK) st = stage_file(m, &t->replicas[0].opt, path, true, s, err);
         }
     }
     if (t->procs == 1) return st;
@@ -708,13 +729,13 @@ static ch_status share_scalars(ch_trainer *t, staged *s, ch_err *err)
     ch_ckpt_position *p = &s->pos;
     double v[13] = { p->epoch, p->step_in_epoch, (double)p->seen_in_epoch, (double)p->global_step,
                      p->loss_sum, p->hits, p->train_loss, p->train_acc, p->test_loss, p->test_acc,
-                     s->opt_steps, s->has_momentum, 0 };
+                     s->opt_steps, s->has_state, 0 };
     if (t->proc != 0) memset(v, 0, sizeof v);
     CH_TRY(ch_comm_allreduce_sum_f64(&t->main_comm, v, 13, err));
     *p = (ch_ckpt_position){ (int)v[0], (int)v[1], (uint64_t)v[2], (uint64_t)v[3], v[4], v[5],
                              v[6], v[7], v[8], v[9] };
     s->opt_steps = v[10];
-    s->has_momentum = v[11] > 0;
+    s->has_state = v[11] > 0;
     return CH_STATUS_OK;
 }
 
@@ -733,7 +754,8 @@ static void apply_on_root(ch_trainer *t, const staged *s, bool weights_only)
     ch_model *m = rp->model;
     apply_model(m, s);
     if (weights_only) return;
-    if (rp->opt.buf && s->has_momentum) memcpy(rp->opt.buf, s->momentum, sizeof(ch_real) * m->nparams);
+    for (int i = 0; s->has_state && i < rp->opt.nstate; i++)
+        memcpy(rp->opt.state[i], s->state[i], sizeof(ch_real) * m->nparams);
 }
 
 static void job_share(void *arg, int r)
@@ -750,8 +772,8 @@ static ch_status load(ch_trainer *t, const char *dir, const char *weights, ch_ck
     if (st == CH_STATUS_OK) {
         apply_on_root(t, &s, weights != NULL);
         for (int r = 0; r < t->nreplicas; r++) {
-            /* Without momentum in the file the buffers start afresh, as on a first step. */
-            t->replicas[r].opt.steps = weights || !s.has_momentum ? 0 : (long)s.opt_steps;
+            /* Without state in the file the optimizer starts afresh, as on a first step. */
+            t->replicas[r].opt.steps = weights || !s.has_state ? 0 : (long)s.opt_steps;
         }
         ch_crew_run(t->crew, job_share, t);
         for (int r = 0; r < t->nreplicas && st == CH_STATUS_OK; r++)
@@ -828,7 +850,7 @@ ch_status ch_checkpoint_export_dir(const char *path, const char *file, ch_err *e
     staged s = { 0 };
     join(weights, sizeof weights, dir, "model.safetensors");
     ch_status st = stage_alloc(m, &s, err);
-    if (st == CH_STATUS_OK) st = stage_file(m, weights, false, &s, err);
+    if (st == CH_STATUS_OK) st = stage_file(m, NULL, weights, false, &s, err);
     if (st == CH_STATUS_OK) {
         apply_model(m, &s);
         st = export_model(m, name, file, err);

@@ -52,8 +52,7 @@ static ch_status build(ch_replica *rp, const ch_replica_spec *s, ch_err *err)
     CH_TRY(ch_model_create(s->model, s->input, s->classes, &rp->model, err));
     CH_TRY(ch_model_init_params(rp->model, s->init, s->seed, err));
     CH_TRY(ch_model_plan(rp->model, s->k, s->max_slice, rp->nthreads, err));
-    CH_TRY(ch_sgd_init(&rp->opt, rp->model->nparams, s->lr, s->momentum, 0, s->weight_decay,
-                       s->nesterov, err));
+    CH_TRY(ch_optim_init(&rp->opt, rp->model->nparams, &s->optim, err));
     CH_TRY(alloc_buffers(rp, s, err));
     if (s->trace_capacity > 0) {
         char name[48];
@@ -184,7 +183,7 @@ static ch_status step_traced(ch_replica *rp, const ch_replica_spec *s, const ch_
         if (st != CH_STATUS_OK) return fail_collective(rp, st, &err);
     }
     t0 = tr ? ch_trace_now() : 0;
-    ch_sgd_step(&rp->opt, m->params, m->grads, rp->nthreads);
+    ch_optim_step(&rp->opt, sl->lr, m->params, m->grads, rp->nthreads);
     if (tr) ch_trace_span(tr, "optimizer", "optimizer", t0, -1);
     return CH_STATUS_OK;
 }
@@ -253,7 +252,7 @@ static ch_status share(ch_replica *rp, ch_err *err)
     snprintf(c->what, sizeof c->what, "loading a checkpoint");
     CH_TRY(ch_comm_broadcast(c, m->params, m->nparams, 0, err));
     if (m->nbuffers) CH_TRY(ch_comm_broadcast(c, m->buffers, m->nbuffers, 0, err));
-    if (rp->opt.buf) CH_TRY(ch_comm_broadcast(c, rp->opt.buf, m->nparams, 0, err));
+    for (int i = 0; i < rp->opt.nstate; i++) CH_TRY(ch_comm_broadcast(c, rp->opt.state[i], m->nparams, 0, err));
     if (m->ncounters == 0) return CH_STATUS_OK;
     /* Counters are int64: exact through a double sum of replica 0's value and zeros. */
     double *v = calloc((size_t)m->ncounters, sizeof *v);
@@ -280,7 +279,7 @@ void ch_replica_free(ch_replica *rp)
     ch_trace_track_free(&rp->trace_compute);
     ch_trace_track_free(&rp->trace_sync);
     ch_model_free(rp->model);
-    ch_sgd_free(&rp->opt);
+    ch_optim_free(&rp->opt);
     free(rp->x);
     free(rp->labels);
     free(rp->dlogits);

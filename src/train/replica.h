@@ -7,7 +7,7 @@
 #include "comm/comm.h"
 #include "data/dataset.h"
 #include "nn/model.h"
-#include "optim/sgd.h"
+#include "optim/optim.h"
 #include "core/trace.h"
 #include "train/gradsync.h"
 
@@ -32,8 +32,8 @@ typedef struct ch_replica_spec {
     ch_shape3 input;
     int classes;
     int max_slice;          /* most samples one replica gets in a step */
-    double lr, momentum, weight_decay;
-    bool nesterov, nan_check, sync_bn;
+    ch_optim_config optim;
+    bool nan_check, sync_bn;
     size_t bucket_elems;
     const ch_kernels *k;
     ch_fault fault;
@@ -50,7 +50,7 @@ typedef struct ch_replica {
     ch_device device;
     int nthreads;
     ch_model *model;
-    ch_sgd opt;
+    ch_optim opt;
     ch_real *x;             /* (max_slice, c, h, w) */
     int32_t *labels;
     ch_real *dlogits;
@@ -76,6 +76,7 @@ typedef struct ch_slice {
     uint64_t offset;        /* index of idx[0] within the global batch */
     int global_n;           /* samples in the global batch */
     uint64_t step;          /* 0-based global step */
+    double lr;              /* the schedule's learning rate for this step */
 } ch_slice;
 
 /* Build the replica's model, optimizer and buffers on the calling thread, then take replica 0's
@@ -87,7 +88,7 @@ ch_status ch_replica_step(ch_replica *rp, const ch_replica_spec *s, const ch_dat
 /* Forward only over chunks g, g + R, ... (chunks of max_slice) of d, where g is the replica's global
  * index and R = s->nglobal: every sample of d is seen by exactly one replica of the job. */
 ch_status ch_replica_evaluate(ch_replica *rp, const ch_replica_spec *s, const ch_dataset *d);
-/* Global replica 0's parameters, buffers, counters and momentum to this replica (all replicas of
+/* Global replica 0's parameters, buffers, counters and optimizer state to this replica (all replicas of
  * all ranks call it: a checkpoint was just loaded into global replica 0). */
 ch_status ch_replica_share_state(ch_replica *rp);
 void ch_replica_free(ch_replica *rp);

@@ -24,7 +24,7 @@ ch_train_config ch_train_config_default(void)
     return (ch_train_config){ .model = "lenet", .init = "default", .epochs = 10,
                               .batch_size = 256, .lr = 0.1, .seed = 0, .threads = 0,
                               .devices = "cpu:0", .bucket_mb = 25,
-                              .timeout_s = 300, .trace_steps = 20 };
+                              .timeout_s = 300, .trace_steps = 20, .eps = -1 };
 }
 
 static ch_status check_config(const ch_train_config *c, ch_err *err)
@@ -35,6 +35,8 @@ static ch_status check_config(const ch_train_config *c, ch_err *err)
         return ch_fail(err, CH_STATUS_BAD_INPUT, "batch size %d, expected 1..1048576", c->batch_size);
     if (!(c->lr >= 0) || !isfinite(c->lr))
         return ch_fail(err, CH_STATUS_BAD_INPUT, "learning rate %g, expected a finite value >= 0", c->lr);
+    if (!(c->dampening >= 0 && c->dampening <= 1))
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "dampening %g, expected 0..1", c->dampening);
     if (!(c->momentum >= 0 && c->momentum < 1))
         return ch_fail(err, CH_STATUS_BAD_INPUT, "momentum %g, expected 0 <= m < 1", c->momentum);
     if (!(c->weight_decay >= 0) || !isfinite(c->weight_decay))
@@ -155,6 +157,27 @@ static ch_status make_replicas(ch_trainer *t, ch_err *err)
     return collect_failure(t, err);
 }
 
+/* The optimizer: PyTorch's defaults for the kind, then what the configuration sets. */
+static ch_status optim_config(const ch_train_config *c, ch_optim_config *o, ch_err *err)
+{
+    ch_optim_kind kind = CH_OPTIM_SGD;
+    if (c->optimizer) CH_TRY(ch_optim_kind_parse(c->optimizer, &kind, err));
+    *o = ch_optim_defaults(kind);
+    o->momentum = c->momentum;
+    o->dampening = c->dampening;
+    o->nesterov = c->nesterov;
+    if (kind != CH_OPTIM_ADAMW || c->weight_decay > 0) o->weight_decay = c->weight_decay;
+    if (c->beta1 > 0 || c->beta2 > 0) {
+        o->beta1 = c->beta1;
+        o->beta2 = c->beta2;
+    }
+    if (c->eps >= 0) o->eps = c->eps;
+    if (kind != CH_OPTIM_SGD && (c->momentum != 0 || c->nesterov || c->dampening != 0))
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "--momentum, --nesterov and --dampening are for sgd, not %s",
+                       c->optimizer);
+    return CH_STATUS_OK;
+}
+
 /* The MPI groups, made in the same order on every rank. */
 static ch_status join_ranks(ch_trainer *t, ch_err *err)
 {
@@ -252,13 +275,14 @@ static ch_status setup(ch_trainer *t, ch_err *err)
         .model = t->model_name, .init = t->init, .seed = t->cfg.seed,
         .input = { d->c, d->h, d->w }, .classes = d->classes, .max_slice = (B + R - 1) / R,
         .nglobal = R,
-        .lr = t->cfg.lr, .momentum = t->cfg.momentum, .weight_decay = t->cfg.weight_decay,
-        .nesterov = t->cfg.nesterov, .nan_check = t->cfg.nan_check, .sync_bn = t->cfg.sync_bn,
+        .nan_check = t->cfg.nan_check, .sync_bn = t->cfg.sync_bn,
         .bucket_elems = (size_t)((t->cfg.bucket_mb > 0 ? t->cfg.bucket_mb : 25) * (1 << 20) /
                                  sizeof(ch_real)),
         .k = ch_kernels_cpu(),
     };
     CH_TRY(parse_fault(&t->spec.fault, err));
+    CH_TRY(optim_config(&t->cfg, &t->spec.optim, err));
+    t->lr = t->cfg.lr;
     t->spec.trace_capacity = t->cfg.trace ? 8192 : 0;
     if (t->cfg.checkpoint_dir && t->proc == 0) CH_TRY(ch_checkpoint_prepare(t->cfg.checkpoint_dir, err));
     t->perm = malloc(sizeof(uint32_t) * d->n);
@@ -312,7 +336,7 @@ static void job_step(void *arg, int r)
     int off, cnt;
     ch_trainer_slice(t->job_n, t->procs * t->nreplicas, t->replicas[r].global_index, &off, &cnt);
     const ch_slice sl = { .idx = t->job_idx + off, .n = cnt, .offset = (uint64_t)off,
-                          .global_n = t->job_n, .step = t->step };
+                          .global_n = t->job_n, .step = t->step, .lr = t->lr };
     ch_replica_step(&t->replicas[r], &t->spec, t->train, &sl);
 }
 

@@ -50,6 +50,7 @@ struct ch_trainer {
     uint64_t step;          /* steps completed */
     ch_ckpt_position pos;   /* a resumed checkpoint's position, then the last epoch's metrics */
     bool mid_epoch;         /* resumed inside an epoch: the next epoch starts at pos */
+    double lr;              /* the learning rate of the next step (the schedule's) */
     bool broken;            /* a replica failed: the replicas may disagree, no more steps */
     ch_err broken_err;
     ch_progress_fn progress;
