@@ -134,6 +134,16 @@ typedef struct ch_train_config {
     double dampening;         /* SGD */
     double beta1, beta2;      /* Adam, AdamW (default 0.9, 0.999) */
     double eps;               /* Adam, AdamW, Adagrad; < 0: PyTorch's default (1e-8; Adagrad 1e-10) */
+    /* Learning-rate schedule, stepped per epoch as PyTorch's schedulers usually are, with an
+     * optional linear warmup per iteration in front. */
+    const char *schedule;     /* "constant" (default), "step", "multistep", "cosine" */
+    int step_size;            /* step: epochs between decays */
+    double gamma;             /* step, multistep: the factor (default 0.1) */
+    const char *milestones;   /* multistep: "30,60,90" */
+    int t_max;                /* cosine: epochs of the half period */
+    double eta_min;           /* cosine: the lowest rate */
+    int warmup_epochs;        /* linear warmup in front of the schedule (0: none) */
+    bool scale_lr;            /* linear scaling rule: lr x global batch / 256 */
     uint64_t seed;
     int threads;              /* compute threads; 0: all cores */
     bool nan_check;           /* stop with CH_STATUS_NUMERIC on a non-finite loss */
@@ -158,6 +168,7 @@ typedef struct ch_epoch_stats {
     double train_acc, test_acc;
     double time_s;            /* training time of the epoch (excluding evaluation) */
     double images_per_s;
+    double lr;                /* the learning rate of the epoch's last step */
     size_t train_images, test_images;
 } ch_epoch_stats;
 

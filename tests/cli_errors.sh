@@ -69,6 +69,17 @@ expect 0 "" -- "$cohort" "${T[@]}" --data "$tmp/ok" --no-progress
 if [ $? -eq 0 ] && grep -q "total: 129068 parameters" "$tmp/out" && grep -q "training ~13.661 MFLOP/image" "$tmp/out" &&
    grep -q "global batch 256 -> 128 to 128 per replica; 235 steps per epoch (last batch 96)" "$tmp/out" &&
    ! grep -q "^epoch" "$tmp/out"; then passes=$((passes + 1)); else echo "FAIL: --dry-run:"; cat "$tmp/out"; fails=$((fails + 1)); fi
+# The schedule reaches the optimizer: the metrics' lr per epoch, step decay by half each epoch after
+# one warmup epoch, with the linear scaling rule (batch 128: lr 0.2 -> 0.1).
+rm -f "$tmp/lr.jsonl"
+"$cohort" "${T[@]}" --data "$tmp/ok" --epochs 4 -b 128 --lr 0.2 --scale-lr --schedule step --step-size 1 \
+    --gamma 0.5 --warmup-epochs 1 --no-progress --metrics "$tmp/lr.jsonl" >/dev/null 2>&1
+if [ "$(grep -o '"lr": [0-9.e-]*' "$tmp/lr.jsonl" | cut -d' ' -f2 | tr '\n' ' ')" = "0.1 0.1 0.05 0.025 " ]; then
+    passes=$((passes + 1)); else echo "FAIL: schedule in training:"; cat "$tmp/lr.jsonl"; fails=$((fails + 1)); fi
+expect 2 "the cosine schedule needs --t-max" -- "$cohort" train --model lenet --data "$tmp/ok" --schedule cosine
+expect 2 "--milestones '3,2'" -- "$cohort" train --model lenet --data "$tmp/ok" --schedule multistep --milestones 3,2
+expect 2 "unknown optimizer 'rmsprop'" -- "$cohort" train --model lenet --data "$tmp/ok" --optimizer rmsprop
+
 # Every flag of `cohort train --help` is in the manual page and in the first column of the
 # README's flag table.
 readme=$(dirname "$0")/../README.md

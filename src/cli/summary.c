@@ -114,5 +114,12 @@ void ch_cli_print_summary(const ch_trainer *t)
     if (oc->kind == CH_OPTIM_ADAM || oc->kind == CH_OPTIM_ADAMW) printf(", betas %g, %g, eps %g", oc->beta1, oc->beta2, oc->eps);
     if (oc->kind == CH_OPTIM_ADAGRAD) printf(", eps %g", oc->eps);
     printf(", weight decay %g; %d epochs; seed %llu\n", oc->weight_decay, t->cfg.epochs, (unsigned long long)t->cfg.seed);
+    const ch_schedule *sc = &t->sched;
+    printf("schedule: %s from lr %g%s", ch_schedule_kind_name(sc->kind), sc->lr, t->cfg.scale_lr ? " (scaled by batch / 256)" : "");
+    if (sc->kind == CH_SCHED_STEP) printf(", x%g every %d epochs", sc->gamma, sc->step_size);
+    if (sc->kind == CH_SCHED_MULTISTEP) printf(", x%g at %d milestone epochs", sc->gamma, sc->nmilestones);
+    if (sc->kind == CH_SCHED_COSINE) printf(", to %g over %d epochs", sc->eta_min, sc->t_max);
+    if (sc->warmup_epochs) printf("; linear warmup over %d epochs", sc->warmup_epochs);
+    printf("\n");
     fflush(stdout);
 }

@@ -28,6 +28,14 @@ static const char train_usage[] =
     "  --dampening D         SGD momentum dampening (default 0)\n"
     "  --betas B1,B2         Adam/AdamW betas (default 0.9,0.999)\n"
     "  --eps E               Adam/AdamW/Adagrad epsilon (default 1e-8; Adagrad 1e-10)\n"
+    "  --schedule NAME       constant | step | multistep | cosine, per epoch (default constant)\n"
+    "  --step-size N         step: epochs between decays\n"
+    "  --gamma G             step, multistep: decay factor (default 0.1)\n"
+    "  --milestones LIST     multistep: epochs, like 30,60,90\n"
+    "  --t-max N             cosine: epochs to the lowest rate\n"
+    "  --eta-min X           cosine: the lowest rate (default 0)\n"
+    "  --warmup-epochs N     linear warmup per step over N epochs first (default 0)\n"
+    "  --scale-lr            linear scaling rule: lr x global batch / 256\n"
     "  --weight-decay W      L2 weight decay, also --wd (default 0)\n"
     "  --init SPEC           default (PyTorch's) | normal:STD (weights N(0,STD), biases 0)\n"
     "  --seed S              seed of every random choice (default 0)\n"
@@ -74,7 +82,8 @@ enum {
     OPT_SEED, OPT_THREADS, OPT_TRAIN_LIMIT, OPT_TEST_LIMIT, OPT_METRICS, OPT_NAN_CHECK,
     OPT_NO_PROGRESS, OPT_DEVICES, OPT_SYNC_BN, OPT_BUCKET_MB, OPT_TIMEOUT, OPT_LOG_DIR,
     OPT_CKPT_DIR, OPT_CKPT_EVERY, OPT_KEEP, OPT_RESUME, OPT_DRY_RUN, OPT_PLOT, OPT_TRACE,
-    OPT_TRACE_STEPS, OPT_OPTIMIZER, OPT_DAMPENING, OPT_BETAS, OPT_EPS,
+    OPT_TRACE_STEPS, OPT_OPTIMIZER, OPT_DAMPENING, OPT_BETAS, OPT_EPS, OPT_SCHEDULE, OPT_STEP_SIZE,
+    OPT_GAMMA, OPT_MILESTONES, OPT_T_MAX, OPT_ETA_MIN, OPT_WARMUP, OPT_SCALE_LR,
 };
 
 static const struct option train_long[] = {
@@ -107,6 +116,14 @@ static const struct option train_long[] = {
     { "dampening", required_argument, NULL, OPT_DAMPENING },
     { "betas", required_argument, NULL, OPT_BETAS },
     { "eps", required_argument, NULL, OPT_EPS },
+    { "schedule", required_argument, NULL, OPT_SCHEDULE },
+    { "step-size", required_argument, NULL, OPT_STEP_SIZE },
+    { "gamma", required_argument, NULL, OPT_GAMMA },
+    { "milestones", required_argument, NULL, OPT_MILESTONES },
+    { "t-max", required_argument, NULL, OPT_T_MAX },
+    { "eta-min", required_argument, NULL, OPT_ETA_MIN },
+    { "warmup-epochs", required_argument, NULL, OPT_WARMUP },
+    { "scale-lr", no_argument, NULL, OPT_SCALE_LR },
     { "train-limit", required_argument, NULL, OPT_TRAIN_LIMIT },
     { "test-limit", required_argument, NULL, OPT_TEST_LIMIT },
     { "metrics", required_argument, NULL, OPT_METRICS },
@@ -196,6 +213,23 @@ static int parse_one(int c, const char *arg, train_opts *o)
         return ch_arg_double("train", "dampening", arg, 0, 1, &cfg->dampening) ? -1 : CH_EXIT_USAGE;
     case OPT_BETAS: return parse_betas(arg, cfg) ? -1 : CH_EXIT_USAGE;
     case OPT_EPS: return ch_arg_double("train", "eps", arg, 0, 1, &cfg->eps) ? -1 : CH_EXIT_USAGE;
+    case OPT_SCHEDULE: cfg->schedule = arg; return -1;
+    case OPT_STEP_SIZE:
+        if (!ch_arg_int("train", "step-size", arg, 1, 1000000, &v)) return CH_EXIT_USAGE;
+        cfg->step_size = (int)v;
+        return -1;
+    case OPT_GAMMA: return ch_arg_double("train", "gamma", arg, 1e-9, 1e3, &cfg->gamma) ? -1 : CH_EXIT_USAGE;
+    case OPT_MILESTONES: cfg->milestones = arg; return -1;
+    case OPT_T_MAX:
+        if (!ch_arg_int("train", "t-max", arg, 1, 1000000, &v)) return CH_EXIT_USAGE;
+        cfg->t_max = (int)v;
+        return -1;
+    case OPT_ETA_MIN: return ch_arg_double("train", "eta-min", arg, 0, 1e6, &cfg->eta_min) ? -1 : CH_EXIT_USAGE;
+    case OPT_WARMUP:
+        if (!ch_arg_int("train", "warmup-epochs", arg, 0, 1000000, &v)) return CH_EXIT_USAGE;
+        cfg->warmup_epochs = (int)v;
+        return -1;
+    case OPT_SCALE_LR: cfg->scale_lr = true; return -1;
     case OPT_TRACE: cfg->trace = arg; return -1;
     case OPT_TRACE_STEPS:
         if (!ch_arg_int("train", "trace-steps", arg, 1, 100000, &v)) return CH_EXIT_USAGE;
@@ -255,8 +289,8 @@ static bool write_metrics(FILE *f, const ch_epoch_stats *s, const ch_device_list
 {
     fprintf(f,
             "{\"epoch\": %d, \"loss\": %.6f, \"train_acc\": %.6f, \"test_acc\": %.6f, "
-            "\"time_s\": %.4f, \"images_per_s\": %.2f, \"devices\": [",
-            s->epoch, s->loss, s->train_acc, s->test_acc, s->time_s, s->images_per_s);
+            "\"time_s\": %.4f, \"images_per_s\": %.2f, \"lr\": %.8g, \"devices\": [",
+            s->epoch, s->loss, s->train_acc, s->test_acc, s->time_s, s->images_per_s, s->lr);
     for (int i = 0; i < devices->count; i++)
         fprintf(f, "%s\"cpu:%d\"", i ? ", " : "", devices->dev[i].index);
     fprintf(f, "], \"ranks\": %d}\n", ch_world_size());

@@ -216,7 +216,11 @@ static char *trainer_json(const ch_trainer *t, const ch_ckpt_position *p)
     cJSON_AddNumberToObject(order, "loss_sum", p->loss_sum);
     cJSON_AddNumberToObject(order, "correct", p->hits);
     cJSON *sched = cJSON_AddObjectToObject(j, "schedule");
-    cJSON_AddStringToObject(sched, "kind", "constant");
+    cJSON_AddStringToObject(sched, "kind", ch_schedule_kind_name(t->sched.kind));
+    cJSON_AddNumberToObject(sched, "base_lr", t->sched.lr);
+    cJSON_AddNumberToObject(sched, "warmup_epochs", t->sched.warmup_epochs);
+    cJSON_AddNumberToObject(sched, "epoch", p->epoch);
+    cJSON_AddNumberToObject(sched, "step_in_epoch", p->step_in_epoch);
     cJSON_AddNumberToObject(sched, "position", (double)p->global_step);
     cJSON *last = cJSON_AddObjectToObject(j, "last_epoch");
     cJSON_AddNumberToObject(last, "train_loss", p->train_loss);

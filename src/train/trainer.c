@@ -24,7 +24,8 @@ ch_train_config ch_train_config_default(void)
     return (ch_train_config){ .model = "lenet", .init = "default", .epochs = 10,
                               .batch_size = 256, .lr = 0.1, .seed = 0, .threads = 0,
                               .devices = "cpu:0", .bucket_mb = 25,
-                              .timeout_s = 300, .trace_steps = 20, .eps = -1 };
+                              .timeout_s = 300, .trace_steps = 20, .eps = -1,
+                              .gamma = 0.1 };
 }
 
 static ch_status check_config(const ch_train_config *c, ch_err *err)
@@ -178,6 +179,18 @@ static ch_status optim_config(const ch_train_config *c, ch_optim_config *o, ch_e
     return CH_STATUS_OK;
 }
 
+/* The schedule; --scale-lr applies the linear scaling rule to its base rate. */
+static ch_status schedule_config(const ch_train_config *c, ch_schedule *s, ch_err *err)
+{
+    *s = (ch_schedule){ .kind = CH_SCHED_CONSTANT, .lr = c->lr, .step_size = c->step_size,
+                        .gamma = c->gamma, .t_max = c->t_max, .eta_min = c->eta_min,
+                        .warmup_epochs = c->warmup_epochs };
+    if (c->scale_lr) s->lr = c->lr * c->batch_size / 256.0;
+    if (c->schedule) CH_TRY(ch_schedule_kind_parse(c->schedule, &s->kind, err));
+    if (c->milestones) CH_TRY(ch_schedule_parse_milestones(s, c->milestones, err));
+    return ch_schedule_check(s, err);
+}
+
 /* The MPI groups, made in the same order on every rank. */
 static ch_status join_ranks(ch_trainer *t, ch_err *err)
 {
@@ -282,7 +295,8 @@ static ch_status setup(ch_trainer *t, ch_err *err)
     };
     CH_TRY(parse_fault(&t->spec.fault, err));
     CH_TRY(optim_config(&t->cfg, &t->spec.optim, err));
-    t->lr = t->cfg.lr;
+    CH_TRY(schedule_config(&t->cfg, &t->sched, err));
+    t->lr = ch_schedule_lr(&t->sched, 0, 0, 1);
     t->spec.trace_capacity = t->cfg.trace ? 8192 : 0;
     if (t->cfg.checkpoint_dir && t->proc == 0) CH_TRY(ch_checkpoint_prepare(t->cfg.checkpoint_dir, err));
     t->perm = malloc(sizeof(uint32_t) * d->n);
@@ -535,8 +549,12 @@ ch_status ch_trainer_run_epoch(ch_trainer *t, ch_epoch_stats *s, ch_err *err)
     const int steps = first + (int)((d->n - seen + (size_t)B - 1) / (size_t)B);
     const double t0 = ch_clock_s();
     size_t mine = 0;
+    const long per_epoch = (long)((d->n + (size_t)B - 1) / (size_t)B);
+    double lr_last = t->lr;
     for (int i = first; seen < d->n; i++) {
         const int n = (int)((size_t)B < d->n - seen ? (size_t)B : d->n - seen);
+        t->lr = ch_schedule_lr(&t->sched, t->epoch, i, per_epoch);
+        lr_last = t->lr;
         double l;
         int64_t c;
         CH_TRY(ch_trainer_step(t, t->perm + seen, n, &l, &c, err));
@@ -558,7 +576,7 @@ ch_status ch_trainer_run_epoch(ch_trainer *t, ch_epoch_stats *s, ch_err *err)
     t->epoch++;
     *s = (ch_epoch_stats){ .epoch = t->epoch, .loss = sums[0] / seen,
                            .train_acc = sums[1] / seen, .time_s = elapsed,
-                           .images_per_s = (seen - seen0) / (elapsed > 0 ? elapsed : 1e-9),
+                           .images_per_s = (seen - seen0) / (elapsed > 0 ? elapsed : 1e-9), .lr = lr_last,
                            .train_images = seen, .test_acc = -1 };
     double test_loss = -1;
     if (t->test) {

@@ -10,6 +10,7 @@
 #include "cohort.h"
 #include "comm/comm.h"
 #include "comm/mpi.h"
+#include "optim/schedule.h"
 #include "train/crew.h"
 #include "train/replica.h"
 
@@ -51,6 +52,7 @@ struct ch_trainer {
     ch_ckpt_position pos;   /* a resumed checkpoint's position, then the last epoch's metrics */
     bool mid_epoch;         /* resumed inside an epoch: the next epoch starts at pos */
     double lr;              /* the learning rate of the next step (the schedule's) */
+    ch_schedule sched;
     bool broken;            /* a replica failed: the replicas may disagree, no more steps */
     ch_err broken_err;
     ch_progress_fn progress;
