@@ -66,6 +66,12 @@ ch_status ch_dataset_load_idx(const char *dir, ch_split split, ch_dataset **out,
  * labels (n bytes, copied), each < classes (checked). */
 ch_status ch_dataset_from_memory(size_t n, int c, int h, int w, int classes, const uint8_t *images,
                                  const uint8_t *labels, ch_dataset **out, ch_err *err);
+/* CIFAR-10, binary version: data_batch_1..5.bin / test_batch.bin in DIR or
+ * DIR/cifar-10-batches-bin; 3x32x32, 10 classes. Validated like the IDX reader. */
+ch_status ch_dataset_load_cifar10(const char *dir, ch_split split, ch_dataset **out, ch_err *err);
+/* Load DIR as kind "idx", "cifar10" (NULL or "auto": whichever DIR holds; IDX when both). */
+ch_status ch_dataset_load(const char *dir, const char *kind, ch_split split, ch_dataset **out,
+                          ch_err *err);
 size_t ch_dataset_size(const ch_dataset *d);
 int ch_dataset_classes(const ch_dataset *d);
 void ch_dataset_shape(const ch_dataset *d, int *c, int *h, int *w);

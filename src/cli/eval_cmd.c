@@ -18,7 +18,8 @@ static const char eval_usage[] =
     "  --checkpoint PATH     a checkpoint directory (DIR/epoch-0003), a --checkpoint-dir (its\n"
     "                        latest), or a safetensors state_dict file (then --model is needed;\n"
     "                        a PyTorch `module.` prefix is stripped)\n"
-    "  --data DIR            the data set\n"
+    "  --data DIR            the data set (IDX or CIFAR-10 binary)\n"
+    "  --dataset KIND        auto | idx | cifar10 (default auto)\n"
     "  --model NAME          the architecture, for a bare safetensors file\n"
     "  --devices LIST        devices to evaluate on (default cpu:0); also under mpirun\n"
     "  --threads T           compute threads in all (default: all cores)\n"
@@ -28,7 +29,7 @@ static const char eval_usage[] =
     "  -h, --help            this text\n";
 
 typedef struct eval_opts {
-    const char *checkpoint, *data, *model, *devices;
+    const char *checkpoint, *data, *model, *devices, *dataset;
     long threads, batch, test_limit;
     bool per_class;
 } eval_opts;
@@ -40,7 +41,8 @@ static int parse_eval(int argc, char **argv, eval_opts *o)
         { "model", required_argument, NULL, 'm' },      { "devices", required_argument, NULL, 'D' },
         { "threads", required_argument, NULL, 't' },    { "batch-size", required_argument, NULL, 'b' },
         { "test-limit", required_argument, NULL, 'l' }, { "per-class", no_argument, NULL, 'p' },
-        { "help", no_argument, NULL, 'h' },             { NULL, 0, NULL, 0 },
+        { "dataset", required_argument, NULL, 'k' },   { "help", no_argument, NULL, 'h' },
+        { NULL, 0, NULL, 0 },
     };
     *o = (eval_opts){ .batch = 256 };
     optind = 1;
@@ -56,6 +58,7 @@ static int parse_eval(int argc, char **argv, eval_opts *o)
         case 'b': if (!ch_arg_int("eval", "batch-size", optarg, 1, 1 << 20, &o->batch)) return CH_EXIT_USAGE; break;
         case 'l': if (!ch_arg_int("eval", "test-limit", optarg, 1, __LONG_MAX__, &o->test_limit)) return CH_EXIT_USAGE; break;
         case 'p': o->per_class = true; break;
+        case 'k': o->dataset = optarg; break;
         case 'h': fputs(eval_usage, stdout); return CH_EXIT_OK;
         default: fprintf(stderr, "cohort eval: unknown or incomplete option (see cohort eval --help)\n"); return CH_EXIT_USAGE;
         }
@@ -144,7 +147,7 @@ int ch_cmd_eval(int argc, char **argv)
     if (rc >= 0) return rc;
     ch_err err;
     ch_dataset *test = NULL;
-    ch_status st = ch_dataset_load_idx(o.data, CH_SPLIT_TEST, &test, &err);
+    ch_status st = ch_dataset_load(o.data, o.dataset, CH_SPLIT_TEST, &test, &err);
     if (st == CH_STATUS_OK) {
         ch_dataset_truncate(test, (size_t)o.test_limit);
         st = evaluate(&o, test, &err);

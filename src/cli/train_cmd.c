@@ -18,7 +18,9 @@ static const char train_usage[] =
     "Train a model of the zoo on an IDX data set (MNIST, Fashion-MNIST layout).\n"
     "\n"
     "  --model NAME          lenet | mnist-cnn | resnet18 | mlp | linear\n"
-    "  --data DIR            directory with train-/t10k- images and labels (.gz or raw)\n"
+    "  --data DIR            the data set: IDX files (train-/t10k- images and labels, .gz or\n"
+    "                        raw) or CIFAR-10 binary batches (data_batch_N.bin, test_batch.bin)\n"
+    "  --dataset KIND        auto | idx | cifar10 (default auto: what DIR holds)\n"
     "  --epochs N            epochs to train (default 10)\n"
     "  -b, --batch-size B    global batch size (default 256)\n"
     "  --lr X                learning rate (default 0.1)\n"
@@ -71,7 +73,7 @@ static const char train_usage[] =
 
 typedef struct train_opts {
     ch_train_config cfg;
-    const char *data, *metrics, *log_dir, *resume, *plot;
+    const char *data, *metrics, *log_dir, *resume, *plot, *dataset;
     bool resume_latest;
     long train_limit, test_limit;
     bool progress, dry_run;
@@ -83,7 +85,7 @@ enum {
     OPT_NO_PROGRESS, OPT_DEVICES, OPT_SYNC_BN, OPT_BUCKET_MB, OPT_TIMEOUT, OPT_LOG_DIR,
     OPT_CKPT_DIR, OPT_CKPT_EVERY, OPT_KEEP, OPT_RESUME, OPT_DRY_RUN, OPT_PLOT, OPT_TRACE,
     OPT_TRACE_STEPS, OPT_OPTIMIZER, OPT_DAMPENING, OPT_BETAS, OPT_EPS, OPT_SCHEDULE, OPT_STEP_SIZE,
-    OPT_GAMMA, OPT_MILESTONES, OPT_T_MAX, OPT_ETA_MIN, OPT_WARMUP, OPT_SCALE_LR,
+    OPT_GAMMA, OPT_MILESTONES, OPT_T_MAX, OPT_ETA_MIN, OPT_WARMUP, OPT_SCALE_LR, OPT_DATASET,
 };
 
 static const struct option train_long[] = {
@@ -124,6 +126,7 @@ static const struct option train_long[] = {
     { "eta-min", required_argument, NULL, OPT_ETA_MIN },
     { "warmup-epochs", required_argument, NULL, OPT_WARMUP },
     { "scale-lr", no_argument, NULL, OPT_SCALE_LR },
+    { "dataset", required_argument, NULL, OPT_DATASET },
     { "train-limit", required_argument, NULL, OPT_TRAIN_LIMIT },
     { "test-limit", required_argument, NULL, OPT_TEST_LIMIT },
     { "metrics", required_argument, NULL, OPT_METRICS },
@@ -230,6 +233,7 @@ static int parse_one(int c, const char *arg, train_opts *o)
         cfg->warmup_epochs = (int)v;
         return -1;
     case OPT_SCALE_LR: cfg->scale_lr = true; return -1;
+    case OPT_DATASET: o->dataset = arg; return -1;
     case OPT_TRACE: cfg->trace = arg; return -1;
     case OPT_TRACE_STEPS:
         if (!ch_arg_int("train", "trace-steps", arg, 1, 100000, &v)) return CH_EXIT_USAGE;
@@ -395,8 +399,8 @@ int ch_cmd_train(int argc, char **argv)
     ch_trainer *t = NULL;
     FILE *metrics = NULL, *log = NULL;
     ch_status st = o.log_dir ? open_worker_log(o.log_dir, &log, &err) : CH_STATUS_OK;
-    if (st == CH_STATUS_OK) st = ch_dataset_load_idx(o.data, CH_SPLIT_TRAIN, &train, &err);
-    if (st == CH_STATUS_OK) st = ch_dataset_load_idx(o.data, CH_SPLIT_TEST, &test, &err);
+    if (st == CH_STATUS_OK) st = ch_dataset_load(o.data, o.dataset, CH_SPLIT_TRAIN, &train, &err);
+    if (st == CH_STATUS_OK) st = ch_dataset_load(o.data, o.dataset, CH_SPLIT_TEST, &test, &err);
     if (st == CH_STATUS_OK) {
         ch_dataset_truncate(train, (size_t)o.train_limit);
         ch_dataset_truncate(test, (size_t)o.test_limit);

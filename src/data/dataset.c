@@ -1,8 +1,10 @@
 /* Data set accessors and batch assembly. */
 #include "data/dataset.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/status.h"
 
@@ -31,6 +33,25 @@ ch_status ch_dataset_from_memory(size_t n, int c, int h, int w, int classes, con
     if (n) memcpy(d->labels, labels, n);
     *out = d;
     return CH_STATUS_OK;
+}
+
+ch_status ch_dataset_load(const char *dir, const char *kind, ch_split split, ch_dataset **out,
+                          ch_err *err)
+{
+    if (!kind || strcmp(kind, "auto") == 0) {
+        char probe[4200];
+        snprintf(probe, sizeof probe, "%s/t10k-labels-idx1-ubyte", dir);
+        bool idx = access(probe, F_OK) == 0;
+        snprintf(probe, sizeof probe, "%s/t10k-labels-idx1-ubyte.gz", dir);
+        idx = idx || access(probe, F_OK) == 0;
+        kind = idx ? "idx" : ch_cifar_present(dir) ? "cifar10" : NULL;
+        if (!kind)
+            return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: no data set found (IDX t10k-* files or CIFAR-10 "
+                           "test_batch.bin; --dataset names the kind)", dir);
+    }
+    if (strcmp(kind, "idx") == 0) return ch_dataset_load_idx(dir, split, out, err);
+    if (strcmp(kind, "cifar10") == 0) return ch_dataset_load_cifar10(dir, split, out, err);
+    return ch_fail(err, CH_STATUS_BAD_INPUT, "unknown data set kind '%s' (expected idx or cifar10)", kind);
 }
 
 size_t ch_dataset_size(const ch_dataset *d) { return d->n; }

@@ -12,6 +12,9 @@ struct ch_dataset {
     uint8_t *labels;    /* (n), owned, each < classes */
 };
 
+/* True when DIR (or DIR/cifar-10-batches-bin) holds test_batch.bin. */
+bool ch_cifar_present(const char *dir);
+
 /* Pixels of samples idx[0..count) as ch_real in [0, 1] (ToTensor), labels as int32. */
 void ch_dataset_gather(const ch_dataset *d, const uint32_t *idx, int count, ch_real *x,
                        int32_t *labels);
