@@ -32,7 +32,7 @@ expect 2 "--threads '2x'" -- "$cohort" train --model lenet --data "$tmp/ok" --th
 expect 2 "are required" -- "$cohort" train --model lenet
 expect 2 "unknown model 'vgg'" -- "$cohort" train --model vgg --data "$tmp/ok"
 expect 2 "--init 'uniform'" -- "$cohort" train --model lenet --data "$tmp/ok" --init uniform
-expect 2 "no such readable file" -- "$cohort" train --model lenet --data "$tmp/nowhere"
+expect 2 "nowhere: no such directory" -- "$cohort" train --model lenet --data "$tmp/nowhere"
 expect 2 "cpu:0 is listed twice" -- "$cohort" train --model lenet --data "$tmp/ok" --devices cpu:0,cpu:0
 expect 2 "no CUDA backend" -- "$cohort" train --model lenet --data "$tmp/ok" --devices cuda:0
 expect 2 "expected entries like cpu:0" -- "$cohort" train --model lenet --data "$tmp/ok" --devices 2

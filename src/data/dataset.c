@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "core/status.h"
@@ -38,6 +39,9 @@ ch_status ch_dataset_from_memory(size_t n, int c, int h, int w, int classes, con
 ch_status ch_dataset_load(const char *dir, const char *kind, ch_split split, ch_dataset **out,
                           ch_err *err)
 {
+    struct stat sb;
+    if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: no such directory", dir);
     if (!kind || strcmp(kind, "auto") == 0) {
         char probe[4200];
         snprintf(probe, sizeof probe, "%s/t10k-labels-idx1-ubyte", dir);
