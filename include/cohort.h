@@ -150,6 +150,11 @@ typedef struct ch_train_config {
     double eta_min;           /* cosine: the lowest rate */
     int warmup_epochs;        /* linear warmup in front of the schedule (0: none) */
     bool scale_lr;            /* linear scaling rule: lr x global batch / 256 */
+    /* Augmentation of training samples, keyed by (seed, epoch, sample): torchvision's
+     * RandomCrop(size, padding) and RandomHorizontalFlip; normalization applies to evaluation too. */
+    int random_crop;          /* padding of the random crop; 0: none */
+    bool random_flip;
+    const char *normalize;    /* "imagenet" or "M1,M2,M3/S1,S2,S3"; NULL: pixels / 255 */
     uint64_t seed;
     int threads;              /* compute threads; 0: all cores */
     bool nan_check;           /* stop with CH_STATUS_NUMERIC on a non-finite loss */

@@ -25,6 +25,15 @@ ok "resnet18's first convolution takes 3 channels (64x3x3x3 + 64 = 1792 paramete
 above "$(acc "$tmp/resnet.out" 3)" 0.25
 ok "resnet18 on CIFAR-format data: test acc $(acc "$tmp/resnet.out" 3) >= 0.25 (chance 0.1)" $?
 
+# Augmented training (random crop with padding, normalization); the checkpoint records the
+# normalization and cohort eval applies it: the same accuracy as the training run printed.
+"$cohort" train --model lenet --data "$tmp/cifar" --epochs 3 --lr 0.05 --momentum 0.9 -b 64 --no-progress \
+    --random-crop 2 --normalize 0.1,0.1,0.1/0.3,0.3,0.3 --checkpoint-dir "$tmp/ck" >"$tmp/aug.out"
+"$cohort" eval --checkpoint "$tmp/ck" --data "$tmp/cifar" >"$tmp/eval.out"
+e=$(sed -n 's/^test loss [0-9.]*, test acc \([0-9.]*\) .*/\1/p' "$tmp/eval.out")
+above "$(acc "$tmp/aug.out" 3)" 0.5 && [ "$e" = "$(acc "$tmp/aug.out" 3)" ]
+ok "augmented lenet: test acc $(acc "$tmp/aug.out" 3) >= 0.5; cohort eval with the recorded normalization: $e" $?
+
 expect() { # needle -- command
     local needle=$1; shift 2
     "$@" >/dev/null 2>"$tmp/err"; local got=$?

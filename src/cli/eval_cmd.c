@@ -20,6 +20,8 @@ static const char eval_usage[] =
     "                        a PyTorch `module.` prefix is stripped)\n"
     "  --data DIR            the data set (IDX or CIFAR-10 binary)\n"
     "  --dataset KIND        auto | idx | cifar10 (default auto)\n"
+    "  --normalize SPEC      input normalization (default: the checkpoint's; needed for a bare\n"
+    "                        .safetensors trained with one)\n"
     "  --model NAME          the architecture, for a bare safetensors file\n"
     "  --devices LIST        devices to evaluate on (default cpu:0); also under mpirun\n"
     "  --threads T           compute threads in all (default: all cores)\n"
@@ -29,7 +31,7 @@ static const char eval_usage[] =
     "  -h, --help            this text\n";
 
 typedef struct eval_opts {
-    const char *checkpoint, *data, *model, *devices, *dataset;
+    const char *checkpoint, *data, *model, *devices, *dataset, *normalize;
     long threads, batch, test_limit;
     bool per_class;
 } eval_opts;
@@ -42,6 +44,7 @@ static int parse_eval(int argc, char **argv, eval_opts *o)
         { "threads", required_argument, NULL, 't' },    { "batch-size", required_argument, NULL, 'b' },
         { "test-limit", required_argument, NULL, 'l' }, { "per-class", no_argument, NULL, 'p' },
         { "dataset", required_argument, NULL, 'k' },   { "help", no_argument, NULL, 'h' },
+        { "normalize", required_argument, NULL, 'n' },
         { NULL, 0, NULL, 0 },
     };
     *o = (eval_opts){ .batch = 256 };
@@ -59,6 +62,7 @@ static int parse_eval(int argc, char **argv, eval_opts *o)
         case 'l': if (!ch_arg_int("eval", "test-limit", optarg, 1, __LONG_MAX__, &o->test_limit)) return CH_EXIT_USAGE; break;
         case 'p': o->per_class = true; break;
         case 'k': o->dataset = optarg; break;
+        case 'n': o->normalize = optarg; break;
         case 'h': fputs(eval_usage, stdout); return CH_EXIT_OK;
         default: fprintf(stderr, "cohort eval: unknown or incomplete option (see cohort eval --help)\n"); return CH_EXIT_USAGE;
         }
@@ -99,7 +103,7 @@ static void print_result(ch_trainer *t, double loss, double acc, size_t n, const
 
 static ch_status evaluate(const eval_opts *o, ch_dataset *test, ch_err *err)
 {
-    char model[64];
+    char model[64], normalize[256] = "";
     int classes = 0;
     char weights[4096];
     if (is_file(o->checkpoint)) {
@@ -109,7 +113,7 @@ static ch_status evaluate(const eval_opts *o, ch_dataset *test, ch_err *err)
         snprintf(weights, sizeof weights, "%s", o->checkpoint);
     } else {
         char dir[4096];
-        CH_TRY(ch_checkpoint_peek(o->checkpoint, model, sizeof model, &classes, err));
+        CH_TRY(ch_checkpoint_peek(o->checkpoint, model, sizeof model, &classes, normalize, sizeof normalize, err));
         CH_TRY(ch_checkpoint_resolve(o->checkpoint, dir, sizeof dir, err));
         if (o->model && strcmp(o->model, model) != 0)
             return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: a checkpoint of %s, not %s", dir, model, o->model);
@@ -124,6 +128,7 @@ static ch_status evaluate(const eval_opts *o, ch_dataset *test, ch_err *err)
     cfg.devices = o->devices;
     cfg.threads = (int)o->threads;
     cfg.batch_size = (int)o->batch;
+    cfg.normalize = o->normalize ? o->normalize : normalize[0] ? normalize : NULL;
     ch_trainer *t = NULL;
     /* The test set stands in as the training set: it only fixes the shapes. */
     CH_TRY(ch_trainer_create(&cfg, test, test, &t, err));

@@ -38,6 +38,9 @@ static const char train_usage[] =
     "  --eta-min X           cosine: the lowest rate (default 0)\n"
     "  --warmup-epochs N     linear warmup per step over N epochs first (default 0)\n"
     "  --scale-lr            linear scaling rule: lr x global batch / 256\n"
+    "  --random-crop PAD     training: zero-pad by PAD, crop back at a random place\n"
+    "  --random-flip         training: flip horizontally with probability 1/2\n"
+    "  --normalize SPEC      imagenet | MEAN/STD per channel, like 0.49,0.48,0.45/0.25,0.24,0.26\n"
     "  --weight-decay W      L2 weight decay, also --wd (default 0)\n"
     "  --init SPEC           default (PyTorch's) | normal:STD (weights N(0,STD), biases 0)\n"
     "  --seed S              seed of every random choice (default 0)\n"
@@ -86,6 +89,7 @@ enum {
     OPT_CKPT_DIR, OPT_CKPT_EVERY, OPT_KEEP, OPT_RESUME, OPT_DRY_RUN, OPT_PLOT, OPT_TRACE,
     OPT_TRACE_STEPS, OPT_OPTIMIZER, OPT_DAMPENING, OPT_BETAS, OPT_EPS, OPT_SCHEDULE, OPT_STEP_SIZE,
     OPT_GAMMA, OPT_MILESTONES, OPT_T_MAX, OPT_ETA_MIN, OPT_WARMUP, OPT_SCALE_LR, OPT_DATASET,
+    OPT_RANDOM_CROP, OPT_RANDOM_FLIP, OPT_NORMALIZE,
 };
 
 static const struct option train_long[] = {
@@ -127,6 +131,9 @@ static const struct option train_long[] = {
     { "warmup-epochs", required_argument, NULL, OPT_WARMUP },
     { "scale-lr", no_argument, NULL, OPT_SCALE_LR },
     { "dataset", required_argument, NULL, OPT_DATASET },
+    { "random-crop", required_argument, NULL, OPT_RANDOM_CROP },
+    { "random-flip", no_argument, NULL, OPT_RANDOM_FLIP },
+    { "normalize", required_argument, NULL, OPT_NORMALIZE },
     { "train-limit", required_argument, NULL, OPT_TRAIN_LIMIT },
     { "test-limit", required_argument, NULL, OPT_TEST_LIMIT },
     { "metrics", required_argument, NULL, OPT_METRICS },
@@ -234,6 +241,12 @@ static int parse_one(int c, const char *arg, train_opts *o)
         return -1;
     case OPT_SCALE_LR: cfg->scale_lr = true; return -1;
     case OPT_DATASET: o->dataset = arg; return -1;
+    case OPT_RANDOM_CROP:
+        if (!ch_arg_int("train", "random-crop", arg, 0, 1024, &v)) return CH_EXIT_USAGE;
+        cfg->random_crop = (int)v;
+        return -1;
+    case OPT_RANDOM_FLIP: cfg->random_flip = true; return -1;
+    case OPT_NORMALIZE: cfg->normalize = arg; return -1;
     case OPT_TRACE: cfg->trace = arg; return -1;
     case OPT_TRACE_STEPS:
         if (!ch_arg_int("train", "trace-steps", arg, 1, 100000, &v)) return CH_EXIT_USAGE;

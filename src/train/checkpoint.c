@@ -197,6 +197,9 @@ static char *trainer_json(const ch_trainer *t, const ch_ckpt_position *p)
     cJSON_AddNumberToObject(cfg, "eps", t->spec.optim.eps);
     cJSON_AddBoolToObject(cfg, "nesterov", t->cfg.nesterov);
     cJSON_AddBoolToObject(cfg, "sync_bn", t->cfg.sync_bn);
+    /* Evaluation must see the inputs the way training saw them. */
+    if (t->normalize[0]) cJSON_AddStringToObject(cfg, "normalize", t->normalize);
+    else cJSON_AddNullToObject(cfg, "normalize");
     cJSON_AddNumberToObject(j, "seed", (double)t->cfg.seed);
     cJSON_AddNumberToObject(j, "epoch", p->epoch);
     cJSON_AddNumberToObject(j, "step_in_epoch", p->step_in_epoch);
@@ -804,7 +807,8 @@ ch_status ch_checkpoint_load_weights(ch_trainer *t, const char *file, ch_err *er
     return load(t, NULL, file, NULL, err);
 }
 
-ch_status ch_checkpoint_peek(const char *path, char *model, size_t len, int *classes, ch_err *err)
+ch_status ch_checkpoint_peek(const char *path, char *model, size_t len, int *classes, char *normalize,
+                             size_t nlen, ch_err *err)
 {
     char dir[PATH_MAX], file[PATH_MAX];
     CH_TRY(ch_checkpoint_resolve(path, dir, sizeof dir, err));
@@ -817,6 +821,8 @@ ch_status ch_checkpoint_peek(const char *path, char *model, size_t len, int *cla
     else {
         snprintf(model, len, "%s", m->valuestring);
         *classes = (int)c->valuedouble;
+        const cJSON *n = field(field(j, "config"), "normalize");
+        snprintf(normalize, nlen, "%s", cJSON_IsString(n) ? n->valuestring : "");
     }
     cJSON_Delete(j);
     return st;

@@ -36,7 +36,9 @@ ch_status ch_checkpoint_export(const ch_trainer *t, const char *file, ch_err *er
 ch_status ch_checkpoint_export_dir(const char *path, const char *file, ch_err *err);
 /* Resolve a --resume/--checkpoint argument: DIR/NAME as given, or DIR's latest. */
 ch_status ch_checkpoint_resolve(const char *path, char *out, size_t len, ch_err *err);
-/* Read the model name and shape a checkpoint was written for (for cohort eval). */
-ch_status ch_checkpoint_peek(const char *path, char *model, size_t len, int *classes, ch_err *err);
+/* Read the model name, class count and input normalization ("" for none) a checkpoint was written
+ * for (for cohort eval). */
+ch_status ch_checkpoint_peek(const char *path, char *model, size_t len, int *classes, char *normalize,
+                             size_t nlen, ch_err *err);
 
 #endif

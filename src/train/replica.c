@@ -129,7 +129,7 @@ static ch_status step_traced(ch_replica *rp, const ch_replica_spec *s, const ch_
     rp->status = CH_STATUS_OK;
     inject_process_faults(rp, s, sl->step);
     count_samples(s, sl);
-    ch_dataset_gather(d, sl->idx, sl->n, rp->x, rp->labels);
+    ch_augment_gather(&s->augment, d, sl->idx, sl->n, true, s->seed, sl->epoch, rp->x, rp->labels);
     if (injected(rp, s, CH_FAULT_NAN, sl->step) && sl->n > 0) rp->x[0] = (ch_real)NAN;
     if (tr) ch_trace_span(tr, "data", "data", t0, (int64_t)sl->n);
 
@@ -230,8 +230,8 @@ ch_status ch_replica_evaluate(ch_replica *rp, const ch_replica_spec *s, const ch
         for (int done = 0; done < n;) {
             const int piece = n - done < 256 ? n - done : 256;
             for (int i = 0; i < piece; i++) idx[i] = (uint32_t)(at + (size_t)(done + i));
-            ch_dataset_gather(d, idx, piece, rp->x + ch_shape3_size(s->input) * (size_t)done,
-                              rp->labels + done);
+            ch_augment_gather(&s->augment, d, idx, piece, false, s->seed, 0,
+                              rp->x + ch_shape3_size(s->input) * (size_t)done, rp->labels + done);
             done += piece;
         }
         const ch_real *logits = ch_model_forward(rp->model, &r, n, rp->x);

@@ -9,6 +9,7 @@
 #include "nn/model.h"
 #include "optim/optim.h"
 #include "core/trace.h"
+#include "data/augment.h"
 #include "train/gradsync.h"
 
 /* A fault to inject for the failure tests (COHORT_INJECT_FAULT=KIND:REPLICA[:STEP]). REPLICA is
@@ -33,6 +34,7 @@ typedef struct ch_replica_spec {
     int classes;
     int max_slice;          /* most samples one replica gets in a step */
     ch_optim_config optim;
+    ch_augment augment;
     bool nan_check, sync_bn;
     size_t bucket_elems;
     const ch_kernels *k;
@@ -77,6 +79,7 @@ typedef struct ch_slice {
     int global_n;           /* samples in the global batch */
     uint64_t step;          /* 0-based global step */
     double lr;              /* the schedule's learning rate for this step */
+    int epoch;              /* 0-based, for the augmentation's random choices */
 } ch_slice;
 
 /* Build the replica's model, optimizer and buffers on the calling thread, then take replica 0's

@@ -296,6 +296,10 @@ static ch_status setup(ch_trainer *t, ch_err *err)
     CH_TRY(parse_fault(&t->spec.fault, err));
     CH_TRY(optim_config(&t->cfg, &t->spec.optim, err));
     CH_TRY(schedule_config(&t->cfg, &t->sched, err));
+    t->spec.augment = (ch_augment){ .crop_padding = t->cfg.random_crop, .flip = t->cfg.random_flip };
+    if (t->cfg.random_crop < 0 || t->cfg.random_crop > 1024)
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "random crop padding %d, expected 0..1024", t->cfg.random_crop);
+    if (t->cfg.normalize) CH_TRY(ch_augment_parse_normalize(&t->spec.augment, t->cfg.normalize, d->c, err));
     t->lr = ch_schedule_lr(&t->sched, 0, 0, 1);
     t->spec.trace_capacity = t->cfg.trace ? 8192 : 0;
     if (t->cfg.checkpoint_dir && t->proc == 0) CH_TRY(ch_checkpoint_prepare(t->cfg.checkpoint_dir, err));
@@ -324,6 +328,10 @@ ch_status ch_trainer_create(const ch_train_config *cfg, const ch_dataset *train,
         snprintf(t->trace_path, sizeof t->trace_path, "%s", cfg->trace);
         t->cfg.trace = t->trace_path;
     }
+    if (cfg->normalize) {
+        snprintf(t->normalize, sizeof t->normalize, "%s", cfg->normalize);
+        t->cfg.normalize = t->normalize;
+    }
     t->pos = (ch_ckpt_position){ .train_loss = -1, .train_acc = -1, .test_loss = -1, .test_acc = -1 };
     t->train = train;
     t->test = test;
@@ -350,7 +358,7 @@ static void job_step(void *arg, int r)
     int off, cnt;
     ch_trainer_slice(t->job_n, t->procs * t->nreplicas, t->replicas[r].global_index, &off, &cnt);
     const ch_slice sl = { .idx = t->job_idx + off, .n = cnt, .offset = (uint64_t)off,
-                          .global_n = t->job_n, .step = t->step, .lr = t->lr };
+                          .global_n = t->job_n, .step = t->step, .lr = t->lr, .epoch = t->epoch };
     ch_replica_step(&t->replicas[r], &t->spec, t->train, &sl);
 }
 

@@ -29,6 +29,7 @@ struct ch_trainer {
     char model_name[32], init[64];
     char checkpoint_dir[4096];  /* cfg.checkpoint_dir points here */
     char trace_path[4096];      /* cfg.trace points here */
+    char normalize[256];        /* cfg.normalize points here ("" when none) */
     uint64_t trace_first;       /* the first traced step */
     int64_t trace_offset_ns;    /* added to this rank's times: rank 0's clock */
     bool trace_done;
