@@ -69,10 +69,12 @@ timeout 300 "${across[@]}" "$cohort" "${T[@]}" --log-dir "$tmp/logs" >"$tmp/two"
 rc=$?
 check "two hosts train (exit $rc)" $rc
 cat "$tmp/one" "$tmp/two"
-# The same losses and accuracies to the printed digits; only time and speed may differ.
-strip() { sed 's/, time .*//' "$1"; }
-diff <(strip "$tmp/one") <(strip "$tmp/two") >/dev/null
-check "two hosts report what one host reports" $?
+# The same losses and accuracies, up to the order of float sums (the parameters themselves are
+# compared by test_mpi below): loss within 1e-3, accuracies within 2 samples in 1000.
+figures() { sed -n 's/^epoch \([0-9]*\), loss \([0-9.]*\), train acc \([0-9.]*\), test acc \([0-9.]*\),.*/\1 \2 \3 \4/p' "$1"; }
+paste <(figures "$tmp/one") <(figures "$tmp/two") | awk 'NF == 8 { n++; if ($1 != $5 || $2 - $6 > 1e-3 || $6 - $2 > 1e-3 ||
+    $3 - $7 > 0.002 || $7 - $3 > 0.002 || $4 - $8 > 0.002 || $8 - $4 > 0.002) bad++ } END { exit !(n == 2 && !bad) }'
+check "two hosts report what one host reports (loss within 1e-3, accuracies within 0.002)" $?
 grep -q "host cohort-host1," "$tmp/logs/workerlog.0" && grep -q "host cohort-host2," "$tmp/logs/workerlog.1"
 check "rank 0 ran on cohort-host1 and rank 1 on cohort-host2" $?
 
