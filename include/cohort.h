@@ -81,7 +81,8 @@ void ch_dataset_free(ch_dataset *d);
 
 /* ---- models ------------------------------------------------------------------------------- */
 
-/* Names of the zoo: "lenet", "mnist-cnn", "resnet18", "mlp", "linear". NULL-terminated. */
+/* Names of the zoo: "lenet", "mnist-cnn", "resnet18", "mlp", "linear", "resnet18-imagenet".
+ * NULL-terminated. */
 const char *const *ch_model_names(void);
 
 /* ---- devices ------------------------------------------------------------------------------ */

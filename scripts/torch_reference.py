@@ -71,4 +71,47 @@ def resnet18(num_classes=10, in_channels=1):
     return net
 
 
-MODELS = {"lenet": lenet, "mnist-cnn": mnist_cnn, "mlp": mlp, "resnet18": resnet18, "linear": linear}
+def resnet18_imagenet(num_classes=10):
+    """Reference program B's model: torchvision's ResNet-18 (built here without torchvision,
+    which Debian does not package with python3-torch: the same modules, names and order)."""
+    class BasicBlock(nn.Module):
+        def __init__(self, cin, cout, stride):
+            super().__init__()
+            self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+            self.bn1 = nn.BatchNorm2d(cout)
+            self.relu = nn.ReLU(inplace=True)
+            self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+            self.bn2 = nn.BatchNorm2d(cout)
+            self.downsample = None
+            if stride != 1 or cin != cout:
+                self.downsample = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+        def forward(self, x):
+            y = self.relu(self.bn1(self.conv1(x)))
+            y = self.bn2(self.conv2(y))
+            return self.relu(y + (self.downsample(x) if self.downsample is not None else x))
+
+    class ResNet18(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1 = nn.Conv2d(3, 64, 7, 2, 3, bias=False)
+            self.bn1 = nn.BatchNorm2d(64)
+            self.relu = nn.ReLU(inplace=True)
+            self.maxpool = nn.MaxPool2d(3, 2, 1)
+            chans = [64, 128, 256, 512]
+            for i, c in enumerate(chans):
+                cin = 64 if i == 0 else chans[i - 1]
+                setattr(self, f"layer{i + 1}", nn.Sequential(BasicBlock(cin, c, 1 if i == 0 else 2), BasicBlock(c, c, 1)))
+            self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
+            self.fc = nn.Linear(512, num_classes)
+
+        def forward(self, x):
+            x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+            x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+            return self.fc(self.avgpool(x).flatten(1))
+
+    return ResNet18()
+
+
+MODELS = {"lenet": lenet, "mnist-cnn": mnist_cnn, "mlp": mlp, "resnet18": resnet18, "linear": linear,
+          "resnet18-imagenet": resnet18_imagenet}

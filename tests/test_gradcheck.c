@@ -269,6 +269,9 @@ static void model_gradients(void **state)
     check_model("mnist-cnn", (ch_shape3){ 1, 28, 28 }, 3, 3, 4);
     check_model("mlp", (ch_shape3){ 1, 28, 28 }, 3, 3, 4);
     check_model("resnet18", (ch_shape3){ 1, 8, 8 }, 4, 1, 3);
+    /* torchvision's: 7x7 stride-2 stem, max pool with padding, BasicBlocks with downsample. */
+    check_model("resnet18-imagenet", (ch_shape3){ 3, 16, 16 }, 4, 1, 3);
+    check_model("linear", (ch_shape3){ 1, 1, 5 }, 3, 3, 4);
 }
 
 int main(void)

@@ -23,12 +23,14 @@ static ch_model *make(const char *arch, ch_shape3 in)
 static void state_dict_matches_pytorch(void **state)
 {
     (void)state;
-    static const char *const archs[] = { "lenet", "mnist-cnn", "mlp", "resnet18", "linear" };
+    static const char *const archs[] = { "lenet", "mnist-cnn", "mlp", "resnet18", "linear", "resnet18-imagenet" };
     FILE *f = fopen(COHORT_FIXTURES "/state_dicts.txt", "r");
     assert_non_null(f);
     char line[256];
     for (size_t a = 0; a < sizeof archs / sizeof archs[0]; a++) {
-        ch_model *m = make(archs[a], (ch_shape3){ 1, 28, 28 });
+        /* torchvision's ResNet-18 takes RGB images. */
+        const bool rgb = strcmp(archs[a], "resnet18-imagenet") == 0;
+        ch_model *m = make(archs[a], rgb ? (ch_shape3){ 3, 64, 64 } : (ch_shape3){ 1, 28, 28 });
         int seen = 0;
         size_t param_total = 0;
         rewind(f);

@@ -1,4 +1,4 @@
-"""PyTorch loads cohort's checkpoints: for each model, model.safetensors goes into
+"""PyTorch loads cohort's checkpoints: for each model (torchvision's ResNet-18 too, on RGB data), model.safetensors goes into
 model.load_state_dict(..., strict=True) of the reference program's own PyTorch model, and the
 PyTorch model, in eval mode, gets the test loss and accuracy that `cohort eval` printed for the same
 checkpoint and images. The file is read as safetensors.torch.load_file would (8-byte length,
@@ -57,30 +57,47 @@ def main():
     cohort, root = sys.argv[1], os.path.join(sys.argv[2], "fashion-mnist")
     n = 500
     x, y = test_images(root, n)
-    failed = 0
+    failed = []
     for model, extra in (("lenet", []), ("mnist-cnn", []), ("mlp", []),
                          ("resnet18", ["--devices", "cpu:0,cpu:1"])):
-        with tempfile.TemporaryDirectory() as tmp:
-            subprocess.run([cohort, "train", "--model", model, "--data", root, "--train-limit", "512",
-                            "--test-limit", "100", "--epochs", "1", "-b", "64", "--lr", "0.05", "--momentum", "0.9",
-                            "--no-progress", "--checkpoint-dir", tmp] + extra,
-                           check=True, stdout=subprocess.DEVNULL)
-            out = subprocess.run([cohort, "eval", "--checkpoint", tmp, "--data", root, "--test-limit",
-                                  str(n)], check=True, capture_output=True, text=True).stdout
-            loss_c, acc_c = map(float, re.search(r"test loss ([0-9.]+), test acc ([0-9.]+)", out).groups())
-            net = MODELS[model]()
-            net.load_state_dict(load_file(os.path.join(tmp, "epoch-0001", "model.safetensors")), strict=True)
-            net.eval()
-            with torch.no_grad():
-                logits = net(x)
-            loss_t = F.cross_entropy(logits, y).item()
-            acc_t = (logits.argmax(1) == y).float().mean().item()
-            good = abs(loss_t - loss_c) <= 1e-4 + 1e-3 * loss_c and abs(acc_t - acc_c) <= 1.5 / n
-            print(f"{model:10s} cohort eval: loss {loss_c:.4f} acc {acc_c:.4f}; "
-                  f"PyTorch load_state_dict(strict=True): loss {loss_t:.4f} acc {acc_t:.4f} "
-                  f"{'ok' if good else 'MISMATCH'}")
-            failed += not good
+        run_one(cohort, root, model, extra, x, y, n) or failed.append(model)
+    # torchvision's ResNet-18 wants RGB: the same digits as a CIFAR-format set (make_cifar.py).
+    with tempfile.TemporaryDirectory() as rgb:
+        subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "make_cifar.py"),
+                        os.path.join(sys.argv[2], "mnist"), rgb, "100", str(n)], check=True)
+        xr, yr = cifar_test(rgb, n)
+        run_one(cohort, rgb, "resnet18-imagenet", ["--lr", "0.01"], xr, yr, n) or failed.append("resnet18-imagenet")
     sys.exit(1 if failed else 0)
+
+
+def cifar_test(root, n):
+    raw = np.fromfile(os.path.join(root, "test_batch.bin"), dtype=np.uint8).reshape(-1, 3073)[:n]
+    return (torch.from_numpy(raw[:, 1:].reshape(n, 3, 32, 32).astype(np.float32) / 255),
+            torch.from_numpy(raw[:, 0].astype(np.int64)))
+
+
+def run_one(cohort, root, model, extra, x, y, n):
+    """Train one epoch, checkpoint, cohort eval; PyTorch loads the checkpoint and agrees."""
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run([cohort, "train", "--model", model, "--data", root, "--train-limit", "512",
+                        "--test-limit", "100", "--epochs", "1", "-b", "64", "--lr", "0.05", "--momentum", "0.9",
+                        "--no-progress", "--checkpoint-dir", tmp] + extra,
+                       check=True, stdout=subprocess.DEVNULL)
+        out = subprocess.run([cohort, "eval", "--checkpoint", tmp, "--data", root, "--test-limit",
+                              str(n)], check=True, capture_output=True, text=True).stdout
+        loss_c, acc_c = map(float, re.search(r"test loss ([0-9.]+), test acc ([0-9.]+)", out).groups())
+        net = MODELS[model]()
+        net.load_state_dict(load_file(os.path.join(tmp, "epoch-0001", "model.safetensors")), strict=True)
+        net.eval()
+        with torch.no_grad():
+            logits = net(x)
+        loss_t = F.cross_entropy(logits, y).item()
+        acc_t = (logits.argmax(1) == y).float().mean().item()
+        good = abs(loss_t - loss_c) <= 1e-4 + 1e-3 * loss_c and abs(acc_t - acc_c) <= 1.5 / n
+        print(f"{model:10s} cohort eval: loss {loss_c:.4f} acc {acc_c:.4f}; "
+              f"PyTorch load_state_dict(strict=True): loss {loss_t:.4f} acc {acc_t:.4f} "
+              f"{'ok' if good else 'MISMATCH'}")
+        return good
 
 
 if __name__ == "__main__":

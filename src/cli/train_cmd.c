@@ -17,7 +17,7 @@ static const char train_usage[] =
     "\n"
     "Train a model of the zoo on an IDX data set (MNIST, Fashion-MNIST layout).\n"
     "\n"
-    "  --model NAME          lenet | mnist-cnn | resnet18 | mlp | linear\n"
+    "  --model NAME          lenet | mnist-cnn | resnet18 | mlp | linear | resnet18-imagenet\n"
     "  --data DIR            the data set: IDX files (train-/t10k- images and labels, .gz or\n"
     "                        raw) or CIFAR-10 binary batches (data_batch_N.bin, test_batch.bin)\n"
     "  --dataset KIND        auto | idx | cifar10 (default auto: what DIR holds)\n"

@@ -8,6 +8,9 @@
  *                          64/128/256/512 channels, stride 2 + 1x1 shortcut at the start of 2..4),
  *                          global_avg_pool, fc = Sequential(Flatten, Linear(512->classes))
  *   mlp:                   Flatten Linear(784->256) ReLU Linear(256->10)
+ *   resnet18-imagenet (program B): torchvision's resnet18: conv1 (7x7 stride 2, no bias) bn1 relu
+ *                          maxpool (3x3 stride 2 pad 1), layer1..4 of two BasicBlocks (64..512
+ *                          channels, stride 2 + downsample at the start of 2..4), avgpool, fc
  *   linear    (program E): Flatten Linear(c*h*w->classes), softmax regression; on 1x1x5 inputs with
  *                          5 classes it is program E's Linear(5, 5) */
 #include "models/zoo.h"
@@ -132,6 +135,37 @@ static void build_resnet18(builder *b, int classes)
     add_named_seq(b, "fc", fill_fc, classes);
 }
 
+/* A child with an explicit (torchvision) name. */
+#define ADD_NAMED(b, name, ctor, ...)                                                  \
+    do {                                                                               \
+        ch_layer *l_ = NULL;                                                           \
+        ch_status st_ = (b)->st == CH_STATUS_OK                                        \
+                            ? ctor((name), (b)->seq->out, ##__VA_ARGS__, &l_, (b)->err) \
+                            : (b)->st;                                                 \
+        add((b), l_, st_);                                                             \
+    } while (0)
+
+/* arg = stage (1..4) of torchvision's ResNet-18: two BasicBlocks. */
+static void fill_layer(builder *b, int stage)
+{
+    const int ch = 64 << (stage - 1);
+    ADD(b, ch_basicblock_create, ch, stage > 1 ? 2 : 1);
+    ADD(b, ch_basicblock_create, ch, 1);
+}
+
+static void build_resnet18_imagenet(builder *b, int classes)
+{
+    ADD_NAMED(b, "conv1", ch_conv2d_create, 64, 7, 2, 3, false);
+    ADD_NAMED(b, "bn1", ch_batchnorm2d_create);
+    ADD_NAMED(b, "relu", ch_relu_create);
+    ADD_NAMED(b, "maxpool", ch_maxpool2d_create, 3, 2, 1);
+    static const char *layers[] = { "layer1", "layer2", "layer3", "layer4" };
+    for (int s = 0; s < 4; s++) add_named_seq(b, layers[s], fill_layer, s + 1);
+    ADD_NAMED(b, "avgpool", ch_global_avgpool_create);
+    ADD_NAMED(b, "flatten", ch_flatten_create);
+    ADD_NAMED(b, "fc", ch_linear_create, classes);
+}
+
 typedef struct arch {
     const char *name;
     void (*build)(builder *, int classes);
@@ -143,9 +177,11 @@ static const arch archs[] = {
     { "resnet18", build_resnet18 },
     { "mlp", build_mlp },
     { "linear", build_linear },
+    { "resnet18-imagenet", build_resnet18_imagenet },
 };
 
-static const char *const arch_names[] = { "lenet", "mnist-cnn", "resnet18", "mlp", "linear", NULL };
+static const char *const arch_names[] = { "lenet", "mnist-cnn", "resnet18", "mlp", "linear",
+                                          "resnet18-imagenet", NULL };
 
 const char *const *ch_model_names(void) { return arch_names; }
 
@@ -163,7 +199,7 @@ ch_status ch_zoo_build(const char *name, ch_shape3 in, int classes, ch_layer **r
         if (strcmp(archs[i].name, name) == 0) a = &archs[i];
     if (!a)
         return ch_fail(err, CH_STATUS_BAD_INPUT,
-                       "unknown model '%s' (expected lenet, mnist-cnn, resnet18, mlp or linear)", name);
+                       "unknown model '%s' (expected lenet, mnist-cnn, resnet18, mlp, linear or resnet18-imagenet)", name);
     if (classes < 2)
         return ch_fail(err, CH_STATUS_BAD_INPUT, "model %s: %d classes, need at least 2", name,
                        classes);

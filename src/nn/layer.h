@@ -145,6 +145,10 @@ ch_status ch_dropout_create(const char *name, ch_shape3 in, double p, uint32_t i
 /* Reference program D's residual block: conv3x3-BN-ReLU-conv3x3-BN (+ 1x1 conv shortcut), add, ReLU. */
 ch_status ch_residual_create(const char *name, ch_shape3 in, int out_channels, bool use_1x1conv,
                              int stride, ch_layer **out, ch_err *err);
+/* torchvision's BasicBlock: conv3x3 (stride, no bias)-BN-ReLU-conv3x3 (no bias)-BN, plus a
+ * downsample (1x1 conv with the stride, no bias, then BN) when the shape changes; add, ReLU. */
+ch_status ch_basicblock_create(const char *name, ch_shape3 in, int out_channels, int stride,
+                               ch_layer **out, ch_err *err);
 /* A container whose children run in order; y is the last child's. */
 ch_status ch_sequential_create(const char *name, ch_shape3 in, ch_layer **out, ch_err *err);
 /* Append to a sequential, checking that child->in matches the current output shape. */

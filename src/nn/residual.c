@@ -1,18 +1,21 @@
-/* Reference program D's residual block (d2l's Residual):
- *   z = bn2(conv2(relu(bn1(conv1(x)))));  s = conv3(x) if use_1x1conv else x;  y = relu(z + s)
- * conv1 is 3x3 with the block's stride, conv2 3x3 stride 1, conv3 1x1 with the stride; all convs
- * have biases. Children are kept in PyTorch's registration order (conv1, conv2, conv3, bn1, bn2), which
- * is also the order of the flat buffers and of the state_dict. */
+/* Residual blocks: z = bn2(conv2(relu(bn1(conv1(x))))), s = shortcut(x) or x, y = relu(z + s);
+ * conv1 is 3x3 with the block's stride, conv2 3x3 stride 1. Two kinds, the same computation:
+ *  - reference program D's (d2l's Residual): convs with biases, the shortcut a 1x1 conv with the
+ *    stride named conv3; children in its registration order conv1, conv2, conv3, bn1, bn2;
+ *  - torchvision's BasicBlock (resnet18-imagenet): convs without biases, the shortcut
+ *    downsample = Sequential(1x1 conv with the stride, BatchNorm) where the shape changes; children
+ *    conv1, bn1, conv2, bn2, downsample.
+ * Children order is the order of the flat buffers and of the state_dict. */
 #include "nn/layer.h"
 
 #include <stdlib.h>
 
 typedef struct res_impl {
-    ch_layer *conv1, *conv2, *conv3, *bn1, *bn2;   /* borrowed from children */
+    ch_layer *conv1, *conv2, *shortcut, *bn1, *bn2;   /* borrowed from children; shortcut may be NULL */
     ch_real *a1;        /* relu(bn1(.)) (n, out) */
     ch_real *dz;        /* gradient at z + s (n, out) */
     ch_real *s1, *s2;   /* gradient scratch (n, out) */
-    ch_real *s3;        /* shortcut input gradient (n, in), with conv3 only */
+    ch_real *s3;        /* shortcut input gradient (n, in), with a shortcut layer only */
 } res_impl;
 
 static ch_status res_plan(ch_layer *l, ch_plan *pl, ch_err *err)
@@ -24,7 +27,7 @@ static ch_status res_plan(ch_layer *l, ch_plan *pl, ch_err *err)
     r->dz = r->a1 + out;
     r->s1 = r->dz + out;
     r->s2 = r->s1 + out;
-    if (r->conv3) {
+    if (r->shortcut) {
         r->s3 = malloc(sizeof(ch_real) * ch_shape3_size(l->in) * (size_t)pl->max_batch);
         CH_CHECK_ALLOC(err, r->s3);
     }
@@ -54,9 +57,9 @@ static void res_forward(ch_layer *l, const ch_run *run, int n, const ch_real *x)
     run_fwd(r->conv2, run, n, r->a1);
     run_fwd(r->bn2, run, n, r->conv2->y);
     const ch_real *shortcut = x;
-    if (r->conv3) {
-        run_fwd(r->conv3, run, n, x);
-        shortcut = r->conv3->y;
+    if (r->shortcut) {
+        run_fwd(r->shortcut, run, n, x);
+        shortcut = r->shortcut->y;
     }
     run->k->add(&run->kc, len, r->bn2->y, shortcut, l->y);
     run->k->relu_forward(&run->kc, len, l->y, l->y);
@@ -73,8 +76,8 @@ static void res_backward(ch_layer *l, const ch_run *run, int n, const ch_real *x
     run->k->relu_backward(&run->kc, len, r->a1, r->s2, r->s2);
     r->bn1->ops->backward(r->bn1, run, n, r->conv1->y, r->s2, r->s1);
     r->conv1->ops->backward(r->conv1, run, n, x, r->s1, dx);
-    if (r->conv3) {
-        r->conv3->ops->backward(r->conv3, run, n, x, r->dz, dx ? r->s3 : NULL);
+    if (r->shortcut) {
+        r->shortcut->ops->backward(r->shortcut, run, n, x, r->dz, dx ? r->s3 : NULL);
         if (dx) run->k->add(&run->kc, ch_shape3_size(l->in) * (size_t)n, dx, r->s3, dx);
     } else if (dx) {
         run->k->add(&run->kc, len, dx, r->dz, dx);
@@ -85,6 +88,89 @@ static const ch_layer_ops res_ops = {
     .kind = "Residual", .plan = res_plan, .forward = res_forward, .backward = res_backward,
     .free_impl = res_free,
 };
+
+static const ch_layer_ops basic_ops = {
+    .kind = "BasicBlock", .plan = res_plan, .forward = res_forward, .backward = res_backward,
+    .free_impl = res_free,
+};
+
+/* The block shell with its impl; frees conv1 on failure. */
+static ch_status shell(const ch_layer_ops *ops, const char *name, ch_shape3 in, ch_layer *c1,
+                       ch_layer **out, res_impl **impl, ch_err *err)
+{
+    *out = NULL;
+    ch_layer *l = ch_layer_alloc(ops, name, in, c1->out);
+    res_impl *r = calloc(1, sizeof *r);
+    if (!l || !r) {
+        free(r);
+        ch_layer_free(l);
+        ch_layer_free(c1);
+        return CH_SYS_FAIL(err, "calloc of a residual block");
+    }
+    l->impl = r;
+    *out = l;
+    *impl = r;
+    return ch_layer_add_child(l, c1, err);
+}
+
+/* Append c (made with status st; freed by the parent on failure) and record it in *slot. */
+static ch_status child(ch_layer *l, ch_status st, ch_layer *c, ch_layer **slot, ch_err *err)
+{
+    if (st != CH_STATUS_OK) return st;
+    *slot = c;
+    return ch_layer_add_child(l, c, err);
+}
+
+/* torchvision's downsample: Sequential(0: 1x1 conv with the stride, no bias; 1: BatchNorm). */
+static ch_status downsample(ch_shape3 in, int out_channels, int stride, ch_layer **out, ch_err *err)
+{
+    ch_layer *seq, *conv = NULL, *bn = NULL;
+    CH_TRY(ch_sequential_create("downsample", in, &seq, err));
+    ch_status st = ch_conv2d_create("0", in, out_channels, 1, stride, 0, false, &conv, err);
+    if (st == CH_STATUS_OK) st = ch_sequential_append(seq, conv, err);
+    if (st == CH_STATUS_OK) st = ch_batchnorm2d_create("1", conv->out, &bn, err);
+    if (st == CH_STATUS_OK) st = ch_sequential_append(seq, bn, err);
+    if (st != CH_STATUS_OK) {
+        ch_layer_free(seq);
+        return st;
+    }
+    *out = seq;
+    return CH_STATUS_OK;
+}
+
+ch_status ch_basicblock_create(const char *name, ch_shape3 in, int out_channels, int stride,
+                               ch_layer **out, ch_err *err)
+{
+    ch_layer *c1, *l = NULL, *c = NULL;
+    res_impl *r = NULL;
+    CH_TRY(ch_conv2d_create("conv1", in, out_channels, 3, stride, 1, false, &c1, err));
+    ch_status st = shell(&basic_ops, name, in, c1, &l, &r, err);
+    if (!l) return st;
+    r->conv1 = c1;
+    /* One statement per child: c must be made before it is passed on. */
+    if (st == CH_STATUS_OK) {
+        const ch_status made = ch_batchnorm2d_create("bn1", c1->out, &c, err);
+        st = child(l, made, c, &r->bn1, err);
+    }
+    if (st == CH_STATUS_OK) {
+        const ch_status made = ch_conv2d_create("conv2", c1->out, out_channels, 3, 1, 1, false, &c, err);
+        st = child(l, made, c, &r->conv2, err);
+    }
+    if (st == CH_STATUS_OK) {
+        const ch_status made = ch_batchnorm2d_create("bn2", c1->out, &c, err);
+        st = child(l, made, c, &r->bn2, err);
+    }
+    if (st == CH_STATUS_OK && (stride != 1 || in.c != out_channels)) {
+        const ch_status made = downsample(in, out_channels, stride, &c, err);
+        st = child(l, made, c, &r->shortcut, err);
+    }
+    if (st != CH_STATUS_OK) {
+        ch_layer_free(l);
+        return st;
+    }
+    *out = l;
+    return CH_STATUS_OK;
+}
 
 ch_status ch_residual_create(const char *name, ch_shape3 in, int out_channels, bool use_1x1conv,
                              int stride, ch_layer **out, ch_err *err)
@@ -119,7 +205,7 @@ ch_status ch_residual_create(const char *name, ch_shape3 in, int out_channels, b
         ch_layer_free(l);
         return st;
     }
-    *r = (res_impl){ .conv1 = c1, .conv2 = c2, .conv3 = c3, .bn1 = b1, .bn2 = b2 };
+    *r = (res_impl){ .conv1 = c1, .conv2 = c2, .shortcut = c3, .bn1 = b1, .bn2 = b2 };
     *out = l;
     return CH_STATUS_OK;
 }
