@@ -179,18 +179,11 @@ ch_status ch_residual_create(const char *name, ch_shape3 in, int out_channels, b
         return ch_fail(err, CH_STATUS_BAD_INPUT,
                        "residual %s: without a 1x1 conv the shortcut needs stride 1 and %d == %d "
                        "channels", name, in.c, out_channels);
-    ch_layer *c1, *c2 = NULL, *c3 = NULL, *b1 = NULL, *b2 = NULL;
+    ch_layer *c1, *c2 = NULL, *c3 = NULL, *b1 = NULL, *b2 = NULL, *l = NULL;
+    res_impl *r = NULL;
     CH_TRY(ch_conv2d_create("conv1", in, out_channels, 3, stride, 1, true, &c1, err));
-    ch_layer *l = ch_layer_alloc(&res_ops, name, in, c1->out);
-    res_impl *r = calloc(1, sizeof *r);
-    if (!l || !r) {
-        free(r);
-        ch_layer_free(l);
-        ch_layer_free(c1);
-        return CH_SYS_FAIL(err, "calloc of residual");
-    }
-    l->impl = r;
-    ch_status st = ch_layer_add_child(l, c1, err);
+    ch_status st = shell(&res_ops, name, in, c1, &l, &r, err);
+    if (!l) return st;
     if (st == CH_STATUS_OK) st = ch_conv2d_create("conv2", c1->out, out_channels, 3, 1, 1, true, &c2, err);
     if (st == CH_STATUS_OK) st = ch_layer_add_child(l, c2, err);
     if (st == CH_STATUS_OK && use_1x1conv) {
