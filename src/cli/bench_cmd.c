@@ -64,16 +64,16 @@ static int run_bench(ch_trainer *t, ch_dataset *d, int steps, int warmup, bool e
     double el = ch_clock_s() - t0;
     int threads = 0;
     for (int r = 0; r < t->nreplicas; r++) threads += t->replicas[r].nthreads;
-    /* The job is as fast as its slowest rank. */
-    double v[1] = { el };
+    /* The job is as fast as its slowest rank: every rank's time in its own slot, one sum. */
     if (t->procs > 1) {
-        for (int r = 0; r < t->procs; r++) {
-            double mine[1] = { r == t->proc ? el : 0 };
-            if (ch_comm_allreduce_sum_f64(&t->main_comm, mine, 1, &err) != CH_STATUS_OK)
-                return ch_exit_for("bench", CH_STATUS_SYSTEM, &err);
-            if (mine[0] > v[0]) v[0] = mine[0];
-        }
-        el = v[0];
+        double *times = calloc((size_t)t->procs, sizeof *times);
+        if (!times) return ch_exit_for("bench", CH_SYS_FAIL(&err, "calloc of rank times"), &err);
+        times[t->proc] = el;
+        ch_status st = ch_comm_allreduce_sum_f64(&t->main_comm, times, (size_t)t->procs, &err);
+        for (int r = 0; st == CH_STATUS_OK && r < t->procs; r++)
+            if (times[r] > el) el = times[r];
+        free(times);
+        if (st != CH_STATUS_OK) return ch_exit_for("bench", st, &err);
     }
     if (t->proc == 0)
         printf("model=%s batch=%d ranks=%d devices=%d threads=%d mode=%s%s steps=%d time=%.3f img/s=%.1f\n",

@@ -80,16 +80,3 @@ void ch_dataset_free(ch_dataset *d)
     free(d->labels);
     free(d);
 }
-
-void ch_dataset_gather(const ch_dataset *d, const uint32_t *idx, int count, ch_real *x,
-                       int32_t *labels)
-{
-    const size_t per = (size_t)d->c * d->h * d->w;
-    const ch_real scale = (ch_real)(1.0 / 255.0);
-    for (int i = 0; i < count; i++) {
-        const uint8_t *src = d->images + (size_t)idx[i] * per;
-        ch_real *dst = x + (size_t)i * per;
-        for (size_t j = 0; j < per; j++) dst[j] = src[j] * scale;
-        labels[i] = d->labels[idx[i]];
-    }
-}

@@ -3,7 +3,6 @@
 #define CH_DATA_DATASET_H
 
 #include "cohort.h"
-#include "core/real.h"
 
 struct ch_dataset {
     size_t n;
@@ -15,8 +14,7 @@ struct ch_dataset {
 /* True when DIR (or DIR/cifar-10-batches-bin) holds test_batch.bin. */
 bool ch_cifar_present(const char *dir);
 
-/* Pixels of samples idx[0..count) as ch_real in [0, 1] (ToTensor), labels as int32. */
-void ch_dataset_gather(const ch_dataset *d, const uint32_t *idx, int count, ch_real *x,
-                       int32_t *labels);
+/* Batches are gathered by ch_augment_gather (data/augment.h): with no transforms it is
+ * torchvision's ToTensor, pixels / 255. */
 
 #endif
