@@ -45,10 +45,7 @@ int ch_exit_for(const char *cmd, ch_status st, const ch_err *err)
         return code;
     }
     /* One rank failing leaves the others waiting for it: name the rank and end the whole job. */
-    char line[900];
-    snprintf(line, sizeof line, "cohort %s: rank %d of %d (%s): %s", cmd, ch_world_rank(),
-             ch_world_size(), ch_world_host(), err->msg);
-    fprintf(stderr, "%s\n", line);
-    ch_world_log(line);
-    ch_world_abort(code);
+    char who[64];
+    snprintf(who, sizeof who, "cohort %s", cmd);
+    ch_world_fatal_as(who, code, err->msg);
 }

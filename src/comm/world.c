@@ -125,10 +125,12 @@ CH_NORETURN void ch_world_abort(int code)
     _exit(code);
 }
 
-_Noreturn void ch_world_fatal(int code, const char *msg)
+_Noreturn void ch_world_fatal(int code, const char *msg) { ch_world_fatal_as("cohort", code, msg); }
+
+_Noreturn void ch_world_fatal_as(const char *who, int code, const char *msg)
 {
     char line[1024];
-    snprintf(line, sizeof line, "cohort: rank %d of %d (%s): %s", world.rank, world.size,
+    snprintf(line, sizeof line, "%s: rank %d of %d (%s): %s", who, world.rank, world.size,
              ch_world_host(), msg);
     fprintf(stderr, "%s\n", line);
     ch_world_log(line);

@@ -21,5 +21,7 @@ void ch_world_unlock(void);
 void ch_world_set_log(FILE *log);
 void ch_world_log(const char *line);
 _Noreturn void ch_world_fatal(int code, const char *msg);
+/* The same with another speaker than "cohort" ("cohort train"). */
+_Noreturn void ch_world_fatal_as(const char *who, int code, const char *msg);
 
 #endif
