@@ -69,9 +69,26 @@ ch_status ch_dataset_from_memory(size_t n, int c, int h, int w, int classes, con
 /* CIFAR-10, binary version: data_batch_1..5.bin / test_batch.bin in DIR or
  * DIR/cifar-10-batches-bin; 3x32x32, 10 classes. Validated like the IDX reader. */
 ch_status ch_dataset_load_cifar10(const char *dir, ch_split split, ch_dataset **out, ch_err *err);
-/* Load DIR as kind "idx", "cifar10" (NULL or "auto": whichever DIR holds; IDX when both). */
-ch_status ch_dataset_load(const char *dir, const char *kind, ch_split split, ch_dataset **out,
-                          ch_err *err);
+/* ImageFolder: DIR/train/CLASS/... and DIR/val/CLASS/... (.png, .jpg, .jpeg, any depth), classes
+ * sorted by name as torchvision's. Files are decoded when a batch needs them: training samples get
+ * RandomResizedCrop(image_size) (scale 0.08-1, ratio 3/4-4/3, bilinear), evaluation samples
+ * Resize(image_size x 256/224) + CenterCrop(image_size); both end as 3 x image_size x image_size. */
+typedef struct ch_folder_options {
+    int image_size;           /* default 224 */
+    bool skip_bad_images;     /* a file that does not decode is replaced by the next sample that
+                               * does, and counted (ch_dataset_skipped); otherwise it is an error */
+} ch_folder_options;
+
+ch_folder_options ch_folder_options_default(void);
+ch_status ch_dataset_load_folder(const char *dir, ch_split split, const ch_folder_options *o,
+                                 ch_dataset **out, ch_err *err);
+/* Load DIR as kind "idx", "cifar10", "imagefolder" (NULL or "auto": whichever DIR holds; IDX when
+ * several). o: the ImageFolder options (NULL: the defaults). */
+ch_status ch_dataset_load(const char *dir, const char *kind, ch_split split, const ch_folder_options *o,
+                          ch_dataset **out, ch_err *err);
+/* Files of an ImageFolder replaced because they did not decode, so far (0 for other data sets);
+ * first: the first one's message, when there is one. */
+size_t ch_dataset_skipped(const ch_dataset *d, char *first, size_t len);
 size_t ch_dataset_size(const ch_dataset *d);
 int ch_dataset_classes(const ch_dataset *d);
 void ch_dataset_shape(const ch_dataset *d, int *c, int *h, int *w);
@@ -155,7 +172,10 @@ typedef struct ch_train_config {
      * RandomCrop(size, padding) and RandomHorizontalFlip; normalization applies to evaluation too. */
     int random_crop;          /* padding of the random crop; 0: none */
     bool random_flip;
-    const char *normalize;    /* "imagenet" or "M1,M2,M3/S1,S2,S3"; NULL: pixels / 255 */
+    const char *normalize;    /* "imagenet" or "M1,M2,M3/S1,S2,S3"; NULL: pixels / 255 (ImageFolder:
+                               * imagenet) */
+    int loader_workers;       /* threads that decode and augment the next batches ahead of the step
+                               * (-j); 0: each device gathers its own slice inside the step */
     uint64_t seed;
     int threads;              /* compute threads; 0: all cores */
     bool nan_check;           /* stop with CH_STATUS_NUMERIC on a non-finite loss */
@@ -181,6 +201,7 @@ typedef struct ch_epoch_stats {
     double time_s;            /* training time of the epoch (excluding evaluation) */
     double images_per_s;
     double lr;                /* the learning rate of the epoch's last step */
+    double data_wait_s;       /* of time_s, spent waiting for the loader's batches (-j) */
     size_t train_images, test_images;
 } ch_epoch_stats;
 

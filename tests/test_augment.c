@@ -41,13 +41,14 @@ static void crop_and_flip_are_torchvisions(void **state)
     (void)state;
     ch_dataset *d = make();
     const ch_augment a = { .crop_padding = 1, .flip = true };
+    ch_err err;
     uint32_t idx[N];
     for (int i = 0; i < N; i++) idx[i] = (uint32_t)i;
     ch_real *x = malloc(sizeof(ch_real) * N * C * H * W), *one = malloc(sizeof(ch_real) * C * H * W);
     int32_t labels[N], l1;
     assert_non_null(x);
     assert_non_null(one);
-    ch_augment_gather(&a, d, idx, N, true, 9, 2, x, labels);
+    assert_int_equal(ch_augment_gather(&a, d, idx, N, true, 9, 2, x, labels, &err), CH_STATUS_OK);
     int seen[3][3][2] = { { { 0 } } };
     for (int i = 0; i < N; i++) {
         const ch_real *out = x + (size_t)i * C * H * W;
@@ -62,7 +63,7 @@ static void crop_and_flip_are_torchvisions(void **state)
         assert_true(found);
         assert_int_equal(labels[i], d->labels[i]);
         /* The same sample alone, in another batch position: the same choice. */
-        ch_augment_gather(&a, d, &idx[i], 1, true, 9, 2, one, &l1);
+        assert_int_equal(ch_augment_gather(&a, d, &idx[i], 1, true, 9, 2, one, &l1, &err), CH_STATUS_OK);
         assert_memory_equal(one, out, sizeof(ch_real) * C * H * W);
     }
     int kinds = 0;
@@ -71,12 +72,12 @@ static void crop_and_flip_are_torchvisions(void **state)
             for (int f = 0; f < 2; f++) kinds += seen[dy][dx][f] > 0;
     assert_true(kinds >= 14);   /* 18 possible choices over 64 samples */
     /* Another epoch draws other choices; evaluation draws none. */
-    ch_augment_gather(&a, d, idx, N, true, 9, 3, x, labels);
+    assert_int_equal(ch_augment_gather(&a, d, idx, N, true, 9, 3, x, labels, &err), CH_STATUS_OK);
     ch_real *e2 = malloc(sizeof(ch_real) * N * C * H * W);
     assert_non_null(e2);
-    ch_augment_gather(&a, d, idx, N, true, 9, 2, e2, labels);
+    assert_int_equal(ch_augment_gather(&a, d, idx, N, true, 9, 2, e2, labels, &err), CH_STATUS_OK);
     assert_true(memcmp(x, e2, sizeof(ch_real) * N * C * H * W) != 0);
-    ch_augment_gather(&a, d, idx, N, false, 9, 2, e2, labels);
+    assert_int_equal(ch_augment_gather(&a, d, idx, N, false, 9, 2, e2, labels, &err), CH_STATUS_OK);
     for (int i = 0; i < N; i++) assert_true(is_window(d, (uint32_t)i, e2 + (size_t)i * C * H * W, 0, 0, false));
     free(x);
     free(one);
@@ -94,7 +95,7 @@ static void normalize_is_torchvisions(void **state)
     uint32_t i0 = 5;
     ch_real x[C * H * W];
     int32_t l;
-    ch_augment_gather(&a, d, &i0, 1, false, 0, 0, x, &l);
+    assert_int_equal(ch_augment_gather(&a, d, &i0, 1, false, 0, 0, x, &l, &err), CH_STATUS_OK);
     const double m[3] = { 0.5, 0.25, 0.1 }, s[3] = { 0.5, 0.2, 0.3 };
     for (int c = 0; c < C; c++)
         for (int k = 0; k < H * W; k++) {

@@ -137,7 +137,7 @@ static void per_slice_reference(const ch_dataset *d, const uint32_t *idx, int n,
         int off, cnt;
         ch_trainer_slice(n, D, r, &off, &cnt);
         memcpy(m->buffers, start, sizeof(ch_real) * m->nbuffers);
-        ch_augment_gather(&(ch_augment){ 0 }, d, idx + off, cnt, false, 0, 0, x, y);
+        assert_int_equal(ch_augment_gather(&(ch_augment){ 0 }, d, idx + off, cnt, false, 0, 0, x, y, &err), CH_STATUS_OK);
         ch_run run = ch_model_run(m, ch_kernels_cpu(), true);
         run.global_n = n;
         run.sample_offset = (uint64_t)off;

@@ -77,12 +77,12 @@ struct ch_dataset *tu_synthetic(size_t n, int size, uint64_t seed)
     const size_t px = (size_t)size * size;
     *d = (ch_dataset){ .n = n, .c = 1, .h = size, .w = size, .classes = 10 };
     d->images = malloc(n * px);
-    d->labels = malloc(n);
+    d->labels = malloc(n * sizeof *d->labels);
     assert_true(d->images && d->labels);
     ch_rng r;
     ch_rng_init(&r, seed, CH_RNG_STREAM_TEST, 0);
     for (size_t i = 0; i < n; i++) {
-        d->labels[i] = (uint8_t)ch_rng_below(&r, 10);
+        d->labels[i] = (uint16_t)ch_rng_below(&r, 10);
         for (size_t p = 0; p < px; p++)
             d->images[i * px + p] = (uint8_t)((int)(p % (size_t)size) * 10 / size == d->labels[i]
                                                   ? 200 : ch_rng_below(&r, 60));

@@ -31,7 +31,7 @@ static ch_dataset *synthetic(size_t n)
     if (!d) return NULL;
     *d = (ch_dataset){ .n = n, .c = 1, .h = 28, .w = 28, .classes = 10 };
     d->images = malloc(n * 784);
-    d->labels = malloc(n);
+    d->labels = malloc(n * sizeof *d->labels);
     if (!d->images || !d->labels) {
         ch_dataset_free(d);
         return NULL;
@@ -39,7 +39,7 @@ static ch_dataset *synthetic(size_t n)
     ch_rng r;
     ch_rng_init(&r, 1, CH_RNG_STREAM_TEST, 0);
     for (size_t i = 0; i < n * 784; i++) d->images[i] = (uint8_t)ch_rng_u32(&r);
-    for (size_t i = 0; i < n; i++) d->labels[i] = (uint8_t)ch_rng_below(&r, 10);
+    for (size_t i = 0; i < n; i++) d->labels[i] = (uint16_t)ch_rng_below(&r, 10);
     return d;
 }
 

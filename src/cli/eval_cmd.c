@@ -13,13 +13,17 @@
 static const char eval_usage[] =
     "usage: cohort eval --checkpoint PATH --data DIR [options]\n"
     "\n"
-    "Evaluate a checkpoint on the test split of DIR (t10k- IDX files).\n"
+    "Evaluate a checkpoint on the test split of DIR (t10k- IDX files, CIFAR-10's test_batch.bin\n"
+    "or an ImageFolder's DIR/val).\n"
     "\n"
     "  --checkpoint PATH     a checkpoint directory (DIR/epoch-0003), a --checkpoint-dir (its\n"
     "                        latest), or a safetensors state_dict file (then --model is needed;\n"
     "                        a PyTorch `module.` prefix is stripped)\n"
-    "  --data DIR            the data set (IDX or CIFAR-10 binary)\n"
-    "  --dataset KIND        auto | idx | cifar10 (default auto)\n"
+    "  --data DIR            the data set (IDX, CIFAR-10 binary or ImageFolder)\n"
+    "  --dataset KIND        auto | idx | cifar10 | imagefolder (default auto)\n"
+    "  --image-size N        ImageFolder: Resize(N*256/224) + CenterCrop(N) (default: the\n"
+    "                        checkpoint's input size; 224 for a bare safetensors file)\n"
+    "  --skip-bad-images     ImageFolder: replace files that do not decode, and count them\n"
     "  --normalize SPEC      input normalization (default: the checkpoint's; needed for a bare\n"
     "                        .safetensors trained with one)\n"
     "  --model NAME          the architecture, for a bare safetensors file\n"
@@ -32,8 +36,8 @@ static const char eval_usage[] =
 
 typedef struct eval_opts {
     const char *checkpoint, *data, *model, *devices, *dataset, *normalize;
-    long threads, batch, test_limit;
-    bool per_class;
+    long threads, batch, test_limit, image_size;
+    bool per_class, skip_bad;
 } eval_opts;
 
 static int parse_eval(int argc, char **argv, eval_opts *o)
@@ -44,7 +48,8 @@ static int parse_eval(int argc, char **argv, eval_opts *o)
         { "threads", required_argument, NULL, 't' },    { "batch-size", required_argument, NULL, 'b' },
         { "test-limit", required_argument, NULL, 'l' }, { "per-class", no_argument, NULL, 'p' },
         { "dataset", required_argument, NULL, 'k' },   { "help", no_argument, NULL, 'h' },
-        { "normalize", required_argument, NULL, 'n' },
+        { "normalize", required_argument, NULL, 'n' },  { "image-size", required_argument, NULL, 'i' },
+        { "skip-bad-images", no_argument, NULL, 's' },
         { NULL, 0, NULL, 0 },
     };
     *o = (eval_opts){ .batch = 256 };
@@ -63,6 +68,8 @@ static int parse_eval(int argc, char **argv, eval_opts *o)
         case 'p': o->per_class = true; break;
         case 'k': o->dataset = optarg; break;
         case 'n': o->normalize = optarg; break;
+        case 'i': if (!ch_arg_int("eval", "image-size", optarg, 8, 4096, &o->image_size)) return CH_EXIT_USAGE; break;
+        case 's': o->skip_bad = true; break;
         case 'h': fputs(eval_usage, stdout); return CH_EXIT_OK;
         default: fprintf(stderr, "cohort eval: unknown or incomplete option (see cohort eval --help)\n"); return CH_EXIT_USAGE;
         }
@@ -113,7 +120,9 @@ static ch_status evaluate(const eval_opts *o, ch_dataset *test, ch_err *err)
         snprintf(weights, sizeof weights, "%s", o->checkpoint);
     } else {
         char dir[4096];
-        CH_TRY(ch_checkpoint_peek(o->checkpoint, model, sizeof model, &classes, normalize, sizeof normalize, err));
+        int side;
+        CH_TRY(ch_checkpoint_peek(o->checkpoint, model, sizeof model, &classes, normalize, sizeof normalize,
+                                  &side, err));
         CH_TRY(ch_checkpoint_resolve(o->checkpoint, dir, sizeof dir, err));
         if (o->model && strcmp(o->model, model) != 0)
             return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: a checkpoint of %s, not %s", dir, model, o->model);
@@ -145,6 +154,20 @@ static ch_status evaluate(const eval_opts *o, ch_dataset *test, ch_err *err)
     return st;
 }
 
+/* The ImageFolder evaluation size: --image-size, else the checkpoint's input side, else 224. */
+static int folder_image_size(const eval_opts *o)
+{
+    if (o->image_size) return (int)o->image_size;
+    char model[64], normalize[256];
+    int classes, side = 0;
+    ch_err ignored;
+    if (!is_file(o->checkpoint) &&
+        ch_checkpoint_peek(o->checkpoint, model, sizeof model, &classes, normalize, sizeof normalize, &side,
+                           &ignored) == CH_STATUS_OK && side >= 8)
+        return side;
+    return ch_folder_options_default().image_size;
+}
+
 int ch_cmd_eval(int argc, char **argv)
 {
     eval_opts o;
@@ -152,11 +175,16 @@ int ch_cmd_eval(int argc, char **argv)
     if (rc >= 0) return rc;
     ch_err err;
     ch_dataset *test = NULL;
-    ch_status st = ch_dataset_load(o.data, o.dataset, CH_SPLIT_TEST, &test, &err);
+    const ch_folder_options folder = { .image_size = folder_image_size(&o), .skip_bad_images = o.skip_bad };
+    ch_status st = ch_dataset_load(o.data, o.dataset, CH_SPLIT_TEST, &folder, &test, &err);
     if (st == CH_STATUS_OK) {
         ch_dataset_truncate(test, (size_t)o.test_limit);
         st = evaluate(&o, test, &err);
     }
+    char first[512];
+    const size_t skipped = ch_dataset_skipped(test, first, sizeof first);
+    if (skipped) fprintf(stderr, "cohort eval: skipped %zu image%s that did not decode (the first: %s)\n", skipped,
+                         skipped == 1 ? "" : "s", first);
     ch_dataset_free(test);
     return ch_exit_for("eval", st, &err);
 }

@@ -15,12 +15,19 @@
 static const char train_usage[] =
     "usage: cohort train --model NAME --data DIR [options]\n"
     "\n"
-    "Train a model of the zoo on an IDX data set (MNIST, Fashion-MNIST layout).\n"
+    "Train a model of the zoo on an IDX, CIFAR-10 or ImageFolder data set.\n"
     "\n"
     "  --model NAME          lenet | mnist-cnn | resnet18 | mlp | linear | resnet18-imagenet\n"
     "  --data DIR            the data set: IDX files (train-/t10k- images and labels, .gz or\n"
-    "                        raw) or CIFAR-10 binary batches (data_batch_N.bin, test_batch.bin)\n"
-    "  --dataset KIND        auto | idx | cifar10 (default auto: what DIR holds)\n"
+    "                        raw), CIFAR-10 binary batches (data_batch_N.bin, test_batch.bin)\n"
+    "                        or an ImageFolder (DIR/train/CLASS/*.png|jpg, DIR/val/CLASS/...)\n"
+    "  --dataset KIND        auto | idx | cifar10 | imagefolder (default auto: what DIR holds)\n"
+    "  --image-size N        ImageFolder: RandomResizedCrop(N) for training, Resize(N*256/224)\n"
+    "                        + CenterCrop(N) for evaluation (default 224)\n"
+    "  --skip-bad-images     ImageFolder: replace a file that does not decode by the next\n"
+    "                        sample and count it (default: stop with an error naming it)\n"
+    "  -j, --workers N       loader threads that decode and augment the next batches ahead\n"
+    "                        of the step (default 0: each device gathers its own slice)\n"
     "  --epochs N            epochs to train (default 10)\n"
     "  -b, --batch-size B    global batch size (default 256)\n"
     "  --lr X                learning rate (default 0.1)\n"
@@ -41,6 +48,7 @@ static const char train_usage[] =
     "  --random-crop PAD     training: zero-pad by PAD, crop back at a random place\n"
     "  --random-flip         training: flip horizontally with probability 1/2\n"
     "  --normalize SPEC      imagenet | MEAN/STD per channel, like 0.49,0.48,0.45/0.25,0.24,0.26\n"
+    "                        (default: none; imagenet for an ImageFolder)\n"
     "  --weight-decay W      L2 weight decay, also --wd (default 0)\n"
     "  --init SPEC           default (PyTorch's) | normal:STD (weights N(0,STD), biases 0)\n"
     "  --seed S              seed of every random choice (default 0)\n"
@@ -77,6 +85,7 @@ static const char train_usage[] =
 typedef struct train_opts {
     ch_train_config cfg;
     const char *data, *metrics, *log_dir, *resume, *plot, *dataset;
+    ch_folder_options folder;
     bool resume_latest;
     long train_limit, test_limit;
     bool progress, dry_run;
@@ -89,7 +98,7 @@ enum {
     OPT_CKPT_DIR, OPT_CKPT_EVERY, OPT_KEEP, OPT_RESUME, OPT_DRY_RUN, OPT_PLOT, OPT_TRACE,
     OPT_TRACE_STEPS, OPT_OPTIMIZER, OPT_DAMPENING, OPT_BETAS, OPT_EPS, OPT_SCHEDULE, OPT_STEP_SIZE,
     OPT_GAMMA, OPT_MILESTONES, OPT_T_MAX, OPT_ETA_MIN, OPT_WARMUP, OPT_SCALE_LR, OPT_DATASET,
-    OPT_RANDOM_CROP, OPT_RANDOM_FLIP, OPT_NORMALIZE,
+    OPT_RANDOM_CROP, OPT_RANDOM_FLIP, OPT_NORMALIZE, OPT_IMAGE_SIZE, OPT_SKIP_BAD,
 };
 
 static const struct option train_long[] = {
@@ -134,6 +143,9 @@ static const struct option train_long[] = {
     { "random-crop", required_argument, NULL, OPT_RANDOM_CROP },
     { "random-flip", no_argument, NULL, OPT_RANDOM_FLIP },
     { "normalize", required_argument, NULL, OPT_NORMALIZE },
+    { "image-size", required_argument, NULL, OPT_IMAGE_SIZE },
+    { "skip-bad-images", no_argument, NULL, OPT_SKIP_BAD },
+    { "workers", required_argument, NULL, 'j' },
     { "train-limit", required_argument, NULL, OPT_TRAIN_LIMIT },
     { "test-limit", required_argument, NULL, OPT_TEST_LIMIT },
     { "metrics", required_argument, NULL, OPT_METRICS },
@@ -247,6 +259,15 @@ static int parse_one(int c, const char *arg, train_opts *o)
         return -1;
     case OPT_RANDOM_FLIP: cfg->random_flip = true; return -1;
     case OPT_NORMALIZE: cfg->normalize = arg; return -1;
+    case OPT_IMAGE_SIZE:
+        if (!ch_arg_int("train", "image-size", arg, 8, 4096, &v)) return CH_EXIT_USAGE;
+        o->folder.image_size = (int)v;
+        return -1;
+    case OPT_SKIP_BAD: o->folder.skip_bad_images = true; return -1;
+    case 'j':
+        if (!ch_arg_int("train", "workers", arg, 0, 64, &v)) return CH_EXIT_USAGE;
+        cfg->loader_workers = (int)v;
+        return -1;
     case OPT_TRACE: cfg->trace = arg; return -1;
     case OPT_TRACE_STEPS:
         if (!ch_arg_int("train", "trace-steps", arg, 1, 100000, &v)) return CH_EXIT_USAGE;
@@ -261,12 +282,12 @@ static int parse_one(int c, const char *arg, train_opts *o)
 
 static int parse_train(int argc, char **argv, train_opts *o)
 {
-    *o = (train_opts){ .cfg = ch_train_config_default(), .progress = true };
+    *o = (train_opts){ .cfg = ch_train_config_default(), .folder = ch_folder_options_default(), .progress = true };
     o->cfg.model = NULL;
     optind = 1;
     opterr = 0;
     int c;
-    while ((c = getopt_long(argc, argv, ":b:h", train_long, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, ":b:j:h", train_long, NULL)) != -1) {
         /* --resume PATH, as well as --resume=PATH: a following word that is no option is its PATH. */
         const char *arg = optarg;
         if (c == OPT_RESUME && !arg && optind < argc && argv[optind][0] != '-') arg = argv[optind++];
@@ -306,8 +327,8 @@ static bool write_metrics(FILE *f, const ch_epoch_stats *s, const ch_device_list
 {
     fprintf(f,
             "{\"epoch\": %d, \"loss\": %.6f, \"train_acc\": %.6f, \"test_acc\": %.6f, "
-            "\"time_s\": %.4f, \"images_per_s\": %.2f, \"lr\": %.8g, \"devices\": [",
-            s->epoch, s->loss, s->train_acc, s->test_acc, s->time_s, s->images_per_s, s->lr);
+            "\"time_s\": %.4f, \"images_per_s\": %.2f, \"lr\": %.8g, \"data_wait_s\": %.4f, \"devices\": [",
+            s->epoch, s->loss, s->train_acc, s->test_acc, s->time_s, s->images_per_s, s->lr, s->data_wait_s);
     for (int i = 0; i < devices->count; i++)
         fprintf(f, "%s\"cpu:%d\"", i ? ", " : "", devices->dev[i].index);
     fprintf(f, "], \"ranks\": %d}\n", ch_world_size());
@@ -329,6 +350,24 @@ static int redraw_plot(const train_opts *o, ch_trainer *t, ch_plot_run *curve, c
 }
 
 static int run_epochs(const train_opts *o, ch_trainer *t, FILE *metrics, ch_plot_run *curve);
+
+/* --skip-bad-images: how many files were replaced, said once at the end (by every rank: each
+ * decodes its own share). */
+static void report_skipped(const ch_dataset *train, const ch_dataset *test)
+{
+    const ch_dataset *sets[2] = { train, test };
+    const char *names[2] = { "training", "test" };
+    for (int i = 0; i < 2; i++) {
+        char first[512];
+        const size_t n = ch_dataset_skipped(sets[i], first, sizeof first);
+        if (!n) continue;
+        char line[800];
+        snprintf(line, sizeof line, "cohort train: skipped %zu %s image%s that did not decode (the first: %.500s)",
+                 n, names[i], n == 1 ? "" : "s", first);
+        fprintf(stderr, "%s\n", line);
+        ch_world_log(line);
+    }
+}
 
 static int run_training(const train_opts *o, ch_trainer *t, FILE *metrics)
 {
@@ -412,8 +451,8 @@ int ch_cmd_train(int argc, char **argv)
     ch_trainer *t = NULL;
     FILE *metrics = NULL, *log = NULL;
     ch_status st = o.log_dir ? open_worker_log(o.log_dir, &log, &err) : CH_STATUS_OK;
-    if (st == CH_STATUS_OK) st = ch_dataset_load(o.data, o.dataset, CH_SPLIT_TRAIN, &train, &err);
-    if (st == CH_STATUS_OK) st = ch_dataset_load(o.data, o.dataset, CH_SPLIT_TEST, &test, &err);
+    if (st == CH_STATUS_OK) st = ch_dataset_load(o.data, o.dataset, CH_SPLIT_TRAIN, &o.folder, &train, &err);
+    if (st == CH_STATUS_OK) st = ch_dataset_load(o.data, o.dataset, CH_SPLIT_TEST, &o.folder, &test, &err);
     if (st == CH_STATUS_OK) {
         ch_dataset_truncate(train, (size_t)o.train_limit);
         ch_dataset_truncate(test, (size_t)o.test_limit);
@@ -430,6 +469,7 @@ int ch_cmd_train(int argc, char **argv)
         rc = CH_EXIT_OK;
     } else {
         rc = st == CH_STATUS_OK ? run_training(&o, t, metrics) : ch_exit_for("train", st, &err);
+        report_skipped(train, test);
     }
     if (metrics) fclose(metrics);
     ch_world_set_log(NULL);

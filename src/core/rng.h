@@ -11,7 +11,8 @@ enum {
     CH_RNG_STREAM_INIT = 1,     /* parameter initialisation */
     CH_RNG_STREAM_SHUFFLE = 2,  /* epoch permutation */
     CH_RNG_STREAM_DROPOUT = 3,  /* dropout masks */
-    CH_RNG_STREAM_AUGMENT = 4,  /* data augmentation */
+    CH_RNG_STREAM_AUGMENT = 4,  /* data augmentation: crop offsets and flips */
+    CH_RNG_STREAM_AUGMENT_FILE = 5, /* data augmentation: RandomResizedCrop windows */
     CH_RNG_STREAM_TEST = 99,    /* tests and benchmarks */
 };
 

@@ -59,7 +59,7 @@ static ch_status read_file(const char *path, ch_dataset *d, ch_err *err)
     if (d->n + n > MAX_RECORDS) st = ch_fail(err, CH_STATUS_BAD_INPUT, "%s: too many records", path);
     uint8_t *img = st == CH_STATUS_OK ? realloc(d->images, (d->n + n) * PIXELS) : NULL;
     if (img) d->images = img;
-    uint8_t *lab = img ? realloc(d->labels, d->n + n) : NULL;
+    uint16_t *lab = img ? realloc(d->labels, (d->n + n) * sizeof *lab) : NULL;
     if (lab) d->labels = lab;
     if (st == CH_STATUS_OK && (!img || !lab)) st = CH_SYS_FAIL(err, "allocation of CIFAR-10 data");
     uint8_t rec[RECORD];

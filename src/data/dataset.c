@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "core/status.h"
+#include "data/folder.h"
 
 ch_status ch_dataset_from_memory(size_t n, int c, int h, int w, int classes, const uint8_t *images,
                                  const uint8_t *labels, ch_dataset **out, ch_err *err)
@@ -25,19 +26,19 @@ ch_status ch_dataset_from_memory(size_t n, int c, int h, int w, int classes, con
     CH_CHECK_ALLOC(err, d);
     *d = (ch_dataset){ .n = n, .c = c, .h = h, .w = w, .classes = classes };
     d->images = malloc(n * per + 1);
-    d->labels = malloc(n + 1);
+    d->labels = malloc((n + 1) * sizeof *d->labels);
     if (!d->images || !d->labels) {
         ch_dataset_free(d);
         return CH_SYS_FAIL(err, "allocation of a data set");
     }
     if (n) memcpy(d->images, images, n * per);
-    if (n) memcpy(d->labels, labels, n);
+    for (size_t i = 0; i < n; i++) d->labels[i] = labels[i];
     *out = d;
     return CH_STATUS_OK;
 }
 
-ch_status ch_dataset_load(const char *dir, const char *kind, ch_split split, ch_dataset **out,
-                          ch_err *err)
+ch_status ch_dataset_load(const char *dir, const char *kind, ch_split split, const ch_folder_options *o,
+                          ch_dataset **out, ch_err *err)
 {
     struct stat sb;
     if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
@@ -48,14 +49,15 @@ ch_status ch_dataset_load(const char *dir, const char *kind, ch_split split, ch_
         bool idx = access(probe, F_OK) == 0;
         snprintf(probe, sizeof probe, "%s/t10k-labels-idx1-ubyte.gz", dir);
         idx = idx || access(probe, F_OK) == 0;
-        kind = idx ? "idx" : ch_cifar_present(dir) ? "cifar10" : NULL;
+        kind = idx ? "idx" : ch_cifar_present(dir) ? "cifar10" : ch_folder_present(dir) ? "imagefolder" : NULL;
         if (!kind)
-            return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: no data set found (IDX t10k-* files or CIFAR-10 "
-                           "test_batch.bin; --dataset names the kind)", dir);
+            return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: no data set found (IDX t10k-* files, CIFAR-10 "
+                           "test_batch.bin or an ImageFolder's train/ folder; --dataset names the kind)", dir);
     }
     if (strcmp(kind, "idx") == 0) return ch_dataset_load_idx(dir, split, out, err);
     if (strcmp(kind, "cifar10") == 0) return ch_dataset_load_cifar10(dir, split, out, err);
-    return ch_fail(err, CH_STATUS_BAD_INPUT, "unknown data set kind '%s' (expected idx or cifar10)", kind);
+    if (strcmp(kind, "imagefolder") == 0) return ch_dataset_load_folder(dir, split, o, out, err);
+    return ch_fail(err, CH_STATUS_BAD_INPUT, "unknown data set kind '%s' (expected idx, cifar10 or imagefolder)", kind);
 }
 
 size_t ch_dataset_size(const ch_dataset *d) { return d->n; }
@@ -78,5 +80,6 @@ void ch_dataset_free(ch_dataset *d)
     if (!d) return;
     free(d->images);
     free(d->labels);
+    ch_folder_free(d->folder);
     free(d);
 }

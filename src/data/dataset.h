@@ -1,14 +1,21 @@
-/* In-memory labelled image data sets (uint8 pixels) and batch assembly. */
+/* Labelled image data sets: uint8 pixels in memory (IDX, CIFAR-10), or an ImageFolder whose files
+ * are decoded on demand (data/folder.h). */
 #ifndef CH_DATA_DATASET_H
 #define CH_DATA_DATASET_H
 
 #include "cohort.h"
 
+typedef struct ch_folder ch_folder;
+
+/* Labels are 16-bit: an ImageFolder may have ImageNet's 1000 classes. */
+enum { CH_MAX_CLASSES = 65535 };
+
 struct ch_dataset {
     size_t n;
-    int c, h, w, classes;
-    uint8_t *images;    /* (n, c, h, w), owned */
-    uint8_t *labels;    /* (n), owned, each < classes */
+    int c, h, w, classes;   /* for a folder, (c, h, w) is the shape after the transforms */
+    uint8_t *images;        /* (n, c, h, w), owned; NULL for a folder */
+    uint16_t *labels;       /* (n), owned, each < classes */
+    ch_folder *folder;      /* owned; NULL for in-memory data */
 };
 
 /* True when DIR (or DIR/cifar-10-batches-bin) holds test_batch.bin. */

@@ -105,8 +105,13 @@ ch_status ch_dataset_load_idx(const char *dir, ch_split split, ch_dataset **out,
     ch_dataset *d = calloc(1, sizeof *d);
     CH_CHECK_ALLOC(err, d);
     uint32_t idims[3], ldims[1];
+    uint8_t *labels8 = NULL;
     ch_status st = read_idx(ipath, 3, idims, &d->images, err);
-    if (st == CH_STATUS_OK) st = read_idx(lpath, 1, ldims, &d->labels, err);
+    if (st == CH_STATUS_OK) st = read_idx(lpath, 1, ldims, &labels8, err);
+    if (st == CH_STATUS_OK && !(d->labels = malloc(((size_t)ldims[0] + 1) * sizeof *d->labels)))
+        st = CH_SYS_FAIL(err, "allocation of labels");
+    for (uint32_t i = 0; st == CH_STATUS_OK && i < ldims[0]; i++) d->labels[i] = labels8[i];
+    free(labels8);
     if (st == CH_STATUS_OK && idims[0] != ldims[0])
         st = ch_fail(err, CH_STATUS_BAD_INPUT, "%s: %u labels, but %s has %u images", lpath,
                      ldims[0], ipath, idims[0]);

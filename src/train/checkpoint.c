@@ -808,7 +808,7 @@ ch_status ch_checkpoint_load_weights(ch_trainer *t, const char *file, ch_err *er
 }
 
 ch_status ch_checkpoint_peek(const char *path, char *model, size_t len, int *classes, char *normalize,
-                             size_t nlen, ch_err *err)
+                             size_t nlen, int *image_side, ch_err *err)
 {
     char dir[PATH_MAX], file[PATH_MAX];
     CH_TRY(ch_checkpoint_resolve(path, dir, sizeof dir, err));
@@ -821,8 +821,10 @@ ch_status ch_checkpoint_peek(const char *path, char *model, size_t len, int *cla
     else {
         snprintf(model, len, "%s", m->valuestring);
         *classes = (int)c->valuedouble;
-        const cJSON *n = field(field(j, "config"), "normalize");
+        const cJSON *n = field(field(j, "config"), "normalize"), *in = field(j, "input");
         snprintf(normalize, nlen, "%s", cJSON_IsString(n) ? n->valuestring : "");
+        const cJSON *h = cJSON_IsArray(in) && cJSON_GetArraySize(in) == 3 ? cJSON_GetArrayItem(in, 1) : NULL;
+        *image_side = cJSON_IsNumber(h) ? (int)h->valuedouble : 0;
     }
     cJSON_Delete(j);
     return st;

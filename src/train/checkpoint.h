@@ -39,6 +39,6 @@ ch_status ch_checkpoint_resolve(const char *path, char *out, size_t len, ch_err 
 /* Read the model name, class count and input normalization ("" for none) a checkpoint was written
  * for (for cohort eval). */
 ch_status ch_checkpoint_peek(const char *path, char *model, size_t len, int *classes, char *normalize,
-                             size_t nlen, ch_err *err);
+                             size_t nlen, int *image_side, ch_err *err);
 
 #endif

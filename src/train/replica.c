@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 /* This replica failed on its own: say so, and release every member waiting in a collective. */
@@ -129,7 +130,14 @@ static ch_status step_traced(ch_replica *rp, const ch_replica_spec *s, const ch_
     rp->status = CH_STATUS_OK;
     inject_process_faults(rp, s, sl->step);
     count_samples(s, sl);
-    ch_augment_gather(&s->augment, d, sl->idx, sl->n, true, s->seed, sl->epoch, rp->x, rp->labels);
+    if (sl->x) {
+        memcpy(rp->x, sl->x, (size_t)sl->n * ch_shape3_size(s->input) * sizeof *rp->x);
+        memcpy(rp->labels, sl->labels, (size_t)sl->n * sizeof *rp->labels);
+    } else {
+        const ch_status st = ch_augment_gather(&s->augment, d, sl->idx, sl->n, true, s->seed, sl->epoch,
+                                               rp->x, rp->labels, &err);
+        if (st != CH_STATUS_OK) return fail_here(rp, st, &err);
+    }
     if (injected(rp, s, CH_FAULT_NAN, sl->step) && sl->n > 0) rp->x[0] = (ch_real)NAN;
     if (tr) ch_trace_span(tr, "data", "data", t0, (int64_t)sl->n);
 
@@ -230,8 +238,11 @@ ch_status ch_replica_evaluate(ch_replica *rp, const ch_replica_spec *s, const ch
         for (int done = 0; done < n;) {
             const int piece = n - done < 256 ? n - done : 256;
             for (int i = 0; i < piece; i++) idx[i] = (uint32_t)(at + (size_t)(done + i));
-            ch_augment_gather(&s->augment, d, idx, piece, false, s->seed, 0,
-                              rp->x + ch_shape3_size(s->input) * (size_t)done, rp->labels + done);
+            ch_err err;
+            const ch_status st = ch_augment_gather(&s->augment, d, idx, piece, false, s->seed, 0,
+                                                   rp->x + ch_shape3_size(s->input) * (size_t)done,
+                                                   rp->labels + done, &err);
+            if (st != CH_STATUS_OK) return fail_here(rp, st, &err);
             done += piece;
         }
         const ch_real *logits = ch_model_forward(rp->model, &r, n, rp->x);

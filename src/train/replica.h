@@ -80,6 +80,8 @@ typedef struct ch_slice {
     uint64_t step;          /* 0-based global step */
     double lr;              /* the schedule's learning rate for this step */
     int epoch;              /* 0-based, for the augmentation's random choices */
+    const ch_real *x;       /* the slice already gathered by the loader (-j), or NULL: gather here */
+    const int32_t *labels;
 } ch_slice;
 
 /* Build the replica's model, optimizer and buffers on the calling thread, then take replica 0's

@@ -18,6 +18,8 @@
 #include "core/cpu.h"
 #include "core/rng.h"
 #include "core/status.h"
+#include "data/folder.h"
+#include "data/loader.h"
 
 ch_train_config ch_train_config_default(void)
 {
@@ -213,16 +215,27 @@ static int put_u64(double *f, int at, uint64_t v)
     return at + 4;
 }
 
+static uLong crc32_bytes(uLong crc, const uint8_t *p, size_t len)
+{
+    for (size_t at = 0; at < len; at += 1u << 30)
+        crc = crc32(crc, p + at, (uInt)(len - at < (1u << 30) ? len - at : (1u << 30)));
+    return crc;
+}
+
 static int put_dataset(double *f, int at, const ch_dataset *d)
 {
     if (!d) return put_u64(f, put_u64(f, put_u64(f, at, UINT64_MAX), UINT64_MAX), UINT64_MAX);
     const uint64_t shape = ((uint64_t)d->c << 48) | ((uint64_t)d->h << 32) | ((uint64_t)d->w << 16) |
                            (uint64_t)d->classes;
     uLong crc = crc32(0L, Z_NULL, 0);
-    const size_t len = d->n * (size_t)d->c * d->h * d->w;
-    for (size_t at2 = 0; at2 < len; at2 += 1u << 30)
-        crc = crc32(crc, d->images + at2, (uInt)(len - at2 < (1u << 30) ? len - at2 : (1u << 30)));
-    crc = crc32(crc, d->labels, (uInt)d->n);
+    if (d->folder) /* the file names (relative to the split's folder: hosts may mount it elsewhere) */
+        for (size_t i = 0; i < d->n; i++) {
+            const char *p = d->folder->paths[i] + strlen(d->folder->root);
+            crc = crc32(crc, (const Bytef *)p, (uInt)strlen(p));
+        }
+    else
+        crc = crc32_bytes(crc, d->images, d->n * (size_t)d->c * d->h * d->w);
+    crc = crc32_bytes(crc, (const uint8_t *)d->labels, d->n * sizeof *d->labels);
     at = put_u64(f, at, d->n);
     at = put_u64(f, at, shape);
     return put_u64(f, at, crc);
@@ -299,12 +312,28 @@ static ch_status setup(ch_trainer *t, ch_err *err)
     t->spec.augment = (ch_augment){ .crop_padding = t->cfg.random_crop, .flip = t->cfg.random_flip };
     if (t->cfg.random_crop < 0 || t->cfg.random_crop > 1024)
         return ch_fail(err, CH_STATUS_BAD_INPUT, "random crop padding %d, expected 0..1024", t->cfg.random_crop);
+    if (t->cfg.random_crop > 0 && d->folder)
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "--random-crop is for IDX and CIFAR-10 data; an ImageFolder "
+                       "trains with RandomResizedCrop(--image-size)");
+    if (!t->cfg.normalize && d->folder) { /* torchvision's ImageNet recipe */
+        snprintf(t->normalize, sizeof t->normalize, "imagenet");
+        t->cfg.normalize = t->normalize;
+    }
     if (t->cfg.normalize) CH_TRY(ch_augment_parse_normalize(&t->spec.augment, t->cfg.normalize, d->c, err));
     t->lr = ch_schedule_lr(&t->sched, 0, 0, 1);
     t->spec.trace_capacity = t->cfg.trace ? 8192 : 0;
     if (t->cfg.checkpoint_dir && t->proc == 0) CH_TRY(ch_checkpoint_prepare(t->cfg.checkpoint_dir, err));
     t->perm = malloc(sizeof(uint32_t) * d->n);
     CH_CHECK_ALLOC(err, t->perm);
+    if (t->cfg.loader_workers < 0 || t->cfg.loader_workers > CH_LOADER_MAX_WORKERS)
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "-j %d: expected 0..%d loader workers", t->cfg.loader_workers,
+                       CH_LOADER_MAX_WORKERS);
+    if (t->cfg.loader_workers > 0) {
+        t->plan = malloc(sizeof *t->plan * ((d->n + (size_t)B - 1) / (size_t)B));
+        CH_CHECK_ALLOC(err, t->plan);
+        CH_TRY(ch_loader_create(t->cfg.loader_workers, D * t->spec.max_slice, ch_shape3_size(t->spec.input),
+                                &t->loader, err));
+    }
     CH_TRY(make_replicas(t, err));
     return align_trace_clocks(t, err);
 }
@@ -352,13 +381,34 @@ void ch_trainer_set_progress(ch_trainer *t, ch_progress_fn fn, void *user)
     t->progress_user = user;
 }
 
+/* The samples [first, first + count) of a global batch of n that this process's replicas take. */
+static void local_range(const ch_trainer *t, int n, int *first, int *count)
+{
+    int off, cnt;
+    const int R = t->procs * t->nreplicas, g0 = t->proc * t->nreplicas;
+    ch_trainer_slice(n, R, g0, first, &cnt);
+    ch_trainer_slice(n, R, g0 + t->nreplicas - 1, &off, &cnt);
+    *count = off + cnt - *first;
+}
+
+static int local_count(const ch_trainer *t, int n)
+{
+    int first, count;
+    local_range(t, n, &first, &count);
+    return count;
+}
+
 static void job_step(void *arg, int r)
 {
     ch_trainer *t = arg;
     int off, cnt;
     ch_trainer_slice(t->job_n, t->procs * t->nreplicas, t->replicas[r].global_index, &off, &cnt);
-    const ch_slice sl = { .idx = t->job_idx + off, .n = cnt, .offset = (uint64_t)off,
-                          .global_n = t->job_n, .step = t->step, .lr = t->lr, .epoch = t->epoch };
+    ch_slice sl = { .idx = t->job_idx + off, .n = cnt, .offset = (uint64_t)off,
+                    .global_n = t->job_n, .step = t->step, .lr = t->lr, .epoch = t->epoch };
+    if (t->job_x) {
+        sl.x = t->job_x + (size_t)(off - t->job_first) * ch_shape3_size(t->spec.input);
+        sl.labels = t->job_labels + (off - t->job_first);
+    }
     ch_replica_step(&t->replicas[r], &t->spec, t->train, &sl);
 }
 
@@ -378,7 +428,15 @@ ch_status ch_trainer_step(ch_trainer *t, const uint32_t *idx, int n, double *los
     t->job_n = n;
     const bool tracing = t->cfg.trace && !t->trace_done && t->step - t->trace_first < (uint64_t)t->cfg.trace_steps;
     for (int r = 0; r < t->nreplicas; r++) t->replicas[r].tracing = tracing;
+    t->job_x = NULL;
+    t->job_labels = NULL;
+    if (t->loading) {
+        CH_TRY(ch_loader_next(t->loader, &t->job_x, &t->job_labels, err));
+        int cnt;
+        local_range(t, n, &t->job_first, &cnt);
+    }
     ch_crew_run(t->crew, job_step, t);
+    if (t->loading) ch_loader_release(t->loader);
     CH_TRY(collect_failure(t, err));
     /* Exact totals, in replica order: the same sums whatever the thread timing. */
     *loss_sum = 0;
@@ -459,16 +517,6 @@ ch_status ch_trainer_write_trace(ch_trainer *t, ch_err *err)
     return t->proc == 0 ? merge_trace(t, err) : CH_STATUS_OK;
 }
 
-/* The samples of a global batch of n that this process's replicas take. */
-static int local_count(const ch_trainer *t, int n)
-{
-    int off, first, last, cnt;
-    const int R = t->procs * t->nreplicas, g0 = t->proc * t->nreplicas;
-    ch_trainer_slice(n, R, g0, &first, &cnt);
-    ch_trainer_slice(n, R, g0 + t->nreplicas - 1, &off, &cnt);
-    last = off + cnt;
-    return last - first;
-}
 
 void ch_trainer_share(const ch_trainer *t, size_t *train, size_t *test)
 {
@@ -529,6 +577,49 @@ static bool step_checkpoint_due(const ch_trainer *t, size_t seen)
            t->step % (uint64_t)t->cfg.checkpoint_every == 0;
 }
 
+/* The loader's plan for the rest of the epoch from sample `seen`: this process's part of each step. */
+static ch_status start_loader(ch_trainer *t, size_t seen, ch_err *err)
+{
+    const size_t B = (size_t)t->cfg.batch_size, n = t->train->n;
+    int k = 0;
+    for (size_t at = seen; at < n; at += B, k++) {
+        int first, count;
+        local_range(t, (int)(n - at < B ? n - at : B), &first, &count);
+        t->plan[k] = (ch_loader_batch){ .idx = t->perm + at + first, .count = count };
+    }
+    CH_TRY(ch_loader_start(t->loader, &t->spec.augment, t->train, t->cfg.seed, t->epoch, t->plan, k, err));
+    t->loading = true;
+    return CH_STATUS_OK;
+}
+
+/* The epoch's steps from step `first` (sample *seen), adding to the running sums. */
+static ch_status train_steps(ch_trainer *t, int first, size_t *seen, double *loss, int64_t *hits,
+                             double *lr_last, double t0, ch_err *err)
+{
+    const size_t B = (size_t)t->cfg.batch_size, N = t->train->n;
+    const int steps = first + (int)((N - *seen + B - 1) / B);
+    const long per_epoch = (long)((N + B - 1) / B);
+    size_t mine = 0;
+    for (int i = first; *seen < N; i++) {
+        const int n = (int)(B < N - *seen ? B : N - *seen);
+        t->lr = ch_schedule_lr(&t->sched, t->epoch, i, per_epoch);
+        *lr_last = t->lr;
+        double l;
+        int64_t c;
+        CH_TRY(ch_trainer_step(t, t->perm + *seen, n, &l, &c, err));
+        *loss += l;
+        *hits += c;
+        *seen += (size_t)n;
+        mine += (size_t)local_count(t, n);
+        /* The running figures are this process's share; the epoch's are exact over all ranks. */
+        if (t->progress)
+            t->progress(t->progress_user, i + 1, steps, mine ? *loss / mine : 0,
+                        mine ? (double)*hits / mine : 0, *seen, ch_clock_s() - t0);
+        if (step_checkpoint_due(t, *seen)) CH_TRY(save_step_checkpoint(t, i + 1, *seen, *loss, *hits, err));
+    }
+    return CH_STATUS_OK;
+}
+
 ch_status ch_trainer_run_epoch(ch_trainer *t, ch_epoch_stats *s, ch_err *err)
 {
     CH_TRY(check_usable(t, err));
@@ -539,7 +630,6 @@ ch_status ch_trainer_run_epoch(ch_trainer *t, ch_epoch_stats *s, ch_err *err)
 
     /* Resumed inside this epoch: go on from the checkpoint's position, with its partial sums
      * (counted once, on rank 0). */
-    const int B = t->cfg.batch_size;
     size_t seen = 0;
     int first = 0;
     double loss = 0;
@@ -554,28 +644,16 @@ ch_status ch_trainer_run_epoch(ch_trainer *t, ch_epoch_stats *s, ch_err *err)
         t->mid_epoch = false;
     }
     const size_t seen0 = seen;
-    const int steps = first + (int)((d->n - seen + (size_t)B - 1) / (size_t)B);
     const double t0 = ch_clock_s();
-    size_t mine = 0;
-    const long per_epoch = (long)((d->n + (size_t)B - 1) / (size_t)B);
-    double lr_last = t->lr;
-    for (int i = first; seen < d->n; i++) {
-        const int n = (int)((size_t)B < d->n - seen ? (size_t)B : d->n - seen);
-        t->lr = ch_schedule_lr(&t->sched, t->epoch, i, per_epoch);
-        lr_last = t->lr;
-        double l;
-        int64_t c;
-        CH_TRY(ch_trainer_step(t, t->perm + seen, n, &l, &c, err));
-        loss += l;
-        hits += c;
-        seen += (size_t)n;
-        mine += (size_t)local_count(t, n);
-        /* The running figures are this process's share; the epoch's are exact over all ranks. */
-        if (t->progress)
-            t->progress(t->progress_user, i + 1, steps, mine ? loss / mine : 0,
-                        mine ? (double)hits / mine : 0, seen, ch_clock_s() - t0);
-        if (step_checkpoint_due(t, seen)) CH_TRY(save_step_checkpoint(t, i + 1, seen, loss, hits, err));
+    double lr_last = t->lr, wait_s = 0;
+    if (t->loader) CH_TRY(start_loader(t, seen, err));
+    ch_status st = train_steps(t, first, &seen, &loss, &hits, &lr_last, t0, err);
+    if (t->loader) {
+        ch_loader_stop(t->loader);
+        t->loading = false;
+        wait_s = ch_loader_take_wait_s(t->loader);
     }
+    CH_TRY(st);
     double sums[2] = { loss, (double)hits };
     char what[64];
     snprintf(what, sizeof what, "epoch %d, training metrics", t->epoch + 1);
@@ -585,6 +663,7 @@ ch_status ch_trainer_run_epoch(ch_trainer *t, ch_epoch_stats *s, ch_err *err)
     *s = (ch_epoch_stats){ .epoch = t->epoch, .loss = sums[0] / seen,
                            .train_acc = sums[1] / seen, .time_s = elapsed,
                            .images_per_s = (seen - seen0) / (elapsed > 0 ? elapsed : 1e-9), .lr = lr_last,
+                           .data_wait_s = wait_s,
                            .train_images = seen, .test_acc = -1 };
     double test_loss = -1;
     if (t->test) {
@@ -708,5 +787,7 @@ void ch_trainer_free(ch_trainer *t)
     ch_mpi_group_free(t->mpi_main);
     free(t->replicas);
     free(t->perm);
+    ch_loader_free(t->loader);
+    free(t->plan);
     free(t);
 }

@@ -58,9 +58,16 @@ struct ch_trainer {
     ch_err broken_err;
     ch_progress_fn progress;
     void *progress_user;
+    /* the threaded loader (-j): each step's part of this process, planned per epoch */
+    struct ch_loader *loader;
+    struct ch_loader_batch *plan;
+    bool loading;           /* ch_trainer_step takes its data from the loader */
     /* the job in flight (read by the crew threads) */
     const uint32_t *job_idx;
     int job_n;
+    const ch_real *job_x;   /* the loader's batch: this process's samples from job_first on */
+    const int32_t *job_labels;
+    int job_first;
     const ch_dataset *job_data;
 };
 
