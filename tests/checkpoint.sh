@@ -25,15 +25,15 @@ for devs in cpu:0 cpu:0,cpu:1; do
     "$cohort" "${A[@]}" --devices $devs --epochs 1 --checkpoint-dir "$c/split" >/dev/null
     "$cohort" "${A[@]}" --devices $devs --epochs 2 --checkpoint-dir "$c/split" --resume >/dev/null
     same "$c/straight/epoch-0002" "$c/split/epoch-0002"
-    ok "[$devs] 2 epochs == 1 + resume 1: bit-identical" $?
+    rc=$?; ok "[$devs] 2 epochs == 1 + resume 1: bit-identical" $rc
     # Killed (SIGKILL) at step 45 of 64; the step checkpoints came every 20 steps.
     env COHORT_INJECT_FAULT=kill:0:45 "$cohort" "${A[@]}" --devices $devs --epochs 2 \
         --checkpoint-dir "$c/killed" --checkpoint-every 20 >/dev/null 2>&1
     [ "$(cat "$c/killed/latest")" = step-00000040 ]
-    ok "[$devs] after the kill at step 45, latest is step-00000040 (got $(cat "$c/killed/latest"))" $?
+    rc=$?; ok "[$devs] after the kill at step 45, latest is step-00000040 (got $(cat "$c/killed/latest"))" $rc
     "$cohort" "${A[@]}" --devices $devs --epochs 2 --checkpoint-dir "$c/killed" --checkpoint-every 20 --resume >/dev/null
     same "$c/straight/epoch-0002" "$c/killed/epoch-0002"
-    ok "[$devs] killed mid-epoch, resumed from the step checkpoint: bit-identical" $?
+    rc=$?; ok "[$devs] killed mid-epoch, resumed from the step checkpoint: bit-identical" $rc
 done
 
 # Adam's state (exp_avg, exp_avg_sq, step) resumes bit for bit too; another optimizer is refused.
@@ -44,7 +44,7 @@ AD=(train --model lenet --data "$data" --train-limit 2000 --test-limit 1000 -b 6
 "$cohort" "${AD[@]}" --epochs 1 --checkpoint-dir "$c/split" >/dev/null
 "$cohort" "${AD[@]}" --epochs 2 --checkpoint-dir "$c/split" --resume >/dev/null
 same "$c/straight/epoch-0002" "$c/split/epoch-0002"
-ok "[adam] 2 epochs == 1 + resume 1: bit-identical" $?
+rc=$?; ok "[adam] 2 epochs == 1 + resume 1: bit-identical" $rc
 
 # A save killed at each stage: the previous checkpoint stays complete and named by latest.
 for stage in model optimizer trainer rename latest; do
@@ -53,10 +53,10 @@ for stage in model optimizer trainer rename latest; do
     env COHORT_INJECT_CKPT_CRASH=$stage "$cohort" "${A[@]}" --epochs 2 --checkpoint-dir "$c" --resume >/dev/null 2>&1
     want=epoch-0001; [ $stage = latest ] && want=epoch-0002
     [ "$(cat "$c/latest")" = $want ] && "$cohort" eval --checkpoint "$c" --data "$data" --test-limit 10 >/dev/null
-    ok "crash after '$stage' while saving: latest is $want and loads" $?
+    rc=$?; ok "crash after '$stage' while saving: latest is $want and loads" $rc
     "$cohort" "${A[@]}" --epochs 2 --checkpoint-dir "$c" --resume >/dev/null
     same "$tmp/cpu:0/straight/epoch-0002" "$c/epoch-0002" && ! ls -d "$c"/.tmp-* "$c"/.old-* 2>/dev/null
-    ok "crash after '$stage', then resumed: bit-identical, no leftovers" $?
+    rc=$?; ok "crash after '$stage', then resumed: bit-identical, no leftovers" $rc
 done
 
 # Trained on 2 devices, evaluated on 1: the same test accuracy as the training run printed.
@@ -67,40 +67,40 @@ acc_of_eval() { sed -n 's/^test loss [0-9.]*, test acc \([0-9.]*\) .*/\1/p' "$1"
 "$cohort" eval --checkpoint "$tmp/two" --data "$data" --test-limit 1000 --devices 'cpu*3' --per-class >"$tmp/e2.out"
 [ -n "$(acc_of_epoch 1 "$tmp/two.out")" ] && [ "$(acc_of_epoch 1 "$tmp/two.out")" = "$(acc_of_eval "$tmp/e1.out")" ] &&
     [ "$(acc_of_epoch 2 "$tmp/two.out")" = "$(acc_of_eval "$tmp/e2.out")" ]
-ok "2 devices trained, 1 and 3 evaluated: $(acc_of_epoch 1 "$tmp/two.out")/$(acc_of_eval "$tmp/e1.out"), $(acc_of_epoch 2 "$tmp/two.out")/$(acc_of_eval "$tmp/e2.out")" $?
+rc=$?; ok "2 devices trained, 1 and 3 evaluated: $(acc_of_epoch 1 "$tmp/two.out")/$(acc_of_eval "$tmp/e1.out"), $(acc_of_epoch 2 "$tmp/two.out")/$(acc_of_eval "$tmp/e2.out")" $rc
 [ "$(grep -cE '^[0-9] +[0-9]+ +[0-9]+ +[0-9.]+$' "$tmp/e2.out")" -eq 10 ] &&
     [ "$(awk '/^[0-9] /{s += $2} END {print s}' "$tmp/e2.out")" -eq 1000 ]
-ok "--per-class: 10 rows covering the 1000 images" $?
+rc=$?; ok "--per-class: 10 rows covering the 1000 images" $rc
 if [ ${#mpirun[@]} -gt 0 ]; then
     "${mpirun[@]}" -np 2 "$cohort" "${A[@]}" --epochs 1 --checkpoint-dir "$tmp/ranks" --checkpoint-every 10 >"$tmp/ranks.out"
     "$cohort" eval --checkpoint "$tmp/ranks" --data "$data" --test-limit 1000 >"$tmp/e3.out"
     [ -n "$(acc_of_eval "$tmp/e3.out")" ] && [ "$(acc_of_epoch 1 "$tmp/ranks.out")" = "$(acc_of_eval "$tmp/e3.out")" ]
-    ok "2 ranks trained, 1 device evaluated: $(acc_of_epoch 1 "$tmp/ranks.out")/$(acc_of_eval "$tmp/e3.out")" $?
+    rc=$?; ok "2 ranks trained, 1 device evaluated: $(acc_of_epoch 1 "$tmp/ranks.out")/$(acc_of_eval "$tmp/e3.out")" $rc
     "${mpirun[@]}" -np 2 "$cohort" eval --checkpoint "$tmp/two" --data "$data" --test-limit 1000 >"$tmp/e6.out"
     [ "$(acc_of_eval "$tmp/e6.out")" = "$(acc_of_epoch 2 "$tmp/two.out")" ] && grep -q ' x 2 ranks$' "$tmp/e6.out"
-    ok "2 devices trained, 2 ranks evaluated: $(acc_of_eval "$tmp/e6.out")" $?
+    rc=$?; ok "2 devices trained, 2 ranks evaluated: $(acc_of_eval "$tmp/e6.out")" $rc
     # Resumed on another shape of job (2 ranks -> 1 process, 3 devices): it goes on.
     "$cohort" "${A[@]}" --epochs 2 --devices 'cpu*3' --checkpoint-dir "$tmp/ranks" --resume >"$tmp/r3.out"
     grep -q '^epoch 2, ' "$tmp/r3.out" && ! grep -q '^epoch 1, ' "$tmp/r3.out"
-    ok "a 2-rank checkpoint resumes on 1 process with 3 devices" $?
+    rc=$?; ok "a 2-rank checkpoint resumes on 1 process with 3 devices" $rc
 fi
 
 # Export: the weights alone; PyTorch's DataParallel prefix is stripped on load.
 "$cohort" export --checkpoint "$tmp/two" --out "$tmp/w.safetensors" &&
     "$cohort" eval --checkpoint "$tmp/w.safetensors" --model lenet --data "$data" --test-limit 1000 >"$tmp/e4.out"
 [ "$(acc_of_eval "$tmp/e4.out")" = "$(acc_of_epoch 2 "$tmp/two.out")" ]
-ok "export, then evaluate the exported file" $?
+rc=$?; ok "export, then evaluate the exported file" $rc
 python3 "$here/st_edit.py" "$tmp/w.safetensors" "$tmp/module.safetensors" prefix module.
 "$cohort" eval --checkpoint "$tmp/module.safetensors" --model lenet --data "$data" --test-limit 1000 >"$tmp/e5.out"
 [ "$(acc_of_eval "$tmp/e5.out")" = "$(acc_of_epoch 2 "$tmp/two.out")" ]
-ok "a module.-prefixed state_dict loads" $?
+rc=$?; ok "a module.-prefixed state_dict loads" $rc
 
 # Checkpoints that do not fit: one line naming file, tensor and mismatch; exit 2.
 expect() { # needle -- command
     local needle=$1; shift 2
     "$@" >"$tmp/out" 2>"$tmp/err"; local got=$?
     [ $got -eq 2 ] && grep -qF -- "$needle" "$tmp/err" && [ "$(wc -l <"$tmp/err")" -eq 1 ]
-    ok "$* -> exit $got, want 2 and '$needle': $(cat "$tmp/err")" $?
+    rc=$?; ok "$* -> exit $got, want 2 and '$needle': $(cat "$tmp/err")" $rc
 }
 E=(eval --data "$data" --test-limit 100)
 bad() { mkdir -p "$tmp/bad"; rm -f "$tmp/bad"/*; cp "$tmp/two/epoch-0002"/* "$tmp/bad/"; }

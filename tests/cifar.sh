@@ -16,14 +16,14 @@ above() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a >= b) }'; }
 
 "$cohort" train --model lenet --data "$tmp/cifar" --epochs 3 --lr 0.05 --momentum 0.9 -b 64 --no-progress >"$tmp/lenet.out"
 above "$(acc "$tmp/lenet.out" 3)" 0.6
-ok "lenet on CIFAR-format data (3x32x32, auto-detected): test acc $(acc "$tmp/lenet.out" 3) >= 0.6" $?
+rc=$?; ok "lenet on CIFAR-format data (3x32x32, auto-detected): test acc $(acc "$tmp/lenet.out" 3) >= 0.6" $rc
 "$cohort" train --model resnet18 --data "$tmp/cifar" --dataset cifar10 --epochs 3 --train-limit 600 --lr 0.05 \
     --momentum 0.9 -b 64 --no-progress --dry-run | grep -q "^  0 *Conv2d *64x32x32 *1792 "
-ok "resnet18's first convolution takes 3 channels (64x3x3x3 + 64 = 1792 parameters)" $?
+rc=$?; ok "resnet18's first convolution takes 3 channels (64x3x3x3 + 64 = 1792 parameters)" $rc
 "$cohort" train --model resnet18 --data "$tmp/cifar" --dataset cifar10 --epochs 3 --train-limit 600 --lr 0.05 \
     --momentum 0.9 -b 64 --no-progress >"$tmp/resnet.out"
 above "$(acc "$tmp/resnet.out" 3)" 0.25
-ok "resnet18 on CIFAR-format data: test acc $(acc "$tmp/resnet.out" 3) >= 0.25 (chance 0.1)" $?
+rc=$?; ok "resnet18 on CIFAR-format data: test acc $(acc "$tmp/resnet.out" 3) >= 0.25 (chance 0.1)" $rc
 
 # Augmented training (random crop with padding, normalization); the checkpoint records the
 # normalization and cohort eval applies it: the same accuracy as the training run printed.
@@ -32,13 +32,13 @@ ok "resnet18 on CIFAR-format data: test acc $(acc "$tmp/resnet.out" 3) >= 0.25 (
 "$cohort" eval --checkpoint "$tmp/ck" --data "$tmp/cifar" >"$tmp/eval.out"
 e=$(sed -n 's/^test loss [0-9.]*, test acc \([0-9.]*\) .*/\1/p' "$tmp/eval.out")
 above "$(acc "$tmp/aug.out" 3)" 0.5 && [ "$e" = "$(acc "$tmp/aug.out" 3)" ]
-ok "augmented lenet: test acc $(acc "$tmp/aug.out" 3) >= 0.5; cohort eval with the recorded normalization: $e" $?
+rc=$?; ok "augmented lenet: test acc $(acc "$tmp/aug.out" 3) >= 0.5; cohort eval with the recorded normalization: $e" $rc
 
 expect() { # needle -- command
     local needle=$1; shift 2
     "$@" >/dev/null 2>"$tmp/err"; local got=$?
     [ $got -eq 2 ] && grep -qF -- "$needle" "$tmp/err" && [ "$(wc -l <"$tmp/err")" -eq 1 ]
-    ok "$* -> exit $got: $(cat "$tmp/err")" $?
+    rc=$?; ok "$* -> exit $got: $(cat "$tmp/err")" $rc
 }
 cp -r "$tmp/cifar" "$tmp/bad"
 head -c 5000 "$tmp/cifar/data_batch_3.bin" >"$tmp/bad/data_batch_3.bin"

@@ -13,26 +13,26 @@ ok() { if [ "$2" -eq 0 ]; then echo "ok: $1"; else echo "FAIL: $1"; fails=$((fai
 T=(train --model lenet --data "$data" --train-limit 2000 --test-limit 500 --epochs 3 -b 64 --lr 0.05
    --momentum 0.9 --no-progress)
 "$cohort" "${T[@]}" --metrics "$tmp/one.jsonl" --plot "$tmp/one.svg" >/dev/null
-ok "train --plot" $?
+rc=$?; ok "train --plot" $rc
 "$cohort" "${T[@]}" --devices cpu:0,cpu:1 --metrics "$tmp/two.jsonl" >/dev/null
 "$cohort" plot "$tmp/one.jsonl" "$tmp/two.jsonl" -o "$tmp/cmp.svg" --title "1 device vs 2"
-ok "cohort plot of two runs" $?
+rc=$?; ok "cohort plot of two runs" $rc
 for svg in one cmp; do
     python3 -c 'import sys, xml.etree.ElementTree as E; r = E.parse(sys.argv[1]).getroot(); assert r.tag.endswith("svg"), r.tag' "$tmp/$svg.svg"
-    ok "$svg.svg is well-formed SVG" $?
+    rc=$?; ok "$svg.svg is well-formed SVG" $rc
     grep -q "<polyline" "$tmp/$svg.svg" && grep -q "train loss" "$tmp/$svg.svg" && grep -q ">epoch<" "$tmp/$svg.svg"
-    ok "$svg.svg has curves, a legend and an axis label" $?
+    rc=$?; ok "$svg.svg has curves, a legend and an axis label" $rc
     rsvg-convert "$tmp/$svg.svg" -o "$tmp/$svg.png"
-    ok "rsvg-convert renders $svg.svg" $?
+    rc=$?; ok "rsvg-convert renders $svg.svg" $rc
     python3 "$here/png_check.py" "$tmp/$svg.png" 1f77b4 d62728 2ca02c
-    ok "$svg.png is a chart with all three curves" $?
+    rc=$?; ok "$svg.png is a chart with all three curves" $rc
 done
 grep -q "lenet on \[cpu:0\], batch 64, lr 0.05" "$tmp/one.svg"
-ok "the title names the model, devices, batch and lr" $?
+rc=$?; ok "the title names the model, devices, batch and lr" $rc
 [ "$(grep -c "<circle" "$tmp/one.svg")" -eq 9 ]
-ok "3 epochs x 3 curves = 9 points" $?
+rc=$?; ok "3 epochs x 3 curves = 9 points" $rc
 printf 'not json\n' >"$tmp/bad.jsonl"
 "$cohort" plot "$tmp/bad.jsonl" -o "$tmp/x.svg" 2>"$tmp/err"; rc=$?
 [ $rc -eq 2 ] && grep -q "bad.jsonl:1: not a cohort metrics line" "$tmp/err" && [ ! -e "$tmp/x.svg" ]
-ok "a bad metrics file: one line, exit 2, no chart" $?
+rc=$?; ok "a bad metrics file: one line, exit 2, no chart" $rc
 [ "$fails" -eq 0 ]

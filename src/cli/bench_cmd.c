@@ -16,6 +16,7 @@ static const char bench_usage[] =
     "usage: cohort bench train --model NAME [--batch-size B] [--threads T] [--devices LIST]\n"
     "                          [--steps N] [--warmup W] [--eval] [--skip-sync]\n"
     "       cohort bench allreduce [--devices D] [--min-bytes B] [--max-bytes B]   (also under mpirun)\n"
+    "       cohort bench loader --data DIR [-j N] [--image-size N] [-b B] [--limit N]\n"
     "train: times N training steps (or forward-only evaluation batches with --eval) on synthetic\n"
     "1x28x28 inputs with 10 classes and prints images/second (of the whole job under mpirun;\n"
     "rank 0 prints). --skip-sync leaves out the gradient sync between devices and ranks: the\n"
@@ -85,6 +86,7 @@ static int run_bench(ch_trainer *t, ch_dataset *d, int steps, int warmup, bool e
 int ch_cmd_bench(int argc, char **argv)
 {
     if (argc >= 2 && strcmp(argv[1], "allreduce") == 0) return ch_cmd_bench_allreduce(argc - 1, argv + 1);
+    if (argc >= 2 && strcmp(argv[1], "loader") == 0) return ch_cmd_bench_loader(argc - 1, argv + 1);
     if (argc < 2 || strcmp(argv[1], "train") != 0) {
         fputs(bench_usage, argc < 2 ? stderr : stdout);
         return argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)

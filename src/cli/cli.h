@@ -18,6 +18,7 @@ int ch_cmd_help(int argc, char **argv);
 int ch_cmd_plot(int argc, char **argv);
 int ch_cmd_bench(int argc, char **argv);
 int ch_cmd_bench_allreduce(int argc, char **argv);
+int ch_cmd_bench_loader(int argc, char **argv);
 
 /* The --dry-run summary of a trainer (rank 0 prints). */
 struct ch_trainer;
