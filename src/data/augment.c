@@ -53,6 +53,13 @@ ch_status ch_augment_parse_normalize(ch_augment *a, const char *spec, int channe
     return CH_STATUS_OK;
 }
 
+/* ToTensor + Normalize of channel c as one affine map of the pixel: x = pixel * scale - shift. */
+static void channel_affine(const ch_augment *a, int c, double *scale, double *shift)
+{
+    *scale = a->normalize ? 1.0 / (255.0 * a->std[c]) : 1.0 / 255.0;
+    *shift = a->normalize ? a->mean[c] / a->std[c] : 0;
+}
+
 /* One sample: random window offset (dy, dx) into the padded image, optional flip, normalize. */
 static void one(const ch_augment *a, const ch_dataset *d, uint32_t i, bool train, uint64_t seed, int epoch,
                 ch_real *x)
@@ -69,8 +76,8 @@ static void one(const ch_augment *a, const ch_dataset *d, uint32_t i, bool train
     }
     const uint8_t *src = d->images + (size_t)i * C * H * W;
     for (int c = 0; c < C; c++) {
-        const double scale = a->normalize ? 1.0 / (255.0 * a->std[c]) : 1.0 / 255.0;
-        const double shift = a->normalize ? a->mean[c] / a->std[c] : 0;
+        double scale, shift;
+        channel_affine(a, c, &scale, &shift);
         for (int y = 0; y < H; y++) {
             const int sy = y + dy;
             ch_real *row = x + ((size_t)c * H + y) * W;
@@ -164,8 +171,8 @@ static ch_status one_file(const ch_augment *a, const ch_dataset *d, uint32_t i, 
     free(img.rgb);
     CH_TRY(st);
     for (int c = 0; c < 3; c++) {
-        const double scale = a->normalize ? 1.0 / (255.0 * a->std[c]) : 1.0 / 255.0;
-        const double shift = a->normalize ? a->mean[c] / a->std[c] : 0;
+        double scale, shift;
+        channel_affine(a, c, &scale, &shift);
         for (int y = 0; y < S; y++) {
             ch_real *row = x + ((size_t)c * S + y) * S;
             const uint8_t *src = pixels + (size_t)y * S * 3 + c;
