@@ -94,10 +94,13 @@ static void conv_matches_reference(void **state)
         { .c = 8, .h = 9, .w = 9, .oc = 16, .kh = 1, .kw = 1, .stride = 2, .pad = 0 },    /* shortcut */
         { .c = 8, .h = 5, .w = 7, .oc = 6, .kh = 1, .kw = 1, .stride = 1, .pad = 0 },     /* pointwise */
         { .c = 3, .h = 6, .w = 11, .oc = 4, .kh = 3, .kw = 3, .stride = 1, .pad = 1 },
+        /* P = 49 < 64: samples share GEMMs in groups of 6 (n = 9: a full and a partial group) */
+        { .c = 4, .h = 7, .w = 7, .oc = 8, .kh = 3, .kw = 3, .stride = 1, .pad = 1 },
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         for (int t = 1; t <= 2; t++)
-            for (int n = 1; n <= 3; n += 2) check_conv(cases[i], n, t);
+            for (int n = 1; n <= 9; n += n == 1 ? 2 : 6)   /* 9: several groups per thread */
+                check_conv(cases[i], n, t);
 }
 
 /* Max pooling's fast 2x2 path against the direct loops, ties included (quantised inputs). */

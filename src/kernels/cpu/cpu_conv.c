@@ -1,17 +1,26 @@
-/* Convolution as im2col + GEMM, one sample per thread.
- * Per sample: col (K = c*kh*kw, P = oh*ow) gathers the input windows, then
- *   forward:          y_n (oc, P)  = W (oc, K) * col (K, P) + b
- *   backward data:    dcol (K, P)  = W^T (K, oc) * dy_n (oc, P), scattered back by col2im
- *   backward weights: dW (oc, K)  += dy_n (oc, P) * col^T (P, K)
- * Threads take contiguous runs of samples (static schedule) and call a single-threaded GEMM; weight
+/* Convolution as im2col + GEMM over groups of samples.
+ * A group of g samples shares one GEMM: col (K = c*kh*kw rows, g*P columns, P = oh*ow) holds the
+ * samples' input windows side by side, so that
+ *   forward:          Y (oc, g*P)   = W (oc, K) * col (K, g*P), scattered to y's samples, + b
+ *   backward data:    dcol (K, g*P) = W^T (K, oc) * dY (oc, g*P), scattered back by col2im
+ *   backward weights: dW (oc, K)   += dY (oc, g*P) * col^T (g*P, K)
+ * Why groups: resnet18's late stages have P = 49 and 16, and per-sample GEMMs that thin ran at a
+ * third of the GEMM's speed (backward weights re-read and re-wrote all of dW for 16 columns of
+ * work). g is chosen so that g*P is about CONV_GROUP_COLS. Layers with P >= CONV_GROUP_MIN_P keep
+ * g = 1: measured on this machine (lenet's P = 81, mnist-cnn's and resnet18 stage 2's P = 196),
+ * grouping them made the forward GEMM slower and saved nothing overall; for P = 49 and 16 it saved
+ * 10-15% of the layer's time.
+ * Threads take contiguous runs of groups (static schedule) and call a single-threaded GEMM; weight
  * gradients go to per-thread partial sums reduced in thread order, so results are deterministic for
- * a given thread count. 1x1 stride-1 unpadded convolutions skip im2col: col is the input itself.
+ * a given thread count. 1x1 stride-1 unpadded convolutions skip im2col (g = 1: col is the input).
  * When the caller gives a cols cache (training, when it fits the memory budget), the forward pass
- * writes each sample's col there and backward weights reads it instead of running im2col again.
- * Workspace per thread: col (K*P) + dW partial (oc*K) + db partial (oc). */
+ * writes each group's col there and backward weights reads it instead of running im2col again.
+ * Workspace per thread: col (K*g*P) + packed Y/dY (oc*g*P) + dW partial (oc*K) + db partial (oc). */
 #include "kernels/cpu/cpu.h"
 
 #include <string.h>
+
+enum { CONV_GROUP_COLS = 256, CONV_GROUP_MAX = 16, CONV_GROUP_MIN_P = 64 };
 
 static size_t conv_k(const ch_conv_desc *d) { return (size_t)d->c * d->kh * d->kw; }
 static size_t conv_p(const ch_conv_desc *d) { return (size_t)d->oh * d->ow; }
@@ -19,11 +28,39 @@ static bool conv_is_pointwise(const ch_conv_desc *d)
 {
     return d->kh == 1 && d->kw == 1 && d->stride == 1 && d->pad == 0;
 }
+
+/* Samples per GEMM for this layer, before the batch caps it. */
+static int conv_group_max(const ch_conv_desc *d)
+{
+    if (conv_is_pointwise(d)) return 1;
+    const int p = (int)conv_p(d);
+    if (p >= CONV_GROUP_MIN_P) return 1;
+    const int g = (CONV_GROUP_COLS + p - 1) / p;
+    return g < CONV_GROUP_MAX ? g : CONV_GROUP_MAX;
+}
+
+/* How a batch of n is cut: groups of g samples (the last may be shorter), T threads. Forward and
+ * backward weights must agree on it, since the cols cache is laid out by group. */
+typedef struct conv_split {
+    int g, groups, threads;
+} conv_split;
+
+static conv_split conv_split_of(const ch_kctx *kc, const ch_conv_desc *d, int n)
+{
+    conv_split s;
+    const int per_thread_samples = (n + kc->nthreads - 1) / kc->nthreads;
+    s.g = conv_group_max(d);
+    if (s.g > per_thread_samples) s.g = per_thread_samples > 0 ? per_thread_samples : 1;
+    s.groups = (n + s.g - 1) / s.g;
+    s.threads = s.groups < kc->nthreads ? (s.groups > 0 ? s.groups : 1) : kc->nthreads;
+    return s;
+}
+
 static size_t per_thread(const ch_conv_desc *d)
 {
-    return conv_k(d) * conv_p(d) + (size_t)d->oc * conv_k(d) + (size_t)d->oc;
+    const size_t gp = (size_t)conv_group_max(d) * conv_p(d);
+    return conv_k(d) * gp + (size_t)d->oc * gp + (size_t)d->oc * conv_k(d) + (size_t)d->oc;
 }
-static int team_size(const ch_kctx *kc, int n) { return n < kc->nthreads ? (n > 0 ? n : 1) : kc->nthreads; }
 
 size_t ch_cpu_conv2d_workspace(const ch_conv_desc *d, int nthreads)
 {
@@ -48,10 +85,11 @@ static void valid_cols(const ch_conv_desc *d, int q, int *lo, int *hi)
     *hi = h;
 }
 
-/* col[(ci*kh + p)*kw + q][i*ow + j] = x[ci][i*s - pad + p][j*s - pad + q], 0 outside.
+/* col[((ci*kh + p)*kw + q) * ld + i*ow + j] = x[ci][i*s - pad + p][j*s - pad + q], 0 outside;
+ * ld is the row length of the group's col, so one sample fills P columns of each row.
  * Each row is a zero head, a copied (contiguous when s == 1) middle and a zero tail: no per-element
  * bounds test. */
-static void im2col(const ch_conv_desc *desc, const ch_real *x, ch_real *col)
+static void im2col(const ch_conv_desc *desc, const ch_real *x, ch_real *col, size_t ld)
 {
     const ch_conv_desc local = *desc, *d = &local;   /* a copy the stores cannot alias */
     const int s = d->stride;
@@ -59,7 +97,7 @@ static void im2col(const ch_conv_desc *desc, const ch_real *x, ch_real *col)
         const ch_real *xc = x + (size_t)ci * d->h * d->w;
         for (int p = 0; p < d->kh; p++) {
             for (int q = 0; q < d->kw; q++) {
-                ch_real *row = col + (((size_t)ci * d->kh + p) * d->kw + q) * conv_p(d);
+                ch_real *row = col + (((size_t)ci * d->kh + p) * d->kw + q) * ld;
                 int lo, hi;
                 valid_cols(d, q, &lo, &hi);
                 for (int i = 0; i < d->oh; i++) {
@@ -83,8 +121,8 @@ static void im2col(const ch_conv_desc *desc, const ch_real *x, ch_real *col)
     }
 }
 
-/* The adjoint of im2col: dx[ci][ih][iw] += dcol[...]; dx must be zeroed by the caller. */
-static void col2im(const ch_conv_desc *desc, const ch_real *col, ch_real *dx)
+/* The adjoint of im2col (same ld): dx[ci][ih][iw] += dcol[...]; dx must be zeroed by the caller. */
+static void col2im(const ch_conv_desc *desc, const ch_real *col, size_t ld, ch_real *dx)
 {
     const ch_conv_desc local = *desc, *d = &local;   /* a copy the stores cannot alias */
     const int s = d->stride;
@@ -92,7 +130,7 @@ static void col2im(const ch_conv_desc *desc, const ch_real *col, ch_real *dx)
         ch_real *xc = dx + (size_t)ci * d->h * d->w;
         for (int p = 0; p < d->kh; p++) {
             for (int q = 0; q < d->kw; q++) {
-                const ch_real *row = col + (((size_t)ci * d->kh + p) * d->kw + q) * conv_p(d);
+                const ch_real *row = col + (((size_t)ci * d->kh + p) * d->kw + q) * ld;
                 int lo, hi;
                 valid_cols(d, q, &lo, &hi);
                 for (int i = 0; i < d->oh; i++) {
@@ -111,23 +149,60 @@ static void col2im(const ch_conv_desc *desc, const ch_real *col, ch_real *dx)
     }
 }
 
-static void forward_sample(const ch_kctx *kc, const ch_conv_desc *d, const ch_real *xn,
-                           const ch_real *w, const ch_real *b, ch_real *yn, ch_real *col)
+/* A thread's scratch: the group's col, the packed Y or dY, the dW and db partials. */
+typedef struct conv_scratch {
+    ch_real *col, *packed, *dw, *db;
+} conv_scratch;
+
+static conv_scratch scratch_of(const ch_kctx *kc, const ch_conv_desc *d, int thread)
 {
-    /* col: scratch, or this sample's slot of the cols cache */
-    const int K = (int)conv_k(d), P = (int)conv_p(d);
-    const ch_real *src = xn;
+    const size_t gp = (size_t)conv_group_max(d) * conv_p(d);
+    conv_scratch s;
+    s.col = kc->ws + per_thread(d) * (size_t)thread;
+    s.packed = s.col + conv_k(d) * gp;
+    s.dw = s.packed + (size_t)d->oc * gp;
+    s.db = s.dw + (size_t)d->oc * conv_k(d);
+    return s;
+}
+
+/* The groups thread t of the split owns: [*lo, *hi). */
+static void thread_groups(const conv_split *sp, int t, int *lo, int *hi)
+{
+    *lo = (int)((long)sp->groups * t / sp->threads);
+    *hi = (int)((long)sp->groups * (t + 1) / sp->threads);
+}
+
+/* dY of gw samples (each oc x P) side by side as one (oc, gw*P) matrix. */
+static void pack_dy(const ch_conv_desc *d, int gw, const ch_real *dy, ch_real *packed)
+{
+    const size_t P = conv_p(d), ld = (size_t)gw * P;
+    for (int s = 0; s < gw; s++)
+        for (int o = 0; o < d->oc; o++)
+            memcpy(packed + o * ld + s * P, dy + ((size_t)s * d->oc + o) * P, sizeof(ch_real) * P);
+}
+
+static void forward_group(const ch_kctx *kc, const ch_conv_desc *d, int gw, const ch_real *x,
+                          const ch_real *w, const ch_real *b, ch_real *y, ch_real *col,
+                          ch_real *packed)
+{
+    const size_t K = conv_k(d), P = conv_p(d), ld = (size_t)gw * P;
+    const size_t xs = (size_t)d->c * d->h * d->w;
+    const ch_real *src = x;
     if (!conv_is_pointwise(d)) {
-        im2col(d, xn, col);
+        for (int s = 0; s < gw; s++) im2col(d, x + s * xs, col + s * P, ld);
         src = col;
     }
-    if (b) {
+    /* One sample: the GEMM writes y itself, over the bias. */
+    ch_real *out = gw == 1 ? y : packed;
+    ch_cpu_gemm(kc, false, false, d->oc, (int)ld, (int)K, 1, w, (int)K, src, (int)ld, 0, out,
+                (int)ld);
+    if (gw == 1 && !b) return;
+    for (int s = 0; s < gw; s++)
         for (int o = 0; o < d->oc; o++) {
-            ch_real *yo = yn + (size_t)o * P;
-            for (int p = 0; p < P; p++) yo[p] = b[o];
+            const ch_real bo = b ? b[o] : 0, *from = out + o * ld + s * P;
+            ch_real *to = y + ((size_t)s * d->oc + o) * P;
+            for (size_t p = 0; p < P; p++) to[p] = from[p] + bo;
         }
-    }
-    ch_cpu_gemm(kc, false, false, d->oc, P, K, 1, w, K, src, P, b ? 1 : 0, yn, P);
 }
 
 void ch_cpu_conv2d_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
@@ -135,62 +210,87 @@ void ch_cpu_conv2d_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, cons
 {
     const size_t xs = (size_t)d->c * d->h * d->w, ys = (size_t)d->oc * conv_p(d);
     const size_t kp = conv_k(d) * conv_p(d);
-    const int T = team_size(kc, n);
-#pragma omp parallel for num_threads(T) schedule(static) if (T > 1)
-    for (int s = 0; s < n; s++) {
-        ch_real *col = cols ? cols + kp * (size_t)s : kc->ws + per_thread(d) * (size_t)ch_omp_thread();
-        forward_sample(kc, d, x + s * xs, w, b, y + s * ys, col);
+    const conv_split sp = conv_split_of(kc, d, n);
+#pragma omp parallel num_threads(sp.threads) if (sp.threads > 1)
+    {
+        const int t = ch_omp_thread();
+        const conv_scratch sc = scratch_of(kc, d, t);
+        int lo, hi;
+        thread_groups(&sp, t, &lo, &hi);
+        for (int q = lo; q < hi; q++) {
+            const int s0 = q * sp.g, gw = n - s0 < sp.g ? n - s0 : sp.g;
+            ch_real *col = cols ? cols + kp * (size_t)s0 : sc.col;
+            forward_group(kc, d, gw, x + s0 * xs, w, b, y + s0 * ys, col, sc.packed);
+        }
     }
 }
 
-static void backward_data_sample(const ch_kctx *kc, const ch_conv_desc *d, const ch_real *dyn,
-                                 const ch_real *w, ch_real *dxn, ch_real *col)
+static void backward_data_group(const ch_kctx *kc, const ch_conv_desc *d, int gw,
+                                const ch_real *dy, const ch_real *w, ch_real *dx, ch_real *col,
+                                ch_real *packed)
 {
-    const int K = (int)conv_k(d), P = (int)conv_p(d);
-    if (conv_is_pointwise(d)) {
-        ch_cpu_gemm(kc, true, false, K, P, d->oc, 1, w, K, dyn, P, 0, dxn, P);
+    const size_t K = conv_k(d), P = conv_p(d), ld = (size_t)gw * P;
+    const size_t xs = (size_t)d->c * d->h * d->w;
+    if (conv_is_pointwise(d)) {   /* gw == 1: dcol is dx */
+        ch_cpu_gemm(kc, true, false, (int)K, (int)P, d->oc, 1, w, (int)K, dy, (int)P, 0, dx,
+                    (int)P);
         return;
     }
-    ch_cpu_gemm(kc, true, false, K, P, d->oc, 1, w, K, dyn, P, 0, col, P);
-    memset(dxn, 0, sizeof(ch_real) * (size_t)d->c * d->h * d->w);
-    col2im(d, col, dxn);
+    const ch_real *dyg = dy;
+    if (gw > 1) {
+        pack_dy(d, gw, dy, packed);
+        dyg = packed;
+    }
+    ch_cpu_gemm(kc, true, false, (int)K, (int)ld, d->oc, 1, w, (int)K, dyg, (int)ld, 0, col,
+                (int)ld);
+    memset(dx, 0, sizeof(ch_real) * xs * (size_t)gw);
+    for (int s = 0; s < gw; s++) col2im(d, col + s * P, ld, dx + s * xs);
 }
 
 void ch_cpu_conv2d_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int n,
                                  const ch_real *dy, const ch_real *w, ch_real *dx)
 {
     const size_t xs = (size_t)d->c * d->h * d->w, ys = (size_t)d->oc * conv_p(d);
-    const int T = team_size(kc, n);
-    if (T == 1) {
-        for (int s = 0; s < n; s++) backward_data_sample(kc, d, dy + s * ys, w, dx + s * xs, kc->ws);
-        return;
-    }
-#pragma omp parallel for num_threads(T) schedule(static)
-    for (int s = 0; s < n; s++) {
-        ch_real *col = kc->ws + per_thread(d) * (size_t)ch_omp_thread();
-        backward_data_sample(kc, d, dy + s * ys, w, dx + s * xs, col);
+    const conv_split sp = conv_split_of(kc, d, n);
+#pragma omp parallel num_threads(sp.threads) if (sp.threads > 1)
+    {
+        const int t = ch_omp_thread();
+        const conv_scratch sc = scratch_of(kc, d, t);
+        int lo, hi;
+        thread_groups(&sp, t, &lo, &hi);
+        for (int q = lo; q < hi; q++) {
+            const int s0 = q * sp.g, gw = n - s0 < sp.g ? n - s0 : sp.g;
+            backward_data_group(kc, d, gw, dy + s0 * ys, w, dx + s0 * xs, sc.col, sc.packed);
+        }
     }
 }
 
-/* Accumulate one sample's weight gradient into dw (oc, K) and db (oc). */
-static void backward_weights_sample(const ch_kctx *kc, const ch_conv_desc *d, const ch_real *xn,
-                                    const ch_real *dyn, ch_real *dw, ch_real *db, ch_real *col,
-                                    const ch_real *cached, bool first)
+/* Accumulate one group's weight gradient into dw (oc, K) and db (oc); first: overwrite. */
+static void backward_weights_group(const ch_kctx *kc, const ch_conv_desc *d, int gw,
+                                   const ch_real *x, const ch_real *dy, ch_real *dw, ch_real *db,
+                                   const conv_scratch *sc, const ch_real *cached, bool first)
 {
-    const int K = (int)conv_k(d), P = (int)conv_p(d);
-    const ch_real *src = xn;
+    const size_t K = conv_k(d), P = conv_p(d), ld = (size_t)gw * P;
+    const size_t xs = (size_t)d->c * d->h * d->w;
+    const ch_real *src = x;
     if (cached) {
         src = cached;
     } else if (!conv_is_pointwise(d)) {
-        im2col(d, xn, col);
-        src = col;
+        for (int s = 0; s < gw; s++) im2col(d, x + s * xs, sc->col + s * P, ld);
+        src = sc->col;
     }
-    ch_cpu_gemm(kc, false, true, d->oc, K, P, 1, dyn, P, src, P, first ? 0 : 1, dw, K);
+    const ch_real *dyg = dy;
+    if (gw > 1) {
+        pack_dy(d, gw, dy, sc->packed);
+        dyg = sc->packed;
+    }
+    ch_cpu_gemm(kc, false, true, d->oc, (int)K, (int)ld, 1, dyg, (int)ld, src, (int)ld,
+                first ? 0 : 1, dw, (int)K);
     if (!db) return;
     for (int o = 0; o < d->oc; o++) {
-        const ch_real *r = dyn + (size_t)o * P;
+        const ch_real *r = dyg + o * ld;
         ch_real s = 0;
-        for (int p = 0; p < P; p++) s += r[p];
+        for (size_t p = 0; p < ld; p++) s += r[p];
         db[o] = first ? s : db[o] + s;
     }
 }
@@ -200,34 +300,38 @@ void ch_cpu_conv2d_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, in
                                     ch_real *db, const ch_real *cols)
 {
     const size_t xs = (size_t)d->c * d->h * d->w, ys = (size_t)d->oc * conv_p(d);
-    const size_t wl = (size_t)d->oc * conv_k(d), pt = per_thread(d), kp = conv_k(d) * conv_p(d);
-    const int T = team_size(kc, n);
-    if (T == 1) {
-        for (int s = 0; s < n; s++)
-            backward_weights_sample(kc, d, x + s * xs, dy + s * ys, dw, db, kc->ws,
-                                    cols ? cols + kp * (size_t)s : NULL, s == 0);
-        if (n == 0) {
-            memset(dw, 0, sizeof(ch_real) * wl);
-            if (db) memset(db, 0, sizeof(ch_real) * (size_t)d->oc);
-        }
+    const size_t wl = (size_t)d->oc * conv_k(d), kp = conv_k(d) * conv_p(d);
+    const conv_split sp = conv_split_of(kc, d, n);
+    if (n == 0) {
+        memset(dw, 0, sizeof(ch_real) * wl);
+        if (db) memset(db, 0, sizeof(ch_real) * (size_t)d->oc);
         return;
     }
-#pragma omp parallel num_threads(T)
+    const int T = sp.threads;
+#pragma omp parallel num_threads(T) if (T > 1)
     {
         const int t = ch_omp_thread();
-        ch_real *col = kc->ws + pt * (size_t)t, *pw = col + kp, *pb = pw + wl;
-        const int lo = (int)((long)n * t / T), hi = (int)((long)n * (t + 1) / T);
-        for (int s = lo; s < hi; s++)
-            backward_weights_sample(kc, d, x + s * xs, dy + s * ys, pw, db ? pb : NULL, col,
-                                    cols ? cols + kp * (size_t)s : NULL, s == lo);
+        const conv_scratch sc = scratch_of(kc, d, t);
+        /* One thread sums straight into dw; a team sums into partials reduced below. */
+        ch_real *pw = T == 1 ? dw : sc.dw, *pb = T == 1 ? db : (db ? sc.db : NULL);
+        int lo, hi;
+        thread_groups(&sp, t, &lo, &hi);
+        for (int q = lo; q < hi; q++) {
+            const int s0 = q * sp.g, gw = n - s0 < sp.g ? n - s0 : sp.g;
+            backward_weights_group(kc, d, gw, x + s0 * xs, dy + s0 * ys, pw, pb, &sc,
+                                   cols ? cols + kp * (size_t)s0 : NULL, q == lo);
+        }
+        if (T > 1) {
 #pragma omp barrier
-        /* Reduce the partials in thread order: each thread sums a slice of the elements. */
+            /* Reduce the partials in thread order: each thread sums a slice of the elements. */
+            const size_t pt = per_thread(d), off = (size_t)(sc.dw - sc.col);
 #pragma omp for schedule(static)
-        for (size_t i = 0; i < wl + (size_t)d->oc; i++) {
-            if (i >= wl && !db) continue;
-            ch_real acc = 0;
-            for (int u = 0; u < T; u++) acc += kc->ws[pt * (size_t)u + kp + i];
-            if (i < wl) dw[i] = acc; else db[i - wl] = acc;
+            for (size_t i = 0; i < wl + (size_t)d->oc; i++) {
+                if (i >= wl && !db) continue;
+                ch_real acc = 0;
+                for (int u = 0; u < T; u++) acc += kc->ws[pt * (size_t)u + off + i];
+                if (i < wl) dw[i] = acc; else db[i - wl] = acc;
+            }
         }
     }
 }
