@@ -135,7 +135,7 @@ static void bn_backward(ch_layer *l, const ch_run *r, int n, const ch_real *x, c
 
 static const ch_layer_ops bn_ops = {
     .kind = "BatchNorm2d", .plan = bn_plan, .forward = bn_forward, .backward = bn_backward,
-    .free_impl = bn_free,
+    .free_impl = bn_free, .y_unread_by_backward = true,
 };
 
 ch_status ch_batchnorm2d_create(const char *name, ch_shape3 in, ch_layer **out, ch_err *err)

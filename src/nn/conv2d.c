@@ -51,7 +51,7 @@ static void conv_backward(ch_layer *l, const ch_run *r, int n, const ch_real *x,
 
 static const ch_layer_ops conv_ops = {
     .kind = "Conv2d", .plan = conv_plan, .forward = conv_forward, .backward = conv_backward,
-    .free_impl = conv_free,
+    .free_impl = conv_free, .y_unread_by_backward = true,
 };
 
 ch_status ch_conv2d_create(const char *name, ch_shape3 in, int out_channels, int kernel,

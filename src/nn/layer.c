@@ -77,10 +77,32 @@ ch_status ch_layer_alloc_output(ch_layer *l, int max_batch, ch_err *err)
     return CH_STATUS_OK;
 }
 
+void ch_layer_borrow_output(ch_layer *l, ch_real *buf)
+{
+    if (l->y_owned) free(l->y);
+    l->y = buf;
+    l->y_owned = false;
+}
+
 ch_status ch_layer_plan_tree(ch_layer *l, ch_plan *pl, ch_err *err)
 {
-    for (int i = 0; i < l->nchildren; i++) CH_TRY(ch_layer_plan_tree(l->children[i], pl, err));
-    return l->ops->plan(l, pl, err);
+    size_t most = 0;
+    for (int i = 0; i < l->nchildren; i++) {
+        CH_TRY(ch_layer_plan_tree(l->children[i], pl, err));
+        if (l->children[i]->scratch_need > most) most = l->children[i]->scratch_need;
+    }
+    CH_TRY(l->ops->plan(l, pl, err));
+    l->scratch_need = l->scratch_own + most;
+    return CH_STATUS_OK;
+}
+
+ch_run ch_run_above(const ch_run *r, const ch_layer *l)
+{
+    ch_run sub = *r;
+    CH_ASSERT(l->scratch_own <= r->scratch_len);
+    sub.scratch = r->scratch + l->scratch_own;
+    sub.scratch_len = r->scratch_len - l->scratch_own;
+    return sub;
 }
 
 void ch_run_grads_ready(const ch_run *r, const ch_layer *l)

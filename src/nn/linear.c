@@ -37,6 +37,7 @@ static void linear_backward(ch_layer *l, const ch_run *r, int n, const ch_real *
 
 static const ch_layer_ops linear_ops = {
     .kind = "Linear", .plan = linear_plan, .forward = linear_forward, .backward = linear_backward,
+    .y_unread_by_backward = true,
 };
 
 ch_status ch_linear_create(const char *name, ch_shape3 in, int out_features, ch_layer **out,

@@ -165,6 +165,9 @@ ch_status ch_model_plan(ch_model *m, const ch_kernels *k, int max_batch, int nth
     m->ws_len = pl.ws_need;
     m->ws = malloc(sizeof(ch_real) * (m->ws_len ? m->ws_len : 1));
     CH_CHECK_ALLOC(err, m->ws);
+    m->scratch_len = m->root->scratch_need;
+    m->scratch = malloc(sizeof(ch_real) * (m->scratch_len ? m->scratch_len : 1));
+    CH_CHECK_ALLOC(err, m->scratch);
     m->max_batch = max_batch;
     m->nthreads = nthreads;
     return CH_STATUS_OK;
@@ -173,7 +176,7 @@ ch_status ch_model_plan(ch_model *m, const ch_kernels *k, int max_batch, int nth
 ch_run ch_model_run(const ch_model *m, const ch_kernels *k, bool training)
 {
     return (ch_run){ .k = k, .kc = { .nthreads = m->nthreads, .ws = m->ws, .ws_len = m->ws_len },
-                     .training = training };
+                     .training = training, .scratch = m->scratch, .scratch_len = m->scratch_len };
 }
 
 const ch_real *ch_model_forward(ch_model *m, const ch_run *r, int n, const ch_real *x)
@@ -207,5 +210,6 @@ void ch_model_free(ch_model *m)
     free(m->counters);
     free(m->tensors);
     free(m->ws);
+    free(m->scratch);
     free(m);
 }

@@ -30,6 +30,8 @@ typedef struct ch_model {
     int max_batch, nthreads;        /* as planned */
     ch_real *ws;                    /* kernel workspace, planned */
     size_t ws_len;
+    ch_real *scratch;               /* the layers' backward scratch stack, planned */
+    size_t scratch_len;
 } ch_model;
 
 /* Build a zoo architecture for inputs of shape `input` and `classes` outputs, allocate the flat

@@ -22,6 +22,7 @@ static void relu_backward(ch_layer *l, const ch_run *r, int n, const ch_real *x,
 
 static const ch_layer_ops relu_ops = {
     .kind = "ReLU", .plan = own_output_plan, .forward = relu_forward, .backward = relu_backward,
+    .in_place = true,
 };
 
 ch_status ch_relu_create(const char *name, ch_shape3 in, ch_layer **out, ch_err *err)

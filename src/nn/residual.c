@@ -5,33 +5,49 @@
  *  - torchvision's BasicBlock (resnet18-imagenet): convs without biases, the shortcut
  *    downsample = Sequential(1x1 conv with the stride, BatchNorm) where the shape changes; children
  *    conv1, bn1, conv2, bn2, downsample.
- * Children order is the order of the flat buffers and of the state_dict. */
+ * Children order is the order of the flat buffers and of the state_dict.
+ * Memory: bn1 writes into a1 and ReLU runs in place there; bn2 writes into y, where the shortcut
+ * is added and ReLU runs in place (BatchNorm's backward reads its input, not its output, so
+ * neither output is needed after forward). The backward gradients live in the run's scratch. */
 #include "nn/layer.h"
 
 #include <stdlib.h>
 
 typedef struct res_impl {
     ch_layer *conv1, *conv2, *shortcut, *bn1, *bn2;   /* borrowed from children; shortcut may be NULL */
-    ch_real *a1;        /* relu(bn1(.)) (n, out) */
-    ch_real *dz;        /* gradient at z + s (n, out) */
-    ch_real *s1, *s2;   /* gradient scratch (n, out) */
-    ch_real *s3;        /* shortcut input gradient (n, in), with a shortcut layer only */
+    ch_real *a1;        /* relu(bn1(.)) (n, out), also bn1's output */
+    size_t out_len;     /* out elements for the planned batch */
 } res_impl;
+
+/* Backward scratch, from the run's stack: dz (gradient at z + s), s1, s2 (n, out) and, with a
+ * shortcut layer, s3 (the shortcut's input gradient, (n, in)). */
+typedef struct res_grads {
+    ch_real *dz, *s1, *s2, *s3;
+} res_grads;
 
 static ch_status res_plan(ch_layer *l, ch_plan *pl, ch_err *err)
 {
     res_impl *r = l->impl;
     const size_t out = ch_shape3_size(l->out) * (size_t)pl->max_batch;
-    r->a1 = malloc(sizeof(ch_real) * out * 4);
+    r->out_len = out;
+    r->a1 = malloc(sizeof(ch_real) * out);
     CH_CHECK_ALLOC(err, r->a1);
-    r->dz = r->a1 + out;
-    r->s1 = r->dz + out;
-    r->s2 = r->s1 + out;
-    if (r->shortcut) {
-        r->s3 = malloc(sizeof(ch_real) * ch_shape3_size(l->in) * (size_t)pl->max_batch);
-        CH_CHECK_ALLOC(err, r->s3);
-    }
-    return ch_layer_alloc_output(l, pl->max_batch, err);
+    CH_TRY(ch_layer_alloc_output(l, pl->max_batch, err));
+    ch_layer_borrow_output(r->bn1, r->a1);
+    ch_layer_borrow_output(r->bn2, l->y);
+    l->scratch_own = 3 * out + (r->shortcut ? ch_shape3_size(l->in) * (size_t)pl->max_batch : 0);
+    return CH_STATUS_OK;
+}
+
+static res_grads grads_of(const ch_layer *l, const ch_run *run)
+{
+    const res_impl *r = l->impl;
+    res_grads g;
+    g.dz = run->scratch;
+    g.s1 = g.dz + r->out_len;
+    g.s2 = g.s1 + r->out_len;
+    g.s3 = r->shortcut ? g.s2 + r->out_len : NULL;
+    return g;
 }
 
 static void res_free(ch_layer *l)
@@ -39,7 +55,6 @@ static void res_free(ch_layer *l)
     res_impl *r = l->impl;
     if (!r) return;
     free(r->a1);
-    free(r->s3);
 }
 
 static void run_fwd(ch_layer *c, const ch_run *run, int n, const ch_real *x)
@@ -53,7 +68,7 @@ static void res_forward(ch_layer *l, const ch_run *run, int n, const ch_real *x)
     const size_t len = ch_shape3_size(l->out) * (size_t)n;
     run_fwd(r->conv1, run, n, x);
     run_fwd(r->bn1, run, n, r->conv1->y);
-    run->k->relu_forward(&run->kc, len, r->bn1->y, r->a1);
+    run->k->relu_forward(&run->kc, len, r->a1, r->a1);   /* bn1->y is a1 */
     run_fwd(r->conv2, run, n, r->a1);
     run_fwd(r->bn2, run, n, r->conv2->y);
     const ch_real *shortcut = x;
@@ -61,7 +76,7 @@ static void res_forward(ch_layer *l, const ch_run *run, int n, const ch_real *x)
         run_fwd(r->shortcut, run, n, x);
         shortcut = r->shortcut->y;
     }
-    run->k->add(&run->kc, len, r->bn2->y, shortcut, l->y);
+    run->k->add(&run->kc, len, l->y, shortcut, l->y);    /* bn2->y is y */
     run->k->relu_forward(&run->kc, len, l->y, l->y);
 }
 
@@ -70,17 +85,19 @@ static void res_backward(ch_layer *l, const ch_run *run, int n, const ch_real *x
 {
     res_impl *r = l->impl;
     const size_t len = ch_shape3_size(l->out) * (size_t)n;
-    run->k->relu_backward(&run->kc, len, l->y, dy, r->dz);
-    r->bn2->ops->backward(r->bn2, run, n, r->conv2->y, r->dz, r->s1);
-    r->conv2->ops->backward(r->conv2, run, n, r->a1, r->s1, r->s2);
-    run->k->relu_backward(&run->kc, len, r->a1, r->s2, r->s2);
-    r->bn1->ops->backward(r->bn1, run, n, r->conv1->y, r->s2, r->s1);
-    r->conv1->ops->backward(r->conv1, run, n, x, r->s1, dx);
+    const res_grads g = grads_of(l, run);
+    const ch_run above = ch_run_above(run, l), *a = &above;
+    run->k->relu_backward(&run->kc, len, l->y, dy, g.dz);
+    r->bn2->ops->backward(r->bn2, a, n, r->conv2->y, g.dz, g.s1);
+    r->conv2->ops->backward(r->conv2, a, n, r->a1, g.s1, g.s2);
+    run->k->relu_backward(&run->kc, len, r->a1, g.s2, g.s2);
+    r->bn1->ops->backward(r->bn1, a, n, r->conv1->y, g.s2, g.s1);
+    r->conv1->ops->backward(r->conv1, a, n, x, g.s1, dx);
     if (r->shortcut) {
-        r->shortcut->ops->backward(r->shortcut, run, n, x, r->dz, dx ? r->s3 : NULL);
-        if (dx) run->k->add(&run->kc, ch_shape3_size(l->in) * (size_t)n, dx, r->s3, dx);
+        r->shortcut->ops->backward(r->shortcut, a, n, x, g.dz, dx ? g.s3 : NULL);
+        if (dx) run->k->add(&run->kc, ch_shape3_size(l->in) * (size_t)n, dx, g.s3, dx);
     } else if (dx) {
-        run->k->add(&run->kc, len, dx, r->dz, dx);
+        run->k->add(&run->kc, len, dx, g.dz, dx);
     }
 }
 

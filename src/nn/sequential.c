@@ -1,6 +1,6 @@
 /* Sequential container: children run in order; y is the last child's output.
- * Backward passes gradients between children through two ping-pong buffers owned by the container,
- * sized to the largest child input it must hold. */
+ * Backward passes gradients between children through two ping-pong buffers taken from the run's
+ * scratch stack, each sized to the largest child input it must hold. */
 #include "nn/layer.h"
 
 #include <stdio.h>
@@ -8,33 +8,25 @@
 
 #include "core/trace.h"
 
-typedef struct seq_impl {
-    ch_real *buf[2];
-} seq_impl;
-
 static ch_status seq_plan(ch_layer *l, ch_plan *pl, ch_err *err)
 {
-    seq_impl *s = l->impl;
+    (void)err;
     size_t most = 0;
     for (int i = 1; i < l->nchildren; i++) {
         size_t sz = ch_shape3_size(l->children[i]->in);
         if (sz > most) most = sz;
     }
-    for (int b = 0; b < 2 && most > 0; b++) {
-        s->buf[b] = malloc(sizeof(ch_real) * most * (size_t)pl->max_batch);
-        CH_CHECK_ALLOC(err, s->buf[b]);
+    l->scratch_own = 2 * most * (size_t)pl->max_batch;
+    /* An in-place child (ReLU) after one whose backward does not read its output (Conv2d,
+     * BatchNorm2d, Linear) writes over that output: one activation less to keep, one pass less. */
+    for (int i = 1; i < l->nchildren; i++) {
+        ch_layer *prev = l->children[i - 1], *c = l->children[i];
+        if (c->ops->in_place && prev->ops->y_unread_by_backward && prev->y_owned)
+            ch_layer_borrow_output(c, prev->y);
     }
     l->y = l->nchildren ? l->children[l->nchildren - 1]->y : NULL;
     l->y_owned = false;
     return CH_STATUS_OK;
-}
-
-static void seq_free(ch_layer *l)
-{
-    seq_impl *s = l->impl;
-    if (!s) return;
-    free(s->buf[0]);
-    free(s->buf[1]);
 }
 
 static void seq_forward(ch_layer *l, const ch_run *r, int n, const ch_real *x)
@@ -49,14 +41,16 @@ static void seq_forward(ch_layer *l, const ch_run *r, int n, const ch_real *x)
 static void seq_backward(ch_layer *l, const ch_run *r, int n, const ch_real *x, const ch_real *dy,
                          ch_real *dx)
 {
-    seq_impl *s = l->impl;
+    const size_t half = l->scratch_own / 2;
+    ch_real *buf[2] = { r->scratch, r->scratch + half };
+    const ch_run above = ch_run_above(r, l);
     const ch_real *g = dy;
     for (int i = l->nchildren - 1; i >= 0; i--) {
         ch_layer *c = l->children[i];
         const ch_real *cx = i > 0 ? l->children[i - 1]->y : x;
-        ch_real *cdx = i > 0 ? s->buf[i & 1] : dx;
+        ch_real *cdx = i > 0 ? buf[i & 1] : dx;
         const int64_t t0 = r->trace ? ch_trace_now() : 0;
-        c->ops->backward(c, r, n, cx, g, cdx);
+        c->ops->backward(c, &above, n, cx, g, cdx);
         if (r->trace) {
             char name[56];
             snprintf(name, sizeof name, "%s %s", c->name, c->ops->kind);
@@ -68,18 +62,12 @@ static void seq_backward(ch_layer *l, const ch_run *r, int n, const ch_real *x, 
 
 static const ch_layer_ops seq_ops = {
     .kind = "Sequential", .plan = seq_plan, .forward = seq_forward, .backward = seq_backward,
-    .free_impl = seq_free,
 };
 
 ch_status ch_sequential_create(const char *name, ch_shape3 in, ch_layer **out, ch_err *err)
 {
     ch_layer *l = ch_layer_alloc(&seq_ops, name, in, in);
     CH_CHECK_ALLOC(err, l);
-    l->impl = calloc(1, sizeof(seq_impl));
-    if (!l->impl) {
-        ch_layer_free(l);
-        return CH_SYS_FAIL(err, "calloc of sequential");
-    }
     *out = l;
     return CH_STATUS_OK;
 }
