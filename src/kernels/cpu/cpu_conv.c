@@ -165,6 +165,12 @@ static conv_scratch scratch_of(const ch_kctx *kc, const ch_conv_desc *d, int thr
     return s;
 }
 
+/* Samples in the group starting at sample s0 (the last group may be short). */
+static int group_width(const conv_split *sp, int n, int s0)
+{
+    return n - s0 < sp->g ? n - s0 : sp->g;
+}
+
 /* The groups thread t of the split owns: [*lo, *hi). */
 static void thread_groups(const conv_split *sp, int t, int *lo, int *hi)
 {
@@ -218,7 +224,7 @@ void ch_cpu_conv2d_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, cons
         int lo, hi;
         thread_groups(&sp, t, &lo, &hi);
         for (int q = lo; q < hi; q++) {
-            const int s0 = q * sp.g, gw = n - s0 < sp.g ? n - s0 : sp.g;
+            const int s0 = q * sp.g, gw = group_width(&sp, n, s0);
             ch_real *col = cols ? cols + kp * (size_t)s0 : sc.col;
             forward_group(kc, d, gw, x + s0 * xs, w, b, y + s0 * ys, col, sc.packed);
         }
@@ -259,7 +265,7 @@ void ch_cpu_conv2d_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int n
         int lo, hi;
         thread_groups(&sp, t, &lo, &hi);
         for (int q = lo; q < hi; q++) {
-            const int s0 = q * sp.g, gw = n - s0 < sp.g ? n - s0 : sp.g;
+            const int s0 = q * sp.g, gw = group_width(&sp, n, s0);
             backward_data_group(kc, d, gw, dy + s0 * ys, w, dx + s0 * xs, sc.col, sc.packed);
         }
     }
@@ -350,7 +356,7 @@ void ch_cpu_conv2d_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, in
         int lo, hi;
         thread_groups(&sp, t, &lo, &hi);
         for (int q = lo; q < hi; q++) {
-            const int s0 = q * sp.g, gw = n - s0 < sp.g ? n - s0 : sp.g;
+            const int s0 = q * sp.g, gw = group_width(&sp, n, s0);
             backward_weights_group(kc, d, gw, x + s0 * xs, dy + s0 * ys, pw, pb, &sc,
                                    cols ? cols + kp * (size_t)s0 : NULL, q == lo);
         }
