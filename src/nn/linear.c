@@ -24,12 +24,12 @@ static void linear_backward(ch_layer *l, const ch_run *r, int n, const ch_real *
     const int in = l->in.c, out = l->out.c;
     /* dW (out, in) = dy^T (out, n) * x (n, in) */
     r->k->gemm(&r->kc, true, false, out, in, n, 1, dy, out, x, in, 0, l->g[0], in);
+    /* db[o] = sum_i dy[i][o], samples in order; the inner loop runs along a row of dy, so it
+     * vectorises over o. */
     ch_real *db = l->g[1];
-    for (int o = 0; o < out; o++) {
-        ch_real s = 0;
-        for (int i = 0; i < n; i++) s += dy[(size_t)i * out + o];
-        db[o] = s;
-    }
+    for (int o = 0; o < out; o++) db[o] = 0;
+    for (int i = 0; i < n; i++)
+        for (int o = 0; o < out; o++) db[o] += dy[(size_t)i * out + o];
     ch_run_grads_ready(r, l);
     /* dx (n, in) = dy (n, out) * W (out, in) */
     if (dx) r->k->gemm(&r->kc, false, false, n, in, out, 1, dy, out, l->p[0], in, 0, dx, in);

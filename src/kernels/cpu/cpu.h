@@ -9,6 +9,16 @@
 /* The calling thread's index inside an OpenMP team (0 outside one). */
 static inline int ch_omp_thread(void) { return omp_get_thread_num(); }
 
+/* Row sums with this many partial sums (cpu_reduce.c): one AVX-512 vector of floats. */
+enum { CH_CPU_LANES = 16 };
+ch_real ch_cpu_sum(const ch_real *p, size_t len);
+/* In double: sum p[i], and sum (p[i] - m)^2. */
+double ch_cpu_sum_d(const ch_real *p, size_t len);
+double ch_cpu_sum_sq_dev(const ch_real *p, size_t len, double m);
+/* *sum_dy += sum dy[i], *sum_dyx += sum dy[i] * (x[i] - m), in double. */
+void ch_cpu_sum_dy_dyx(const ch_real *dy, const ch_real *x, size_t len, ch_real m, double *sum_dy,
+                       double *sum_dyx);
+
 void ch_cpu_gemm(const ch_kctx *kc, bool ta, bool tb, int m, int n, int k, ch_real alpha,
                  const ch_real *a, int lda, const ch_real *b, int ldb, ch_real beta, ch_real *c,
                  int ldc);

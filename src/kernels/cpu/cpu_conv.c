@@ -18,6 +18,7 @@
  * Workspace per thread: col (K*g*P) + packed Y/dY (oc*g*P) + dW partial (oc*K) + db partial (oc). */
 #include "kernels/cpu/cpu.h"
 
+#include <math.h>
 #include <string.h>
 
 enum { CONV_GROUP_COLS = 256, CONV_GROUP_MAX = 16, CONV_GROUP_MIN_P = 64 };
@@ -273,30 +274,59 @@ void ch_cpu_conv2d_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int n
 
 /* dw[o][k] (+)= sum_p dy[o][p] * col[k][p] for a small K (a first layer: c = 1, K = 9 or 25).
  * As a GEMM this is m = oc, n = K, k = P: tiny output, long reduction, and oneDNN ran it at
- * 14-28 GFLOP/s, a tenth of its speed, which made it 10% of lenet's and mnist-cnn's step. Here
- * each (o, k) is a dot product with 16 partial sums (one AVX-512 vector) added in a fixed order at
- * the end; both rows stay in L1. */
-enum { SMALL_K_MAX = 32, LANES = 16 };
+ * 14-28 GFLOP/s, a tenth of its speed, which made it 10% of lenet's and mnist-cnn's step. Here a
+ * block of DW_OB outputs x DW_KB taps is summed at once: each step over p loads DW_OB + DW_KB
+ * vectors for DW_OB * DW_KB multiply-adds, and the DW_OB * DW_KB accumulators (one AVX-512
+ * vector each) stay in registers. Each sum's lanes are added in a fixed order at the end, so the
+ * result does not depend on the blocking of the other outputs. */
+enum { SMALL_K_MAX = 32, LANES = CH_CPU_LANES, DW_OB = 4, DW_KB = 4 };
+
+/* One OB x KB block of dw, as a function per block shape so that the block loops have constant
+ * bounds and unroll. fmaf: -std=c11 keeps GCC from contracting a * b + c into one instruction. */
+#define DW_TILE(name, OB, KB)                                                                     \
+    static void name(const ch_real *dy, const ch_real *col, size_t len, ch_real *dw, size_t ldw, \
+                     bool first)                                                                 \
+    {                                                                                            \
+        const size_t full = len - len % LANES;                                                   \
+        ch_real acc[OB][KB][LANES] = { { { 0 } } };                                              \
+        for (size_t p = 0; p < full; p += LANES)                                                 \
+            for (int a = 0; a < OB; a++)                                                         \
+                for (int b = 0; b < KB; b++)                                                     \
+                    _Pragma("omp simd") for (int j = 0; j < LANES; j++)                          \
+                        acc[a][b][j] = fmaf(dy[(size_t)a * len + p + j],                         \
+                                            col[(size_t)b * len + p + j], acc[a][b][j]);         \
+        for (int a = 0; a < OB; a++)                                                             \
+            for (int b = 0; b < KB; b++) {                                                       \
+                ch_real s = 0;                                                                   \
+                for (int j = 0; j < LANES; j++) s += acc[a][b][j];                               \
+                for (size_t p = full; p < len; p++)                                              \
+                    s = fmaf(dy[(size_t)a * len + p], col[(size_t)b * len + p], s);              \
+                ch_real *w = dw + (size_t)a * ldw + b;                                           \
+                *w = first ? s : *w + s;                                                         \
+            }                                                                                    \
+    }
+DW_TILE(dw_tile_4x4, DW_OB, DW_KB)
+DW_TILE(dw_tile_4x1, DW_OB, 1)
+DW_TILE(dw_tile_1x1, 1, 1)
+#undef DW_TILE
 
 static void dw_small_k(const ch_conv_desc *d, size_t len, const ch_real *dy, const ch_real *col,
                        ch_real *dw, bool first)
 {
     const int K = (int)conv_k(d);
-    const size_t full = len - len % LANES;
-    for (int o = 0; o < d->oc; o++) {
+    for (int o = 0; o < d->oc; o += DW_OB) {
         const ch_real *dyo = dy + (size_t)o * len;
-        for (int k = 0; k < K; k++) {
-            const ch_real *ck = col + (size_t)k * len;
-            ch_real acc[LANES] = { 0 };
-            for (size_t p = 0; p < full; p += LANES) {
-#pragma omp simd
-                for (int j = 0; j < LANES; j++) acc[j] += dyo[p + j] * ck[p + j];
-            }
-            ch_real s = 0;
-            for (int j = 0; j < LANES; j++) s += acc[j];
-            for (size_t p = full; p < len; p++) s += dyo[p] * ck[p];
-            ch_real *w = dw + (size_t)o * K + k;
-            *w = first ? s : *w + s;
+        ch_real *dwo = dw + (size_t)o * K;
+        if (o + DW_OB <= d->oc) {
+            int k = 0;
+            for (; k + DW_KB <= K; k += DW_KB)
+                dw_tile_4x4(dyo, col + (size_t)k * len, len, dwo + k, K, first);
+            for (; k < K; k++) dw_tile_4x1(dyo, col + (size_t)k * len, len, dwo + k, K, first);
+        } else {
+            for (int a = o; a < d->oc; a++)
+                for (int k = 0; k < K; k++)
+                    dw_tile_1x1(dy + (size_t)a * len, col + (size_t)k * len, len,
+                                dw + (size_t)a * K + k, K, first);
         }
     }
 }
@@ -327,9 +357,7 @@ static void backward_weights_group(const ch_kctx *kc, const ch_conv_desc *d, int
                     first ? 0 : 1, dw, (int)K);
     if (!db) return;
     for (int o = 0; o < d->oc; o++) {
-        const ch_real *r = dyg + o * ld;
-        ch_real s = 0;
-        for (size_t p = 0; p < ld; p++) s += r[p];
+        const ch_real s = ch_cpu_sum(dyg + o * ld, ld);
         db[o] = first ? s : db[o] + s;
     }
 }

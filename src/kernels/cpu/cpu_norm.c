@@ -9,16 +9,11 @@ void ch_cpu_batchnorm_stats(const ch_kctx *kc, int n, int c, int hw, const ch_re
 #pragma omp parallel for num_threads(kc->nthreads) schedule(static)
     for (int ch = 0; ch < c; ch++) {
         double s = 0;
-        for (int i = 0; i < n; i++) {
-            const ch_real *p = x + ((size_t)i * c + ch) * hw;
-            for (int j = 0; j < hw; j++) s += p[j];
-        }
+        for (int i = 0; i < n; i++) s += ch_cpu_sum_d(x + ((size_t)i * c + ch) * hw, (size_t)hw);
         const double m = cnt > 0 ? s / cnt : 0;
         double ss = 0;
-        for (int i = 0; i < n; i++) {
-            const ch_real *p = x + ((size_t)i * c + ch) * hw;
-            for (int j = 0; j < hw; j++) ss += (p[j] - m) * (p[j] - m);
-        }
+        for (int i = 0; i < n; i++)
+            ss += ch_cpu_sum_sq_dev(x + ((size_t)i * c + ch) * hw, (size_t)hw, m);
         mean[ch] = m;
         var[ch] = cnt > 0 ? ss / cnt : 0;
     }
@@ -49,10 +44,7 @@ void ch_cpu_batchnorm_backward_reduce(const ch_kctx *kc, int n, int c, int hw, c
         const ch_real m = mean[ch];
         for (int i = 0; i < n; i++) {
             const size_t off = ((size_t)i * c + ch) * hw;
-            for (int j = 0; j < hw; j++) {
-                s += dy[off + j];
-                sx += (double)dy[off + j] * (x[off + j] - m);
-            }
+            ch_cpu_sum_dy_dyx(dy + off, x + off, (size_t)hw, m, &s, &sx);
         }
         sum_dy[ch] = s;
         sum_dy_xhat[ch] = sx * invstd[ch];
