@@ -11,9 +11,8 @@ static inline int ch_omp_thread(void) { return omp_get_thread_num(); }
 
 /* Row sums with this many partial sums (cpu_reduce.c): one AVX-512 vector of floats. */
 enum { CH_CPU_LANES = 16 };
-ch_real ch_cpu_sum(const ch_real *p, size_t len);
 /* In double: sum p[i], and sum (p[i] - m)^2. */
-double ch_cpu_sum_d(const ch_real *p, size_t len);
+double ch_cpu_sum(const ch_real *p, size_t len);
 double ch_cpu_sum_sq_dev(const ch_real *p, size_t len, double m);
 /* *sum_dy += sum dy[i], *sum_dyx += sum dy[i] * (x[i] - m), in double. */
 void ch_cpu_sum_dy_dyx(const ch_real *dy, const ch_real *x, size_t len, ch_real m, double *sum_dy,

@@ -357,7 +357,7 @@ static void backward_weights_group(const ch_kctx *kc, const ch_conv_desc *d, int
                     first ? 0 : 1, dw, (int)K);
     if (!db) return;
     for (int o = 0; o < d->oc; o++) {
-        const ch_real s = ch_cpu_sum(dyg + o * ld, ld);
+        const ch_real s = (ch_real)ch_cpu_sum(dyg + o * ld, ld);
         db[o] = first ? s : db[o] + s;
     }
 }

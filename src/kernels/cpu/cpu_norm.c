@@ -9,7 +9,7 @@ void ch_cpu_batchnorm_stats(const ch_kctx *kc, int n, int c, int hw, const ch_re
 #pragma omp parallel for num_threads(kc->nthreads) schedule(static)
     for (int ch = 0; ch < c; ch++) {
         double s = 0;
-        for (int i = 0; i < n; i++) s += ch_cpu_sum_d(x + ((size_t)i * c + ch) * hw, (size_t)hw);
+        for (int i = 0; i < n; i++) s += ch_cpu_sum(x + ((size_t)i * c + ch) * hw, (size_t)hw);
         const double m = cnt > 0 ? s / cnt : 0;
         double ss = 0;
         for (int i = 0; i < n; i++)

@@ -8,21 +8,7 @@ enum { LANES = CH_CPU_LANES };
 
 static size_t full_of(size_t len) { return len - len % LANES; }
 
-ch_real ch_cpu_sum(const ch_real *p, size_t len)
-{
-    ch_real acc[LANES] = { 0 };
-    const size_t full = full_of(len);
-    for (size_t i = 0; i < full; i += LANES) {
-#pragma omp simd
-        for (int j = 0; j < LANES; j++) acc[j] += p[i + j];
-    }
-    ch_real s = 0;
-    for (int j = 0; j < LANES; j++) s += acc[j];
-    for (size_t i = full; i < len; i++) s += p[i];
-    return s;
-}
-
-double ch_cpu_sum_d(const ch_real *p, size_t len)
+double ch_cpu_sum(const ch_real *p, size_t len)
 {
     double acc[LANES] = { 0 };
     const size_t full = full_of(len);
