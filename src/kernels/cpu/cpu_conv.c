@@ -18,7 +18,6 @@
  * Workspace per thread: col (K*g*P) + packed Y/dY (oc*g*P) + dW partial (oc*K) + db partial (oc). */
 #include "kernels/cpu/cpu.h"
 
-#include <math.h>
 #include <string.h>
 
 enum { CONV_GROUP_COLS = 256, CONV_GROUP_MAX = 16, CONV_GROUP_MIN_P = 64 };
@@ -282,7 +281,7 @@ void ch_cpu_conv2d_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int n
 enum { SMALL_K_MAX = 32, LANES = CH_CPU_LANES, DW_OB = 4, DW_KB = 4 };
 
 /* One OB x KB block of dw, as a function per block shape so that the block loops have constant
- * bounds and unroll. fmaf: -std=c11 keeps GCC from contracting a * b + c into one instruction. */
+ * bounds and unroll. ch_fma: -std=c11 keeps GCC from contracting a * b + c into one instruction. */
 #define DW_TILE(name, OB, KB)                                                                     \
     static void name(const ch_real *dy, const ch_real *col, size_t len, ch_real *dw, size_t ldw, \
                      bool first)                                                                 \
@@ -293,14 +292,14 @@ enum { SMALL_K_MAX = 32, LANES = CH_CPU_LANES, DW_OB = 4, DW_KB = 4 };
             for (int a = 0; a < OB; a++)                                                         \
                 for (int b = 0; b < KB; b++)                                                     \
                     _Pragma("omp simd") for (int j = 0; j < LANES; j++)                          \
-                        acc[a][b][j] = fmaf(dy[(size_t)a * len + p + j],                         \
-                                            col[(size_t)b * len + p + j], acc[a][b][j]);         \
+                        acc[a][b][j] = ch_fma(dy[(size_t)a * len + p + j],                       \
+                                            col[(size_t)b * len + p + j], acc[a][b][j]);       \
         for (int a = 0; a < OB; a++)                                                             \
             for (int b = 0; b < KB; b++) {                                                       \
                 ch_real s = 0;                                                                   \
                 for (int j = 0; j < LANES; j++) s += acc[a][b][j];                               \
                 for (size_t p = full; p < len; p++)                                              \
-                    s = fmaf(dy[(size_t)a * len + p], col[(size_t)b * len + p], s);              \
+                    s = ch_fma(dy[(size_t)a * len + p], col[(size_t)b * len + p], s);            \
                 ch_real *w = dw + (size_t)a * ldw + b;                                           \
                 *w = first ? s : *w + s;                                                         \
             }                                                                                    \
