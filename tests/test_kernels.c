@@ -103,6 +103,42 @@ static void conv_matches_reference(void **state)
                 check_conv(cases[i], n, t);
 }
 
+/* BatchNorm's reductions (lane partial sums) against plain loops, for planes shorter than a
+ * vector, exactly one, and with a tail. */
+static void check_batchnorm_sums(int n, int c, int hw, int threads)
+{
+    const ch_kernels *cpu = ch_kernels_cpu(), *ref = ch_kernels_ref();
+    const size_t len = (size_t)n * c * hw;
+    ch_real *x = rnd(len, 11), *dy = rnd(len, 12);
+    for (size_t i = 0; i < len; i++) x[i] = x[i] * 3 + 2;   /* a mean well away from 0 */
+    double m1[8], v1[8], m2[8], v2[8], s1[8], sx1[8], s2[8], sx2[8];
+    ch_real mean[8], invstd[8];
+    ch_kctx kc = { .nthreads = threads };
+    cpu->batchnorm_stats(&kc, n, c, hw, x, m1, v1);
+    ref->batchnorm_stats(&kc, n, c, hw, x, m2, v2);
+    for (int ch = 0; ch < c; ch++) {
+        assert_true(fabs(m1[ch] - m2[ch]) <= 1e-12 * (1 + fabs(m2[ch])));
+        assert_true(fabs(v1[ch] - v2[ch]) <= 1e-12 * (1 + fabs(v2[ch])));
+        mean[ch] = (ch_real)m2[ch];
+        invstd[ch] = (ch_real)(1 / sqrt(v2[ch] + 1e-5));
+    }
+    cpu->batchnorm_backward_reduce(&kc, n, c, hw, x, dy, mean, invstd, s1, sx1);
+    ref->batchnorm_backward_reduce(&kc, n, c, hw, x, dy, mean, invstd, s2, sx2);
+    for (int ch = 0; ch < c; ch++) {
+        assert_true(fabs(s1[ch] - s2[ch]) <= 1e-12 * (1 + fabs(s2[ch])));
+        assert_true(fabs(sx1[ch] - sx2[ch]) <= 1e-12 * (1 + fabs(sx2[ch])));
+    }
+    free(x), free(dy);
+}
+
+static void batchnorm_sums_match_reference(void **state)
+{
+    (void)state;
+    const int hws[] = { 1, 7, 16, 20, 49 };
+    for (int t = 1; t <= 2; t++)
+        for (size_t i = 0; i < sizeof hws / sizeof hws[0]; i++) check_batchnorm_sums(3, 5, hws[i], t);
+}
+
 /* Max pooling's fast 2x2 path against the direct loops, ties included (quantised inputs). */
 static void maxpool_matches_reference(void **state)
 {
@@ -163,6 +199,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(gemm_matches_reference_for_every_transpose),
         cmocka_unit_test(conv_matches_reference),
+        cmocka_unit_test(batchnorm_sums_match_reference),
         cmocka_unit_test(maxpool_matches_reference),
         cmocka_unit_test(avgpool_matches_reference),
     };

@@ -15,7 +15,7 @@ enum { CH_CPU_LANES = 16 };
 double ch_cpu_sum(const ch_real *p, size_t len);
 double ch_cpu_sum_sq_dev(const ch_real *p, size_t len, double m);
 /* *sum_dy += sum dy[i], *sum_dyx += sum dy[i] * (x[i] - m), in double. */
-void ch_cpu_sum_dy_dyx(const ch_real *dy, const ch_real *x, size_t len, ch_real m, double *sum_dy,
+void ch_cpu_sum_dy_dyx(const ch_real *dy, const ch_real *x, size_t len, double m, double *sum_dy,
                        double *sum_dyx);
 
 void ch_cpu_gemm(const ch_kctx *kc, bool ta, bool tb, int m, int n, int k, ch_real alpha,

@@ -36,7 +36,7 @@ double ch_cpu_sum_sq_dev(const ch_real *p, size_t len, double m)
     return s;
 }
 
-void ch_cpu_sum_dy_dyx(const ch_real *dy, const ch_real *x, size_t len, ch_real m, double *sum_dy,
+void ch_cpu_sum_dy_dyx(const ch_real *dy, const ch_real *x, size_t len, double m, double *sum_dy,
                        double *sum_dyx)
 {
     double acc[LANES] = { 0 }, accx[LANES] = { 0 };
@@ -45,7 +45,7 @@ void ch_cpu_sum_dy_dyx(const ch_real *dy, const ch_real *x, size_t len, ch_real 
 #pragma omp simd
         for (int j = 0; j < LANES; j++) {
             acc[j] += dy[i + j];
-            accx[j] += (double)dy[i + j] * (x[i + j] - m);
+            accx[j] += (double)dy[i + j] * ((double)x[i + j] - m);
         }
     }
     double s = 0, sx = 0;
@@ -55,7 +55,7 @@ void ch_cpu_sum_dy_dyx(const ch_real *dy, const ch_real *x, size_t len, ch_real 
     }
     for (size_t i = full; i < len; i++) {
         s += dy[i];
-        sx += (double)dy[i] * (x[i] - m);
+        sx += (double)dy[i] * ((double)x[i] - m);
     }
     *sum_dy += s;
     *sum_dyx += sx;

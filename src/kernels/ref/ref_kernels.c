@@ -119,6 +119,46 @@ static void ref_conv_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, 
     }
 }
 
+/* BatchNorm's two reductions as plain loops in sample order (the CPU table sums in lanes). */
+static void ref_batchnorm_stats(const ch_kctx *kc, int n, int c, int hw, const ch_real *x,
+                                double *mean, double *var)
+{
+    (void)kc;
+    const double cnt = (double)n * hw;
+    for (int ch = 0; ch < c; ch++) {
+        double s = 0, ss = 0;
+        for (int i = 0; i < n; i++)
+            for (int j = 0; j < hw; j++) s += x[((size_t)i * c + ch) * hw + j];
+        const double m = cnt > 0 ? s / cnt : 0;
+        for (int i = 0; i < n; i++)
+            for (int j = 0; j < hw; j++) {
+                const double v = x[((size_t)i * c + ch) * hw + j] - m;
+                ss += v * v;
+            }
+        mean[ch] = m;
+        var[ch] = cnt > 0 ? ss / cnt : 0;
+    }
+}
+
+static void ref_batchnorm_backward_reduce(const ch_kctx *kc, int n, int c, int hw,
+                                          const ch_real *x, const ch_real *dy,
+                                          const ch_real *mean, const ch_real *invstd,
+                                          double *sum_dy, double *sum_dy_xhat)
+{
+    (void)kc;
+    for (int ch = 0; ch < c; ch++) {
+        double s = 0, sx = 0;
+        for (int i = 0; i < n; i++)
+            for (int j = 0; j < hw; j++) {
+                const size_t k = ((size_t)i * c + ch) * hw + j;
+                s += dy[k];
+                sx += (double)dy[k] * ((double)x[k] - mean[ch]);
+            }
+        sum_dy[ch] = s;
+        sum_dy_xhat[ch] = sx * invstd[ch];
+    }
+}
+
 static const ch_kernels ref_table = {
     .name = "ref",
     .gemm = ref_gemm,
@@ -131,9 +171,9 @@ static const ch_kernels ref_table = {
     .maxpool2d_backward = ch_cpu_maxpool2d_backward,
     .avgpool2d_forward = ch_cpu_avgpool2d_forward_direct,
     .avgpool2d_backward = ch_cpu_avgpool2d_backward_direct,
-    .batchnorm_stats = ch_cpu_batchnorm_stats,
+    .batchnorm_stats = ref_batchnorm_stats,
     .channel_affine = ch_cpu_channel_affine,
-    .batchnorm_backward_reduce = ch_cpu_batchnorm_backward_reduce,
+    .batchnorm_backward_reduce = ref_batchnorm_backward_reduce,
     .batchnorm_backward_data = ch_cpu_batchnorm_backward_data,
     .relu_forward = ch_cpu_relu_forward,
     .relu_backward = ch_cpu_relu_backward,
