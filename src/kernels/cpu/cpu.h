@@ -9,7 +9,8 @@
 /* The calling thread's index inside an OpenMP team (0 outside one). */
 static inline int ch_omp_thread(void) { return omp_get_thread_num(); }
 
-/* Row sums with this many partial sums (cpu_reduce.c): one AVX-512 vector of floats. */
+/* Partial sums per row sum (cpu_reduce.c, in double: two AVX-512 vectors) and per dot product of
+ * the first-layer weight-gradient tiles (cpu_conv.c, in float: one vector). */
 enum { CH_CPU_LANES = 16 };
 /* In double: sum p[i], and sum (p[i] - m)^2. */
 double ch_cpu_sum(const ch_real *p, size_t len);
