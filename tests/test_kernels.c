@@ -148,6 +148,9 @@ static void maxpool_matches_reference(void **state)
         { .c = 3, .h = 8, .w = 10, .k = 2, .stride = 2, .pad = 0, .oh = 4, .ow = 5 },
         { .c = 2, .h = 7, .w = 7, .k = 2, .stride = 2, .pad = 0, .oh = 3, .ow = 3 },
         { .c = 2, .h = 7, .w = 7, .k = 3, .stride = 2, .pad = 1, .oh = 4, .ow = 4 },
+        /* rows of exactly one chunk of 16, of two chunks and a tail of 5, odd widths */
+        { .c = 2, .h = 32, .w = 33, .k = 2, .stride = 2, .pad = 0, .oh = 16, .ow = 16 },
+        { .c = 1, .h = 9, .w = 75, .k = 2, .stride = 2, .pad = 0, .oh = 4, .ow = 37 },
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const ch_pool_desc *d = &cases[i];
