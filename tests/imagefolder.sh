@@ -22,7 +22,9 @@ figures() { sed -n 's/^\(epoch [0-9]*, loss [0-9.]*, train acc [0-9.]*, test acc
     { echo "FAIL: make_imagefolder.py"; exit 1; }
 
 if [ "$quick" != quick ]; then
-    "$cohort" train --model resnet18-imagenet --data "$tmp/digits" --image-size 64 --epochs 4 -b 64 --lr 0.05 \
+    # lr 0.02: at 0.05 these 96 steps sat on the edge of divergence, and a change in rounding alone
+    # (seed 2, or a reordered sum in a kernel) ended at 0.15-0.33; at 0.02 seeds 0-3 reach 0.40-0.68.
+    "$cohort" train --model resnet18-imagenet --data "$tmp/digits" --image-size 64 --epochs 4 -b 64 --lr 0.02 \
         --momentum 0.9 --random-flip --devices cpu:0,cpu:1 -j 2 --no-progress \
         --checkpoint-dir "$tmp/ck" --metrics "$tmp/m.jsonl" >"$tmp/learn.out" 2>&1
     cat "$tmp/learn.out"
