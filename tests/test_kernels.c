@@ -96,6 +96,12 @@ static void conv_matches_reference(void **state)
         { .c = 3, .h = 6, .w = 11, .oc = 4, .kh = 3, .kw = 3, .stride = 1, .pad = 1 },
         /* P = 49 < 64: samples share GEMMs in groups of 6 (n = 9: a full and a partial group) */
         { .c = 4, .h = 7, .w = 7, .oc = 8, .kh = 3, .kw = 3, .stride = 1, .pad = 1 },
+        /* stride-1 im2col rows of 3 and of 37 (two chunks and an overlapping one); mnist-cnn's
+         * conv2 shape; and a pad wider than the kernel, which backward data cannot mirror */
+        { .c = 2, .h = 5, .w = 5, .oc = 3, .kh = 3, .kw = 3, .stride = 1, .pad = 0 },
+        { .c = 3, .h = 20, .w = 37, .oc = 4, .kh = 3, .kw = 3, .stride = 1, .pad = 1 },
+        { .c = 5, .h = 14, .w = 14, .oc = 6, .kh = 5, .kw = 5, .stride = 1, .pad = 2 },
+        { .c = 2, .h = 6, .w = 6, .oc = 3, .kh = 3, .kw = 3, .stride = 1, .pad = 3 },
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         for (int t = 1; t <= 2; t++)
