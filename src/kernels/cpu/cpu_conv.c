@@ -57,7 +57,7 @@ static conv_split conv_split_of(const ch_kctx *kc, const ch_conv_desc *d, int n)
 }
 
 /* Backward data as a forward convolution of dY with the flipped weights, for "same" convolutions
- * (stride 1, square kernel, 2 pad = k - 1, one sample per GEMM): dX (c, h*w) = W' (c, oc*kh*kw) *
+ * (stride 1, square kernel, 2 pad = k - 1): dX (c, g*h*w) = W' (c, oc*kh*kw) *
  * im2col(dY), where the flipped convolution has the same pad and the same P. (Where pad is smaller,
  * as in lenet's unpadded 5x5, the flipped convolution would multiply h*w/(oh*ow) times as many
  * columns, mostly zeros: measured 6% slower on lenet, so those layers keep col2im.)
@@ -67,8 +67,7 @@ static conv_split conv_split_of(const ch_kctx *kc, const ch_conv_desc *d, int n)
  * with oc*kh*kw as its inner dimension, and writes dx itself: no memset, no scatter. */
 static bool conv_backward_as_forward(const ch_conv_desc *d)
 {
-    return d->stride == 1 && !conv_is_pointwise(d) && d->kh == d->kw && 2 * d->pad == d->kh - 1 &&
-           conv_group_max(d) == 1;
+    return d->stride == 1 && !conv_is_pointwise(d) && d->kh == d->kw && 2 * d->pad == d->kh - 1;
 }
 
 /* The convolution that backward data runs in that case: dY in, dX out, pad kh - 1 - pad. */
@@ -85,16 +84,20 @@ static size_t padded_plane_len(const ch_conv_desc *d)
     return (size_t)(d->h + 2 * d->pad) * (size_t)(d->w + 2 * d->pad);
 }
 
-/* The per-thread col holds a group's windows, or one sample's windows of dY when backward data
- * runs as a forward convolution. */
+/* The per-thread col holds a group's windows of x, or of dY when backward data runs as a forward
+ * convolution (same P, so the same groups); packed holds a group's Y, dY or, then, dX. */
 static size_t col_len(const ch_conv_desc *d)
 {
-    size_t n = conv_k(d) * (size_t)conv_group_max(d) * conv_p(d);
-    if (conv_backward_as_forward(d)) {
-        const ch_conv_desc f = conv_flipped(d);
-        if (conv_k(&f) * conv_p(&f) > n) n = conv_k(&f) * conv_p(&f);
-    }
-    return n;
+    const size_t gp = (size_t)conv_group_max(d) * conv_p(d);
+    const size_t k = conv_backward_as_forward(d) ? (size_t)d->oc * d->kh * d->kw : 0;
+    return (conv_k(d) > k ? conv_k(d) : k) * gp;
+}
+
+static size_t packed_len(const ch_conv_desc *d)
+{
+    const size_t gp = (size_t)conv_group_max(d) * conv_p(d);
+    const int rows = conv_backward_as_forward(d) && d->c > d->oc ? d->c : d->oc;
+    return (size_t)rows * gp;
 }
 
 static size_t plane_len(const ch_conv_desc *d)
@@ -109,9 +112,7 @@ static size_t plane_len(const ch_conv_desc *d)
 
 static size_t per_thread(const ch_conv_desc *d)
 {
-    const size_t gp = (size_t)conv_group_max(d) * conv_p(d);
-    return col_len(d) + (size_t)d->oc * gp + (size_t)d->oc * conv_k(d) + (size_t)d->oc +
-           plane_len(d);
+    return col_len(d) + packed_len(d) + (size_t)d->oc * conv_k(d) + (size_t)d->oc + plane_len(d);
 }
 
 /* After the threads' scratch: the flipped weights (c, oc*kh*kw), shared. */
@@ -263,11 +264,10 @@ typedef struct conv_scratch {
 
 static conv_scratch scratch_of(const ch_kctx *kc, const ch_conv_desc *d, int thread)
 {
-    const size_t gp = (size_t)conv_group_max(d) * conv_p(d);
     conv_scratch s;
     s.col = kc->ws + per_thread(d) * (size_t)thread;
     s.packed = s.col + col_len(d);
-    s.dw = s.packed + (size_t)d->oc * gp;
+    s.dw = s.packed + packed_len(d);
     s.db = s.dw + (size_t)d->oc * conv_k(d);
     s.plane = s.db + d->oc;
     return s;
@@ -374,23 +374,13 @@ static void flip_weights(const ch_conv_desc *d, const ch_real *w, ch_real *wf)
         }
 }
 
-/* One sample's dx = wf * im2col(dy) under the flipped convolution (conv_backward_as_forward). */
-static void backward_data_as_forward(const ch_kctx *kc, const ch_conv_desc *d, const ch_real *dy,
-                                     const ch_real *wf, ch_real *dx, const conv_scratch *sc)
-{
-    const ch_conv_desc f = conv_flipped(d);
-    const size_t K = conv_k(&f), P = conv_p(&f);
-    im2col(&f, dy, sc->col, P, sc->plane);
-    ch_cpu_gemm(kc, false, false, d->c, (int)P, (int)K, 1, wf, (int)K, sc->col, (int)P, 0, dx,
-                (int)P);
-}
-
 void ch_cpu_conv2d_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int n,
                                  const ch_real *dy, const ch_real *w, ch_real *dx)
 {
     const size_t xs = (size_t)d->c * d->h * d->w, ys = (size_t)d->oc * conv_p(d);
     const conv_split sp = conv_split_of(kc, d, n);
     const bool flipped = conv_backward_as_forward(d);
+    const ch_conv_desc f = conv_flipped(d);
     ch_real *wf = kc->ws + per_thread(d) * (size_t)kc->nthreads;
     if (flipped) flip_weights(d, w, wf);
 #pragma omp parallel num_threads(sp.threads) if (sp.threads > 1)
@@ -401,8 +391,8 @@ void ch_cpu_conv2d_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int n
         thread_groups(&sp, t, &lo, &hi);
         for (int q = lo; q < hi; q++) {
             const int s0 = q * sp.g, gw = group_width(&sp, n, s0);
-            if (flipped)   /* gw == 1 */
-                backward_data_as_forward(kc, d, dy + s0 * ys, wf, dx + s0 * xs, &sc);
+            if (flipped)
+                forward_group(kc, &f, gw, dy + s0 * ys, wf, NULL, dx + s0 * xs, sc.col, &sc);
             else
                 backward_data_group(kc, d, gw, dy + s0 * ys, w, dx + s0 * xs, sc.col, sc.packed);
         }
