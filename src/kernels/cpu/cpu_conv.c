@@ -2,7 +2,8 @@
  * A group of g samples shares one GEMM: col (K = c*kh*kw rows, g*P columns, P = oh*ow) holds the
  * samples' input windows side by side, so that
  *   forward:          Y (oc, g*P)   = W (oc, K) * col (K, g*P), scattered to y's samples, + b
- *   backward data:    dcol (K, g*P) = W^T (K, oc) * dY (oc, g*P), scattered back by col2im
+ *   backward data:    dcol (K, g*P) = W^T (K, oc) * dY (oc, g*P), scattered back by col2im, or for
+ *                     "same" convolutions the forward code run on dY with flipped weights (below)
  *   backward weights: dW (oc, K)   += dY (oc, g*P) * col^T (g*P, K)
  * Why groups: resnet18's late stages have P = 49 and 16, and per-sample GEMMs that thin ran at a
  * third of the GEMM's speed (backward weights re-read and re-wrote all of dW for 16 columns of
@@ -15,7 +16,9 @@
  * a given thread count. 1x1 stride-1 unpadded convolutions skip im2col (g = 1: col is the input).
  * When the caller gives a cols cache (training, when it fits the memory budget), the forward pass
  * writes each group's col there and backward weights reads it instead of running im2col again.
- * Workspace per thread: col (K*g*P) + packed Y/dY (oc*g*P) + dW partial (oc*K) + db partial (oc). */
+ * Workspace per thread: col (K*g*P, or oc*kh*kw*g*P if larger for flipped backward data) + packed
+ * Y/dY/dX (oc or c rows of g*P) + dW partial (oc*K) + db partial (oc) + a padded plane for stride-1
+ * im2col; then, shared, the flipped weights. */
 #include "kernels/cpu/cpu.h"
 
 #include <string.h>
@@ -381,7 +384,7 @@ void ch_cpu_conv2d_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int n
     const conv_split sp = conv_split_of(kc, d, n);
     const bool flipped = conv_backward_as_forward(d);
     const ch_conv_desc f = conv_flipped(d);
-    ch_real *wf = kc->ws + per_thread(d) * (size_t)kc->nthreads;
+    ch_real *wf = flipped ? kc->ws + per_thread(d) * (size_t)kc->nthreads : NULL;
     if (flipped) flip_weights(d, w, wf);
 #pragma omp parallel num_threads(sp.threads) if (sp.threads > 1)
     {
