@@ -1,10 +1,12 @@
-/* Core: the counter-based RNG and status helpers. */
+/* Core: the counter-based RNG, status helpers and whole-file reads. */
 #include "test_util.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/file.h"
 #include "core/rng.h"
 #include "core/status.h"
 
@@ -84,6 +86,34 @@ static void fail_formats_the_message(void **state)
     assert_int_equal(ch_fail(NULL, CH_STATUS_SYSTEM, "ignored"), CH_STATUS_SYSTEM);
 }
 
+/* A whole file comes back byte for byte and 0-terminated; over the limit or missing: BAD_INPUT
+ * with the path in the message. */
+static void file_read_returns_the_bytes_and_enforces_the_limit(void **state)
+{
+    (void)state;
+    char path[] = "/tmp/cohort_test_core_XXXXXX";
+    const int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    FILE *f = fdopen(fd, "wb");
+    assert_non_null(f);
+    const char body[] = "abc\0def";   /* an inner 0 byte too */
+    assert_int_equal(fwrite(body, 1, 7, f), 7);
+    assert_int_equal(fclose(f), 0);
+    uint8_t *data = NULL;
+    size_t len = 0;
+    ch_err err;
+    assert_int_equal(ch_file_read(path, 7, &data, &len, &err), CH_STATUS_OK);
+    assert_int_equal(len, 7);
+    assert_memory_equal(data, body, 7);
+    assert_int_equal(data[7], 0);
+    free(data);
+    assert_int_equal(ch_file_read(path, 6, &data, &len, &err), CH_STATUS_BAD_INPUT);
+    assert_non_null(strstr(err.msg, "7 bytes, more than the limit of 6"));
+    assert_int_equal(remove(path), 0);
+    assert_int_equal(ch_file_read(path, 7, &data, &len, &err), CH_STATUS_BAD_INPUT);
+    assert_non_null(strstr(err.msg, "cannot open"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -92,6 +122,7 @@ int main(void)
         cmocka_unit_test(permutation_is_a_permutation_and_depends_on_the_seed),
         cmocka_unit_test(below_is_in_range_and_covers_it),
         cmocka_unit_test(fail_formats_the_message),
+        cmocka_unit_test(file_read_returns_the_bytes_and_enforces_the_limit),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/file.h"
 #include "data/augment.h"
 #include "data/dataset.h"
 #include "data/folder.h"
@@ -28,7 +29,7 @@ static uint8_t *slurp(const char *name, size_t *len)
     snprintf(path, sizeof path, "%s/%s", fixtures(), name);
     uint8_t *data;
     ch_err err;
-    if (ch_image_read_file(path, (size_t)1 << 30, &data, len, &err) != CH_STATUS_OK) fail_msg("%s", err.msg);
+    if (ch_file_read(path, (size_t)1 << 30, &data, len, &err) != CH_STATUS_OK) fail_msg("%s", err.msg);
     return data;
 }
 

@@ -3,6 +3,8 @@
  * large the folder, and no file is opened until a batch needs it. */
 #include "data/folder.h"
 
+#include "core/file.h"
+
 #include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
@@ -236,7 +238,7 @@ static ch_status decode_file(const char *path, ch_image *img, ch_err *err)
 {
     uint8_t *data;
     size_t len;
-    CH_TRY(ch_image_read_file(path, CH_FOLDER_MAX_FILE_BYTES, &data, &len, err));
+    CH_TRY(ch_file_read(path, CH_FOLDER_MAX_FILE_BYTES, &data, &len, err));
     ch_status st = ch_image_decode(data, len, path, CH_IMAGE_MAX_PIXELS, img, err);
     free(data);
     return st;

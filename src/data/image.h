@@ -32,9 +32,6 @@ ch_status ch_image_probe(const uint8_t *data, size_t len, const char *name, size
 ch_status ch_image_decode(const uint8_t *data, size_t len, const char *name, size_t max_pixels,
                           ch_image *out, ch_err *err);
 
-/* Reads a whole file (at most limit bytes) into a new buffer the caller frees. */
-ch_status ch_image_read_file(const char *path, size_t limit, uint8_t **data, size_t *len, ch_err *err);
-
 /* Resamples the window (x0, y0, cw, ch) of src (in source pixels, fractional) to out (oh, ow, 3)
  * bytes with Pillow's bilinear filter: a triangle filter whose support widens with the scale
  * factor when shrinking, so it antialiases as torchvision's Resize on PIL images does. */

@@ -9,6 +9,8 @@
  *    requires it, and a hole or an overlap means a damaged or crafted file). */
 #include "io/safetensors.h"
 
+#include "core/file.h"
+
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <math.h>
@@ -126,24 +128,6 @@ ch_status ch_st_write(const char *path, const ch_st_tensor *t, int n, const char
 }
 
 /* ---- reading ------------------------------------------------------------------------------ */
-
-static ch_status read_image(const char *path, ch_st_file *f, ch_err *err)
-{
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: cannot open (%s)", path, strerror(errno));
-    ch_status st = CH_STATUS_OK;
-    long size = -1;
-    if (fseek(fp, 0, SEEK_END) == 0) size = ftell(fp);
-    if (size < 0 || fseek(fp, 0, SEEK_SET) != 0)
-        st = ch_fail(err, CH_STATUS_BAD_INPUT, "%s: cannot read its size", path);
-    else if (!(f->image = malloc((size_t)size + 1)))
-        st = CH_SYS_FAIL(err, "allocation of a safetensors file image");
-    else if (fread(f->image, 1, (size_t)size, fp) != (size_t)size)
-        st = ch_fail(err, CH_STATUS_BAD_INPUT, "%s: read failed", path);
-    f->len = size > 0 ? (size_t)size : 0;
-    fclose(fp);
-    return st;
-}
 
 static bool as_index(const cJSON *v, double max, uint64_t *out)
 {
@@ -312,7 +296,7 @@ ch_status ch_st_read(const char *path, ch_st_file **out, ch_err *err)
 {
     ch_st_file *f = calloc(1, sizeof *f);
     CH_CHECK_ALLOC(err, f);
-    ch_status st = read_image(path, f, err);
+    ch_status st = ch_file_read(path, SIZE_MAX, &f->image, &f->len, err);
     if (st == CH_STATUS_OK) st = parse_header(path, f, err);
     if (st != CH_STATUS_OK) {
         ch_st_free(f);

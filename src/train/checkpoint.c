@@ -2,6 +2,8 @@
  * back and checked, and how old ones are pruned (see checkpoint.h). */
 #include "train/checkpoint.h"
 
+#include "core/file.h"
+
 #include <cjson/cJSON.h>
 #include <dirent.h>
 #include <errno.h>
@@ -71,27 +73,12 @@ static ch_status write_text(const char *path, const char *text, ch_err *err)
     return ok ? CH_STATUS_OK : ch_fail(err, CH_STATUS_SYSTEM, "%s: write failed (%s)", path, strerror(errno));
 }
 
+/* The file at path as a string, or NULL (err filled) if it cannot be read or is over max bytes. */
 static char *read_text(const char *path, size_t max, ch_err *err)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        ch_fail(err, CH_STATUS_BAD_INPUT, "%s: cannot open (%s)", path, strerror(errno));
-        return NULL;
-    }
-    char *buf = malloc(max + 1);
-    size_t n = buf ? fread(buf, 1, max + 1, f) : 0;
-    fclose(f);
-    if (!buf) {
-        CH_SYS_FAIL(err, "allocation of a text buffer");
-        return NULL;
-    }
-    if (n > max) {
-        free(buf);
-        ch_fail(err, CH_STATUS_BAD_INPUT, "%s: larger than %zu bytes", path, max);
-        return NULL;
-    }
-    buf[n] = 0;
-    return buf;
+    uint8_t *data = NULL;
+    size_t len = 0;
+    return ch_file_read(path, max, &data, &len, err) == CH_STATUS_OK ? (char *)data : NULL;
 }
 
 /* A checkpoint directory holds plain files only: remove them, then it. */
