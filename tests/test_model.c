@@ -19,6 +19,20 @@ static ch_model *make(const char *arch, ch_shape3 in)
     return m;
 }
 
+/* resnet18's backward scratch is four of its largest activations (the root's two ping-pong buffers
+ * and one residual block's two slots): nested Sequentials run inside their parent's chain and add
+ * none, and a residual block keeps no inner activation between forward and backward. */
+static void resnet18_backward_scratch_is_four_largest_activations(void **state)
+{
+    (void)state;
+    ch_model *m = make("resnet18", (ch_shape3){ 1, 28, 28 });
+    ch_err err;
+    enum { B = 8 };
+    assert_int_equal(ch_model_plan(m, ch_kernels_cpu(), B, 1, &err), CH_STATUS_OK);
+    assert_int_equal(m->scratch_len, (size_t)4 * 64 * 28 * 28 * B);
+    ch_model_free(m);
+}
+
 /* Names and shapes equal PyTorch's state_dict() (fixture written by make_state_dicts.py). */
 static void state_dict_matches_pytorch(void **state)
 {
@@ -239,6 +253,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(state_dict_matches_pytorch),
+        cmocka_unit_test(resnet18_backward_scratch_is_four_largest_activations),
         cmocka_unit_test(default_init_is_pytorchs_and_seeded),
         cmocka_unit_test(normal_init_and_bad_specs),
         cmocka_unit_test(unknown_models_and_impossible_inputs_are_refused),

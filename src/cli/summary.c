@@ -82,8 +82,10 @@ void ch_cli_print_summary(const ch_trainer *t)
            3 * tot.flops / 1e6);
     const double act = (double)tot.act_elems * slice * sizeof(ch_real);
     printf("memory per replica (slice of %d): parameters %.2f MiB, gradients %.2f MiB, optimizer state %.2f MiB, "
-           "activations %.2f MiB, kernel workspace %.2f MiB\n", slice, mib(P * 4), mib(P * 4),
-           t->replicas[0].opt.nstate * mib(P * 4), mib(act), mib((double)m->ws_len * sizeof(ch_real)));
+           "activations %.2f MiB, saved for backward %.2f MiB, backward scratch %.2f MiB, "
+           "kernel workspace %.2f MiB\n", slice, mib(P * 4), mib(P * 4),
+           t->replicas[0].opt.nstate * mib(P * 4), mib(act), mib((double)m->saved_bytes),
+           mib((double)m->scratch_len * sizeof(ch_real)), mib((double)m->ws_len * sizeof(ch_real)));
     int threads = 0;
     for (int r = 0; r < D; r++) threads += t->replicas[r].nthreads;
     printf("devices: %d rank%s x [%s] = %d replica%s; %d compute thread%s in this rank\n", t->procs,

@@ -86,7 +86,7 @@ typedef struct ch_kernels {
                                       const ch_real *dy, const ch_real *mean,
                                       const ch_real *invstd, double *sum_dy, double *sum_dy_xhat);
     /* dx = gamma*invstd * (dy - sum_dy/count - xhat * sum_dy_xhat/count), count the batch's
-     * element count per channel (all devices' with sync BN). */
+     * element count per channel (all devices' with sync BN). dx may alias x or dy. */
     void (*batchnorm_backward_data)(const ch_kctx *kc, int n, int c, int hw, const ch_real *x,
                                     const ch_real *dy, const ch_real *mean, const ch_real *invstd,
                                     const ch_real *gamma, const double *sum_dy,

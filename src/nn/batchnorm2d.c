@@ -11,6 +11,7 @@
 
 enum { BN_WEIGHT = 0, BN_BIAS = 1, BN_RMEAN = 0, BN_RVAR = 1 };
 static const double bn_eps = 1e-5, bn_momentum = 0.1;
+static const ch_layer_ops bn_ops;
 
 typedef struct bn_impl {
     ch_real *mean, *invstd, *scale, *shift;   /* (c) each, saved for backward */
@@ -106,6 +107,13 @@ static void bn_forward(ch_layer *l, const ch_run *r, int n, const ch_real *x)
         b->shift[i] = beta[i] - b->mean[i] * b->scale[i];
     }
     r->k->channel_affine(&r->kc, n, c, hw, x, b->scale, b->shift, l->y);
+}
+
+void ch_batchnorm2d_reapply(const ch_layer *l, const ch_run *r, int n, const ch_real *x, ch_real *y)
+{
+    const bn_impl *b = l->impl;
+    CH_ASSERT(l->ops == &bn_ops);
+    r->k->channel_affine(&r->kc, n, l->in.c, l->in.h * l->in.w, x, b->scale, b->shift, y);
 }
 
 /* Backward of the training-mode forward (the batch statistics depend on x). */

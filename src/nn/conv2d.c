@@ -9,19 +9,16 @@ typedef struct conv_impl {
     ch_real *cols;     /* forward's im2col matrices for backward, when they fit the budget */
 } conv_impl;
 
-/* Caching im2col between forward and backward saves a pass over memory per step; worth it while the
- * cache stays small (the small networks), not for resnet18's 28x28 stages (hundreds of MiB). */
-enum { CONV_COLS_BUDGET_BYTES = 64 << 20 };
-
 static ch_status conv_plan(ch_layer *l, ch_plan *pl, ch_err *err)
 {
     conv_impl *c = l->impl;
     size_t need = pl->k->conv2d_workspace(&c->d, pl->nthreads);
     if (need > pl->ws_need) pl->ws_need = need;
     const size_t cols = pl->k->conv2d_cols_len(&c->d) * (size_t)pl->max_batch;
-    if (cols > 0 && cols * sizeof(ch_real) <= CONV_COLS_BUDGET_BYTES) {
+    if (cols > 0 && cols * sizeof(ch_real) <= pl->cols_budget) {
         c->cols = malloc(sizeof(ch_real) * cols);
         CH_CHECK_ALLOC(err, c->cols);
+        pl->saved_bytes += sizeof(ch_real) * cols;
     }
     return ch_layer_alloc_output(l, pl->max_batch, err);
 }

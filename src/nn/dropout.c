@@ -17,8 +17,10 @@ typedef struct dropout_impl {
 static ch_status dropout_plan(ch_layer *l, ch_plan *pl, ch_err *err)
 {
     dropout_impl *d = l->impl;
-    d->mask = malloc(sizeof(ch_real) * ch_shape3_size(l->in) * (size_t)pl->max_batch);
+    const size_t len = ch_shape3_size(l->in) * (size_t)pl->max_batch;
+    d->mask = malloc(sizeof(ch_real) * len);
     CH_CHECK_ALLOC(err, d->mask);
+    pl->saved_bytes += sizeof(ch_real) * len;
     return ch_layer_alloc_output(l, pl->max_batch, err);
 }
 

@@ -86,12 +86,12 @@ void ch_layer_borrow_output(ch_layer *l, ch_real *buf)
 
 ch_status ch_layer_plan_tree(ch_layer *l, ch_plan *pl, ch_err *err)
 {
-    size_t most = 0;
-    for (int i = 0; i < l->nchildren; i++) {
-        CH_TRY(ch_layer_plan_tree(l->children[i], pl, err));
-        if (l->children[i]->scratch_need > most) most = l->children[i]->scratch_need;
-    }
+    for (int i = 0; i < l->nchildren; i++) CH_TRY(ch_layer_plan_tree(l->children[i], pl, err));
     CH_TRY(l->ops->plan(l, pl, err));
+    /* After l's plan: a Sequential changes what its nested Sequentials need (it runs their leaves). */
+    size_t most = 0;
+    for (int i = 0; i < l->nchildren; i++)
+        if (l->children[i]->scratch_need > most) most = l->children[i]->scratch_need;
     l->scratch_need = l->scratch_own + most;
     return CH_STATUS_OK;
 }

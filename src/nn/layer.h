@@ -64,19 +64,28 @@ typedef struct ch_run {
     /* Backward scratch, used as a stack: a layer's backward takes its scratch_own elements from
      * the bottom and runs its children with the rest (ch_run_above). Gradient temporaries live
      * only while their layer's backward runs, so one stack as deep as the deepest nesting
-     * replaces a set of buffers per layer (resnet18 batch 256: ~0.9 GB less). */
+     * replaces a set of buffers per layer (resnet18 batch 256: ~0.9 GB less). Forward may use
+     * the stack too, for values that are dead once the layer's forward returns (a residual
+     * block's inner activation, recomputed in backward); nothing lives there between calls. */
     ch_real *scratch;
     size_t scratch_len;
 } ch_run;
 
 typedef struct ch_layer ch_layer;
 
+/* Caching im2col between forward and backward saves a pass over memory per step; worth it while the
+ * cache stays small (the small networks), not for resnet18's 28x28 stages (hundreds of MiB). */
+enum { CH_CONV_COLS_BUDGET_BYTES = 64 << 20 };
+
 /* Planning input and output: what a layer sizes its memory for. */
 typedef struct ch_plan {
     const ch_kernels *k;
     int max_batch;
     int nthreads;
+    size_t cols_budget; /* bytes of forward's im2col a conv layer may keep for backward */
     size_t ws_need;     /* out: the largest kernel workspace (elements) any layer needs */
+    size_t saved_bytes; /* out: what layers keep from forward for backward besides their outputs
+                         * (im2col matrices, pooling argmax, dropout masks) */
 } ch_plan;
 
 typedef struct ch_layer_ops {
@@ -88,7 +97,8 @@ typedef struct ch_layer_ops {
     /* x: (n, in) -> l->y: (n, out). */
     void (*forward)(ch_layer *l, const ch_run *r, int n, const ch_real *x);
     /* Writes the parameter gradients (overwriting) and, when dx is not NULL, dx: (n, in).
-     * x and l->y are what the last forward saw. dy is not modified unless the layer says so. */
+     * x and l->y are what the last forward saw. dy is not modified unless overwrites_dy says so;
+     * a layer may leave its own children's outputs overwritten (they are dead after backward). */
     void (*backward)(ch_layer *l, const ch_run *r, int n, const ch_real *x, const ch_real *dy,
                      ch_real *dx);
     /* Frees what impl owns (children, y and the struct are freed by ch_layer_free). */
@@ -97,6 +107,8 @@ typedef struct ch_layer_ops {
     bool y_unread_by_backward;
     /* forward and backward work with y == x (the layer may borrow its input's buffer). */
     bool in_place;
+    /* backward may write over dy: the caller passes a gradient it does not need afterwards. */
+    bool overwrites_dy;
 } ch_layer_ops;
 
 enum { CH_LAYER_MAX_TENSORS = 2 };
@@ -158,6 +170,9 @@ ch_status ch_global_avgpool_create(const char *name, ch_shape3 in, ch_layer **ou
 ch_status ch_relu_create(const char *name, ch_shape3 in, ch_layer **out, ch_err *err);
 ch_status ch_flatten_create(const char *name, ch_shape3 in, ch_layer **out, ch_err *err);
 ch_status ch_batchnorm2d_create(const char *name, ch_shape3 in, ch_layer **out, ch_err *err);
+/* A BatchNorm2d's last forward again: y = its output for input x, from the scale and shift that
+ * forward saved (the same bits), for a parent that recomputes the output instead of keeping it. */
+void ch_batchnorm2d_reapply(const ch_layer *l, const ch_run *r, int n, const ch_real *x, ch_real *y);
 ch_status ch_dropout_create(const char *name, ch_shape3 in, double p, uint32_t id,
                             ch_layer **out, ch_err *err);
 /* Reference program D's residual block: conv3x3-BN-ReLU-conv3x3-BN (+ 1x1 conv shortcut), add, ReLU. */

@@ -32,6 +32,9 @@ typedef struct ch_model {
     size_t ws_len;
     ch_real *scratch;               /* the layers' backward scratch stack, planned */
     size_t scratch_len;
+    size_t saved_bytes;             /* kept from forward for backward besides outputs, planned */
+    size_t cols_budget;             /* bytes of im2col a conv may keep; CH_CONV_COLS_BUDGET_BYTES
+                                     * unless changed before planning (tests: 0) */
 } ch_model;
 
 /* Build a zoo architecture for inputs of shape `input` and `classes` outputs, allocate the flat
@@ -50,7 +53,9 @@ ch_status ch_model_plan(ch_model *m, const ch_kernels *k, int max_batch, int nth
 ch_run ch_model_run(const ch_model *m, const ch_kernels *k, bool training);
 /* x: (n, input) -> logits (n, classes), returned (owned by the model, valid until the next call). */
 const ch_real *ch_model_forward(ch_model *m, const ch_run *r, int n, const ch_real *x);
-/* Writes m->grads from dlogits (n, classes); call after ch_model_forward on the same x. */
+/* Writes m->grads from dlogits (n, classes); call after ch_model_forward on the same x.
+ * dlogits is used as scratch (it may be overwritten), and so are the saved activations: a second
+ * backward needs a new forward. */
 void ch_model_backward(ch_model *m, const ch_run *r, int n, const ch_real *x,
                        const ch_real *dlogits);
 /* The tensor with this PyTorch name, or NULL. */

@@ -17,8 +17,10 @@ static ch_status pool_plan(ch_layer *l, ch_plan *pl, ch_err *err)
 static ch_status maxpool_plan(ch_layer *l, ch_plan *pl, ch_err *err)
 {
     pool_impl *p = l->impl;
-    p->argmax = malloc(sizeof(int32_t) * ch_shape3_size(l->out) * (size_t)pl->max_batch);
+    const size_t len = ch_shape3_size(l->out) * (size_t)pl->max_batch;
+    p->argmax = malloc(sizeof(int32_t) * len);
     CH_CHECK_ALLOC(err, p->argmax);
+    pl->saved_bytes += sizeof(int32_t) * len;
     return pool_plan(l, pl, err);
 }
 
