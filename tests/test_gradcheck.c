@@ -127,12 +127,6 @@ static void check(probe *p, const char *what, int per_tensor, int inputs)
     assert_true(worst <= tol);
 }
 
-/* Convolutions keep forward's im2col for backward when it fits a budget; tiny test shapes always
- * fit, so the layers that hold convolutions are checked again with none kept (cols_budget 0), the
- * path of large batches where backward reads its input activations (a residual block's
- * recomputed inner activation among them). */
-static bool keep_cols = true;
-
 static void probe_init(probe *p, ch_model *m, int n, bool xent, uint64_t seed)
 {
     ch_err err;
@@ -144,7 +138,6 @@ static void probe_init(probe *p, ch_model *m, int n, bool xent, uint64_t seed)
     for (int t = 0; t < m->ntensors; t++)
         if (m->tensors[t].kind == CH_TENSOR_PARAM && m->tensors[t].spec->role >= CH_ROLE_ONES)
             tu_fill_uniform(m->tensors[t].data, m->tensors[t].spec->count, 0.5, 1.5, seed + (uint64_t)t);
-    if (!keep_cols) m->cols_budget = 0;
     assert_int_equal(ch_model_plan(m, ch_kernels_cpu(), n, 2, &err), CH_STATUS_OK);
     p->run = ch_model_run(m, ch_kernels_cpu(), true);
     p->run.seed = 7;
@@ -242,14 +235,8 @@ static void batchnorm_gradients(void **state)
 static void residual_gradients(void **state)
 {
     (void)state;
-    for (int pass = 0; pass < 2; pass++) {
-        keep_cols = pass == 0;
-        check_layer(keep_cols ? "residual identity" : "residual identity, no cols",
-                    MAKE(ch_residual_create, "r", (ch_shape3){ 4, 5, 5 }, 4, false, 1), 2);
-        check_layer(keep_cols ? "residual 1x1 s2" : "residual 1x1 s2, no cols",
-                    MAKE(ch_residual_create, "r", (ch_shape3){ 3, 6, 6 }, 5, true, 2), 2);
-    }
-    keep_cols = true;
+    check_layer("residual identity", MAKE(ch_residual_create, "r", (ch_shape3){ 4, 5, 5 }, 4, false, 1), 2);
+    check_layer("residual 1x1 s2", MAKE(ch_residual_create, "r", (ch_shape3){ 3, 6, 6 }, 5, true, 2), 2);
 }
 
 static void check_model(const char *arch, ch_shape3 in, int n, int per_tensor, int inputs)
@@ -259,9 +246,7 @@ static void check_model(const char *arch, ch_shape3 in, int n, int per_tensor, i
     assert_int_equal(ch_model_create(arch, in, 10, &m, &err), CH_STATUS_OK);
     probe p;
     probe_init(&p, m, n, true, 21);
-    char what[64];
-    snprintf(what, sizeof what, "%s%s", arch, keep_cols ? "" : ", no cols");
-    check(&p, what, per_tensor, inputs);
+    check(&p, arch, per_tensor, inputs);
     probe_free(&p);
 }
 
@@ -288,10 +273,6 @@ static void model_gradients(void **state)
     check_model("resnet18", (ch_shape3){ 1, 8, 8 }, 4, 1, 3);
     /* torchvision's: 7x7 stride-2 stem, max pool with padding, BasicBlocks with downsample. */
     check_model("resnet18-imagenet", (ch_shape3){ 3, 16, 16 }, 4, 1, 3);
-    keep_cols = false;
-    check_model("resnet18", (ch_shape3){ 1, 8, 8 }, 4, 1, 3);
-    check_model("resnet18-imagenet", (ch_shape3){ 3, 16, 16 }, 4, 1, 3);
-    keep_cols = true;
     check_model("linear", (ch_shape3){ 1, 1, 5 }, 3, 3, 4);
 }
 

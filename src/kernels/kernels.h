@@ -45,22 +45,15 @@ typedef struct ch_kernels {
 
     /* Scratch (elements) the three convolution kernels need with nthreads threads. */
     size_t (*conv2d_workspace)(const ch_conv_desc *d, int nthreads);
-    /* Elements per sample the backend can keep between a convolution's forward and backward
-     * passes to save work (0: nothing worth keeping). */
-    size_t (*conv2d_cols_len)(const ch_conv_desc *d);
-    /* y[n,o,i,j] = b[o] + sum_{c,p,q} w[o,c,p,q] * x[n,c,i*s-pad+p,j*s-pad+q]; b may be NULL.
-     * cols, when not NULL, has conv2d_cols_len(d) * n elements: the backend keeps there what
-     * backward_weights can reuse (the CPU's im2col matrices), and must then be given the same. */
+    /* y[n,o,i,j] = b[o] + sum_{c,p,q} w[o,c,p,q] * x[n,c,i*s-pad+p,j*s-pad+q]; b may be NULL. */
     void (*conv2d_forward)(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
-                           const ch_real *w, const ch_real *b, ch_real *y, ch_real *cols);
+                           const ch_real *w, const ch_real *b, ch_real *y);
     /* dx = conv2d_forward's adjoint in x (dx is overwritten). */
     void (*conv2d_backward_data)(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *dy,
                                  const ch_real *w, ch_real *dx);
-    /* dw (and db if not NULL) = gradients summed over the batch (overwritten). cols: NULL, or
-     * what the forward pass on the same x left there. */
+    /* dw (and db if not NULL) = gradients summed over the batch (overwritten). */
     void (*conv2d_backward_weights)(const ch_kctx *kc, const ch_conv_desc *d, int n,
-                                    const ch_real *x, const ch_real *dy, ch_real *dw, ch_real *db,
-                                    const ch_real *cols);
+                                    const ch_real *x, const ch_real *dy, ch_real *dw, ch_real *db);
 
     /* Max pooling; argmax[n, c, i, j] = flat index into the (h, w) plane of the winner. */
     void (*maxpool2d_forward)(const ch_kctx *kc, const ch_pool_desc *d, int n, const ch_real *x,

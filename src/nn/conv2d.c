@@ -6,7 +6,6 @@
 typedef struct conv_impl {
     ch_conv_desc d;
     bool bias;
-    ch_real *cols;     /* forward's im2col matrices for backward, when they fit the budget */
 } conv_impl;
 
 static ch_status conv_plan(ch_layer *l, ch_plan *pl, ch_err *err)
@@ -14,41 +13,27 @@ static ch_status conv_plan(ch_layer *l, ch_plan *pl, ch_err *err)
     conv_impl *c = l->impl;
     size_t need = pl->k->conv2d_workspace(&c->d, pl->nthreads);
     if (need > pl->ws_need) pl->ws_need = need;
-    const size_t cols = pl->k->conv2d_cols_len(&c->d) * (size_t)pl->max_batch;
-    if (cols > 0 && cols * sizeof(ch_real) <= pl->cols_budget) {
-        c->cols = malloc(sizeof(ch_real) * cols);
-        CH_CHECK_ALLOC(err, c->cols);
-        pl->saved_bytes += sizeof(ch_real) * cols;
-    }
     return ch_layer_alloc_output(l, pl->max_batch, err);
-}
-
-static void conv_free(ch_layer *l)
-{
-    conv_impl *c = l->impl;
-    if (c) free(c->cols);
 }
 
 static void conv_forward(ch_layer *l, const ch_run *r, int n, const ch_real *x)
 {
     conv_impl *c = l->impl;
-    r->k->conv2d_forward(&r->kc, &c->d, n, x, l->p[0], c->bias ? l->p[1] : NULL, l->y,
-                         r->training ? c->cols : NULL);
+    r->k->conv2d_forward(&r->kc, &c->d, n, x, l->p[0], c->bias ? l->p[1] : NULL, l->y);
 }
 
 static void conv_backward(ch_layer *l, const ch_run *r, int n, const ch_real *x, const ch_real *dy,
                           ch_real *dx)
 {
     conv_impl *c = l->impl;
-    r->k->conv2d_backward_weights(&r->kc, &c->d, n, x, dy, l->g[0], c->bias ? l->g[1] : NULL,
-                                  c->cols);
+    r->k->conv2d_backward_weights(&r->kc, &c->d, n, x, dy, l->g[0], c->bias ? l->g[1] : NULL);
     ch_run_grads_ready(r, l);
     if (dx) r->k->conv2d_backward_data(&r->kc, &c->d, n, dy, l->p[0], dx);
 }
 
 static const ch_layer_ops conv_ops = {
     .kind = "Conv2d", .plan = conv_plan, .forward = conv_forward, .backward = conv_backward,
-    .free_impl = conv_free, .y_unread_by_backward = true,
+    .y_unread_by_backward = true,
 };
 
 ch_status ch_conv2d_create(const char *name, ch_shape3 in, int out_channels, int kernel,

@@ -73,19 +73,14 @@ typedef struct ch_run {
 
 typedef struct ch_layer ch_layer;
 
-/* Caching im2col between forward and backward saves a pass over memory per step; worth it while the
- * cache stays small (the small networks), not for resnet18's 28x28 stages (hundreds of MiB). */
-enum { CH_CONV_COLS_BUDGET_BYTES = 64 << 20 };
-
 /* Planning input and output: what a layer sizes its memory for. */
 typedef struct ch_plan {
     const ch_kernels *k;
     int max_batch;
     int nthreads;
-    size_t cols_budget; /* bytes of forward's im2col a conv layer may keep for backward */
     size_t ws_need;     /* out: the largest kernel workspace (elements) any layer needs */
     size_t saved_bytes; /* out: what layers keep from forward for backward besides their outputs
-                         * (im2col matrices, pooling argmax, dropout masks) */
+                         * (pooling argmax, dropout masks) */
 } ch_plan;
 
 typedef struct ch_layer_ops {

@@ -78,7 +78,6 @@ ch_status ch_model_create_from(const char *arch, ch_layer *root, int classes, ch
     }
     snprintf(m->arch, sizeof m->arch, "%s", arch);
     m->root = root;
-    m->cols_budget = CH_CONV_COLS_BUDGET_BYTES;
     m->input = root->in;
     m->classes = classes;
     walk(m, root, "", count_tensors);
@@ -161,8 +160,7 @@ ch_status ch_model_plan(ch_model *m, const ch_kernels *k, int max_batch, int nth
                         ch_err *err)
 {
     CH_ASSERT(m->max_batch == 0);
-    ch_plan pl = { .k = k, .max_batch = max_batch, .nthreads = nthreads,
-                   .cols_budget = m->cols_budget };
+    ch_plan pl = { .k = k, .max_batch = max_batch, .nthreads = nthreads };
     CH_TRY(ch_layer_plan_tree(m->root, &pl, err));
     m->ws_len = pl.ws_need;
     m->saved_bytes = pl.saved_bytes;

@@ -33,8 +33,6 @@ typedef struct ch_model {
     ch_real *scratch;               /* the layers' backward scratch stack, planned */
     size_t scratch_len;
     size_t saved_bytes;             /* kept from forward for backward besides outputs, planned */
-    size_t cols_budget;             /* bytes of im2col a conv may keep; CH_CONV_COLS_BUDGET_BYTES
-                                     * unless changed before planning (tests: 0) */
 } ch_model;
 
 /* Build a zoo architecture for inputs of shape `input` and `classes` outputs, allocate the flat

@@ -24,14 +24,13 @@ void ch_cpu_gemm(const ch_kctx *kc, bool ta, bool tb, int m, int n, int k, ch_re
                  int ldc);
 
 size_t ch_cpu_conv2d_workspace(const ch_conv_desc *d, int nthreads);
-size_t ch_cpu_conv2d_cols_len(const ch_conv_desc *d);
 void ch_cpu_conv2d_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
-                           const ch_real *w, const ch_real *b, ch_real *y, ch_real *cols);
+                           const ch_real *w, const ch_real *b, ch_real *y);
 void ch_cpu_conv2d_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int n,
                                  const ch_real *dy, const ch_real *w, ch_real *dx);
 void ch_cpu_conv2d_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, int n,
                                     const ch_real *x, const ch_real *dy, ch_real *dw,
-                                    ch_real *db, const ch_real *cols);
+                                    ch_real *db);
 
 void ch_cpu_maxpool2d_forward(const ch_kctx *kc, const ch_pool_desc *d, int n, const ch_real *x,
                               ch_real *y, int32_t *argmax);

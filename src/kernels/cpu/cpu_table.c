@@ -5,7 +5,6 @@ static const ch_kernels cpu_table = {
     .name = "cpu",
     .gemm = ch_cpu_gemm,
     .conv2d_workspace = ch_cpu_conv2d_workspace,
-    .conv2d_cols_len = ch_cpu_conv2d_cols_len,
     .conv2d_forward = ch_cpu_conv2d_forward,
     .conv2d_backward_data = ch_cpu_conv2d_backward_data,
     .conv2d_backward_weights = ch_cpu_conv2d_backward_weights,

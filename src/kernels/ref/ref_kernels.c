@@ -43,17 +43,10 @@ static bool tap(const ch_conv_desc *d, int i, int j, int p, int q, int *ih, int 
     return *ih >= 0 && *ih < d->h && *iw >= 0 && *iw < d->w;
 }
 
-static size_t ref_conv_cols_len(const ch_conv_desc *d)
-{
-    (void)d;
-    return 0;
-}
-
 static void ref_conv_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
-                             const ch_real *w, const ch_real *b, ch_real *y, ch_real *cols)
+                             const ch_real *w, const ch_real *b, ch_real *y)
 {
     (void)kc;
-    (void)cols;
     for (int s = 0; s < n; s++)
         for (int o = 0; o < d->oc; o++)
             for (int i = 0; i < d->oh; i++)
@@ -91,10 +84,9 @@ static void ref_conv_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int
 
 static void ref_conv_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, int n,
                                       const ch_real *x, const ch_real *dy, ch_real *dw,
-                                      ch_real *db, const ch_real *cols)
+                                      ch_real *db)
 {
     (void)kc;
-    (void)cols;
     for (int o = 0; o < d->oc; o++) {
         for (int ci = 0; ci < d->c; ci++)
             for (int p = 0; p < d->kh; p++)
@@ -163,7 +155,6 @@ static const ch_kernels ref_table = {
     .name = "ref",
     .gemm = ref_gemm,
     .conv2d_workspace = ref_conv_workspace,
-    .conv2d_cols_len = ref_conv_cols_len,
     .conv2d_forward = ref_conv_forward,
     .conv2d_backward_data = ref_conv_backward_data,
     .conv2d_backward_weights = ref_conv_backward_weights,
