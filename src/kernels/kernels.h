@@ -26,6 +26,10 @@ typedef struct ch_conv_desc {
     int c, h, w;
     int oc, kh, kw, stride, pad;
     int oh, ow;
+    /* A ReLU fused on the output: forward writes max(0, conv(x) + b) while each group is in
+     * cache, and backward weights first applies ReLU's backward to dy in place (dy = 0 where
+     * y <= 0), so it must run before backward data, which then reads the masked dy. */
+    bool relu;
 } ch_conv_desc;
 
 /* Pooling geometry: x (c, h, w) -> y (c, oh, ow). Average pooling counts padding (PyTorch default). */
@@ -51,9 +55,11 @@ typedef struct ch_kernels {
     /* dx = conv2d_forward's adjoint in x (dx is overwritten). */
     void (*conv2d_backward_data)(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *dy,
                                  const ch_real *w, ch_real *dx);
-    /* dw (and db if not NULL) = gradients summed over the batch (overwritten). */
+    /* dw (and db if not NULL) = gradients summed over the batch (overwritten). y is forward's
+     * output, read only with d->relu, which also makes dy an output (masked in place). */
     void (*conv2d_backward_weights)(const ch_kctx *kc, const ch_conv_desc *d, int n,
-                                    const ch_real *x, const ch_real *dy, ch_real *dw, ch_real *db);
+                                    const ch_real *x, const ch_real *y, ch_real *dy, ch_real *dw,
+                                    ch_real *db);
 
     /* Max pooling; argmax[n, c, i, j] = flat index into the (h, w) plane of the winner. */
     void (*maxpool2d_forward)(const ch_kctx *kc, const ch_pool_desc *d, int n, const ch_real *x,

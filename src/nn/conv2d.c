@@ -22,18 +22,30 @@ static void conv_forward(ch_layer *l, const ch_run *r, int n, const ch_real *x)
     r->k->conv2d_forward(&r->kc, &c->d, n, x, l->p[0], c->bias ? l->p[1] : NULL, l->y);
 }
 
+/* With a fused ReLU, backward weights masks dy in place first (the ReLU's backward), and backward
+ * data then reads the masked dy. */
 static void conv_backward(ch_layer *l, const ch_run *r, int n, const ch_real *x, const ch_real *dy,
                           ch_real *dx)
 {
     conv_impl *c = l->impl;
-    r->k->conv2d_backward_weights(&r->kc, &c->d, n, x, dy, l->g[0], c->bias ? l->g[1] : NULL);
+    CH_ASSERT(!c->d.relu || dy != l->y);
+    r->k->conv2d_backward_weights(&r->kc, &c->d, n, x, l->y, (ch_real *)dy, l->g[0],
+                                  c->bias ? l->g[1] : NULL);
     ch_run_grads_ready(r, l);
     if (dx) r->k->conv2d_backward_data(&r->kc, &c->d, n, dy, l->p[0], dx);
 }
 
+static bool conv_absorb_relu(ch_layer *l)
+{
+    conv_impl *c = l->impl;
+    c->d.relu = true;
+    return true;
+}
+
 static const ch_layer_ops conv_ops = {
     .kind = "Conv2d", .plan = conv_plan, .forward = conv_forward, .backward = conv_backward,
-    .y_unread_by_backward = true,
+    .y_unread_by_backward = true,   /* unless it absorbed a ReLU, whose output y then is */
+    .absorb_relu = conv_absorb_relu, .overwrites_dy = true,
 };
 
 ch_status ch_conv2d_create(const char *name, ch_shape3 in, int out_channels, int kernel,
@@ -52,7 +64,7 @@ ch_status ch_conv2d_create(const char *name, ch_shape3 in, int out_channels, int
         return CH_SYS_FAIL(err, "calloc of conv");
     }
     l->impl = c;
-    c->d = (ch_conv_desc){ in.c, in.h, in.w, out_channels, kernel, kernel, stride, pad, oh, ow };
+    c->d = (ch_conv_desc){ in.c, in.h, in.w, out_channels, kernel, kernel, stride, pad, oh, ow, false };
     c->bias = bias;
     const int fan_in = in.c * kernel * kernel;
     ch_layer_add_param(l, "weight", 4, (int64_t[]){ out_channels, in.c, kernel, kernel },

@@ -104,6 +104,9 @@ typedef struct ch_layer_ops {
     bool in_place;
     /* backward may write over dy: the caller passes a gradient it does not need afterwards. */
     bool overwrites_dy;
+    /* Take over the ReLU that follows: apply it to y in forward and its backward to dy in backward
+     * (the layer's own y is then the ReLU's output). NULL or false: not supported. */
+    bool (*absorb_relu)(ch_layer *l);
 } ch_layer_ops;
 
 enum { CH_LAYER_MAX_TENSORS = 2 };
@@ -118,6 +121,7 @@ struct ch_layer {
     int64_t *num_batches_tracked;  /* BatchNorm only; bound by the model */
     ch_real *y;                    /* output activations; owned when y_owned */
     bool y_owned;
+    bool absorbed;                 /* a ReLU whose work the layer before it does: not run */
     size_t scratch_own;            /* backward scratch this layer takes (elements), planned */
     size_t scratch_need;           /* the subtree's: own + the largest child's, planned */
     int nchildren;
@@ -163,6 +167,7 @@ ch_status ch_avgpool2d_create(const char *name, ch_shape3 in, int kernel, int st
                               ch_layer **out, ch_err *err);
 ch_status ch_global_avgpool_create(const char *name, ch_shape3 in, ch_layer **out, ch_err *err);
 ch_status ch_relu_create(const char *name, ch_shape3 in, ch_layer **out, ch_err *err);
+bool ch_layer_is_relu(const ch_layer *l);
 ch_status ch_flatten_create(const char *name, ch_shape3 in, ch_layer **out, ch_err *err);
 ch_status ch_batchnorm2d_create(const char *name, ch_shape3 in, ch_layer **out, ch_err *err);
 /* A BatchNorm2d's last forward again: y = its output for input x, from the scale and shift that

@@ -25,6 +25,8 @@ static const ch_layer_ops relu_ops = {
     .in_place = true,
 };
 
+bool ch_layer_is_relu(const ch_layer *l) { return l->ops == &relu_ops; }
+
 ch_status ch_relu_create(const char *name, ch_shape3 in, ch_layer **out, ch_err *err)
 {
     *out = ch_layer_alloc(&relu_ops, name, in, in);

@@ -1,6 +1,7 @@
 /* Sequential container: children run in order; y is the last child's output.
  * Backward runs the chain of leaves: a child that is itself a Sequential is opened up into its
- * children (recursively), so nested Sequentials (resnet18's stages) add no buffers of their own.
+ * children (recursively), so nested Sequentials (resnet18's stages) add no buffers of their own,
+ * and a ReLU absorbed by the convolution before it is left out.
  * Gradients pass between consecutive leaves through ping-pong buffers taken from the run's scratch
  * stack, sized to the largest leaf input they must hold; one buffer when the chain has two leaves. */
 #include "nn/layer.h"
@@ -35,7 +36,7 @@ static ch_status build_chain(ch_layer *l, ch_err *err)
     for (int i = 0; i < l->nchildren; i++) {
         ch_layer *c = l->children[i];
         if (!is_sequential(c)) {
-            s->chain[s->nchain++] = c;
+            if (!c->absorbed) s->chain[s->nchain++] = c;
             continue;
         }
         seq_impl *cs = c->impl;
@@ -52,6 +53,20 @@ static ch_status build_chain(ch_layer *l, ch_err *err)
 
 static ch_status seq_plan(ch_layer *l, ch_plan *pl, ch_err *err)
 {
+    /* A ReLU after a layer that can absorb it (Conv2d) is done by that layer, in forward while
+     * each group of its output is in cache and in backward on dy: two passes over memory less.
+     * Otherwise an in-place child (ReLU) after one whose backward does not read its output
+     * (BatchNorm2d, Linear) writes over that output: one activation less to keep. */
+    for (int i = 1; i < l->nchildren; i++) {
+        ch_layer *prev = l->children[i - 1], *c = l->children[i];
+        if (!prev->y_owned) continue;
+        if (ch_layer_is_relu(c) && prev->ops->absorb_relu && prev->ops->absorb_relu(prev)) {
+            ch_layer_borrow_output(c, prev->y);
+            c->absorbed = true;
+        } else if (c->ops->in_place && prev->ops->y_unread_by_backward) {
+            ch_layer_borrow_output(c, prev->y);
+        }
+    }
     CH_TRY(build_chain(l, err));
     const seq_impl *s = l->impl;
     size_t most = 0;
@@ -61,13 +76,6 @@ static ch_status seq_plan(ch_layer *l, ch_plan *pl, ch_err *err)
     }
     const size_t nbuf = s->nchain > 2 ? 2 : s->nchain == 2 ? 1 : 0;
     l->scratch_own = nbuf * most * (size_t)pl->max_batch;
-    /* An in-place child (ReLU) after one whose backward does not read its output (Conv2d,
-     * BatchNorm2d, Linear) writes over that output: one activation less to keep, one pass less. */
-    for (int i = 1; i < l->nchildren; i++) {
-        ch_layer *prev = l->children[i - 1], *c = l->children[i];
-        if (c->ops->in_place && prev->ops->y_unread_by_backward && prev->y_owned)
-            ch_layer_borrow_output(c, prev->y);
-    }
     l->y = l->nchildren ? l->children[l->nchildren - 1]->y : NULL;
     l->y_owned = false;
     return CH_STATUS_OK;
@@ -77,8 +85,9 @@ static void seq_forward(ch_layer *l, const ch_run *r, int n, const ch_real *x)
 {
     const ch_real *cur = x;
     for (int i = 0; i < l->nchildren; i++) {
-        l->children[i]->ops->forward(l->children[i], r, n, cur);
-        cur = l->children[i]->y;
+        ch_layer *c = l->children[i];
+        if (!c->absorbed) c->ops->forward(c, r, n, cur);
+        cur = c->y;
     }
 }
 

@@ -8,6 +8,8 @@
 
 /* The calling thread's index inside an OpenMP team (0 outside one). */
 static inline int ch_omp_thread(void) { return omp_get_thread_num(); }
+/* The size of the calling thread's team (1 outside one). */
+static inline int ch_omp_threads(void) { return omp_get_num_threads(); }
 
 /* Partial sums per row sum (cpu_reduce.c, in double: two AVX-512 vectors) and per dot product of
  * the first-layer weight-gradient tiles (cpu_conv.c, in float: one vector). */
@@ -29,7 +31,7 @@ void ch_cpu_conv2d_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, cons
 void ch_cpu_conv2d_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int n,
                                  const ch_real *dy, const ch_real *w, ch_real *dx);
 void ch_cpu_conv2d_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, int n,
-                                    const ch_real *x, const ch_real *dy, ch_real *dw,
+                                    const ch_real *x, const ch_real *y, ch_real *dy, ch_real *dw,
                                     ch_real *db);
 
 void ch_cpu_maxpool2d_forward(const ch_kctx *kc, const ch_pool_desc *d, int n, const ch_real *x,
@@ -64,6 +66,9 @@ void ch_cpu_batchnorm_backward_data(const ch_kctx *kc, int n, int c, int hw, con
                                     double count, ch_real *dx);
 
 void ch_cpu_relu_forward(const ch_kctx *kc, size_t len, const ch_real *x, ch_real *y);
+/* The same on the calling thread alone (a convolution's fused ReLU, one group at a time). */
+void ch_cpu_relu_span(size_t len, const ch_real *x, ch_real *y);
+void ch_cpu_relu_backward_span(size_t len, const ch_real *y, const ch_real *dy, ch_real *dx);
 void ch_cpu_relu_backward(const ch_kctx *kc, size_t len, const ch_real *y, const ch_real *dy,
                           ch_real *dx);
 void ch_cpu_add(const ch_kctx *kc, size_t len, const ch_real *a, const ch_real *b, ch_real *y);

@@ -309,13 +309,15 @@ static void forward_group(const ch_kctx *kc, const ch_conv_desc *d, int gw, cons
     ch_real *out = gw == 1 ? y : packed;
     ch_cpu_gemm(kc, false, false, d->oc, (int)ld, (int)K, 1, w, (int)K, src, (int)ld, 0, out,
                 (int)ld);
-    if (gw == 1 && !b) return;
-    for (int s = 0; s < gw; s++)
-        for (int o = 0; o < d->oc; o++) {
-            const ch_real bo = b ? b[o] : 0, *from = out + o * ld + s * P;
-            ch_real *to = y + ((size_t)s * d->oc + o) * P;
-            for (size_t p = 0; p < P; p++) to[p] = from[p] + bo;
-        }
+    if (gw > 1 || b)
+        for (int s = 0; s < gw; s++)
+            for (int o = 0; o < d->oc; o++) {
+                const ch_real bo = b ? b[o] : 0, *from = out + o * ld + s * P;
+                ch_real *to = y + ((size_t)s * d->oc + o) * P;
+                for (size_t p = 0; p < P; p++) to[p] = from[p] + bo;
+            }
+    /* The group's output is still in cache: a separate ReLU pass would read it back from memory. */
+    if (d->relu) ch_cpu_relu_span((size_t)gw * d->oc * P, y, y);
 }
 
 void ch_cpu_conv2d_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
@@ -456,9 +458,10 @@ static void dw_small_k(const ch_conv_desc *d, size_t len, const ch_real *dy, con
 
 /* Accumulate one group's weight gradient into dw (oc, K) and db (oc); first: overwrite. */
 static void backward_weights_group(const ch_kctx *kc, const ch_conv_desc *d, int gw,
-                                   const ch_real *x, const ch_real *dy, ch_real *dw, ch_real *db,
-                                   const conv_scratch *sc, bool first)
+                                   const ch_real *x, const ch_real *y, ch_real *dy, ch_real *dw,
+                                   ch_real *db, const conv_scratch *sc, bool first)
 {
+    if (d->relu) ch_cpu_relu_backward_span((size_t)gw * d->oc * conv_p(d), y, dy, dy);
     const size_t K = conv_k(d), P = conv_p(d), ld = (size_t)gw * P;
     const size_t xs = (size_t)d->c * d->h * d->w;
     const ch_real *src = x;
@@ -484,7 +487,7 @@ static void backward_weights_group(const ch_kctx *kc, const ch_conv_desc *d, int
 }
 
 void ch_cpu_conv2d_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, int n,
-                                    const ch_real *x, const ch_real *dy, ch_real *dw,
+                                    const ch_real *x, const ch_real *y, ch_real *dy, ch_real *dw,
                                     ch_real *db)
 {
     const size_t xs = (size_t)d->c * d->h * d->w, ys = (size_t)d->oc * conv_p(d);
@@ -506,7 +509,8 @@ void ch_cpu_conv2d_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, in
         thread_groups(&sp, t, &lo, &hi);
         for (int q = lo; q < hi; q++) {
             const int s0 = q * sp.g, gw = group_width(&sp, n, s0);
-            backward_weights_group(kc, d, gw, x + s0 * xs, dy + s0 * ys, pw, pb, &sc, q == lo);
+            backward_weights_group(kc, d, gw, x + s0 * xs, d->relu ? y + s0 * ys : NULL,
+                                   dy + s0 * ys, pw, pb, &sc, q == lo);
         }
         if (T > 1) {
 #pragma omp barrier

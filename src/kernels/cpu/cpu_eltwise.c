@@ -3,18 +3,43 @@
 
 #include <math.h>
 
-void ch_cpu_relu_forward(const ch_kctx *kc, size_t len, const ch_real *x, ch_real *y)
+void ch_cpu_relu_span(size_t len, const ch_real *x, ch_real *y)
 {
-#pragma omp parallel for num_threads(kc->nthreads) schedule(static)
     /* Written so that NaN passes through, as in PyTorch: a diverging run must not look healthy. */
     for (size_t i = 0; i < len; i++) y[i] = x[i] < 0 ? 0 : x[i];
+}
+
+void ch_cpu_relu_backward_span(size_t len, const ch_real *y, const ch_real *dy, ch_real *dx)
+{
+    for (size_t i = 0; i < len; i++) dx[i] = y[i] > 0 ? dy[i] : 0;
+}
+
+/* [*lo, *hi): thread t's contiguous share of len elements among T. */
+static void share(size_t len, int t, int T, size_t *lo, size_t *hi)
+{
+    *lo = len * (size_t)t / (size_t)T;
+    *hi = len * (size_t)(t + 1) / (size_t)T;
+}
+
+void ch_cpu_relu_forward(const ch_kctx *kc, size_t len, const ch_real *x, ch_real *y)
+{
+#pragma omp parallel num_threads(kc->nthreads)
+    {
+        size_t lo, hi;
+        share(len, ch_omp_thread(), ch_omp_threads(), &lo, &hi);
+        ch_cpu_relu_span(hi - lo, x + lo, y + lo);
+    }
 }
 
 void ch_cpu_relu_backward(const ch_kctx *kc, size_t len, const ch_real *y, const ch_real *dy,
                           ch_real *dx)
 {
-#pragma omp parallel for num_threads(kc->nthreads) schedule(static)
-    for (size_t i = 0; i < len; i++) dx[i] = y[i] > 0 ? dy[i] : 0;
+#pragma omp parallel num_threads(kc->nthreads)
+    {
+        size_t lo, hi;
+        share(len, ch_omp_thread(), ch_omp_threads(), &lo, &hi);
+        ch_cpu_relu_backward_span(hi - lo, y + lo, dy + lo, dx + lo);
+    }
 }
 
 void ch_cpu_add(const ch_kctx *kc, size_t len, const ch_real *a, const ch_real *b, ch_real *y)

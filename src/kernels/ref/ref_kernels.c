@@ -59,7 +59,7 @@ static void ref_conv_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, co
                                 if (tap(d, i, j, p, q, &ih, &iw))
                                     acc += (double)W_AT(w, d, o, ci, p, q) * X_AT(x, d, s, ci, ih, iw);
                             }
-                    Y_AT(y, d, s, o, i, j) = (ch_real)acc;
+                    Y_AT(y, d, s, o, i, j) = d->relu && acc < 0 ? 0 : (ch_real)acc;
                 }
 }
 
@@ -83,10 +83,13 @@ static void ref_conv_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int
 }
 
 static void ref_conv_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, int n,
-                                      const ch_real *x, const ch_real *dy, ch_real *dw,
-                                      ch_real *db)
+                                      const ch_real *x, const ch_real *y, ch_real *dy,
+                                      ch_real *dw, ch_real *db)
 {
     (void)kc;
+    if (d->relu)
+        for (size_t i = 0; i < (size_t)n * d->oc * d->oh * d->ow; i++)
+            if (!(y[i] > 0)) dy[i] = 0;
     for (int o = 0; o < d->oc; o++) {
         for (int ci = 0; ci < d->c; ci++)
             for (int p = 0; p < d->kh; p++)
