@@ -89,11 +89,16 @@ ch_status ch_layer_plan_tree(ch_layer *l, ch_plan *pl, ch_err *err)
     for (int i = 0; i < l->nchildren; i++) CH_TRY(ch_layer_plan_tree(l->children[i], pl, err));
     CH_TRY(l->ops->plan(l, pl, err));
     /* After l's plan: a Sequential changes what its nested Sequentials need (it runs their leaves). */
+    l->scratch_need = l->scratch_own + ch_layer_children_need(l);
+    return CH_STATUS_OK;
+}
+
+size_t ch_layer_children_need(const ch_layer *l)
+{
     size_t most = 0;
     for (int i = 0; i < l->nchildren; i++)
         if (l->children[i]->scratch_need > most) most = l->children[i]->scratch_need;
-    l->scratch_need = l->scratch_own + most;
-    return CH_STATUS_OK;
+    return most;
 }
 
 ch_run ch_run_above(const ch_run *r, const ch_layer *l)

@@ -152,6 +152,8 @@ ch_status ch_layer_alloc_output(ch_layer *l, int max_batch, ch_err *err);
 void ch_layer_borrow_output(ch_layer *l, ch_real *buf);
 /* The run for l's children: r with l's own scratch taken off the bottom of the stack. */
 ch_run ch_run_above(const ch_run *r, const ch_layer *l);
+/* The most scratch any of l's children needs (their scratch_need, planned). */
+size_t ch_layer_children_need(const ch_layer *l);
 /* Plan l and its whole subtree. */
 ch_status ch_layer_plan_tree(ch_layer *l, ch_plan *pl, ch_err *err);
 

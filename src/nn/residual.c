@@ -37,6 +37,13 @@ static ch_status res_plan(ch_layer *l, ch_plan *pl, ch_err *err)
     return CH_STATUS_OK;
 }
 
+/* a1's place for this call: the run's first slot, where bn1 writes its output. */
+static ch_real *inner_activation(const res_impl *r, const ch_run *run)
+{
+    r->bn1->y = run->scratch;
+    return run->scratch;
+}
+
 static void run_fwd(ch_layer *c, const ch_run *run, int n, const ch_real *x)
 {
     c->ops->forward(c, run, n, x);
@@ -47,8 +54,7 @@ static void res_forward(ch_layer *l, const ch_run *run, int n, const ch_real *x)
     res_impl *r = l->impl;
     const size_t len = ch_shape3_size(l->out) * (size_t)n;
     const ch_run above = ch_run_above(run, l), *a = &above;
-    ch_real *a1 = run->scratch;
-    r->bn1->y = a1;
+    ch_real *a1 = inner_activation(r, run);
     run_fwd(r->conv1, a, n, x);
     run_fwd(r->bn1, a, n, r->conv1->y);
     run->k->relu_forward(&run->kc, len, a1, a1);
@@ -69,9 +75,8 @@ static void res_backward(ch_layer *l, const ch_run *run, int n, const ch_real *x
     res_impl *r = l->impl;
     const size_t len = ch_shape3_size(l->out) * (size_t)n;
     const ch_run above = ch_run_above(run, l), *a = &above;
-    ch_real *a1 = run->scratch, *t = run->scratch + r->slot;
+    ch_real *a1 = inner_activation(r, run), *t = a1 + r->slot;
     ch_real *dz = (ch_real *)dy, *d2 = r->conv2->y, *d1 = r->conv1->y;   /* overwritten */
-    r->bn1->y = a1;
     run->k->relu_backward(&run->kc, len, l->y, dy, dz);
     r->bn2->ops->backward(r->bn2, a, n, r->conv2->y, dz, d2);
     ch_batchnorm2d_reapply(r->bn1, run, n, r->conv1->y, a1);

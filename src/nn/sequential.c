@@ -41,12 +41,10 @@ static ch_status build_chain(ch_layer *l, ch_err *err)
         }
         seq_impl *cs = c->impl;
         for (int j = 0; j < cs->nchain; j++) s->chain[s->nchain++] = cs->chain[j];
-        /* The nested one's buffers are never used: what it needs above it is its leaves' most. */
+        /* The nested one's buffers are never used: what it needs above it is its children's most. */
         cs->inlined = true;
         c->scratch_own = 0;
-        c->scratch_need = 0;
-        for (int j = 0; j < cs->nchain; j++)
-            if (cs->chain[j]->scratch_need > c->scratch_need) c->scratch_need = cs->chain[j]->scratch_need;
+        c->scratch_need = ch_layer_children_need(c);
     }
     return CH_STATUS_OK;
 }
