@@ -47,8 +47,9 @@ typedef struct ch_kernels {
                  const ch_real *a, int lda, const ch_real *b, int ldb, ch_real beta, ch_real *c,
                  int ldc);
 
-    /* Scratch (elements) the three convolution kernels need with nthreads threads. */
-    size_t (*conv2d_workspace)(const ch_conv_desc *d, int nthreads);
+    /* Scratch (elements) the three convolution kernels need for batches of up to n samples with
+     * nthreads threads. May prepare per-geometry state (the CPU backend's Winograd primitives). */
+    size_t (*conv2d_workspace)(const ch_conv_desc *d, int n, int nthreads);
     /* y[n,o,i,j] = b[o] + sum_{c,p,q} w[o,c,p,q] * x[n,c,i*s-pad+p,j*s-pad+q]; b may be NULL. */
     void (*conv2d_forward)(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
                            const ch_real *w, const ch_real *b, ch_real *y);

@@ -25,7 +25,7 @@ void ch_cpu_gemm(const ch_kctx *kc, bool ta, bool tb, int m, int n, int k, ch_re
                  const ch_real *a, int lda, const ch_real *b, int ldb, ch_real beta, ch_real *c,
                  int ldc);
 
-size_t ch_cpu_conv2d_workspace(const ch_conv_desc *d, int nthreads);
+size_t ch_cpu_conv2d_workspace(const ch_conv_desc *d, int n, int nthreads);
 void ch_cpu_conv2d_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
                            const ch_real *w, const ch_real *b, ch_real *y);
 void ch_cpu_conv2d_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int n,
@@ -33,6 +33,19 @@ void ch_cpu_conv2d_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int n
 void ch_cpu_conv2d_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, int n,
                                     const ch_real *x, const ch_real *y, ch_real *dy, ch_real *dw,
                                     ch_real *db);
+
+/* Winograd convolution (cpu_wino.c) for 3x3 stride-1 pad-1 layers whose channel counts are
+ * multiples of 16. The workspace is 0, and the passes return false without touching anything,
+ * where it does not apply (other geometry, no such oneDNN kernel on this CPU, too little
+ * workspace, the double build); the conv2d kernels then run im2col. */
+size_t ch_cpu_wino_workspace(const ch_conv_desc *d, int n, int nthreads);
+bool ch_cpu_wino_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
+                         const ch_real *w, const ch_real *b, ch_real *y);
+bool ch_cpu_wino_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *dy,
+                               const ch_real *w, ch_real *dx);
+bool ch_cpu_wino_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, int n,
+                                  const ch_real *x, const ch_real *y, ch_real *dy, ch_real *dw,
+                                  ch_real *db);
 
 void ch_cpu_maxpool2d_forward(const ch_kctx *kc, const ch_pool_desc *d, int n, const ch_real *x,
                               ch_real *y, int32_t *argmax);

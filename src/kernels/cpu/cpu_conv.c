@@ -118,11 +118,14 @@ static size_t per_thread(const ch_conv_desc *d)
     return col_len(d) + packed_len(d) + (size_t)d->oc * conv_k(d) + (size_t)d->oc + plane_len(d);
 }
 
-/* After the threads' scratch: the flipped weights (c, oc*kh*kw), shared. */
-size_t ch_cpu_conv2d_workspace(const ch_conv_desc *d, int nthreads)
+/* After the threads' scratch: the flipped weights (c, oc*kh*kw), shared. Or Winograd's
+ * (cpu_wino.c), where it applies and needs more; im2col stays possible for other batch sizes. */
+size_t ch_cpu_conv2d_workspace(const ch_conv_desc *d, int n, int nthreads)
 {
     const size_t flipped = conv_backward_as_forward(d) ? (size_t)d->oc * conv_k(d) : 0;
-    return per_thread(d) * (size_t)nthreads + flipped;
+    const size_t im2col = per_thread(d) * (size_t)nthreads + flipped;
+    const size_t wino = ch_cpu_wino_workspace(d, n, nthreads);
+    return wino > im2col ? wino : im2col;
 }
 
 /* A pointwise convolution's col is its input: nothing to keep. */
@@ -323,6 +326,7 @@ static void forward_group(const ch_kctx *kc, const ch_conv_desc *d, int gw, cons
 void ch_cpu_conv2d_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
                            const ch_real *w, const ch_real *b, ch_real *y)
 {
+    if (ch_cpu_wino_forward(kc, d, n, x, w, b, y)) return;
     const size_t xs = (size_t)d->c * d->h * d->w, ys = (size_t)d->oc * conv_p(d);
     const conv_split sp = conv_split_of(kc, d, n);
 #pragma omp parallel num_threads(sp.threads) if (sp.threads > 1)
@@ -375,6 +379,7 @@ static void flip_weights(const ch_conv_desc *d, const ch_real *w, ch_real *wf)
 void ch_cpu_conv2d_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int n,
                                  const ch_real *dy, const ch_real *w, ch_real *dx)
 {
+    if (ch_cpu_wino_backward_data(kc, d, n, dy, w, dx)) return;
     const size_t xs = (size_t)d->c * d->h * d->w, ys = (size_t)d->oc * conv_p(d);
     const conv_split sp = conv_split_of(kc, d, n);
     const bool flipped = conv_backward_as_forward(d);
@@ -492,6 +497,7 @@ void ch_cpu_conv2d_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, in
 {
     const size_t xs = (size_t)d->c * d->h * d->w, ys = (size_t)d->oc * conv_p(d);
     const size_t wl = (size_t)d->oc * conv_k(d);
+    if (ch_cpu_wino_backward_weights(kc, d, n, x, y, dy, dw, db)) return;
     const conv_split sp = conv_split_of(kc, d, n);
     if (n == 0) {
         memset(dw, 0, sizeof(ch_real) * wl);
