@@ -8,7 +8,8 @@
  * into the kernel workspace (3 ms each way for 64@28x28 at batch 256, less for the later stages),
  * runs the primitive and reorders the result back. The primitives are made once per geometry,
  * batch and thread count, on first use (at plan time for the planned batch), and kept in a
- * process-wide cache that is freed at exit. Their scratchpad is in the kernel workspace ("user"
+ * process-wide cache that is freed at exit, unless a pass is still running then (a thread that
+ * exit() did not stop): that pass keeps its primitives, and later ones run im2col. Their scratchpad is in the kernel workspace ("user"
  * mode): with oneDNN's default, replicas running the same primitive at once would share one.
  * Where oneDNN has no such kernel (no AVX-512) or a layer does not fit, the caller runs im2col.
  * Numerically the transform adds rounding: test_kernels holds it to 1e-4 of the reference. */
@@ -86,6 +87,8 @@ static struct {
     dnnl_engine_t engine;
     wino_entry *entries;
     bool freed_at_exit;
+    bool closed;   /* exit has begun: no new passes */
+    int running;   /* passes between pass_begin and pass_end */
 } g_wino = { .lock = PTHREAD_MUTEX_INITIALIZER };
 
 static bool wino_geometry(const ch_conv_desc *d)
@@ -115,13 +118,16 @@ static void entry_free(wino_entry *e)
 static void wino_free_all(void)
 {
     pthread_mutex_lock(&g_wino.lock);
-    while (g_wino.entries) {
+    g_wino.closed = true;
+    while (g_wino.running == 0 && g_wino.entries) {
         wino_entry *e = g_wino.entries;
         g_wino.entries = e->next;
         entry_free(e);
     }
-    if (g_wino.engine) dnnl_engine_destroy(g_wino.engine);
-    g_wino.engine = NULL;
+    if (g_wino.running == 0 && g_wino.engine) {
+        dnnl_engine_destroy(g_wino.engine);
+        g_wino.engine = NULL;
+    }
     pthread_mutex_unlock(&g_wino.lock);
 }
 
@@ -276,12 +282,17 @@ static bool key_eq(const wino_key *a, const wino_key *b)
 
 /* The cache entry of (d, n, nthreads), made on first use; NULL where Winograd does not apply.
  * oneDNN sizes its work for omp_get_max_threads() of the calling thread, so that is set to the
- * entry's thread count while the primitives are made and while they run. */
-static const wino_entry *entry_for(const ch_conv_desc *d, int n, int nthreads)
+ * entry's thread count while the primitives are made and while they run. A pass that gets an
+ * entry with fits (workspace bytes it has) counts as running until pass_end. */
+static const wino_entry *entry_for(const ch_conv_desc *d, int n, int nthreads, size_t fits)
 {
     if (n <= 0 || !wino_geometry(d)) return NULL;
     const wino_key key = { d->c, d->oc, d->h, d->w, n, nthreads, d->relu };
     pthread_mutex_lock(&g_wino.lock);
+    if (g_wino.closed) {
+        pthread_mutex_unlock(&g_wino.lock);
+        return NULL;
+    }
     wino_entry *e = g_wino.entries;
     while (e && !key_eq(&e->key, &key)) e = e->next;
     if (!e && !g_wino.engine && dnnl_engine_create(&g_wino.engine, dnnl_cpu, 0) != dnnl_success)
@@ -296,13 +307,15 @@ static const wino_entry *entry_for(const ch_conv_desc *d, int n, int nthreads)
         g_wino.entries = e;
         if (!g_wino.freed_at_exit) g_wino.freed_at_exit = atexit(wino_free_all) == 0;
     }
+    if (e && !(e->ok && e->need <= fits)) e = NULL;
+    if (e && fits != SIZE_MAX) g_wino.running++;
     pthread_mutex_unlock(&g_wino.lock);
-    return e && e->ok ? e : NULL;
+    return e;
 }
 
 size_t ch_cpu_wino_workspace(const ch_conv_desc *d, int n, int nthreads)
 {
-    const wino_entry *e = entry_for(d, n, nthreads);
+    const wino_entry *e = entry_for(d, n, nthreads, SIZE_MAX);
     return e ? (e->need + sizeof(ch_real) - 1) / sizeof(ch_real) : 0;
 }
 
@@ -375,12 +388,21 @@ typedef struct wino_pass {
     wino_carve ws;
 } wino_pass;
 
+static void pass_done(void)
+{
+    pthread_mutex_lock(&g_wino.lock);
+    g_wino.running--;
+    pthread_mutex_unlock(&g_wino.lock);
+}
+
 static bool pass_begin(const ch_kctx *kc, const ch_conv_desc *d, int n, wino_pass *p)
 {
-    p->e = entry_for(d, n, kc->nthreads);
-    if (!p->e || p->e->need > kc->ws_len * sizeof(ch_real)) return false;
-    if (dnnl_stream_create(&p->s, g_wino.engine, dnnl_stream_default_flags) != dnnl_success)
+    p->e = entry_for(d, n, kc->nthreads, kc->ws_len * sizeof(ch_real));
+    if (!p->e) return false;
+    if (dnnl_stream_create(&p->s, g_wino.engine, dnnl_stream_default_flags) != dnnl_success) {
+        pass_done();
         return false;
+    }
     p->prev_threads = omp_get_max_threads();
     omp_set_num_threads(kc->nthreads);
     p->ws.at = (char *)(((uintptr_t)kc->ws + WINO_ALIGN - 1) & ~(uintptr_t)(WINO_ALIGN - 1));
@@ -391,6 +413,7 @@ static void pass_end(wino_pass *p)
 {
     omp_set_num_threads(p->prev_threads);
     dnnl_stream_destroy(p->s);
+    pass_done();
 }
 
 bool ch_cpu_wino_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
