@@ -85,7 +85,10 @@ static void check_conv_tol(ch_conv_desc d, int n, int threads, int ws_batch, dou
     free(dw1), free(dw2), free(kc.ws);
 }
 
-static void check_conv(ch_conv_desc d, int n, int threads) { check_conv_tol(d, n, threads, n, tol); }
+static void check_conv(ch_conv_desc d, int n, int threads)
+{
+    check_conv_tol(d, n, threads, n, tol);
+}
 
 static void conv_matches_reference(void **state)
 {
@@ -126,7 +129,8 @@ static void check_conv_repeats(ch_conv_desc d, int n, int threads)
     ch_real *x = rnd(xs, 4), *w = rnd(wl, 5), *b = rnd((size_t)d.oc, 6);
     ch_real *out[2][4];
     size_t wsz = cpu->conv2d_workspace(&d, n, threads);
-    ch_kctx kc = { .nthreads = threads, .ws = malloc(sizeof(ch_real) * (wsz ? wsz : 1)), .ws_len = wsz };
+    ch_kctx kc = { .nthreads = threads, .ws = malloc(sizeof(ch_real) * (wsz ? wsz : 1)),
+                   .ws_len = wsz };
     for (int r = 0; r < 2; r++) {
         ch_real *y = malloc(sizeof(ch_real) * ys), *dy = rnd(ys, 7);
         ch_real *dx = malloc(sizeof(ch_real) * xs), *dw = malloc(sizeof(ch_real) * (wl + d.oc));

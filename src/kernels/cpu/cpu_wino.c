@@ -9,10 +9,14 @@
  * runs the primitive and reorders the result back. The primitives are made once per geometry,
  * batch and thread count, on first use (at plan time for the planned batch), and kept in a
  * process-wide cache that is freed at exit, unless a pass is still running then (a thread that
- * exit() did not stop): that pass keeps its primitives, and later ones run im2col. Their scratchpad is in the kernel workspace ("user"
- * mode): with oneDNN's default, replicas running the same primitive at once would share one.
+ * exit() did not stop): that pass keeps its primitives, and later ones run im2col. Their
+ * scratchpad is in the kernel workspace ("user" mode): with oneDNN's default, replicas running the
+ * same primitive at once would share one.
  * Where oneDNN has no such kernel (no AVX-512) or a layer does not fit, the caller runs im2col.
- * Numerically the transform adds rounding: test_kernels holds it to 1e-4 of the reference. */
+ * Numerically the transform adds rounding, within test_kernels's 1e-5 of the reference.
+ * Each pass makes a stream and its memory handles (small oneDNN objects; oneDNN's execute builds
+ * its own argument map on every call anyway): the primitives may run in several replicas at once,
+ * so nothing per call is kept in the shared cache. */
 #include "kernels/cpu/cpu.h"
 
 #ifdef CH_REAL_DOUBLE
@@ -240,7 +244,14 @@ static bool make_convolutions(wino_entry *e)
     return ok;
 }
 
-static size_t max3(size_t a, size_t b, size_t c) { return a > b ? (a > c ? a : c) : (b > c ? b : c); }
+static size_t max_of(size_t a, size_t b) { return a > b ? a : b; }
+
+/* The largest scratchpad of a pass's four primitives (they run one after another). */
+static size_t pass_scratch(const wino_prim *a, const wino_prim *b, const wino_prim *c,
+                           const wino_prim *d)
+{
+    return max_of(max_of(a->scratch, b->scratch), max_of(c->scratch, d->scratch));
+}
 
 /* Workspace of one pass: its three operands, a zero bias or spare db, then the largest
  * scratchpad of its primitives (they run one after another). */
@@ -263,15 +274,12 @@ static void entry_build(wino_entry *e)
             make_reorder(&e->plain_y, &e->w_dst, &e->w_dy_in) &&
             make_reorder(&e->w_dwei, &e->plain_w, &e->w_dw_out);
     if (!e->ok) return;
-    const size_t fs = max3(e->fwd.scratch, e->f_x_in.scratch,
-                           max3(e->f_w_in.scratch, e->f_y_out.scratch, 0));
-    const size_t ds = max3(e->bwd_data.scratch, e->d_dy_in.scratch,
-                           max3(e->d_w_in.scratch, e->d_dx_out.scratch, 0));
-    const size_t ws = max3(e->bwd_weights.scratch, e->w_x_in.scratch,
-                           max3(e->w_dy_in.scratch, e->w_dw_out.scratch, 0));
-    e->need = max3(pass_need(&e->f_src, &e->f_wei, &e->f_dst, e, fs),
-                   pass_need(&e->d_dst, &e->d_wei, &e->d_src, e, ds),
-                   pass_need(&e->w_src, &e->w_dst, &e->w_dwei, e, ws));
+    const size_t fs = pass_scratch(&e->fwd, &e->f_x_in, &e->f_w_in, &e->f_y_out);
+    const size_t ds = pass_scratch(&e->bwd_data, &e->d_dy_in, &e->d_w_in, &e->d_dx_out);
+    const size_t ws = pass_scratch(&e->bwd_weights, &e->w_x_in, &e->w_dy_in, &e->w_dw_out);
+    e->need = max_of(pass_need(&e->f_src, &e->f_wei, &e->f_dst, e, fs),
+                     max_of(pass_need(&e->d_dst, &e->d_wei, &e->d_src, e, ds),
+                            pass_need(&e->w_src, &e->w_dst, &e->w_dwei, e, ws)));
 }
 
 static bool key_eq(const wino_key *a, const wino_key *b)
@@ -319,15 +327,11 @@ size_t ch_cpu_wino_workspace(const ch_conv_desc *d, int n, int nthreads)
     return e ? (e->need + sizeof(ch_real) - 1) / sizeof(ch_real) : 0;
 }
 
-/* Carves a pass's buffers out of the kernel workspace, 64-byte aligned. */
-typedef struct wino_carve {
-    char *at;
-} wino_carve;
-
-static void *carve(wino_carve *c, size_t bytes)
+/* The next buffer of a pass in the kernel workspace, 64-byte aligned. */
+static void *carve(char **at, size_t bytes)
 {
-    void *p = c->at;
-    c->at += align_up(bytes);
+    void *p = *at;
+    *at += align_up(bytes);
     return p;
 }
 
@@ -339,8 +343,7 @@ typedef struct wino_arg {
     const void *ptr;
 } wino_arg;
 
-static void run(const wino_prim *p, dnnl_stream_t s, const wino_arg *a, int na, void *scratch,
-                const dnnl_memory_desc_t *scratch_md)
+static void run(const wino_prim *p, dnnl_stream_t s, const wino_arg *a, int na, void *scratch)
 {
     dnnl_exec_arg_t args[WINO_MAX_ARGS + 1];
     dnnl_memory_t mem[WINO_MAX_ARGS + 1];
@@ -351,7 +354,11 @@ static void run(const wino_prim *p, dnnl_stream_t s, const wino_arg *a, int na, 
         args[m] = (dnnl_exec_arg_t){ a[m].arg, mem[m] };
     }
     if (p->scratch) {
-        CH_ASSERT(dnnl_memory_create(&mem[m], scratch_md, g_wino.engine, scratch) == dnnl_success);
+        const_dnnl_primitive_desc_t pd = NULL;
+        CH_ASSERT(dnnl_primitive_get_primitive_desc(p->p, &pd) == dnnl_success);
+        const dnnl_memory_desc_t *md =
+            dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+        CH_ASSERT(dnnl_memory_create(&mem[m], md, g_wino.engine, scratch) == dnnl_success);
         args[m] = (dnnl_exec_arg_t){ DNNL_ARG_SCRATCHPAD, mem[m] };
         m++;
     }
@@ -360,32 +367,20 @@ static void run(const wino_prim *p, dnnl_stream_t s, const wino_arg *a, int na, 
     for (int i = 0; i < m; i++) dnnl_memory_destroy(mem[i]);
 }
 
-static const dnnl_memory_desc_t *scratch_md_of(const wino_prim *p)
-{
-    const_dnnl_primitive_desc_t pd = NULL;
-    CH_ASSERT(dnnl_primitive_get_primitive_desc(p->p, &pd) == dnnl_success);
-    return dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
-}
-
 static void reorder(const wino_prim *p, dnnl_stream_t s, const dnnl_memory_desc_t *from_md,
                     const void *from, const dnnl_memory_desc_t *to_md, void *to, void *scratch)
 {
     const wino_arg a[] = { { DNNL_ARG_FROM, from_md, from }, { DNNL_ARG_TO, to_md, to } };
-    run(p, s, a, 2, scratch, p->scratch ? scratch_md_of(p) : NULL);
+    run(p, s, a, 2, scratch);
 }
 
-static void conv(const wino_prim *p, dnnl_stream_t s, const wino_arg *a, int na, void *scratch)
-{
-    run(p, s, a, na, scratch, p->scratch ? scratch_md_of(p) : NULL);
-}
-
-/* A pass's setting: the entry, a stream, the calling thread's OpenMP thread count set to the
- * entry's, and the workspace; NULL entry when the pass must run the im2col path. */
+/* A running pass: its entry, a stream, the calling thread's OpenMP thread count before the pass
+ * set it to the entry's, and the workspace. */
 typedef struct wino_pass {
     const wino_entry *e;
     dnnl_stream_t s;
     int prev_threads;
-    wino_carve ws;
+    char *ws;   /* the next free byte of the workspace */
 } wino_pass;
 
 static void pass_done(void)
@@ -405,7 +400,7 @@ static bool pass_begin(const ch_kctx *kc, const ch_conv_desc *d, int n, wino_pas
     }
     p->prev_threads = omp_get_max_threads();
     omp_set_num_threads(kc->nthreads);
-    p->ws.at = (char *)(((uintptr_t)kc->ws + WINO_ALIGN - 1) & ~(uintptr_t)(WINO_ALIGN - 1));
+    p->ws = (char *)(((uintptr_t)kc->ws + WINO_ALIGN - 1) & ~(uintptr_t)(WINO_ALIGN - 1));
     return true;
 }
 
@@ -425,14 +420,14 @@ bool ch_cpu_wino_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const 
     void *xb = carve(&p.ws, md_bytes(&e->f_src)), *wb = carve(&p.ws, md_bytes(&e->f_wei));
     void *yb = carve(&p.ws, md_bytes(&e->f_dst));
     float *bias = carve(&p.ws, sizeof(float) * (size_t)d->oc);
-    void *scratch = p.ws.at;
+    void *scratch = p.ws;
     if (!b) memset(bias, 0, sizeof(float) * (size_t)d->oc);
     reorder(&e->f_x_in, p.s, &e->plain_x, x, &e->f_src, xb, scratch);
     reorder(&e->f_w_in, p.s, &e->plain_w, w, &e->f_wei, wb, scratch);
     const wino_arg a[] = { { DNNL_ARG_SRC, &e->f_src, xb }, { DNNL_ARG_WEIGHTS, &e->f_wei, wb },
                            { DNNL_ARG_BIAS, &e->bias, b ? b : bias },
                            { DNNL_ARG_DST, &e->f_dst, yb } };
-    conv(&e->fwd, p.s, a, 4, scratch);
+    run(&e->fwd, p.s, a, 4, scratch);
     reorder(&e->f_y_out, p.s, &e->f_dst, yb, &e->plain_y, y, scratch);
     pass_end(&p);
     return true;
@@ -447,13 +442,13 @@ bool ch_cpu_wino_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int n, 
     void *dyb = carve(&p.ws, md_bytes(&e->d_dst)), *wb = carve(&p.ws, md_bytes(&e->d_wei));
     void *dxb = carve(&p.ws, md_bytes(&e->d_src));
     carve(&p.ws, sizeof(float) * (size_t)d->oc);
-    void *scratch = p.ws.at;
+    void *scratch = p.ws;
     reorder(&e->d_dy_in, p.s, &e->plain_y, dy, &e->d_dst, dyb, scratch);
     reorder(&e->d_w_in, p.s, &e->plain_w, w, &e->d_wei, wb, scratch);
     const wino_arg a[] = { { DNNL_ARG_DIFF_DST, &e->d_dst, dyb },
                            { DNNL_ARG_WEIGHTS, &e->d_wei, wb },
                            { DNNL_ARG_DIFF_SRC, &e->d_src, dxb } };
-    conv(&e->bwd_data, p.s, a, 3, scratch);
+    run(&e->bwd_data, p.s, a, 3, scratch);
     reorder(&e->d_dx_out, p.s, &e->d_src, dxb, &e->plain_x, dx, scratch);
     pass_end(&p);
     return true;
@@ -469,15 +464,15 @@ bool ch_cpu_wino_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, int 
     void *xb = carve(&p.ws, md_bytes(&e->w_src)), *dyb = carve(&p.ws, md_bytes(&e->w_dst));
     void *dwb = carve(&p.ws, md_bytes(&e->w_dwei));
     float *spare_db = carve(&p.ws, sizeof(float) * (size_t)d->oc);
-    void *scratch = p.ws.at;
-    /* The fused ReLU's backward, in place, before anything reads dy (backward data reads it next). */
+    void *scratch = p.ws;
+    /* The fused ReLU's backward, in place, before anything reads dy (backward data does next). */
     if (d->relu) ch_cpu_relu_backward(kc, (size_t)n * d->oc * d->h * d->w, y, dy, dy);
     reorder(&e->w_x_in, p.s, &e->plain_x, x, &e->w_src, xb, scratch);
     reorder(&e->w_dy_in, p.s, &e->plain_y, dy, &e->w_dst, dyb, scratch);
     const wino_arg a[] = { { DNNL_ARG_SRC, &e->w_src, xb }, { DNNL_ARG_DIFF_DST, &e->w_dst, dyb },
                            { DNNL_ARG_DIFF_WEIGHTS, &e->w_dwei, dwb },
                            { DNNL_ARG_DIFF_BIAS, &e->bias, db ? db : spare_db } };
-    conv(&e->bwd_weights, p.s, a, 4, scratch);
+    run(&e->bwd_weights, p.s, a, 4, scratch);
     reorder(&e->w_dw_out, p.s, &e->w_dwei, dwb, &e->plain_w, dw, scratch);
     pass_end(&p);
     return true;
