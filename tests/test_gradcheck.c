@@ -198,6 +198,8 @@ static void conv2d_gradients(void **state)
     check_layer("conv 5x5 s1 p2", MAKE(ch_conv2d_create, "c", (ch_shape3){ 2, 6, 6 }, 2, 5, 1, 2, true), 2);
     /* P = 64: one sample per GEMM, so backward data runs as the flipped forward convolution */
     check_layer("conv 3x3 s1 p1, P 64", MAKE(ch_conv2d_create, "c", (ch_shape3){ 2, 8, 8 }, 3, 3, 1, 1, true), 2);
+    /* 8 -> 32 channels, 5x5: Winograd F(3x3, 5x5) (cpu_wino5.c), tiles clipped at both edges */
+    check_layer("conv 5x5 s1 p1, Winograd", MAKE(ch_conv2d_create, "c", (ch_shape3){ 8, 8, 7 }, 32, 5, 1, 1, true), 2);
     check_layer("conv 1x1 s2 no bias", MAKE(ch_conv2d_create, "c", (ch_shape3){ 3, 5, 5 }, 4, 1, 2, 0, false), 2);
     check_layer("conv 1x1 s1 pointwise", MAKE(ch_conv2d_create, "c", (ch_shape3){ 3, 4, 4 }, 5, 1, 1, 0, true), 3);
 }

@@ -179,6 +179,42 @@ static void winograd_matches_reference(void **state)
     assert_true(ch_cpu_wino_workspace(&other, 4, 1) == 0);   /* 20 channels: im2col */
 }
 
+/* Winograd F(3x3, 5x5) (cpu_wino5.c), written here: 5x5, stride 1, at least 8 channels in and 32
+ * out. Its transforms round more than a direct sum (points up to 2 and 1/2, weights scaled by up to
+ * 32/45), but within the same bound here. The path must be taken for these layers, give the same
+ * bits twice, and leave a workspace planned for one sample to im2col. */
+
+static void winograd5_matches_reference(void **state)
+{
+    (void)state;
+    const ch_conv_desc cases[] = {
+        /* lenet's conv2: planes read in place, 9 tiles per sample */
+        { .c = 20, .h = 13, .w = 13, .oc = 50, .kh = 5, .kw = 5, .stride = 1, .pad = 0 },
+        /* padded and clipped: 14x14 "same" (25 tiles, the last row and column cut) */
+        { .c = 8, .h = 14, .w = 14, .oc = 32, .kh = 5, .kw = 5, .stride = 1, .pad = 2 },
+        /* uneven: 11x9 with pad 1 (3x3 tiles, 2 and 1 clipped), odd channel counts */
+        { .c = 9, .h = 11, .w = 9, .oc = 33, .kh = 5, .kw = 5, .stride = 1, .pad = 1 },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        for (int relu = 0; relu < 2; relu++)
+            for (int t = 1; t <= 2; t++)
+                for (int n = 1; n <= 17; n += n == 1 ? 2 : (n == 3 ? 6 : 8)) {
+                    ch_conv_desc d = cases[i];
+                    d.relu = relu;
+                    d.oh = ch_window_out(d.h, d.kh, d.stride, d.pad);
+                    d.ow = ch_window_out(d.w, d.kw, d.stride, d.pad);
+                    assert_true(ch_cpu_wino5_workspace(&d, n, t) > 0);
+                    check_conv(d, n, t);
+                    check_conv_repeats(d, n, t);
+                    if (n == 9) check_conv_tol(d, n, t, 1, tol);   /* im2col */
+                }
+    ch_conv_desc narrow = { .c = 20, .h = 14, .w = 14, .oc = 20, .kh = 5, .kw = 5, .stride = 1,
+                            .pad = 2, .oh = 14, .ow = 14 };
+    assert_true(ch_cpu_wino5_workspace(&narrow, 4, 1) == 0);   /* mnist-cnn's conv2: im2col */
+    narrow.oc = 32, narrow.c = 4;
+    assert_true(ch_cpu_wino5_workspace(&narrow, 4, 1) == 0);
+}
+
 /* BatchNorm's reductions (lane partial sums) against plain loops, for planes shorter than a
  * vector, exactly one, and with a tail. */
 static void check_batchnorm_sums(int n, int c, int hw, int threads)
@@ -279,6 +315,7 @@ int main(void)
         cmocka_unit_test(gemm_matches_reference_for_every_transpose),
         cmocka_unit_test(conv_matches_reference),
         cmocka_unit_test(winograd_matches_reference),
+        cmocka_unit_test(winograd5_matches_reference),
         cmocka_unit_test(batchnorm_sums_match_reference),
         cmocka_unit_test(maxpool_matches_reference),
         cmocka_unit_test(avgpool_matches_reference),

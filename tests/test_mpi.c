@@ -104,8 +104,12 @@ static void test_epoch(const char *root)
     CHECK(n % (size_t)(size * batch) != 0 || size == 1, "subset size must not divide evenly");
     ch_dataset_truncate(train, n);
     ch_dataset_truncate(test, 1000);
-    ch_trainer *job = make("lenet", train, test, "cpu:0", batch, 0.3, 0.9, false);
-    ch_trainer *one = make("lenet", train, test, "cpu:0", batch, 0.3, 0.9, true);
+    /* lr 0.2, reference program A's. At 0.3 to 0.32 this net sits at a loss of ~2.25 for the
+     * epoch, where one hidden ReLU falling the other way in one step moves the parameters by 2-5%:
+     * the check then measured that knife edge (the im2col build already reached 4.9e-5 at 0.32,
+     * and Winograd's different rounding crossed it), not whether the ranks train as one. */
+    ch_trainer *job = make("lenet", train, test, "cpu:0", batch, 0.2, 0.9, false);
+    ch_trainer *one = make("lenet", train, test, "cpu:0", batch, 0.2, 0.9, true);
 
     /* Before training both hold the same parameters: evaluation must agree exactly. */
     double jl, ja, ol, oa;

@@ -124,8 +124,12 @@ size_t ch_cpu_conv2d_workspace(const ch_conv_desc *d, int n, int nthreads)
 {
     const size_t flipped = conv_backward_as_forward(d) ? (size_t)d->oc * conv_k(d) : 0;
     const size_t im2col = per_thread(d) * (size_t)nthreads + flipped;
-    const size_t wino = ch_cpu_wino_workspace(d, n, nthreads);
-    return wino > im2col ? wino : im2col;
+    size_t most = im2col;
+    const size_t wino[2] = { ch_cpu_wino_workspace(d, n, nthreads),
+                             ch_cpu_wino5_workspace(d, n, nthreads) };
+    for (int i = 0; i < 2; i++)
+        if (wino[i] > most) most = wino[i];
+    return most;
 }
 
 /* A pointwise convolution's col is its input: nothing to keep. */
@@ -326,7 +330,8 @@ static void forward_group(const ch_kctx *kc, const ch_conv_desc *d, int gw, cons
 void ch_cpu_conv2d_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
                            const ch_real *w, const ch_real *b, ch_real *y)
 {
-    if (ch_cpu_wino_forward(kc, d, n, x, w, b, y)) return;
+    if (ch_cpu_wino_forward(kc, d, n, x, w, b, y) || ch_cpu_wino5_forward(kc, d, n, x, w, b, y))
+        return;
     const size_t xs = (size_t)d->c * d->h * d->w, ys = (size_t)d->oc * conv_p(d);
     const conv_split sp = conv_split_of(kc, d, n);
 #pragma omp parallel num_threads(sp.threads) if (sp.threads > 1)
@@ -379,7 +384,9 @@ static void flip_weights(const ch_conv_desc *d, const ch_real *w, ch_real *wf)
 void ch_cpu_conv2d_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int n,
                                  const ch_real *dy, const ch_real *w, ch_real *dx)
 {
-    if (ch_cpu_wino_backward_data(kc, d, n, dy, w, dx)) return;
+    if (ch_cpu_wino_backward_data(kc, d, n, dy, w, dx) ||
+        ch_cpu_wino5_backward_data(kc, d, n, dy, w, dx))
+        return;
     const size_t xs = (size_t)d->c * d->h * d->w, ys = (size_t)d->oc * conv_p(d);
     const conv_split sp = conv_split_of(kc, d, n);
     const bool flipped = conv_backward_as_forward(d);
