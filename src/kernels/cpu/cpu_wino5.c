@@ -178,40 +178,44 @@ static void chunk_of(const wgeo *g, int t0, int live, wchunk *k)
     }
 }
 
-/* dst (ph x pw, zero outside) = src (h x w) placed at (top, left). */
-static void pad_plane(const ch_real *src, int h, int w, int top, int left, int ph, int pw,
-                      ch_real *dst)
+/* One channel's planes (h x w) for the chunk's samples, each padded to ph x pw with `pad` zeros
+ * on the top and left (the rest of the border zero too): in place where they already have that
+ * shape, or copied into buf. `planes` is the batch's tensor, with `planes_per_sample` planes. */
+typedef struct wplanes {
+    const ch_real *t;
+    int planes_per_sample, ch, h, w, pad, ph, pw;
+    bool in_place;
+} wplanes;
+
+static const ch_real *chunk_planes(const wplanes *p, const wchunk *k, ch_real *buf)
 {
-    memset(dst, 0, sizeof(ch_real) * (size_t)ph * pw);
-    for (int i = 0; i < h; i++)
-        memcpy(dst + (size_t)(i + top) * pw + left, src + (size_t)i * w, sizeof(ch_real) * w);
+    const size_t plane = (size_t)p->h * p->w, ss = plane * (size_t)p->planes_per_sample;
+    const ch_real *first = p->t + (size_t)k->sa * ss + (size_t)p->ch * plane;
+    if (p->in_place) return first;
+    for (int i = 0; i < k->ns; i++) {
+        ch_real *dst = buf + (size_t)i * p->ph * p->pw;
+        memset(dst, 0, sizeof(ch_real) * (size_t)p->ph * p->pw);
+        for (int r = 0; r < p->h; r++)
+            memcpy(dst + (size_t)(r + p->pad) * p->pw + p->pad, first + i * ss + (size_t)r * p->w,
+                   sizeof(ch_real) * p->w);
+    }
+    return buf;
 }
 
-/* Channel c's planes of x for the chunk's samples, padded: in place, or copied into buf. */
 static const ch_real *x_planes(const wgeo *g, const wchunk *k, const ch_real *x, int c,
                                ch_real *buf)
 {
     const ch_conv_desc *d = g->d;
-    const size_t xs = (size_t)d->c * d->h * d->w;
-    const ch_real *first = x + (size_t)k->sa * xs + (size_t)c * d->h * d->w;
-    if (g->x_in_place) return first;
-    for (int i = 0; i < k->ns; i++)
-        pad_plane(first + i * xs, d->h, d->w, d->pad, d->pad, g->xh, g->xw,
-                  buf + (size_t)i * g->xh * g->xw);
-    return buf;
+    const wplanes p = { x, d->c, c, d->h, d->w, d->pad, g->xh, g->xw, g->x_in_place };
+    return chunk_planes(&p, k, buf);
 }
 
 static const ch_real *dy_planes(const wgeo *g, const wchunk *k, const ch_real *dy, int o,
                                 ch_real *buf)
 {
     const ch_conv_desc *d = g->d;
-    const size_t ys = (size_t)d->oc * d->oh * d->ow;
-    const ch_real *first = dy + (size_t)k->sa * ys + (size_t)o * d->oh * d->ow;
-    if (g->dy_in_place) return first;
-    for (int i = 0; i < k->ns; i++)
-        pad_plane(first + i * ys, d->oh, d->ow, 0, 0, g->yh, g->yw,
-                  buf + (size_t)i * g->yh * g->yw);
-    return buf;
+    const wplanes p = { dy, d->oc, o, d->oh, d->ow, 0, g->yh, g->yw, g->dy_in_place };
+    return chunk_planes(&p, k, buf);
 }
 
 /* n x n windows, one per lane, from planes of row length pw: in[(a*n + b)*TB + l]. */
