@@ -147,6 +147,28 @@ static void check_conv_repeats(ch_conv_desc d, int n, int threads)
     free(x), free(w), free(b), free(kc.ws);
 }
 
+/* A Winograd path's cases, with and without the fused ReLU, at 1 and 2 threads, for batches 1, 3,
+ * 9 and up to max_n: against the reference, the same bits twice, and nine samples on a workspace
+ * planned for one, which must fall back to im2col and still be right. `taken` (if not NULL) is the
+ * path's workspace query, which must be non-zero: the path is taken. */
+static void check_winograd_cases(const ch_conv_desc *cases, size_t count, int max_n,
+                                 size_t (*taken)(const ch_conv_desc *, int, int))
+{
+    for (size_t i = 0; i < count; i++)
+        for (int relu = 0; relu < 2; relu++)
+            for (int t = 1; t <= 2; t++)
+                for (int n = 1; n <= max_n; n = n == 1 ? 3 : (n == 3 ? 9 : n + 8)) {
+                    ch_conv_desc d = cases[i];
+                    d.relu = relu;
+                    d.oh = ch_window_out(d.h, d.kh, d.stride, d.pad);
+                    d.ow = ch_window_out(d.w, d.kw, d.stride, d.pad);
+                    if (taken) assert_true(taken(&d, n, t) > 0);
+                    check_conv(d, n, t);
+                    check_conv_repeats(d, n, t);
+                    if (n == 9) check_conv_tol(d, n, t, 1, tol);   /* im2col */
+                }
+}
+
 /* Winograd (cpu_wino.c): 3x3, stride 1, pad 1, channels in multiples of 16. Its transforms round
  * more than a direct sum, but within the same bound here (at most 1.2e-6 of each result's scale
  * was seen). Where oneDNN has the kernel (AVX-512) the path must be taken, or this would pass on
@@ -162,18 +184,8 @@ static void winograd_matches_reference(void **state)
         { .c = 32, .h = 7, .w = 5, .oc = 16, .kh = 3, .kw = 3, .stride = 1, .pad = 1 },
         { .c = 16, .h = 4, .w = 4, .oc = 16, .kh = 3, .kw = 3, .stride = 1, .pad = 1 },
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-        for (int relu = 0; relu < 2; relu++)
-            for (int t = 1; t <= 2; t++)
-                for (int n = 1; n <= 9; n += n == 1 ? 2 : 6) {
-                    ch_conv_desc d = cases[i];
-                    d.relu = relu;
-                    d.oh = d.h, d.ow = d.w;
-                    if (avx512) assert_true(ch_cpu_wino_workspace(&d, n, t) > 0);
-                    check_conv(d, n, t);
-                    check_conv_repeats(d, n, t);
-                    if (n == 9) check_conv_tol(d, n, t, 1, tol);   /* im2col */
-                }
+    check_winograd_cases(cases, sizeof cases / sizeof cases[0], 9,
+                         avx512 ? ch_cpu_wino_workspace : NULL);
     const ch_conv_desc other = { .c = 16, .h = 6, .w = 6, .oc = 20, .kh = 3, .kw = 3, .stride = 1,
                                  .pad = 1, .oh = 6, .ow = 6 };
     assert_true(ch_cpu_wino_workspace(&other, 4, 1) == 0);   /* 20 channels: im2col */
@@ -182,8 +194,8 @@ static void winograd_matches_reference(void **state)
 /* Winograd F(3x3, 5x5) (cpu_wino5.c), written here: 5x5, stride 1, at least 8 channels in and 32
  * out. Its transforms round more than a direct sum (points up to 2 and 1/2, weights scaled by up to
  * 32/45), but within the same bound here. The path must be taken for these layers, give the same
- * bits twice, and leave a workspace planned for one sample to im2col. */
-
+ * bits twice, and leave a workspace planned for one sample to im2col. 17 samples cross a chunk
+ * boundary inside a sample. */
 static void winograd5_matches_reference(void **state)
 {
     (void)state;
@@ -195,19 +207,7 @@ static void winograd5_matches_reference(void **state)
         /* uneven: 11x9 with pad 1 (3x3 tiles, 2 and 1 clipped), odd channel counts */
         { .c = 9, .h = 11, .w = 9, .oc = 33, .kh = 5, .kw = 5, .stride = 1, .pad = 1 },
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-        for (int relu = 0; relu < 2; relu++)
-            for (int t = 1; t <= 2; t++)
-                for (int n = 1; n <= 17; n += n == 1 ? 2 : (n == 3 ? 6 : 8)) {
-                    ch_conv_desc d = cases[i];
-                    d.relu = relu;
-                    d.oh = ch_window_out(d.h, d.kh, d.stride, d.pad);
-                    d.ow = ch_window_out(d.w, d.kw, d.stride, d.pad);
-                    assert_true(ch_cpu_wino5_workspace(&d, n, t) > 0);
-                    check_conv(d, n, t);
-                    check_conv_repeats(d, n, t);
-                    if (n == 9) check_conv_tol(d, n, t, 1, tol);   /* im2col */
-                }
+    check_winograd_cases(cases, sizeof cases / sizeof cases[0], 17, ch_cpu_wino5_workspace);
     ch_conv_desc narrow = { .c = 20, .h = 14, .w = 14, .oc = 20, .kh = 5, .kw = 5, .stride = 1,
                             .pad = 2, .oh = 14, .ow = 14 };
     assert_true(ch_cpu_wino5_workspace(&narrow, 4, 1) == 0);   /* mnist-cnn's conv2: im2col */

@@ -297,12 +297,18 @@ static void transform_dy(const wgeo *g, const wchunk *k, const ch_real *dy, ch_r
     }
 }
 
+/* Tiles in block b of the chunk (the last block may be short). */
+static int block_live(const wchunk *k, int b)
+{
+    return k->live - b * TB < TB ? k->live - b * TB : TB;
+}
+
 /* y's 3x3 blocks of plane o for block b's tiles, + bias, ReLU if fused; clipped at the edge. */
 static void scatter_y(const wgeo *g, const wchunk *k, int b, const ch_real *out, int o,
                       ch_real bias, ch_real *y)
 {
     const ch_conv_desc *d = g->d;
-    const int live = k->live - b * TB < TB ? k->live - b * TB : TB;
+    const int live = block_live(k, b);
     for (int l = 0; l < live; l++) {
         const int t = k->t0 + b * TB + l, r = t % g->per_sample;
         const int oy = r / g->tx * WM, ox = r % g->tx * WM;
@@ -339,8 +345,8 @@ static void transform_weights(const ch_conv_desc *d, const ch_real *w, int lo, i
     }
 }
 
-/* Offsets into a chunk's planes are ints (the gathers' indices): a layer too large for that
- * runs im2col. */
+/* Offsets into a chunk's planes are ints (the gathers' indices), at most a sample's x or dy per
+ * sample the chunk spans: a layer too large for that runs im2col. */
 static bool wino5_applies(const ch_conv_desc *d)
 {
     if (d->kh != WR || d->kw != WR || d->stride != 1 || d->c < WINO5_MIN_C ||
@@ -348,8 +354,7 @@ static bool wino5_applies(const ch_conv_desc *d)
         return false;
     const wgeo g = geo_of(d);
     const size_t x = (size_t)d->c * d->h * d->w, y = (size_t)d->oc * d->oh * d->ow;
-    const size_t biggest = (x > y ? x : y) + planes_len(&g);
-    return biggest * (size_t)chunk_samples(&g) < (size_t)INT_MAX;
+    return (x > y ? x : y) * (size_t)chunk_samples(&g) < (size_t)INT_MAX;
 }
 
 static int team_size(int n, int nthreads) { return n < nthreads ? (n > 0 ? n : 1) : nthreads; }
@@ -396,21 +401,31 @@ static bool wino5_usable(const ch_kctx *kc, const ch_conv_desc *d, int n)
            kc->ws_len >= ch_cpu_wino5_workspace(d, n, kc->nthreads);
 }
 
+/* What a pass does with each chunk of a thread's tiles, and on what. */
+typedef struct wpass wpass;
+struct wpass {
+    const ch_real *in, *bias;   /* x and b (forward, b may be NULL), or dy */
+    ch_real *out;               /* y, or dx */
+    bool sums_into_dx;          /* out is dx, which the chunks add into: zeroed first */
+    void (*chunk)(const ch_kctx *kc, const wgeo *g, const wchunk *k, const wpass *p,
+                  const ch_real *u, const wscratch *s);
+};
+
 /* Y for a chunk: V, then M[p] (oc x tiles) = U[p] (oc x c) V[p] (c x tiles), then AT M AT^T. */
-static void forward_chunk(const ch_kctx *kc, const wgeo *g, const wchunk *k, const ch_real *x,
-                          const ch_real *u, const ch_real *bias, const wscratch *s, ch_real *y)
+static void forward_chunk(const ch_kctx *kc, const wgeo *g, const wchunk *k, const wpass *p,
+                          const ch_real *u, const wscratch *s)
 {
     const ch_conv_desc *d = g->d;
-    transform_x(g, k, x, s->planes, s->v);
-    for (int p = 0; p < NP; p++)
-        ch_cpu_gemm(kc, false, false, d->oc, k->live, d->c, 1, u + (size_t)p * d->oc * d->c, d->c,
-                    s->v + p * point_stride(d->c), WINO5_CHUNK, 0, s->e + p * point_stride(d->oc),
+    transform_x(g, k, p->in, s->planes, s->v);
+    for (int q = 0; q < NP; q++)
+        ch_cpu_gemm(kc, false, false, d->oc, k->live, d->c, 1, u + (size_t)q * d->oc * d->c, d->c,
+                    s->v + q * point_stride(d->c), WINO5_CHUNK, 0, s->e + q * point_stride(d->oc),
                     WINO5_CHUNK);
     ch_real out[WM * WM * TB];
     for (int o = 0; o < d->oc; o++)
         for (int b = 0; b * TB < k->live; b++) {
             transform_out(lanes_at(s->e, o, b), point_stride(d->oc), out);
-            scatter_y(g, k, b, out, o, bias ? bias[o] : 0, y);
+            scatter_y(g, k, b, out, o, p->bias ? p->bias[o] : 0, p->out);
         }
 }
 
@@ -420,26 +435,37 @@ static int chunk_live(int tiles, int t0)
     return tiles - t0 < WINO5_CHUNK ? tiles - t0 : WINO5_CHUNK;
 }
 
-bool ch_cpu_wino5_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
-                          const ch_real *w, const ch_real *b, ch_real *y)
+/* A pass over the batch: U from w, then each thread's chunks in order. */
+static void run_pass(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *w,
+                     const wpass *p)
 {
-    if (!wino5_usable(kc, d, n)) return false;
     const int T = team_size(n, kc->nthreads), pairs = d->oc * d->c;
+    const size_t xs = (size_t)d->c * d->h * d->w;
     ch_real *u = kc->ws;
 #pragma omp parallel num_threads(T) if (T > 1)
     {
         const int t = ch_omp_thread();
         transform_weights(d, w, pairs * t / T, pairs * (t + 1) / T, u);
-#pragma omp barrier
         wgeo g = geo_of(d);
         const int tiles = thread_tiles(&g, n, t, T);
+        if (p->sums_into_dx)
+            memset(p->out + (size_t)g.s0 * xs, 0,
+                   sizeof(ch_real) * xs * (size_t)(tiles / g.per_sample));
+#pragma omp barrier
         const wscratch s = scratch_of(kc, &g, t);
         wchunk k;
         for (int t0 = 0; t0 < tiles; t0 += WINO5_CHUNK) {
             chunk_of(&g, t0, chunk_live(tiles, t0), &k);
-            forward_chunk(kc, &g, &k, x, u, b, &s, y);
+            p->chunk(kc, &g, &k, p, u, &s);
         }
     }
+}
+
+bool ch_cpu_wino5_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
+                          const ch_real *w, const ch_real *b, ch_real *y)
+{
+    if (!wino5_usable(kc, d, n)) return false;
+    run_pass(kc, d, n, w, &(wpass){ .in = x, .bias = b, .out = y, .chunk = forward_chunk });
     return true;
 }
 
@@ -467,7 +493,7 @@ static void add_unpadded(const wgeo *g, const wchunk *k, const ch_real *buf, int
 /* Block b's 7x7 windows added into the planes (windows overlap: lane by lane, in tile order). */
 static void add_windows(const wgeo *g, const wchunk *k, int b, const ch_real *out, ch_real *planes)
 {
-    const int live = k->live - b * TB < TB ? k->live - b * TB : TB;
+    const int live = block_live(k, b);
     for (int l = 0; l < live; l++) {
         ch_real *to = planes + k->xoff[b * TB + l];
         for (int i = 0; i < WA; i++)
@@ -477,14 +503,14 @@ static void add_windows(const wgeo *g, const wchunk *k, int b, const ch_real *ou
 
 /* dx for a chunk: E, then dV[p] (c x tiles) = U[p]^T E[p], then BT^T dV BT added into dx. */
 static void backward_data_chunk(const ch_kctx *kc, const wgeo *g, const wchunk *k,
-                                const ch_real *dy, const ch_real *u, const wscratch *s,
-                                ch_real *dx)
+                                const wpass *p, const ch_real *u, const wscratch *s)
 {
     const ch_conv_desc *d = g->d;
-    transform_dy(g, k, dy, s->planes, s->e);
-    for (int p = 0; p < NP; p++)
-        ch_cpu_gemm(kc, true, false, d->c, k->live, d->oc, 1, u + (size_t)p * d->oc * d->c, d->c,
-                    s->e + p * point_stride(d->oc), WINO5_CHUNK, 0, s->v + p * point_stride(d->c),
+    ch_real *dx = p->out;
+    transform_dy(g, k, p->in, s->planes, s->e);
+    for (int q = 0; q < NP; q++)
+        ch_cpu_gemm(kc, true, false, d->c, k->live, d->oc, 1, u + (size_t)q * d->oc * d->c, d->c,
+                    s->e + q * point_stride(d->oc), WINO5_CHUNK, 0, s->v + q * point_stride(d->c),
                     WINO5_CHUNK);
     ch_real out[NP * TB];
     for (int c = 0; c < d->c; c++) {
@@ -501,23 +527,7 @@ bool ch_cpu_wino5_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int n,
                                 const ch_real *w, ch_real *dx)
 {
     if (!wino5_usable(kc, d, n)) return false;
-    const int T = team_size(n, kc->nthreads), pairs = d->oc * d->c;
-    const size_t xs = (size_t)d->c * d->h * d->w;
-    ch_real *u = kc->ws;
-#pragma omp parallel num_threads(T) if (T > 1)
-    {
-        const int t = ch_omp_thread();
-        transform_weights(d, w, pairs * t / T, pairs * (t + 1) / T, u);
-        wgeo g = geo_of(d);
-        const int tiles = thread_tiles(&g, n, t, T);
-        memset(dx + (size_t)g.s0 * xs, 0, sizeof(ch_real) * xs * (size_t)(tiles / g.per_sample));
-#pragma omp barrier
-        const wscratch s = scratch_of(kc, &g, t);
-        wchunk k;
-        for (int t0 = 0; t0 < tiles; t0 += WINO5_CHUNK) {
-            chunk_of(&g, t0, chunk_live(tiles, t0), &k);
-            backward_data_chunk(kc, &g, &k, dy, u, &s, dx);
-        }
-    }
+    run_pass(kc, d, n, w,
+             &(wpass){ .in = dy, .out = dx, .sums_into_dx = true, .chunk = backward_data_chunk });
     return true;
 }
