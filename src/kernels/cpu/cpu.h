@@ -48,7 +48,7 @@ bool ch_cpu_wino_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, int 
                                   ch_real *db);
 
 /* Winograd F(3x3, 5x5) (cpu_wino5.c), forward and backward data, for 5x5 stride-1 layers with at
- * least 8 channels in and 32 out; the same contract as above (0 and false where it does not apply
+ * least 8 channels in and 16 out; the same contract as above (0 and false where it does not apply
  * or the workspace is short). Backward weights runs im2col: see the file. */
 size_t ch_cpu_wino5_workspace(const ch_conv_desc *d, int n, int nthreads);
 bool ch_cpu_wino5_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
