@@ -48,9 +48,10 @@ static void gemm_matches_reference_for_every_transpose(void **state)
             }
 }
 
-/* The CPU backend's three passes against the reference at tolerance tol, with the workspace
- * planned for batches of ws_batch. */
-static void check_conv_tol(ch_conv_desc d, int n, int threads, int ws_batch, double bound)
+/* The CPU backend's three passes against the reference, with the workspace planned for batches of
+ * ws_batch: y, dx and db within bound, dw within dw_bound. */
+static void check_conv_tol(ch_conv_desc d, int n, int threads, int ws_batch, double bound,
+                           double dw_bound)
 {
     d.oh = ch_window_out(d.h, d.kh, d.stride, d.pad);
     d.ow = ch_window_out(d.w, d.kw, d.stride, d.pad);
@@ -76,7 +77,7 @@ static void check_conv_tol(ch_conv_desc d, int n, int threads, int ws_batch, dou
     ref->conv2d_backward_weights(&rk, &d, n, x, y1, dy2, dw2, db2);
     cpu->conv2d_backward_weights(&kc, &d, n, x, y1, dy1, dw1, db1);
     assert_true(tu_max_norm_err(dy1, dy2, ys) == 0);
-    assert_true(tu_max_norm_err(dw1, dw2, ws_len) < bound);
+    assert_true(tu_max_norm_err(dw1, dw2, ws_len) < dw_bound);
     assert_true(tu_max_norm_err(db1, db2, (size_t)d.oc) < bound);
     cpu->conv2d_backward_data(&kc, &d, n, dy1, w, dx1);
     ref->conv2d_backward_data(&rk, &d, n, dy2, w, dx2);
@@ -87,7 +88,7 @@ static void check_conv_tol(ch_conv_desc d, int n, int threads, int ws_batch, dou
 
 static void check_conv(ch_conv_desc d, int n, int threads)
 {
-    check_conv_tol(d, n, threads, n, tol);
+    check_conv_tol(d, n, threads, n, tol, tol);
 }
 
 static void conv_matches_reference(void **state)
@@ -153,7 +154,7 @@ static void check_conv_repeats(ch_conv_desc d, int n, int threads)
  * is short and be right either way. `taken` (if not NULL) is the path's workspace query, which
  * must be non-zero: the path is taken. */
 static void check_winograd_cases(const ch_conv_desc *cases, size_t count, int max_n,
-                                 size_t (*taken)(const ch_conv_desc *, int, int))
+                                 double dw_bound, size_t (*taken)(const ch_conv_desc *, int, int))
 {
     for (size_t i = 0; i < count; i++)
         for (int relu = 0; relu < 2; relu++)
@@ -164,9 +165,9 @@ static void check_winograd_cases(const ch_conv_desc *cases, size_t count, int ma
                     d.oh = ch_window_out(d.h, d.kh, d.stride, d.pad);
                     d.ow = ch_window_out(d.w, d.kw, d.stride, d.pad);
                     if (taken) assert_true(taken(&d, n, t) > 0);
-                    check_conv(d, n, t);
+                    check_conv_tol(d, n, t, n, tol, dw_bound);
                     check_conv_repeats(d, n, t);
-                    if (n >= 9) check_conv_tol(d, n, t, 1, tol);
+                    if (n >= 9) check_conv_tol(d, n, t, 1, tol, dw_bound);
                 }
 }
 
@@ -185,7 +186,7 @@ static void winograd_matches_reference(void **state)
         { .c = 32, .h = 7, .w = 5, .oc = 16, .kh = 3, .kw = 3, .stride = 1, .pad = 1 },
         { .c = 16, .h = 4, .w = 4, .oc = 16, .kh = 3, .kw = 3, .stride = 1, .pad = 1 },
     };
-    check_winograd_cases(cases, sizeof cases / sizeof cases[0], 9,
+    check_winograd_cases(cases, sizeof cases / sizeof cases[0], 9, tol,
                          avx512 ? ch_cpu_wino_workspace : NULL);
     const ch_conv_desc other = { .c = 16, .h = 6, .w = 6, .oc = 20, .kh = 3, .kw = 3, .stride = 1,
                                  .pad = 1, .oh = 6, .ow = 6 };
@@ -193,11 +194,16 @@ static void winograd_matches_reference(void **state)
 }
 
 /* Winograd F(3x3, 5x5) (cpu_wino5.c), written here: 5x5, stride 1, at least 8 channels in and 16
- * out. Its transforms round more than a direct sum (points up to 2 and 1/2, weights scaled by up to
- * 32/45), but within the same bound here. The path must be taken for these layers and give the
+ * out, all three passes. Its transforms round more than a direct sum (points up to 2 and 1/2,
+ * weights scaled by up to 32/45): y and dx stay within tol; dw, whose adjoint transform of the
+ * weights cancels large terms, within wino5_dw_tol (the largest seen on lenet's and mnist-cnn's
+ * layers, batches 1 to 256: 1.3e-5 of the largest element, 4e-6 as a relative RMS; the gradient
+ * check in double holds it to 3e-8). The path must be taken for these layers and give the
  * same bits twice. It runs 16 samples at a time, one per vector lane: 1, 3 and 9 samples fill part
  * of one group, 17 and 33 end with a group of one, 25 with one of nine; at 2 threads, 17 samples
  * and more on a workspace planned for one sample fall back to im2col. */
+static const double wino5_dw_tol = 3e-5;
+
 static void winograd5_matches_reference(void **state)
 {
     (void)state;
@@ -209,7 +215,8 @@ static void winograd5_matches_reference(void **state)
         /* uneven: 11x9 with pad 1 (3x3 tiles, 2 and 1 clipped), odd channel counts */
         { .c = 9, .h = 11, .w = 9, .oc = 17, .kh = 5, .kw = 5, .stride = 1, .pad = 1 },
     };
-    check_winograd_cases(cases, sizeof cases / sizeof cases[0], 33, ch_cpu_wino5_workspace);
+    check_winograd_cases(cases, sizeof cases / sizeof cases[0], 33, wino5_dw_tol,
+                         ch_cpu_wino5_workspace);
     ch_conv_desc narrow = { .c = 20, .h = 14, .w = 14, .oc = 8, .kh = 5, .kw = 5, .stride = 1,
                             .pad = 2, .oh = 14, .ow = 14 };
     assert_true(ch_cpu_wino5_workspace(&narrow, 4, 1) == 0);   /* 8 out: im2col */

@@ -47,14 +47,17 @@ bool ch_cpu_wino_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, int 
                                   const ch_real *x, const ch_real *y, ch_real *dy, ch_real *dw,
                                   ch_real *db);
 
-/* Winograd F(3x3, 5x5) (cpu_wino5.c), forward and backward data, for 5x5 stride-1 layers with at
+/* Winograd F(3x3, 5x5) (cpu_wino5.c), all three passes, for 5x5 stride-1 layers with at
  * least 8 channels in and 16 out; the same contract as above (0 and false where it does not apply
- * or the workspace is short). Backward weights runs im2col: see the file. */
+ * or the workspace is short). */
 size_t ch_cpu_wino5_workspace(const ch_conv_desc *d, int n, int nthreads);
 bool ch_cpu_wino5_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
                           const ch_real *w, const ch_real *b, ch_real *y);
 bool ch_cpu_wino5_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *dy,
                                 const ch_real *w, ch_real *dx);
+bool ch_cpu_wino5_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, int n,
+                                   const ch_real *x, const ch_real *y, ch_real *dy, ch_real *dw,
+                                   ch_real *db);
 
 void ch_cpu_maxpool2d_forward(const ch_kctx *kc, const ch_pool_desc *d, int n, const ch_real *x,
                               ch_real *y, int32_t *argmax);

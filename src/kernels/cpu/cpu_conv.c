@@ -504,7 +504,9 @@ void ch_cpu_conv2d_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, in
 {
     const size_t xs = (size_t)d->c * d->h * d->w, ys = (size_t)d->oc * conv_p(d);
     const size_t wl = (size_t)d->oc * conv_k(d);
-    if (ch_cpu_wino_backward_weights(kc, d, n, x, y, dy, dw, db)) return;
+    if (ch_cpu_wino_backward_weights(kc, d, n, x, y, dy, dw, db) ||
+        ch_cpu_wino5_backward_weights(kc, d, n, x, y, dy, dw, db))
+        return;
     const conv_split sp = conv_split_of(kc, d, n);
     if (n == 0) {
         memset(dw, 0, sizeof(ch_real) * wl);
