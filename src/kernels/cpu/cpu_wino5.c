@@ -204,16 +204,37 @@ static wgeo geo_of(const ch_conv_desc *d)
     return g;
 }
 
-/* Positions [*p0, *p1) of chunk i (the chunks as even as they can be). */
-static void chunk_positions(const wgeo *g, int i, int *p0, int *p1)
+/* Chunk i of a group: tile positions [p0, p1) (the chunks as even as they can be), cols = the
+ * chunk's GEMM columns. */
+typedef struct wspan {
+    int p0, p1, cols;
+} wspan;
+
+static wspan chunk_span(const wgeo *g, int i)
 {
-    *p0 = g->pos * i / g->chunks;
-    *p1 = g->pos * (i + 1) / g->chunks;
+    const int p0 = g->pos * i / g->chunks, p1 = g->pos * (i + 1) / g->chunks;
+    return (wspan){ p0, p1, (p1 - p0) * TB };
 }
 
-/* Where position q's window (x planes) or block (y planes) starts in plane 0, in elements. */
-static size_t x_at(const wgeo *g, int q) { return ((size_t)q / g->tx * WM * g->xw + q % g->tx * WM) * TB; }
-static size_t y_at(const wgeo *g, int q) { return ((size_t)q / g->tx * WM * g->yw + q % g->tx * WM) * TB; }
+/* Position q's 7x7 window in channel c's x planes, its 3x3 block in channel o's y planes (row
+ * strides x_rs and y_rs), and its lanes in row `row` of a chunk buffer. */
+static ch_real *x_window(const wgeo *g, ch_real *xg, int c, int q)
+{
+    return xg + (((size_t)c * g->xh + q / g->tx * WM) * g->xw + q % g->tx * WM) * TB;
+}
+
+static ch_real *y_block(const wgeo *g, ch_real *yg, int o, int q)
+{
+    return yg + (((size_t)o * g->yh + q / g->tx * WM) * g->yw + q % g->tx * WM) * TB;
+}
+
+static size_t x_rs(const wgeo *g) { return (size_t)g->xw * TB; }
+static size_t y_rs(const wgeo *g) { return (size_t)g->yw * TB; }
+
+static ch_real *chunk_lanes(ch_real *buf, int row, wspan k, int q)
+{
+    return buf + (size_t)row * WINO5_COLS + (size_t)(q - k.p0) * TB;
+}
 
 /* A tensor's samples s .. s+live-1 (planes of h x w) as a group's planes of ph x pw vectors, the
  * data at (pad, pad), zero elsewhere and in the lanes past live. */
@@ -367,29 +388,40 @@ struct wpass {
                   const wscratch *s, int s0, int live);
 };
 
+/* V[p][c][col] for the chunk, from the group's x planes. */
+static void transform_x(const wgeo *g, wspan k, const wscratch *s)
+{
+    for (int c = 0; c < g->d->c; c++)
+        for (int q = k.p0; q < k.p1; q++)
+            transform_in(x_window(g, s->xg, c, q), x_rs(g), chunk_lanes(s->v, c, k, q),
+                         point_stride(g->d->c));
+}
+
+/* E[p][o][col] for the chunk, from the group's dy planes. */
+static void transform_dy(const wgeo *g, wspan k, const wscratch *s)
+{
+    for (int o = 0; o < g->d->oc; o++)
+        for (int q = k.p0; q < k.p1; q++)
+            transform_dy_block(y_block(g, s->yg, o, q), y_rs(g), chunk_lanes(s->e, o, k, q),
+                               point_stride(g->d->oc));
+}
+
 /* Y for chunk i of the group in s->xg: V, then M[p] (oc x cols) = U[p] (oc x c) V[p] (c x cols),
  * then AT M AT^T into s->yg. */
 static void forward_chunk(const ch_kctx *kc, const wgeo *g, const wpass *p, const ch_real *u,
                           const wscratch *s, int i)
 {
     const ch_conv_desc *d = g->d;
-    int p0, p1;
-    chunk_positions(g, i, &p0, &p1);
-    const int cols = (p1 - p0) * TB;
-    const size_t xplane = (size_t)g->xh * g->xw * TB, yplane = (size_t)g->yh * g->yw * TB;
-    for (int c = 0; c < d->c; c++)
-        for (int q = p0; q < p1; q++)
-            transform_in(s->xg + c * xplane + x_at(g, q), (size_t)g->xw * TB,
-                         s->v + (size_t)c * WINO5_COLS + (size_t)(q - p0) * TB, point_stride(d->c));
+    const wspan k = chunk_span(g, i);
+    transform_x(g, k, s);
     for (int q = 0; q < NP; q++)
-        ch_cpu_gemm(kc, false, false, d->oc, cols, d->c, 1, u + (size_t)q * d->oc * d->c, d->c,
+        ch_cpu_gemm(kc, false, false, d->oc, k.cols, d->c, 1, u + (size_t)q * d->oc * d->c, d->c,
                     s->v + q * point_stride(d->c), WINO5_COLS, 0, s->e + q * point_stride(d->oc),
                     WINO5_COLS);
     for (int o = 0; o < d->oc; o++)
-        for (int q = p0; q < p1; q++)
-            transform_out(s->e + (size_t)o * WINO5_COLS + (size_t)(q - p0) * TB,
-                          point_stride(d->oc), p->bias ? p->bias[o] : 0, d->relu,
-                          s->yg + o * yplane + y_at(g, q), (size_t)g->yw * TB);
+        for (int q = k.p0; q < k.p1; q++)
+            transform_out(chunk_lanes(s->e, o, k, q), point_stride(d->oc),
+                          p->bias ? p->bias[o] : 0, d->relu, y_block(g, s->yg, o, q), y_rs(g));
 }
 
 static void forward_group(const ch_kctx *kc, const wgeo *g, const wpass *p, const ch_real *u,
@@ -407,24 +439,16 @@ static void backward_data_chunk(const ch_kctx *kc, const wgeo *g, const ch_real 
                                 const wscratch *s, int i)
 {
     const ch_conv_desc *d = g->d;
-    int p0, p1;
-    chunk_positions(g, i, &p0, &p1);
-    const int cols = (p1 - p0) * TB;
-    const size_t xplane = (size_t)g->xh * g->xw * TB, yplane = (size_t)g->yh * g->yw * TB;
-    for (int o = 0; o < d->oc; o++)
-        for (int q = p0; q < p1; q++)
-            transform_dy_block(s->yg + o * yplane + y_at(g, q), (size_t)g->yw * TB,
-                               s->e + (size_t)o * WINO5_COLS + (size_t)(q - p0) * TB,
-                               point_stride(d->oc));
+    const wspan k = chunk_span(g, i);
+    transform_dy(g, k, s);
     for (int q = 0; q < NP; q++)
-        ch_cpu_gemm(kc, true, false, d->c, cols, d->oc, 1, u + (size_t)q * d->oc * d->c, d->c,
+        ch_cpu_gemm(kc, true, false, d->c, k.cols, d->oc, 1, u + (size_t)q * d->oc * d->c, d->c,
                     s->e + q * point_stride(d->oc), WINO5_COLS, 0, s->v + q * point_stride(d->c),
                     WINO5_COLS);
     for (int c = 0; c < d->c; c++)
-        for (int q = p0; q < p1; q++)   /* windows overlap: added in position order */
-            adjoint_in_add(s->v + (size_t)c * WINO5_COLS + (size_t)(q - p0) * TB,
-                           point_stride(d->c), s->xg + c * xplane + x_at(g, q),
-                           (size_t)g->xw * TB);
+        for (int q = k.p0; q < k.p1; q++)   /* windows overlap: added in position order */
+            adjoint_in_add(chunk_lanes(s->v, c, k, q), point_stride(d->c),
+                           x_window(g, s->xg, c, q), x_rs(g));
 }
 
 static void backward_data_group(const ch_kctx *kc, const wgeo *g, const wpass *p,
@@ -478,21 +502,11 @@ bool ch_cpu_wino5_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int n,
 static void weights_chunk(const ch_kctx *kc, const wgeo *g, const wscratch *s, int i, bool first)
 {
     const ch_conv_desc *d = g->d;
-    int p0, p1;
-    chunk_positions(g, i, &p0, &p1);
-    const int cols = (p1 - p0) * TB;
-    const size_t xplane = (size_t)g->xh * g->xw * TB, yplane = (size_t)g->yh * g->yw * TB;
-    for (int c = 0; c < d->c; c++)
-        for (int q = p0; q < p1; q++)
-            transform_in(s->xg + c * xplane + x_at(g, q), (size_t)g->xw * TB,
-                         s->v + (size_t)c * WINO5_COLS + (size_t)(q - p0) * TB, point_stride(d->c));
-    for (int o = 0; o < d->oc; o++)
-        for (int q = p0; q < p1; q++)
-            transform_dy_block(s->yg + o * yplane + y_at(g, q), (size_t)g->yw * TB,
-                               s->e + (size_t)o * WINO5_COLS + (size_t)(q - p0) * TB,
-                               point_stride(d->oc));
+    const wspan k = chunk_span(g, i);
+    transform_x(g, k, s);
+    transform_dy(g, k, s);
     for (int q = 0; q < NP; q++)
-        ch_cpu_gemm(kc, false, true, d->oc, d->c, cols, 1, s->e + q * point_stride(d->oc),
+        ch_cpu_gemm(kc, false, true, d->oc, d->c, k.cols, 1, s->e + q * point_stride(d->oc),
                     WINO5_COLS, s->v + q * point_stride(d->c), WINO5_COLS, first ? 0 : 1,
                     s->du + (size_t)q * d->oc * d->c, d->c);
 }
