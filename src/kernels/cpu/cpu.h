@@ -25,6 +25,19 @@ void ch_cpu_gemm(const ch_kctx *kc, bool ta, bool tb, int m, int n, int k, ch_re
                  const ch_real *a, int lda, const ch_real *b, int ldb, ch_real beta, ch_real *c,
                  int ldc);
 
+/* A strided batch of GEMMs: for i < batch, C_i = op(A_i) op(B_i), plus C_i where accumulate, with
+ * A_i at a + i*sa (likewise B and C); row-major, lda/ldb/ldc as for ch_cpu_gemm. The batch runs
+ * on the calling thread (callers run it inside their own parallel regions). scratch: a buffer of
+ * ch_cpu_gemm_batch_scratch(g) bytes, which also makes what the call runs, once per shape. */
+typedef struct ch_gemm_batch {
+    int batch, m, n, k, lda, ldb, ldc;
+    size_t sa, sb, sc;
+    bool ta, tb, accumulate;
+} ch_gemm_batch;
+size_t ch_cpu_gemm_batch_scratch(const ch_gemm_batch *g);
+void ch_cpu_gemm_batch(const ch_kctx *kc, const ch_gemm_batch *g, const ch_real *a,
+                       const ch_real *b, ch_real *c, void *scratch);
+
 size_t ch_cpu_conv2d_workspace(const ch_conv_desc *d, int n, int nthreads);
 void ch_cpu_conv2d_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
                            const ch_real *w, const ch_real *b, ch_real *y);

@@ -11,6 +11,10 @@
 
 #ifndef CH_REAL_DOUBLE
 #include <dnnl.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 #endif
 
 void ch_cpu_gemm(const ch_kctx *kc, bool ta, bool tb, int m, int n, int k, ch_real alpha,
@@ -38,3 +42,178 @@ void ch_cpu_gemm(const ch_kctx *kc, bool ta, bool tb, int m, int n, int k, ch_re
     }
 #endif
 }
+
+/* The strided batch. float: one oneDNN matmul primitive per shape, made on first use and kept
+ * for the life of the process (a handful of shapes per model; never freed, so a replica still
+ * running at exit cannot find one destroyed under it). Why not a loop of dnnl_sgemm: Winograd's
+ * 49 small GEMMs per chunk (cpu_wino5.c, 20 x 160 x 20 in mnist-cnn) each paid sgemm's
+ * per-call packing and checks, and the weight-gradient shape, whose operands are both
+ * contiguous along k, ran at ~52 GFLOP/s. The batched primitive (oneDNN's brgemm kernels) ran
+ * those 49 at 0.68, 0.74 and 1.24 us each against sgemm's 0.95, 0.97 and 2.49 (one core, this
+ * machine). Where oneDNN offers only its reference kernel (no AVX-512), the loop runs instead. */
+static void gemm_batch_loop(const ch_kctx *kc, const ch_gemm_batch *g, const ch_real *a,
+                            const ch_real *b, ch_real *c)
+{
+    for (int i = 0; i < g->batch; i++)
+        ch_cpu_gemm(kc, g->ta, g->tb, g->m, g->n, g->k, 1, a + g->sa * i, g->lda, b + g->sb * i,
+                    g->ldb, g->accumulate ? 1 : 0, c + g->sc * i, g->ldc);
+}
+
+#ifdef CH_REAL_DOUBLE
+
+size_t ch_cpu_gemm_batch_scratch(const ch_gemm_batch *g)
+{
+    (void)g;
+    return 0;
+}
+
+void ch_cpu_gemm_batch(const ch_kctx *kc, const ch_gemm_batch *g, const ch_real *a,
+                       const ch_real *b, ch_real *c, void *scratch)
+{
+    (void)scratch;
+    gemm_batch_loop(kc, g, a, b, c);
+}
+
+#else
+
+enum { GB_ALIGN = 64 };
+
+typedef struct gb_entry {
+    ch_gemm_batch key;
+    dnnl_primitive_t p;   /* NULL: run the loop */
+    dnnl_memory_desc_t a, b, c, scratch;
+    size_t scratch_bytes;
+    struct gb_entry *next;
+} gb_entry;
+
+static struct {
+    pthread_mutex_t lock;
+    dnnl_engine_t engine;
+    gb_entry *entries;
+} g_gb = { .lock = PTHREAD_MUTEX_INITIALIZER };
+
+static bool gb_key_eq(const ch_gemm_batch *x, const ch_gemm_batch *y)
+{
+    return x->batch == y->batch && x->m == y->m && x->n == y->n && x->k == y->k &&
+           x->lda == y->lda && x->ldb == y->ldb && x->ldc == y->ldc && x->sa == y->sa &&
+           x->sb == y->sb && x->sc == y->sc && x->ta == y->ta && x->tb == y->tb &&
+           x->accumulate == y->accumulate;
+}
+
+/* A batch x rows x cols matrix whose element (i, r, q) is at i*s + r*rs + q*qs. */
+static bool gb_md(dnnl_memory_desc_t *md, int batch, int rows, int cols, size_t s, size_t rs,
+                  size_t qs)
+{
+    const dnnl_dims_t dims = { batch, rows, cols };
+    const dnnl_dims_t strides = { (dnnl_dim_t)s, (dnnl_dim_t)rs, (dnnl_dim_t)qs };
+    return dnnl_memory_desc_init_by_strides(md, 3, dims, dnnl_f32, strides) == dnnl_success;
+}
+
+static dnnl_primitive_attr_t gb_attr(bool accumulate)
+{
+    dnnl_primitive_attr_t attr = NULL;
+    if (dnnl_primitive_attr_create(&attr) != dnnl_success) return NULL;
+    dnnl_post_ops_t po = NULL;
+    bool ok = dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user) ==
+              dnnl_success;
+    if (ok && accumulate)
+        ok = dnnl_post_ops_create(&po) == dnnl_success &&
+             dnnl_post_ops_append_sum(po, 1.0f) == dnnl_success &&
+             dnnl_primitive_attr_set_post_ops(attr, po) == dnnl_success;
+    if (po) dnnl_post_ops_destroy(po);
+    if (!ok) {
+        dnnl_primitive_attr_destroy(attr);
+        return NULL;
+    }
+    return attr;
+}
+
+/* The matmul of e->key, made for one thread (it runs inside the caller's team); e->p stays NULL
+ * where oneDNN has only its reference kernel or anything fails. */
+static void gb_build(gb_entry *e)
+{
+    const ch_gemm_batch *g = &e->key;
+    if (!gb_md(&e->a, g->batch, g->m, g->k, g->sa, g->ta ? 1 : (size_t)g->lda,
+               g->ta ? (size_t)g->lda : 1) ||
+        !gb_md(&e->b, g->batch, g->k, g->n, g->sb, g->tb ? 1 : (size_t)g->ldb,
+               g->tb ? (size_t)g->ldb : 1) ||
+        !gb_md(&e->c, g->batch, g->m, g->n, g->sc, (size_t)g->ldc, 1))
+        return;
+    dnnl_matmul_desc_t md;
+    dnnl_primitive_desc_t pd = NULL;
+    dnnl_primitive_attr_t attr = gb_attr(g->accumulate);
+    const int prev = omp_get_max_threads();
+    omp_set_num_threads(1);
+    const bool made = attr && dnnl_matmul_desc_init(&md, &e->a, &e->b, NULL, &e->c) ==
+                                  dnnl_success &&
+                      dnnl_primitive_desc_create(&pd, &md, attr, g_gb.engine, NULL) ==
+                          dnnl_success;
+    omp_set_num_threads(prev);
+    if (attr) dnnl_primitive_attr_destroy(attr);
+    if (!made) return;
+    const char *impl = NULL;
+    const bool fast = dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) ==
+                          dnnl_success &&
+                      impl && strncmp(impl, "ref", 3) != 0;
+    const dnnl_memory_desc_t *sp = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+    if (fast && sp) {
+        e->scratch = *sp;
+        e->scratch_bytes = dnnl_memory_desc_get_size(sp);
+        if (dnnl_primitive_create(&e->p, pd) != dnnl_success) e->p = NULL;
+    }
+    dnnl_primitive_desc_destroy(pd);
+}
+
+/* The entry of g, made on first use; NULL only where memory ran out. */
+static const gb_entry *gb_entry_for(const ch_gemm_batch *g)
+{
+    pthread_mutex_lock(&g_gb.lock);
+    gb_entry *e = g_gb.entries;
+    while (e && !gb_key_eq(&e->key, g)) e = e->next;
+    if (!e && !g_gb.engine && dnnl_engine_create(&g_gb.engine, dnnl_cpu, 0) != dnnl_success)
+        g_gb.engine = NULL;
+    if (!e && (e = calloc(1, sizeof *e)) != NULL) {
+        e->key = *g;
+        if (g_gb.engine) gb_build(e);
+        e->next = g_gb.entries;
+        g_gb.entries = e;
+    }
+    pthread_mutex_unlock(&g_gb.lock);
+    return e;
+}
+
+size_t ch_cpu_gemm_batch_scratch(const ch_gemm_batch *g)
+{
+    const gb_entry *e = gb_entry_for(g);
+    return e && e->p && e->scratch_bytes ? e->scratch_bytes + GB_ALIGN : 0;
+}
+
+void ch_cpu_gemm_batch(const ch_kctx *kc, const ch_gemm_batch *g, const ch_real *a,
+                       const ch_real *b, ch_real *c, void *scratch)
+{
+    if (g->batch <= 0 || g->m <= 0 || g->n <= 0) return;
+    const gb_entry *e = gb_entry_for(g);
+    if (!e || !e->p || (e->scratch_bytes && !scratch)) {
+        gemm_batch_loop(kc, g, a, b, c);
+        return;
+    }
+    void *sp = (void *)(((uintptr_t)scratch + GB_ALIGN - 1) & ~(uintptr_t)(GB_ALIGN - 1));
+    dnnl_stream_t s = NULL;
+    dnnl_memory_t mem[4] = { NULL };
+    const dnnl_memory_desc_t *mds[4] = { &e->a, &e->b, &e->c, &e->scratch };
+    void *ptrs[4] = { (void *)a, (void *)b, c, sp };
+    const int args[4] = { DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST, DNNL_ARG_SCRATCHPAD };
+    const int n = e->scratch_bytes ? 4 : 3;
+    dnnl_exec_arg_t ex[4];
+    CH_ASSERT(dnnl_stream_create(&s, g_gb.engine, dnnl_stream_default_flags) == dnnl_success);
+    for (int i = 0; i < n; i++) {
+        CH_ASSERT(dnnl_memory_create(&mem[i], mds[i], g_gb.engine, ptrs[i]) == dnnl_success);
+        ex[i] = (dnnl_exec_arg_t){ args[i], mem[i] };
+    }
+    CH_ASSERT(dnnl_primitive_execute(e->p, s, n, ex) == dnnl_success);
+    CH_ASSERT(dnnl_stream_wait(s) == dnnl_success);
+    for (int i = 0; i < n; i++) dnnl_memory_destroy(mem[i]);
+    dnnl_stream_destroy(s);
+}
+
+#endif

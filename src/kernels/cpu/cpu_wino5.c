@@ -43,7 +43,7 @@ enum {
     WM = 3, WR = 5, WA = 7, NP = WA * WA, /* output tile, kernel, input tile, points */
     TB = CH_CPU_LANES,                    /* samples transformed at once, one per lane */
     WINO5_POS = 10,                       /* tile positions per GEMM at most */
-    WINO5_COLS = WINO5_POS * TB,          /* a chunk buffer's row */
+    WINO5_COLS = WINO5_POS * TB,          /* a chunk buffer's row, at most */
     WINO5_MIN_C = 8, WINO5_MIN_OC = 16,   /* below these the transforms cost more than they save */
 };
 
@@ -190,21 +190,55 @@ static void transform_dy_block(const ch_real *restrict blk, size_t rs, ch_real *
  * most WINO5_POS. */
 typedef struct wgeo {
     const ch_conv_desc *d;
-    int ty, tx, pos, chunks;
+    int ty, tx, pos, chunks, span;
     int xh, xw, yh, yw;
+    size_t scratch;   /* the GEMMs' scratch per thread, in elements */
 } wgeo;
 
-static wgeo geo_of(const ch_conv_desc *d)
+/* Whether chunks of `positions` spread their 49 points over the cache. A chunk buffer's point
+ * stride is rows x positions vectors of 64 bytes (see point_stride); the transforms write a tile's
+ * 49 points at that stride, and where it is a multiple of 16 or more lines they fall into 4 or
+ * fewer of L1's 64 sets and evict each other: mnist-cnn's 20 x 8 positions (160 lines) made
+ * both input transforms 1.5-2x slower than 20 x 9. */
+static bool spreads(int rows, int positions)
+{
+    return (rows * positions) % 16 != 0;
+}
+
+/* Positions per chunk, for `chunks` chunks of a group's pos: the fewest that fit, unless that
+ * or the last chunk's rest does not spread and a larger one (up to WINO5_POS) does. */
+static int chunk_positions(const ch_conv_desc *d, int pos, int chunks)
+{
+    const int even = (pos + chunks - 1) / chunks;
+    for (int s = even; s <= WINO5_POS && s * (chunks - 1) < pos; s++) {
+        const int rest = pos - s * (chunks - 1);
+        if (spreads(d->c, s) && spreads(d->oc, s) && spreads(d->c, rest) && spreads(d->oc, rest))
+            return s;
+    }
+    return even;
+}
+
+static wgeo tiling_of(const ch_conv_desc *d)
 {
     wgeo g = { .d = d, .ty = (d->oh + WM - 1) / WM, .tx = (d->ow + WM - 1) / WM };
     g.pos = g.ty * g.tx;
     g.chunks = (g.pos + WINO5_POS - 1) / WINO5_POS;
+    g.span = chunk_positions(d, g.pos, g.chunks);
     g.xh = g.ty * WM + WR - 1, g.xw = g.tx * WM + WR - 1;
     g.yh = g.ty * WM, g.yw = g.tx * WM;
     return g;
 }
 
-/* Chunk i of a group: tile positions [p0, p1) (the chunks as even as they can be), cols = the
+static size_t gemm_scratch_len(const wgeo *g);
+/* The geometry with the GEMM scratch (which makes the GEMMs on first use). */
+static wgeo geo_of(const ch_conv_desc *d)
+{
+    wgeo g = tiling_of(d);
+    g.scratch = gemm_scratch_len(&g);
+    return g;
+}
+
+/* Chunk i of a group: tile positions [p0, p1) (g->span each, the last one the rest), cols = the
  * chunk's GEMM columns. */
 typedef struct wspan {
     int p0, p1, cols;
@@ -212,7 +246,7 @@ typedef struct wspan {
 
 static wspan chunk_span(const wgeo *g, int i)
 {
-    const int p0 = g->pos * i / g->chunks, p1 = g->pos * (i + 1) / g->chunks;
+    const int p0 = g->span * i, p1 = p0 + g->span < g->pos ? p0 + g->span : g->pos;
     return (wspan){ p0, p1, (p1 - p0) * TB };
 }
 
@@ -233,7 +267,7 @@ static size_t y_rs(const wgeo *g) { return (size_t)g->yw * TB; }
 
 static ch_real *chunk_lanes(ch_real *buf, int row, wspan k, int q)
 {
-    return buf + (size_t)row * WINO5_COLS + (size_t)(q - k.p0) * TB;
+    return buf + (size_t)row * k.cols + (size_t)(q - k.p0) * TB;
 }
 
 /* A tensor's samples s .. s+live-1 (planes of h x w) as a group's planes of ph x pw vectors, the
@@ -335,20 +369,66 @@ static int team_size(int n, int nthreads)
     return g < nthreads ? (g > 0 ? g : 1) : nthreads;
 }
 
-/* Shared: U, or dU summed (NP x oc x c). Per thread: the group's x and y planes, the two chunk
- * buffers, and its partial dU and db (backward weights). */
-static size_t shared_len(const ch_conv_desc *d) { return (size_t)NP * d->oc * d->c; }
-static size_t thread_len(const ch_conv_desc *d)
+/* A chunk buffer is dense, [p][row][col] with k.cols columns: oneDNN's batched kernel (brgemm)
+ * takes only dense operands, and with a fixed row of WINO5_COLS the shorter chunks ran its slower
+ * gemm-based one. */
+static size_t point_stride(int rows, wspan k) { return (size_t)rows * k.cols; }
+
+/* The 49 GEMMs of a chunk of `cols` columns, one per point, as one strided batch:
+ *   forward:          M[p] (oc x cols) = U[p] (oc x c) V[p] (c x cols)
+ *   backward data:    dV[p] (c x cols) = U[p]^T E[p]
+ *   backward weights: dU[p] (oc x c) += E[p] (oc x cols) V[p]^T */
+typedef enum { PASS_FORWARD, PASS_DATA, PASS_WEIGHTS } wpass_kind;
+
+static ch_gemm_batch point_gemms(const ch_conv_desc *d, wpass_kind kind, wspan k)
 {
-    const wgeo g = geo_of(d);
-    return group_len(x_layout(&g)) + group_len(y_layout(&g)) +
-           (size_t)NP * (d->c + d->oc) * WINO5_COLS + shared_len(d) + (size_t)d->oc;
+    const size_t uc = (size_t)d->oc * d->c, vs = point_stride(d->c, k);
+    const size_t es = point_stride(d->oc, k);
+    switch (kind) {
+    case PASS_FORWARD:
+        return (ch_gemm_batch){ .batch = NP, .m = d->oc, .n = k.cols, .k = d->c, .lda = d->c,
+                                .ldb = k.cols, .ldc = k.cols, .sa = uc, .sb = vs, .sc = es };
+    case PASS_DATA:
+        return (ch_gemm_batch){ .batch = NP, .m = d->c, .n = k.cols, .k = d->oc, .lda = d->c,
+                                .ldb = k.cols, .ldc = k.cols, .sa = uc, .sb = es, .sc = vs,
+                                .ta = true };
+    default:
+        return (ch_gemm_batch){ .batch = NP, .m = d->oc, .n = d->c, .k = k.cols, .lda = k.cols,
+                                .ldb = k.cols, .ldc = d->c, .sa = es, .sb = vs, .sc = uc,
+                                .tb = true, .accumulate = true };
+    }
+}
+
+/* The largest GEMM scratch of the layer's chunks and passes, in elements. */
+static size_t gemm_scratch_len(const wgeo *g)
+{
+    size_t most = 0;
+    for (int i = 0; i < g->chunks; i++)
+        for (int kind = PASS_FORWARD; kind <= PASS_WEIGHTS; kind++) {
+            const ch_gemm_batch b = point_gemms(g->d, (wpass_kind)kind, chunk_span(g, i));
+            const size_t len = (ch_cpu_gemm_batch_scratch(&b) + sizeof(ch_real) - 1) /
+                               sizeof(ch_real);
+            if (len > most) most = len;
+        }
+    return most;
+}
+
+/* Shared: U, or dU summed (NP x oc x c). Per thread: the group's x and y planes, the two chunk
+ * buffers, its partial dU and db (backward weights), and the GEMMs' scratch. */
+static size_t shared_len(const ch_conv_desc *d) { return (size_t)NP * d->oc * d->c; }
+static size_t thread_len(const wgeo *g)
+{
+    const ch_conv_desc *d = g->d;
+    return group_len(x_layout(g)) + group_len(y_layout(g)) +
+           (size_t)NP * (d->c + d->oc) * WINO5_COLS + shared_len(d) + (size_t)d->oc +
+           g->scratch;
 }
 
 size_t ch_cpu_wino5_workspace(const ch_conv_desc *d, int n, int nthreads)
 {
     if (!wino5_applies(d)) return 0;
-    return shared_len(d) + thread_len(d) * (size_t)team_size(n, nthreads);
+    const wgeo g = geo_of(d);
+    return shared_len(d) + thread_len(&g) * (size_t)team_size(n, nthreads);
 }
 
 /* Thread t's scratch. */
@@ -356,18 +436,20 @@ typedef struct wscratch {
     ch_real *xg, *yg;   /* the group's x (or dx) and y (or dy) planes */
     ch_real *v, *e;     /* V or dV chunk (c rows), M or E chunk (oc rows), WINO5_COLS each */
     ch_real *du, *db;   /* backward weights: the thread's dU (NP x oc x c) and db */
+    ch_real *gemm;      /* the GEMMs' scratch */
 } wscratch;
 
 static wscratch scratch_of(const ch_kctx *kc, const wgeo *g, int t)
 {
     const ch_conv_desc *d = g->d;
     wscratch s;
-    s.xg = kc->ws + shared_len(d) + thread_len(d) * (size_t)t;
+    s.xg = kc->ws + shared_len(d) + thread_len(g) * (size_t)t;
     s.yg = s.xg + group_len(x_layout(g));
     s.v = s.yg + group_len(y_layout(g));
     s.e = s.v + (size_t)NP * d->c * WINO5_COLS;
     s.du = s.e + (size_t)NP * d->oc * WINO5_COLS;
     s.db = s.du + shared_len(d);
+    s.gemm = s.db + d->oc;
     return s;
 }
 
@@ -376,8 +458,6 @@ static bool wino5_usable(const ch_kctx *kc, const ch_conv_desc *d, int n)
     return wino5_applies(d) && n > 0 && kc->ws &&
            kc->ws_len >= ch_cpu_wino5_workspace(d, n, kc->nthreads);
 }
-
-static size_t point_stride(int rows) { return (size_t)rows * WINO5_COLS; }
 
 /* What a pass does with each group of samples. */
 typedef struct wpass wpass;
@@ -394,7 +474,7 @@ static void transform_x(const wgeo *g, wspan k, const wscratch *s)
     for (int c = 0; c < g->d->c; c++)
         for (int q = k.p0; q < k.p1; q++)
             transform_in(x_window(g, s->xg, c, q), x_rs(g), chunk_lanes(s->v, c, k, q),
-                         point_stride(g->d->c));
+                         point_stride(g->d->c, k));
 }
 
 /* E[p][o][col] for the chunk, from the group's dy planes. */
@@ -403,7 +483,7 @@ static void transform_dy(const wgeo *g, wspan k, const wscratch *s)
     for (int o = 0; o < g->d->oc; o++)
         for (int q = k.p0; q < k.p1; q++)
             transform_dy_block(y_block(g, s->yg, o, q), y_rs(g), chunk_lanes(s->e, o, k, q),
-                               point_stride(g->d->oc));
+                               point_stride(g->d->oc, k));
 }
 
 /* Y for chunk i of the group in s->xg: V, then M[p] (oc x cols) = U[p] (oc x c) V[p] (c x cols),
@@ -414,13 +494,11 @@ static void forward_chunk(const ch_kctx *kc, const wgeo *g, const wpass *p, cons
     const ch_conv_desc *d = g->d;
     const wspan k = chunk_span(g, i);
     transform_x(g, k, s);
-    for (int q = 0; q < NP; q++)
-        ch_cpu_gemm(kc, false, false, d->oc, k.cols, d->c, 1, u + (size_t)q * d->oc * d->c, d->c,
-                    s->v + q * point_stride(d->c), WINO5_COLS, 0, s->e + q * point_stride(d->oc),
-                    WINO5_COLS);
+    const ch_gemm_batch b = point_gemms(d, PASS_FORWARD, k);
+    ch_cpu_gemm_batch(kc, &b, u, s->v, s->e, s->gemm);
     for (int o = 0; o < d->oc; o++)
         for (int q = k.p0; q < k.p1; q++)
-            transform_out(chunk_lanes(s->e, o, k, q), point_stride(d->oc),
+            transform_out(chunk_lanes(s->e, o, k, q), point_stride(d->oc, k),
                           p->bias ? p->bias[o] : 0, d->relu, y_block(g, s->yg, o, q), y_rs(g));
 }
 
@@ -441,13 +519,11 @@ static void backward_data_chunk(const ch_kctx *kc, const wgeo *g, const ch_real 
     const ch_conv_desc *d = g->d;
     const wspan k = chunk_span(g, i);
     transform_dy(g, k, s);
-    for (int q = 0; q < NP; q++)
-        ch_cpu_gemm(kc, true, false, d->c, k.cols, d->oc, 1, u + (size_t)q * d->oc * d->c, d->c,
-                    s->e + q * point_stride(d->oc), WINO5_COLS, 0, s->v + q * point_stride(d->c),
-                    WINO5_COLS);
+    const ch_gemm_batch b = point_gemms(d, PASS_DATA, k);
+    ch_cpu_gemm_batch(kc, &b, u, s->e, s->v, s->gemm);
     for (int c = 0; c < d->c; c++)
         for (int q = k.p0; q < k.p1; q++)   /* windows overlap: added in position order */
-            adjoint_in_add(chunk_lanes(s->v, c, k, q), point_stride(d->c),
+            adjoint_in_add(chunk_lanes(s->v, c, k, q), point_stride(d->c, k),
                            x_window(g, s->xg, c, q), x_rs(g));
 }
 
@@ -467,11 +543,11 @@ static void run_pass(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_r
 {
     const int T = team_size(n, kc->nthreads), pairs = d->oc * d->c, groups = groups_of(n);
     ch_real *u = kc->ws;
+    const wgeo g = geo_of(d);
 #pragma omp parallel num_threads(T) if (T > 1)
     {
         const int t = ch_omp_thread();
         transform_weights(d, w, pairs * t / T, pairs * (t + 1) / T, u);
-        const wgeo g = geo_of(d);
         const wscratch s = scratch_of(kc, &g, t);
 #pragma omp barrier
         for (int q = groups * t / T; q < groups * (t + 1) / T; q++) {
@@ -499,16 +575,13 @@ bool ch_cpu_wino5_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int n,
 
 /* dU for chunk i of the group (x in s->xg, dY in s->yg): V and E, then per point
  * dU[p] (oc x c) += E[p] (oc x cols) V[p]^T. */
-static void weights_chunk(const ch_kctx *kc, const wgeo *g, const wscratch *s, int i, bool first)
+static void weights_chunk(const ch_kctx *kc, const wgeo *g, const wscratch *s, int i)
 {
-    const ch_conv_desc *d = g->d;
     const wspan k = chunk_span(g, i);
     transform_x(g, k, s);
     transform_dy(g, k, s);
-    for (int q = 0; q < NP; q++)
-        ch_cpu_gemm(kc, false, true, d->oc, d->c, k.cols, 1, s->e + q * point_stride(d->oc),
-                    WINO5_COLS, s->v + q * point_stride(d->c), WINO5_COLS, first ? 0 : 1,
-                    s->du + (size_t)q * d->oc * d->c, d->c);
+    const ch_gemm_batch b = point_gemms(g->d, PASS_WEIGHTS, k);
+    ch_cpu_gemm_batch(kc, &b, s->e, s->v, s->du, s->gemm);
 }
 
 /* dg = G^T dU G for the pairs [lo, hi): the adjoint of transform_weights. */
@@ -549,11 +622,12 @@ static void weights_groups(const ch_kctx *kc, const wgeo *g, const wscratch *s, 
             acc += ch_cpu_sum(dy + i * ys + (size_t)o * d->oh * d->ow, (size_t)d->oh * d->ow);
         s->db[o] = (ch_real)acc;
     }
+    memset(s->du, 0, sizeof(ch_real) * shared_len(d));
     for (int q = lo; q < hi; q++) {
         const int live = n - q * TB < TB ? n - q * TB : TB;
         pack_group(x_layout(g), x + (size_t)q * TB * xs, live, s->xg);
         pack_group(y_layout(g), dy + (size_t)q * TB * ys, live, s->yg);
-        for (int i = 0; i < g->chunks; i++) weights_chunk(kc, g, s, i, q == lo && i == 0);
+        for (int i = 0; i < g->chunks; i++) weights_chunk(kc, g, s, i);
     }
 }
 
