@@ -309,7 +309,10 @@ static void batchnorm_sums_match_reference(void **state)
         for (size_t i = 0; i < sizeof hws / sizeof hws[0]; i++) check_batchnorm_sums(3, 5, hws[i], t);
 }
 
-/* Max pooling's fast 2x2 path against the direct loops, ties included (quantised inputs). */
+/* Max pooling's fast 2x2 path against the direct loops, ties included (quantised inputs), both
+ * passes bit for bit at 1, 2 and 3 threads: short rows (computed as whole chunks into the next
+ * rows' outputs, up to the end of each thread's planes) and odd sizes (a row and column outside
+ * every window, which backward must zero). */
 static void maxpool_matches_reference(void **state)
 {
     (void)state;
@@ -321,21 +324,32 @@ static void maxpool_matches_reference(void **state)
         /* rows of exactly one chunk of 16, of two chunks and a tail of 5, odd widths */
         { .c = 2, .h = 32, .w = 33, .k = 2, .stride = 2, .pad = 0, .oh = 16, .ow = 16 },
         { .c = 1, .h = 9, .w = 75, .k = 2, .stride = 2, .pad = 0, .oh = 4, .ow = 37 },
+        /* mnist-cnn's pools: rows of 14 and 7 outputs */
+        { .c = 4, .h = 28, .w = 28, .k = 2, .stride = 2, .pad = 0, .oh = 14, .ow = 14 },
+        { .c = 5, .h = 14, .w = 14, .k = 2, .stride = 2, .pad = 0, .oh = 7, .ow = 7 },
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        const ch_pool_desc *d = &cases[i];
-        const int n = 3;
-        const size_t xs = (size_t)n * d->c * d->h * d->w, ys = (size_t)n * d->c * d->oh * d->ow;
-        ch_real *x = rnd(xs, 9), *y1 = malloc(sizeof(ch_real) * ys), *y2 = malloc(sizeof(ch_real) * ys);
-        int32_t *a1 = malloc(sizeof(int32_t) * ys), *a2 = malloc(sizeof(int32_t) * ys);
-        for (size_t j = 0; j < xs; j++) x[j] = (ch_real)(int)(x[j] * 3);   /* many ties */
-        ch_kctx kc = { .nthreads = 2 };
-        cpu->maxpool2d_forward(&kc, d, n, x, y1, a1);
-        ref->maxpool2d_forward(&kc, d, n, x, y2, a2);
-        assert_memory_equal(y1, y2, sizeof(ch_real) * ys);
-        assert_memory_equal(a1, a2, sizeof(int32_t) * ys);
-        free(x), free(y1), free(y2), free(a1), free(a2);
-    }
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        for (int t = 1; t <= 3; t++) {
+            const ch_pool_desc *d = &cases[i];
+            const int n = 3;
+            const size_t xs = (size_t)n * d->c * d->h * d->w;
+            const size_t ys = (size_t)n * d->c * d->oh * d->ow;
+            ch_real *x = rnd(xs, 9), *dy = rnd(ys, 10);
+            ch_real *y1 = malloc(sizeof(ch_real) * ys), *y2 = malloc(sizeof(ch_real) * ys);
+            ch_real *dx1 = malloc(sizeof(ch_real) * xs), *dx2 = malloc(sizeof(ch_real) * xs);
+            int32_t *a1 = malloc(sizeof(int32_t) * ys), *a2 = malloc(sizeof(int32_t) * ys);
+            for (size_t j = 0; j < xs; j++) x[j] = (ch_real)(int)(x[j] * 3);   /* many ties */
+            for (size_t j = 0; j < xs; j++) dx1[j] = dx2[j] = (ch_real)NAN;   /* all written */
+            ch_kctx kc = { .nthreads = t };
+            cpu->maxpool2d_forward(&kc, d, n, x, y1, a1);
+            ref->maxpool2d_forward(&kc, d, n, x, y2, a2);
+            assert_memory_equal(y1, y2, sizeof(ch_real) * ys);
+            assert_memory_equal(a1, a2, sizeof(int32_t) * ys);
+            cpu->maxpool2d_backward(&kc, d, n, dy, a1, dx1);
+            ref->maxpool2d_backward(&kc, d, n, dy, a2, dx2);
+            assert_memory_equal(dx1, dx2, sizeof(ch_real) * xs);
+            free(x), free(dy), free(y1), free(y2), free(dx1), free(dx2), free(a1), free(a2);
+        }
 }
 
 /* Average pooling's 2x2 path against the direct loops, bit for bit, odd sizes included (the last
@@ -373,6 +387,7 @@ int main(void)
         cmocka_unit_test(gemm_matches_reference_for_every_transpose),
         cmocka_unit_test(conv_matches_reference),
         cmocka_unit_test(winograd_matches_reference),
+        cmocka_unit_test(gemm_batch_matches_reference),
         cmocka_unit_test(winograd5_matches_reference),
         cmocka_unit_test(batchnorm_sums_match_reference),
         cmocka_unit_test(maxpool_matches_reference),

@@ -68,21 +68,40 @@ static void maxpool_tail_2x2(const ch_real *r0, const ch_real *r1, int n, int32_
     memcpy(am, pa, sizeof(int32_t) * (size_t)n);
 }
 
-static void maxpool_plane_2x2(const ch_pool_desc *d, const ch_real *x, ch_real *y, int32_t *am)
+/* The planes [lo, hi) of this thread (plane ends xs and ys apart; x_end ends x). A row's last
+ * outputs, fewer than a chunk, are computed as a whole chunk on the input after them where that
+ * stays inside x and this thread's part of y: the surplus lands on the outputs of later rows,
+ * which this thread writes afterwards. Only the rest go through padded copies. mnist-cnn's rows
+ * of 14 and 7 outputs spent more in those copies than in the pooling. */
+static void maxpool_planes_2x2(const ch_pool_desc *d, const ch_real *x, const ch_real *x_end,
+                               ch_real *y, int32_t *am, long lo, long hi)
 {
     const int w = d->w, ow = d->ow;
-    for (int i = 0; i < d->oh; i++) {
-        const ch_real *r0 = x + (size_t)(2 * i) * w, *r1 = r0 + w;
-        ch_real *yr = y + (size_t)i * ow;
-        int32_t *ar = am + (size_t)i * ow;
-        const int32_t base = 2 * i * w;
-        int j = 0;
-        for (; j + POOL_CHUNK <= ow; j += POOL_CHUNK)
-            maxpool_chunk_2x2(r0 + 2 * j, r1 + 2 * j, base + 2 * j, base + w + 2 * j, yr + j, ar + j);
-        if (j < ow)
-            maxpool_tail_2x2(r0 + 2 * j, r1 + 2 * j, ow - j, base + 2 * j, base + w + 2 * j, yr + j,
-                             ar + j);
-    }
+    const size_t xs = (size_t)d->h * w, ys = (size_t)d->oh * ow;
+    const ch_real *y_end = y + hi * ys;
+    for (long pl = lo; pl < hi; pl++)
+        for (int i = 0; i < d->oh; i++) {
+            const ch_real *r0 = x + pl * xs + (size_t)(2 * i) * w, *r1 = r0 + w;
+            ch_real *yr = y + pl * ys + (size_t)i * ow;
+            int32_t *ar = am + pl * ys + (size_t)i * ow;
+            const int32_t base = 2 * i * w;
+            for (int j = 0; j < ow; j += POOL_CHUNK) {
+                const bool room = yr + j + POOL_CHUNK <= y_end && r1 + 2 * (j + POOL_CHUNK) <= x_end;
+                if (j + POOL_CHUNK <= ow || room)
+                    maxpool_chunk_2x2(r0 + 2 * j, r1 + 2 * j, base + 2 * j, base + w + 2 * j,
+                                      yr + j, ar + j);
+                else
+                    maxpool_tail_2x2(r0 + 2 * j, r1 + 2 * j, ow - j, base + 2 * j,
+                                     base + w + 2 * j, yr + j, ar + j);
+            }
+        }
+}
+
+/* The planes [lo, hi) of thread t of T, contiguous. */
+static void thread_planes(long planes, int t, int T, long *lo, long *hi)
+{
+    *lo = planes * t / T;
+    *hi = planes * (t + 1) / T;
 }
 
 void ch_cpu_maxpool2d_forward_direct(const ch_kctx *kc, const ch_pool_desc *d, int n,
@@ -94,23 +113,106 @@ void ch_cpu_maxpool2d_forward_direct(const ch_kctx *kc, const ch_pool_desc *d, i
     for (long pl = 0; pl < planes; pl++) maxpool_plane(d, x + pl * xs, y + pl * ys, argmax + pl * ys);
 }
 
+static bool maxpool_fast(const ch_pool_desc *d) { return d->k == 2 && d->stride == 2 && d->pad == 0; }
+
 void ch_cpu_maxpool2d_forward(const ch_kctx *kc, const ch_pool_desc *d, int n, const ch_real *x,
                               ch_real *y, int32_t *argmax)
 {
     const long planes = (long)n * d->c;
-    const size_t xs = (size_t)d->h * d->w, ys = (size_t)d->oh * d->ow;
-    const bool fast = d->k == 2 && d->stride == 2 && d->pad == 0;
-#pragma omp parallel for num_threads(kc->nthreads) schedule(static)
-    for (long pl = 0; pl < planes; pl++) {
-        if (fast)
-            maxpool_plane_2x2(d, x + pl * xs, y + pl * ys, argmax + pl * ys);
-        else
-            maxpool_plane(d, x + pl * xs, y + pl * ys, argmax + pl * ys);
+    const size_t xs = (size_t)d->h * d->w;
+    if (!maxpool_fast(d)) {
+        ch_cpu_maxpool2d_forward_direct(kc, d, n, x, y, argmax);
+        return;
+    }
+    const int T = planes < kc->nthreads ? (planes > 0 ? (int)planes : 1) : kc->nthreads;
+#pragma omp parallel num_threads(T) if (T > 1)
+    {
+        long lo, hi;
+        thread_planes(planes, ch_omp_thread(), T, &lo, &hi);
+        maxpool_planes_2x2(d, x, x + planes * xs, y, argmax, lo, hi);
+    }
+}
+
+/* One input row under a row of POOL_CHUNK 2x2 windows: element 2j + b gets g[j] where window j's
+ * argmax is i0 + 2j + b (i0: the row's first index in the plane), else 0. A fixed count, so it
+ * vectorises; the top and bottom rows go separately so that no call's writes overlap. */
+static void maxpool_back_row_2x2(const ch_real *restrict g, const int32_t *restrict am, int32_t i0,
+                                 ch_real *restrict r)
+{
+#pragma omp simd   /* inlined without it, GCC unrolled the loop into scalar code */
+    for (int j = 0; j < POOL_CHUNK; j++) {
+        const int32_t a = am[j] - i0 - 2 * j;
+        const ch_real v = (ch_real)0 + g[j];   /* as the scatter's 0 + g: -0 becomes +0 */
+        r[2 * j] = a == 0 ? v : 0;
+        r[2 * j + 1] = a == 1 ? v : 0;
+    }
+}
+
+/* The same for fewer than a chunk, through padded copies. */
+static void maxpool_back_tail_2x2(const ch_real *g, const int32_t *am, int n, int32_t i0,
+                                  ch_real *r)
+{
+    ch_real pg[POOL_CHUNK] = { 0 }, pr[2 * POOL_CHUNK];
+    int32_t pa[POOL_CHUNK] = { 0 };
+    memcpy(pg, g, sizeof(ch_real) * (size_t)n);
+    memcpy(pa, am, sizeof(int32_t) * (size_t)n);
+    maxpool_back_row_2x2(pg, pa, i0, pr);
+    memcpy(r, pr, sizeof(ch_real) * 2 * (size_t)n);
+}
+
+/* The backward of maxpool_planes_2x2 on the planes [lo, hi): every element of dx written (no
+ * memset, no scatter), short rows as whole chunks where the surplus stays inside dy and this
+ * thread's part of dx (later rows overwrite it), the column and row outside every window (odd
+ * sizes) zeroed after their row's chunks. */
+static void maxpool_backward_planes_2x2(const ch_pool_desc *d, const ch_real *dy,
+                                        const ch_real *dy_end, const int32_t *am, ch_real *dx,
+                                        long lo, long hi)
+{
+    const int w = d->w, h = d->h, ow = d->ow, oh = d->oh;
+    const size_t xs = (size_t)h * w, ys = (size_t)oh * ow;
+    const ch_real *dx_end = dx + hi * xs;
+    for (long pl = lo; pl < hi; pl++) {
+        ch_real *dxp = dx + pl * xs;
+        for (int i = 0; i < oh; i++)
+            for (int b = 0; b < 2; b++) {
+                ch_real *r = dxp + (size_t)(2 * i + b) * w;
+                const ch_real *g = dy + pl * ys + (size_t)i * ow;
+                const int32_t *a = am + pl * ys + (size_t)i * ow;
+                const int32_t i0 = (2 * i + b) * w;
+                for (int j = 0; j < ow; j += POOL_CHUNK) {
+                    const bool room = r + 2 * (j + POOL_CHUNK) <= dx_end &&
+                                      g + j + POOL_CHUNK <= dy_end;
+                    if (j + POOL_CHUNK <= ow || room)
+                        maxpool_back_row_2x2(g + j, a + j, i0 + 2 * j, r + 2 * j);
+                    else
+                        maxpool_back_tail_2x2(g + j, a + j, ow - j, i0 + 2 * j, r + 2 * j);
+                }
+                if (w > 2 * ow) r[w - 1] = 0;
+            }
+        if (h > 2 * oh) memset(dxp + (size_t)(h - 1) * w, 0, sizeof(ch_real) * (size_t)w);
     }
 }
 
 void ch_cpu_maxpool2d_backward(const ch_kctx *kc, const ch_pool_desc *d, int n,
                                const ch_real *dy, const int32_t *argmax, ch_real *dx)
+{
+    if (!maxpool_fast(d)) {
+        ch_cpu_maxpool2d_backward_direct(kc, d, n, dy, argmax, dx);
+        return;
+    }
+    const long planes = (long)n * d->c;
+    const size_t ys = (size_t)d->oh * d->ow;
+    const int T = planes < kc->nthreads ? (planes > 0 ? (int)planes : 1) : kc->nthreads;
+#pragma omp parallel num_threads(T) if (T > 1)
+    {
+        long lo, hi;
+        thread_planes(planes, ch_omp_thread(), T, &lo, &hi);
+        maxpool_backward_planes_2x2(d, dy, dy + planes * ys, argmax, dx, lo, hi);
+    }
+}
+
+void ch_cpu_maxpool2d_backward_direct(const ch_kctx *kc, const ch_pool_desc *d, int n,
+                                      const ch_real *dy, const int32_t *argmax, ch_real *dx)
 {
     const long planes = (long)n * d->c;
     const size_t xs = (size_t)d->h * d->w, ys = (size_t)d->oh * d->ow;
