@@ -27,8 +27,9 @@ void ch_cpu_gemm(const ch_kctx *kc, bool ta, bool tb, int m, int n, int k, ch_re
 
 /* A strided batch of GEMMs: for i < batch, C_i = op(A_i) op(B_i), plus C_i where accumulate, with
  * A_i at a + i*sa (likewise B and C); row-major, lda/ldb/ldc as for ch_cpu_gemm. The batch runs
- * on the calling thread (callers run it inside their own parallel regions). scratch: a buffer of
- * ch_cpu_gemm_batch_scratch(g) bytes, which also makes what the call runs, once per shape. */
+ * on the calling thread (callers run it inside their own parallel regions). scratch: at least
+ * ch_cpu_gemm_batch_scratch(g) bytes. That query makes the shape's kernel on first use, so a
+ * caller that asks while planning its workspace does that before the first step. */
 typedef struct ch_gemm_batch {
     int batch, m, n, k, lda, ldb, ldc;
     size_t sa, sb, sc;

@@ -97,7 +97,12 @@ static void maxpool_planes_2x2(const ch_pool_desc *d, const ch_real *x, const ch
         }
 }
 
-/* The planes [lo, hi) of thread t of T, contiguous. */
+/* The threads a pass over `planes` planes uses, and thread t's contiguous run [lo, hi). */
+static int plane_team(long planes, int nthreads)
+{
+    return planes < nthreads ? (planes > 0 ? (int)planes : 1) : nthreads;
+}
+
 static void thread_planes(long planes, int t, int T, long *lo, long *hi)
 {
     *lo = planes * t / T;
@@ -124,7 +129,7 @@ void ch_cpu_maxpool2d_forward(const ch_kctx *kc, const ch_pool_desc *d, int n, c
         ch_cpu_maxpool2d_forward_direct(kc, d, n, x, y, argmax);
         return;
     }
-    const int T = planes < kc->nthreads ? (planes > 0 ? (int)planes : 1) : kc->nthreads;
+    const int T = plane_team(planes, kc->nthreads);
 #pragma omp parallel num_threads(T) if (T > 1)
     {
         long lo, hi;
@@ -202,7 +207,7 @@ void ch_cpu_maxpool2d_backward(const ch_kctx *kc, const ch_pool_desc *d, int n,
     }
     const long planes = (long)n * d->c;
     const size_t ys = (size_t)d->oh * d->ow;
-    const int T = planes < kc->nthreads ? (planes > 0 ? (int)planes : 1) : kc->nthreads;
+    const int T = plane_team(planes, kc->nthreads);
 #pragma omp parallel num_threads(T) if (T > 1)
     {
         long lo, hi;
