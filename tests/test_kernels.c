@@ -51,6 +51,24 @@ static void gemm_matches_reference_for_every_transpose(void **state)
 /* A strided batch of GEMMs (oneDNN's batched matmul where it has a fast kernel, else a loop)
  * against the reference GEMM per matrix, with accumulation on and off; dense operands (the
  * batched kernel) and padded ones (row and matrix strides past the data). */
+/* An empty inner dimension (a replica with no sample: dW = dY^T X over 0 rows) is an empty sum:
+ * C = beta * C, written even when C held garbage, in both tables. */
+static void gemm_with_empty_sum_writes_beta_c(void **state)
+{
+    (void)state;
+    const ch_kernels *ks[2] = { ch_kernels_cpu(), ch_kernels_ref() };
+    for (int t = 0; t < 2; t++) {
+        ch_kctx kc = { .nthreads = 2 };
+        ch_real c[6], a[1] = { 0 }, b[1] = { 0 };
+        for (int i = 0; i < 6; i++) c[i] = (ch_real)NAN;
+        ks[t]->gemm(&kc, true, false, 2, 3, 0, 1, a, 2, b, 3, 0, c, 3);
+        for (int i = 0; i < 6; i++) if (c[i] != 0) fail_msg("%s: C[%d] = %g after k = 0, beta = 0", ks[t]->name, i, c[i]);
+        for (int i = 0; i < 6; i++) c[i] = (ch_real)(i + 1);
+        ks[t]->gemm(&kc, false, false, 2, 3, 0, 1, a, 1, b, 3, 0.5, c, 3);
+        for (int i = 0; i < 6; i++) assert_true(c[i] == (ch_real)(0.5 * (i + 1)));
+    }
+}
+
 static void check_gemm_batch(ch_gemm_batch g)
 {
     const ch_kernels *ref = ch_kernels_ref();
@@ -385,6 +403,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(gemm_matches_reference_for_every_transpose),
+        cmocka_unit_test(gemm_with_empty_sum_writes_beta_c),
         cmocka_unit_test(conv_matches_reference),
         cmocka_unit_test(winograd_matches_reference),
         cmocka_unit_test(gemm_batch_matches_reference),

@@ -6,7 +6,10 @@
  * - one epoch of lenet on a subset of real MNIST (size not a multiple of N x batch) ends with the
  *   single-process parameters within 1e-4, every rank holds the same bits, and every training sample
  *   was gathered exactly once across all ranks and replicas;
- * - evaluation splits the test set over the ranks and reports exactly the single-process accuracy.
+ * - evaluation splits the test set over the ranks and reports exactly the single-process accuracy;
+ * - every job shape (these ranks x 1-2 devices, batch 1-5, epochs whose last batch holds 1-3
+ *   samples, so ranks and replicas often have no sample) ends an epoch with one device's
+ *   parameters (linear and lenet, 1e-5).
  * A failed check prints the rank and ends the job (MPI_Abort) so no rank waits for another.
  * usage: test_mpi DATA_ROOT (holding mnist/) */
 #include <math.h>
@@ -156,6 +159,27 @@ static void test_epoch(const char *root)
     ch_dataset_free(test);
 }
 
+static void test_job_shapes(const char *model)
+{
+    ch_dataset *d = tu_synthetic(16, 28, 21);
+    static const char *const devices[] = { "cpu:0", "cpu:0,cpu:1" };
+    double worst = 0;
+    for (int dv = 0; dv < 2; dv++)
+        for (int B = 1; B <= 5; B++)
+            for (int r = 0; r <= 3 && (r == 0 || r < B); r++) {
+                d->n = (size_t)(2 * B + r);
+                const double e = tu_job_shape_error(model, d, devices[dv], B, 0.05, false, false);
+                CHECK(e <= 1e-5, "%s: %zu samples, batch %d, %d ranks x [%s]: parameters %.3g from one "
+                      "device (> 1e-5)", model, d->n, B, size, devices[dv], e);
+                worst = e > worst ? e : worst;
+            }
+    if (rank == 0)
+        printf("job shapes %-6s %d ranks x 1-2 devices, batch 1-5: worst parameter error %.3g\n", model,
+               size, worst);
+    d->n = 16;
+    ch_dataset_free(d);
+}
+
 int main(int argc, char **argv)
 {
     ch_err err;
@@ -181,6 +205,10 @@ int main(int argc, char **argv)
         test_gradient("resnet18", "cpu:0", 9);
     }
     test_gradient("lenet", "cpu:0,cpu:1", 13);
+    if (!epoch_only) {
+        test_job_shapes("linear");
+        test_job_shapes("lenet");
+    }
     test_epoch(argv[argc - 1]);
     if (rank == 0) printf("test_mpi: %d ranks: all checks passed\n", size);
     ch_world_finalize();

@@ -10,6 +10,7 @@
 #include "core/rng.h"
 #include "nn/model.h"
 #include "data/dataset.h"
+#include "train/trainer.h"
 
 void tu_fill_uniform(ch_real *x, size_t n, double lo, double hi, uint64_t seed)
 {
@@ -108,4 +109,54 @@ double tu_grad_error(const struct ch_model *m, const ch_real *a, const ch_real *
         if (e > worst) worst = e;
     }
     return worst;
+}
+
+static ch_trainer *shape_trainer(const char *model, const ch_dataset *d, const char *devices,
+                                 int batch, double lr, bool sync_bn, bool local_only)
+{
+    ch_device_list l;
+    ch_err err;
+    if (ch_device_list_parse(devices, &l, &err) != CH_STATUS_OK) fail_msg("%s", err.msg);
+    ch_train_config cfg = ch_train_config_default();
+    cfg.model = model;
+    cfg.batch_size = batch;
+    cfg.lr = lr;
+    cfg.momentum = 0.9;
+    cfg.seed = 3;
+    cfg.threads = l.count;   /* one thread per replica, as the reference: sums differ only by the split */
+    cfg.devices = devices;
+    cfg.sync_bn = sync_bn;
+    cfg.bucket_mb = 0.05;
+    cfg.local_only = local_only;
+    cfg.timeout_s = 120;
+    ch_trainer *t = NULL;
+    if (ch_trainer_create(&cfg, d, NULL, &t, &err) != CH_STATUS_OK) fail_msg("%s", err.msg);
+    return t;
+}
+
+double tu_job_shape_error(const char *model, const ch_dataset *d, const char *devices, int batch,
+                          double lr, bool sync_bn, bool local_only)
+{
+    ch_trainer *one = shape_trainer(model, d, "cpu:0", batch, lr, sync_bn, true);
+    ch_trainer *job = shape_trainer(model, d, devices, batch, lr, sync_bn, local_only);
+    ch_epoch_stats s;
+    ch_err err;
+    if (ch_trainer_run_epoch(one, &s, &err) != CH_STATUS_OK) fail_msg("%s", err.msg);
+    if (ch_trainer_run_epoch(job, &s, &err) != CH_STATUS_OK) fail_msg("%s", err.msg);
+    const size_t np = ch_trainer_param_count(one);
+    float *a = malloc(sizeof(float) * np), *b = malloc(sizeof(float) * np);
+    assert_true(a && b);
+    ch_trainer_get_params(job, a);
+    ch_trainer_get_params(one, b);
+    double e = 0, scale = 0;
+    for (size_t i = 0; i < np; i++) {
+        const double diff = fabs((double)a[i] - b[i]);
+        if (!(diff <= e)) e = diff;   /* NaN counts as the worst */
+        scale = fmax(scale, fabs((double)b[i]));
+    }
+    free(a);
+    free(b);
+    ch_trainer_free(job);
+    ch_trainer_free(one);
+    return scale > 0 ? e / scale : e;
 }

@@ -4,6 +4,7 @@
 
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
@@ -25,6 +26,13 @@ double tu_grad_error(const struct ch_model *m, const ch_real *a, const ch_real *
 /* n single-channel size x size images with 10 classes and a learnable pattern (a bright column at
  * the label's position). Free with ch_dataset_free. */
 struct ch_dataset *tu_synthetic(size_t n, int size, uint64_t seed);
+/* The job-shape contract: one epoch of `model` on d with global batch `batch` on `devices` (in
+ * this process, or over every MPI rank unless local_only), SGD at lr with momentum 0.9, one thread per
+ * device, then the largest parameter difference from one device (tu_max_norm_err). The epoch's
+ * last batch is whatever d->n leaves; replicas with no sample in a step must contribute exactly
+ * zero. Fails the test (cmocka) if a trainer cannot be made or a step fails. */
+double tu_job_shape_error(const char *model, const struct ch_dataset *d, const char *devices,
+                          int batch, double lr, bool sync_bn, bool local_only);
 /* A scratch directory for the test's files (removed by tu_rmdir). */
 void tu_mkdtemp(char *buf, size_t len);
 void tu_rmdir(const char *dir);

@@ -23,6 +23,16 @@ void ch_cpu_gemm(const ch_kctx *kc, bool ta, bool tb, int m, int n, int k, ch_re
 {
     (void)kc;
     if (m <= 0 || n <= 0) return;
+    if (k <= 0) {
+        /* An empty sum: C = beta * C. dnnl_sgemm returns without touching C when k is 0, which
+         * left a replica with no samples holding the previous step's weight gradients. */
+        for (int i = 0; i < m; i++)
+            for (int j = 0; j < n; j++) {
+                ch_real *cij = &c[(size_t)i * ldc + j];
+                *cij = beta == 0 ? 0 : beta * *cij;
+            }
+        return;
+    }
 #ifndef CH_REAL_DOUBLE
     dnnl_status_t st = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb,
                                   beta, c, ldc);
