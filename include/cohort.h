@@ -46,7 +46,11 @@ typedef enum ch_status {
 } ch_status;
 
 typedef struct ch_err {
-    char msg[512];
+    char msg[1024];
+    /* Set by a collective check that every rank of the job failed the same way (ranks that
+     * disagree): every rank holds a message, the one rank with `speaks` prints it, and all may
+     * exit cleanly. */
+    bool on_every_rank, speaks;
 } ch_err;
 
 const char *ch_status_name(ch_status st);
@@ -144,6 +148,16 @@ const char *ch_world_host(void);
 CH_NORETURN void ch_world_abort(int code);
 /* Leave MPI (call once at the end of a successful run, after freeing every trainer). */
 void ch_world_finalize(void);
+/* Every rank knows the job is over (an error all ranks hold, err.on_every_rank): leave MPI and
+ * exit with code, without ending the others. */
+CH_NORETURN void ch_world_exit(int code);
+/* Collective over every rank (alone: returns OK at once): each rank names n settings (the same
+ * names in the same order when the ranks agree) and gives their values as text. OK when every
+ * rank has every value of rank 0; otherwise CH_STATUS_BAD_INPUT on every rank, err naming the
+ * first setting that differs, this rank's value and the ranks that differ from rank 0, with
+ * err->on_every_rank set. A rank that does not join within timeout_s ends the job. */
+ch_status ch_world_agree(const char *what, const char *const *names, const char *const *values, int n,
+                         double timeout_s, ch_err *err);
 
 /* ---- training ----------------------------------------------------------------------------- */
 

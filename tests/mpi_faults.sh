@@ -40,9 +40,28 @@ expect "rank 1 with PID" 30 -- env COHORT_INJECT_FAULT=kill:1:4 "${mpirun[@]}" -
 # A rank that is stuck: the others give up after --timeout and say on what.
 expect "step 3, gradient bucket 1 of 1: MPI_Iallreduce did not finish within 3 s" 30 -- \
     env COHORT_INJECT_FAULT=hang:1:3 "${mpirun[@]}" -np 2 "$cohort" "${T[@]}" --timeout 3
-# Ranks that load different data (a host with another copy) refuse to train together.
-expect "the ranks disagree on the training set" 30 -- \
-    "${mpirun[@]}" -np 1 "$cohort" "${T[@]}" : -np 1 "$cohort" "${T[@]}" --train-limit 2999
+# Ranks that load different data (a host with another copy: --data may differ, the contents not)
+# refuse to train together, before any collective that depends on it.
+expect "rank 1 disagrees with rank 0 on the training data" 30 -- \
+    "${mpirun[@]}" -np 1 "$cohort" "${T[@]}" : -np 1 "$cohort" "${T[@]}" --data "$data/fashion-mnist"
+# Ranks given other flags: one line naming the flag and the rank, every rank ends within seconds
+# (a different model once overflowed the initial broadcast; other epochs hung until --timeout).
+for diff in "--train-limit 2999" "--model mlp" "--lr 0.2" "--momentum 0.9" "--epochs 2" "--sync-bn" \
+            "--checkpoint-every 5 --checkpoint-dir $tmp/ck"; do
+    flag=${diff%% *}
+    expect "rank 1 disagrees with rank 0 on " 15 -- \
+        "${mpirun[@]}" -np 1 "$cohort" "${T[@]}" : -np 1 "$cohort" "${T[@]}" $diff
+    grep -qF -- "$flag" "$tmp/out" || check "the disagreement names $flag" 1
+done
+# A rank whose flags are refused, or that only prints --help, ends the job within seconds, also
+# when the others' --timeout is long.
+expect "disagrees with rank 0 on the flags (rank 1 has '--lr')" 15 -- "${mpirun[@]}" -np 1 "$cohort" "${T[@]}" : -np 1 "$cohort" "${T[@]}" --lr 0.1x
+expect "disagrees with rank 0 on the flags" 15 -- "${mpirun[@]}" -np 1 "$cohort" "${T[@]}" : -np 1 "$cohort" "${T[@]}" --help
+# --threads may differ between hosts, so only rank 1 refuses its value: it ends the job itself.
+expect "--threads 'x'" 15 -- "${mpirun[@]}" -np 1 "$cohort" "${T[@]}" : -np 1 "$cohort" "${T[@]}" --threads x
+# A rank running another command.
+expect "disagrees with rank 0 on the command" 15 -- \
+    "${mpirun[@]}" -np 1 "$cohort" "${T[@]}" : -np 1 "$cohort" eval --checkpoint "$tmp/none" --data "$data/mnist"
 # A rank that cannot read its data names itself and the file.
 expect "rank 1 of 2 ($(hostname)): " 30 -- \
     "${mpirun[@]}" -np 1 "$cohort" "${T[@]}" : -np 1 "$cohort" "${T[@]}" --data "$tmp/nowhere"

@@ -23,7 +23,7 @@ static void *run_member(void *arg)
 {
     member *m = arg;
     for (size_t i = 0; i < m->n; i++) m->buf[i] = value(m->comm.rank, i);
-    ch_err err = { "" };
+    ch_err err = { .msg = "" };
     if (m->abort_at == 0) {
         m->comm.ops->abort(&m->comm, "injected failure");
         return NULL;

@@ -3,6 +3,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "cli/cli.h"
 #include "comm/world.h"
@@ -44,8 +45,81 @@ int ch_exit_for(const char *cmd, ch_status st, const ch_err *err)
         fprintf(stderr, "cohort %s: %s\n", cmd, err->msg);
         return code;
     }
+    if (err->on_every_rank) {
+        /* Every rank holds the same verdict: one line from rank 0, and a clean exit everywhere. */
+        char line[1200];
+        snprintf(line, sizeof line, "cohort %s: %s", cmd, err->msg);
+        if (err->speaks) fprintf(stderr, "%s\n", line);
+        ch_world_log(line);
+        ch_world_exit(code);
+    }
     /* One rank failing leaves the others waiting for it: name the rank and end the whole job. */
     char who[64];
     snprintf(who, sizeof who, "cohort %s", cmd);
     ch_world_fatal_as(who, code, err->msg);
+}
+
+/* Flags whose values may differ between ranks: where this host keeps things, how hard it works,
+ * and what only rank 0 writes. The trainer compares what they lead to (the data's contents). */
+static bool may_differ(const char *name)
+{
+    static const char *const names[] = { "--data", "--threads", "-j", "--workers", "--timeout",
+                                         "--log-dir", "--metrics", "--plot", "--trace", "--keep",
+                                         "--checkpoint-dir", "--out", "-o" };
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++)
+        if (strcmp(name, names[i]) == 0) return true;
+    return false;
+}
+
+static double timeout_in(int argc, char **argv)
+{
+    for (int i = 1; i + 1 < argc; i++)
+        if (strcmp(argv[i], "--timeout") == 0) {
+            const double v = strtod(argv[i + 1], NULL);
+            if (v > 0 && v < 1e6) return v;
+        }
+    return 300;
+}
+
+int ch_cli_join(int argc, char **argv)
+{
+    if (ch_world_size() == 1) return -1;
+    enum { MAX = 256 };
+    const char *names[MAX], *values[MAX];
+    static char split[MAX][64];
+    int n = 0;
+    names[n] = "the cohort version";
+    values[n++] = ch_version();
+    const char *option = "the command";
+    for (int i = 0; i < argc && n < MAX; i++) {
+        const char *tok = argv[i];
+        if (tok[0] == '-' && tok[1]) {
+            const char *eq = strchr(tok, '=');
+            if (eq) {
+                snprintf(split[n], sizeof split[n], "%.*s", (int)(eq - tok), tok);
+                tok = split[n];
+            }
+            option = tok;
+            if (may_differ(tok)) {
+                if (!eq) i++;    /* and its value */
+                option = "the command";
+                continue;
+            }
+            if (strcmp(tok, "--resume") == 0) {
+                /* Only rank 0 reads the checkpoint: its path may differ, its presence not. */
+                if (!eq && i + 1 < argc && argv[i + 1][0] != '-') i++;
+                names[n] = "--resume";
+                values[n++] = "given";
+                continue;
+            }
+            names[n] = "the flags";
+            values[n++] = tok;
+            continue;
+        }
+        names[n] = option;
+        values[n++] = tok;
+    }
+    ch_err err;
+    const ch_status st = ch_world_agree("start", names, values, n, timeout_in(argc, argv), &err);
+    return st == CH_STATUS_OK ? -1 : ch_exit_for(argv[0], st, &err);
 }

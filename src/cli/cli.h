@@ -32,6 +32,12 @@ bool ch_arg_double(const char *cmd, const char *flag, const char *s, double lo, 
 /* Map a library status to an exit code after printing "cohort CMD: MESSAGE". In a job of several
  * ranks it names the rank and host, and ends the whole job (ch_world_abort) instead of returning. */
 int ch_exit_for(const char *cmd, ch_status st, const ch_err *err);
+/* In a job of several ranks, before anything else: every rank must run the same cohort with the
+ * same command and flags (less those that may differ per host: --data, --threads, -j, --timeout,
+ * --log-dir, the output files, --resume's path). Returns -1 to go on; on a difference rank 0
+ * prints one line naming the first differing flag and the ranks, and every rank exits 2. argv[0]
+ * is the command. */
+int ch_cli_join(int argc, char **argv);
 
 /* The progress bar on stderr (only when it is a terminal). */
 typedef struct ch_progress {

@@ -48,7 +48,11 @@ int main(int argc, char **argv)
         ch_err err;
         ch_status st = ch_world_init(&argc, &argv, &err);
         if (st != CH_STATUS_OK) return ch_exit_for(cmd, st, &err);
-        const int rc = run(argc - 1, argv + 1);
+        int rc = ch_cli_join(argc - 1, argv + 1);
+        if (rc < 0) rc = run(argc - 1, argv + 1);
+        /* A rank that stops on its own (its flags refused where another rank's were not, say)
+         * leaves the others waiting in a collective: end the job. It said why already. */
+        if (rc != CH_EXIT_OK && ch_world_size() > 1) ch_world_abort(rc);
         ch_world_finalize();
         return rc;
     }

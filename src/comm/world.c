@@ -5,10 +5,13 @@
 #include "comm/world.h"
 
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#include "core/clock.h"
 
 #ifdef CH_HAVE_MPI
 #include <mpi.h>
@@ -137,6 +140,15 @@ _Noreturn void ch_world_fatal_as(const char *who, int code, const char *msg)
     ch_world_abort(code);
 }
 
+CH_NORETURN void ch_world_exit(int code)
+{
+    fflush(stdout);
+    fflush(stderr);
+    if (world.log) fflush(world.log);
+    ch_world_finalize();
+    exit(code);
+}
+
 void ch_world_finalize(void)
 {
 #ifdef CH_HAVE_MPI
@@ -147,4 +159,116 @@ void ch_world_finalize(void)
     }
 #endif
     world.mpi = false;
+}
+
+/* ---- agreement ----------------------------------------------------------------------------- */
+
+enum { AGREE_SLOTS = 64 };
+
+static uint64_t fnv1a(uint64_t h, const char *s)
+{
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
+    return (h ^ 0xff) * 0x100000001b3ull;   /* a terminator, so "ab"+"c" differs from "a"+"bc" */
+}
+
+/* Slot i < 62: setting i's name and value; slot 62: every setting past 61; slot 63: the count. */
+static void agree_slots(const char *const *names, const char *const *values, int n, uint64_t *h)
+{
+    for (int i = 0; i < AGREE_SLOTS; i++) h[i] = 0;
+    h[AGREE_SLOTS - 1] = (uint64_t)n;
+    for (int i = 0; i < n; i++) {
+        const int slot = i < AGREE_SLOTS - 2 ? i : AGREE_SLOTS - 2;
+        h[slot] = fnv1a(fnv1a(h[slot] ^ 0xcbf29ce484222325ull, names[i]), values[i]);
+    }
+}
+
+#ifdef CH_HAVE_MPI
+/* Complete req by polling under the MPI lock; after timeout_s the job ends, naming what. */
+static ch_status world_wait(MPI_Request *req, const char *what, double timeout_s, ch_err *err)
+{
+    const double t0 = ch_clock_s();
+    for (int round = 0;; round++) {
+        int flag = 0;
+        ch_world_lock();
+        const int rc = MPI_Test(req, &flag, MPI_STATUS_IGNORE);
+        ch_world_unlock();
+        if (rc != MPI_SUCCESS) return mpi_fail(err, "MPI_Test", rc);
+        if (flag) return CH_STATUS_OK;
+        if ((round & 63) == 63 && ch_clock_s() - t0 > timeout_s) {
+            char msg[512];
+            snprintf(msg, sizeof msg, "%s: the other ranks did not all join within %g s: a rank is "
+                     "stuck, gone, or runs another command", what, timeout_s);
+            ch_world_fatal(1, msg);
+        }
+        ch_poll_pause(round);
+    }
+}
+
+/* The first slot where some rank differs from rank 0, and which ranks (-1: none). */
+static int first_disagreement(const uint64_t *all, int P, char *ranks, size_t len)
+{
+    for (int i = 0; i < AGREE_SLOTS - 1; i++) {
+        int named = 0, more = 0;
+        ranks[0] = 0;
+        for (int r = 1; r < P; r++) {
+            if (all[(size_t)r * AGREE_SLOTS + i] == all[i]) continue;
+            if (named < 3) {
+                const size_t at = strlen(ranks);
+                snprintf(ranks + at, len - at, "%s%d", named ? ", " : "", r);
+                named++;
+            } else {
+                more++;
+            }
+        }
+        if (more) {
+            const size_t at = strlen(ranks);
+            snprintf(ranks + at, len - at, " and %d more", more);
+        }
+        if (named) return i;
+    }
+    return -1;
+}
+#endif
+
+ch_status ch_world_agree(const char *what, const char *const *names, const char *const *values, int n,
+                         double timeout_s, ch_err *err)
+{
+    if (world.size == 1 || !world.mpi) return CH_STATUS_OK;
+#ifdef CH_HAVE_MPI
+    uint64_t mine[AGREE_SLOTS];
+    agree_slots(names, values, n, mine);
+    uint64_t *all = malloc(sizeof(uint64_t) * AGREE_SLOTS * (size_t)world.size);
+    if (!all) return ch_fail(err, CH_STATUS_SYSTEM, "%s: allocation of %d ranks' settings failed", what, world.size);
+    MPI_Request req;
+    ch_world_lock();
+    int rc = MPI_Iallgather(mine, AGREE_SLOTS, MPI_UINT64_T, all, AGREE_SLOTS, MPI_UINT64_T,
+                            MPI_COMM_WORLD, &req);
+    ch_world_unlock();
+    ch_status st = rc == MPI_SUCCESS ? world_wait(&req, what, timeout_s, err) : mpi_fail(err, "MPI_Iallgather", rc);
+    char ranks[96];
+    const int i = st == CH_STATUS_OK ? first_disagreement(all, world.size, ranks, sizeof ranks) : -1;
+    /* Who says it: rank 0 if it has setting i, else the first rank that differs (it has it). */
+    int speaker = 0;
+    for (int r = 0; i >= 0 && r < world.size; r++)
+        if (all[(size_t)r * AGREE_SLOTS + i] != all[i] || r == 0) {
+            if ((int)all[(size_t)r * AGREE_SLOTS + AGREE_SLOTS - 1] > i) {
+                speaker = r;
+                break;
+            }
+        }
+    free(all);
+    if (i < 0) return st;
+    const bool plural = strchr(ranks, ',') || strstr(ranks, "more");
+    const char *name = i < n ? names[i] : "the number of settings";
+    const char *value = i < n ? values[i] : "";
+    st = ch_fail(err, CH_STATUS_BAD_INPUT, "%s: rank%s %s disagree%s with rank 0 on %s (rank %d has '%.200s'): "
+                 "every rank needs the same", what, plural ? "s" : "", ranks, plural ? "" : "s", name,
+                 world.rank, value);
+    err->on_every_rank = true;
+    err->speaks = world.rank == speaker;
+    return st;
+#else
+    (void)what; (void)names; (void)values; (void)n; (void)timeout_s; (void)err;
+    return CH_STATUS_OK;
+#endif
 }

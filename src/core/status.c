@@ -8,6 +8,8 @@
 ch_status ch_fail(ch_err *err, ch_status st, const char *fmt, ...)
 {
     if (err) {
+        err->on_every_rank = false;
+        err->speaks = true;
         va_list ap;
         va_start(ap, fmt);
         vsnprintf(err->msg, sizeof err->msg, fmt, ap);

@@ -20,7 +20,7 @@ struct ch_folder {
     atomic_uchar *bad;      /* per file: it failed to decode (skip_bad only) */
     atomic_size_t skipped;  /* distinct files replaced because they did not decode */
     atomic_flag first_taken;
-    char first_bad[512];    /* the first replaced file's message */
+    char first_bad[1024];    /* the first replaced file's message */
 };
 
 /* The largest file read as an image (a guard against reading a huge non-image into memory). */

@@ -5,6 +5,7 @@
 #include "train/checkpoint.h"
 
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -193,12 +194,16 @@ static ch_status schedule_config(const ch_train_config *c, ch_schedule *s, ch_er
     return ch_schedule_check(s, err);
 }
 
-/* The MPI groups, made in the same order on every rank. */
+static ch_status check_ranks_agree(ch_trainer *t, ch_err *err);
+
+/* The MPI groups, made in the same order on every rank, once the ranks agree on the job (so that
+ * a rank with other settings never reaches a collective the others do not run). */
 static ch_status join_ranks(ch_trainer *t, ch_err *err)
 {
     t->procs = t->cfg.local_only ? 1 : ch_world_size();
     t->proc = t->cfg.local_only ? 0 : ch_world_rank();
     if (t->procs == 1) return CH_STATUS_OK;
+    CH_TRY(check_ranks_agree(t, err));
     CH_TRY(ch_mpi_group_create(t->cfg.timeout_s, &t->mpi_grads, err));
     CH_TRY(ch_mpi_group_create(t->cfg.timeout_s, &t->mpi_ctl, err));
     CH_TRY(ch_mpi_group_create(t->cfg.timeout_s, &t->mpi_main, err));
@@ -208,13 +213,6 @@ static ch_status join_ranks(ch_trainer *t, ch_err *err)
     return CH_STATUS_OK;
 }
 
-/* Split v into 16-bit pieces: their squares, summed over many ranks, stay exact in a double. */
-static int put_u64(double *f, int at, uint64_t v)
-{
-    for (int i = 0; i < 4; i++) f[at + i] = (double)((v >> (16 * i)) & 0xffff);
-    return at + 4;
-}
-
 static uLong crc32_bytes(uLong crc, const uint8_t *p, size_t len)
 {
     for (size_t at = 0; at < len; at += 1u << 30)
@@ -222,13 +220,16 @@ static uLong crc32_bytes(uLong crc, const uint8_t *p, size_t len)
     return crc;
 }
 
-static int put_dataset(double *f, int at, const ch_dataset *d)
+/* A data set as text: size, shape, classes and a CRC-32 of its contents (an ImageFolder's: its
+ * file names relative to the split's folder, since hosts may mount it elsewhere). */
+static void describe_dataset(const ch_dataset *d, char *out, size_t len)
 {
-    if (!d) return put_u64(f, put_u64(f, put_u64(f, at, UINT64_MAX), UINT64_MAX), UINT64_MAX);
-    const uint64_t shape = ((uint64_t)d->c << 48) | ((uint64_t)d->h << 32) | ((uint64_t)d->w << 16) |
-                           (uint64_t)d->classes;
+    if (!d) {
+        snprintf(out, len, "none");
+        return;
+    }
     uLong crc = crc32(0L, Z_NULL, 0);
-    if (d->folder) /* the file names (relative to the split's folder: hosts may mount it elsewhere) */
+    if (d->folder)
         for (size_t i = 0; i < d->n; i++) {
             const char *p = d->folder->paths[i] + strlen(d->folder->root);
             crc = crc32(crc, (const Bytef *)p, (uInt)strlen(p));
@@ -236,37 +237,89 @@ static int put_dataset(double *f, int at, const ch_dataset *d)
     else
         crc = crc32_bytes(crc, d->images, d->n * (size_t)d->c * d->h * d->w);
     crc = crc32_bytes(crc, (const uint8_t *)d->labels, d->n * sizeof *d->labels);
-    at = put_u64(f, at, d->n);
-    at = put_u64(f, at, shape);
-    return put_u64(f, at, crc);
+    snprintf(out, len, "%zu samples of %dx%dx%d, %d classes, crc %08lx", d->n, d->c, d->h, d->w, d->classes,
+             (unsigned long)crc);
 }
 
-/* Every rank must train on the same data with the same plan, or the ranks' shares overlap and the
- * sums mean nothing. Sum each fingerprint value and its square over the ranks: they are all equal
- * exactly when N * sum(f^2) == sum(f)^2, which every rank can tell. */
+enum { AGREE_MAX = 40 };
+
+typedef struct settings {
+    const char *names[AGREE_MAX];
+    const char *values[AGREE_MAX];
+    char text[AGREE_MAX][128];
+    int n;
+} settings;
+
+static void put_setting(settings *s, const char *name, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void put_setting(settings *s, const char *name, const char *fmt, ...)
+{
+    CH_ASSERT(s->n < AGREE_MAX);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(s->text[s->n], sizeof s->text[s->n], fmt, ap);
+    va_end(ap);
+    s->names[s->n] = name;
+    s->values[s->n] = s->text[s->n];
+    s->n++;
+}
+
+static const char *or_none(const char *s) { return s ? s : "(none)"; }
+
+/* Everything the ranks must share, named as the flags that set it: the data (or the ranks' shares
+ * overlap and the sums mean nothing), every setting that changes the arithmetic, and every one
+ * that decides which collectives run (a checkpoint's sums, the trace's barrier, the epochs). */
+static void job_settings(const ch_trainer *t, settings *s)
+{
+    const ch_train_config *c = &t->cfg;
+    s->n = 0;
+    char data[128];
+    describe_dataset(t->train, data, sizeof data);
+    put_setting(s, "the training data (--data, --train-limit)", "%s", data);
+    describe_dataset(t->test, data, sizeof data);
+    put_setting(s, "the test data (--data, --test-limit)", "%s", data);
+    put_setting(s, "--model", "%s", c->model);
+    put_setting(s, "--init", "%s", or_none(c->init));
+    put_setting(s, "--devices (their number)", "%d", t->nreplicas);
+    put_setting(s, "--batch-size", "%d", c->batch_size);
+    put_setting(s, "--epochs", "%d", c->epochs);
+    put_setting(s, "--seed", "%llu", (unsigned long long)c->seed);
+    put_setting(s, "--optimizer", "%s", or_none(c->optimizer));
+    put_setting(s, "--lr", "%.17g", c->lr);
+    put_setting(s, "--momentum", "%.17g", c->momentum);
+    put_setting(s, "--nesterov", "%d", c->nesterov);
+    put_setting(s, "--dampening", "%.17g", c->dampening);
+    put_setting(s, "--betas", "%.17g,%.17g", c->beta1, c->beta2);
+    put_setting(s, "--eps", "%.17g", c->eps);
+    put_setting(s, "--weight-decay", "%.17g", c->weight_decay);
+    put_setting(s, "--schedule", "%s", or_none(c->schedule));
+    put_setting(s, "--step-size", "%d", c->step_size);
+    put_setting(s, "--gamma", "%.17g", c->gamma);
+    put_setting(s, "--milestones", "%s", or_none(c->milestones));
+    put_setting(s, "--t-max", "%d", c->t_max);
+    put_setting(s, "--eta-min", "%.17g", c->eta_min);
+    put_setting(s, "--warmup-epochs", "%d", c->warmup_epochs);
+    put_setting(s, "--scale-lr", "%d", c->scale_lr);
+    put_setting(s, "--random-crop", "%d", c->random_crop);
+    put_setting(s, "--random-flip", "%d", c->random_flip);
+    put_setting(s, "--normalize", "%s", or_none(c->normalize));
+    put_setting(s, "--sync-bn", "%d", c->sync_bn);
+    put_setting(s, "--bucket-mb", "%.17g", c->bucket_mb);
+    put_setting(s, "--nan-check", "%d", c->nan_check);
+    put_setting(s, "--checkpoint-dir (given or not)", "%d", c->checkpoint_dir != NULL);
+    put_setting(s, "--checkpoint-every", "%d", c->checkpoint_dir ? c->checkpoint_every : 0);
+    put_setting(s, "--trace (given or not)", "%d", c->trace != NULL);
+    put_setting(s, "--trace-steps", "%d", c->trace ? c->trace_steps : 0);
+}
+
+/* Before any collective that depends on them: every rank must have the same settings. */
 static ch_status check_ranks_agree(ch_trainer *t, ch_err *err)
 {
     if (t->procs == 1) return CH_STATUS_OK;
-    enum { K = 32 };
-    double f[2 * K] = { 0 };
-    int at = put_dataset(f, 0, t->train);
-    at = put_dataset(f, at, t->test);
-    const uint64_t plan = ((uint64_t)t->nreplicas << 32) | (uint64_t)t->cfg.batch_size;
-    at = put_u64(f, at, plan);
-    at = put_u64(f, at, t->cfg.seed);
-    CH_ASSERT(at == K);
-    for (int i = 0; i < K; i++) f[K + i] = f[i] * f[i];
-    snprintf(t->main_comm.what, sizeof t->main_comm.what, "set-up, data check");
-    CH_TRY(ch_comm_allreduce_sum_f64(&t->main_comm, f, 2 * K, err));
-    for (int i = 0; i < K; i++)
-        if (t->procs * f[K + i] != f[i] * f[i])
-            return ch_fail(err, CH_STATUS_BAD_INPUT,
-                           "the ranks disagree on the %s (here: %zu training and %zu test samples, "
-                           "%d devices, batch %d, seed %llu): every rank needs the same data and flags",
-                           i < 12 ? "training set" : i < 24 ? "test set" : i < 28 ? "devices or batch" : "seed",
-                           t->train->n, t->test ? t->test->n : 0, t->nreplicas, t->cfg.batch_size,
-                           (unsigned long long)t->cfg.seed);
-    return CH_STATUS_OK;
+    settings s;
+    job_settings(t, &s);
+    return ch_world_agree("set-up", s.names, s.values, s.n, t->cfg.timeout_s, err);
 }
 
 /* The ranks' monotonic clocks differ (other hosts): take rank 0's reading right after a barrier as
@@ -295,7 +348,6 @@ static ch_status setup(ch_trainer *t, ch_err *err)
     ch_device_list_format(&t->devices, t->devices_text, sizeof t->devices_text);
     t->nreplicas = t->devices.count;
     CH_TRY(join_ranks(t, err));
-    CH_TRY(check_ranks_agree(t, err));
     const int D = t->nreplicas, B = t->cfg.batch_size, R = t->procs * D;
     t->spec = (ch_replica_spec){
         .model = t->model_name, .init = t->init, .seed = t->cfg.seed,
