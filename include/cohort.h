@@ -204,6 +204,8 @@ typedef struct ch_train_config {
     int keep;                 /* keep the newest K checkpoints (0: all) */
     const char *trace;        /* write a Chrome trace (JSON) of the first trace_steps steps; NULL: none */
     int trace_steps;          /* default 20 */
+    bool allow_nonfinite;     /* load checkpoints holding NaN/Inf or a negative running_var (refused
+                               * by default, naming the tensor) */
 } ch_train_config;
 
 ch_train_config ch_train_config_default(void);

@@ -124,5 +124,47 @@ expect "no checkpoint here" -- "$cohort" "${A[@]}" --checkpoint-dir "$tmp/empty"
 expect "--resume without a PATH needs --checkpoint-dir" -- "$cohort" "${A[@]}" --resume
 expect "a bare safetensors file needs --model" -- "$cohort" "${E[@]}" --checkpoint "$tmp/w.safetensors"
 
+# trainer.json is checked for type, integrality and range against the data and the flags.
+tj() { # FILE KEY[.KEY] JSON-VALUE: set one field
+    python3 -c 'import json,sys; f,k,v=sys.argv[1:]; d=json.load(open(f)); o=d
+for p in k.split(".")[:-1]: o=o[p]
+o[k.split(".")[-1]]=json.loads(v); json.dump(d,open(f,"w"))' "$@"
+}
+mid=$tmp/cpu:0/killed/step-00000040
+badmid() { mkdir -p "$tmp/bad"; rm -f "$tmp/bad"/*; cp "$mid"/* "$tmp/bad/"; }
+badmid; tj "$tmp/bad/trainer.json" data_order.samples_seen 999999
+expect "samples_seen 999999 and step_in_epoch 8 do not fit an epoch of 2000 samples" -- "$cohort" "${A[@]}" --epochs 2 --resume "$tmp/bad"
+badmid; tj "$tmp/bad/trainer.json" data_order.samples_seen 2000
+expect "do not fit an epoch of 2000 samples" -- "$cohort" "${A[@]}" --epochs 2 --resume "$tmp/bad"
+badmid; tj "$tmp/bad/trainer.json" epoch 0.5
+expect "'epoch' is 0.5, expected a whole number" -- "$cohort" "${A[@]}" --epochs 2 --resume "$tmp/bad"
+badmid; tj "$tmp/bad/trainer.json" step_in_epoch 1e12
+expect "step_in_epoch 1000000000000 do not fit" -- "$cohort" "${A[@]}" --epochs 2 --resume "$tmp/bad"
+badmid; tj "$tmp/bad/trainer.json" data_order.correct '"many"'
+expect "'correct' is missing or not a number" -- "$cohort" "${A[@]}" --epochs 2 --resume "$tmp/bad"
+expect "stopped inside an epoch with --batch-size 64, this run has 32" -- "$cohort" "${A[@]}" -b 32 --epochs 2 --resume "$mid"
+
+# Values training cannot start from are refused with the tensor named (--allow-nonfinite overrides).
+bad; python3 "$here/st_edit.py" "$tmp/two/epoch-0002/model.safetensors" "$tmp/bad/model.safetensors" set 3.weight nan
+expect "tensor '3.weight' holds nan at element 0" -- "$cohort" "${E[@]}" --checkpoint "$tmp/bad"
+expect "tensor '3.weight' holds nan at element 0" -- "$cohort" "${A[@]}" --epochs 3 --resume "$tmp/bad"
+"$cohort" "${E[@]}" --checkpoint "$tmp/bad" --allow-nonfinite >"$tmp/out" 2>&1
+ok "--allow-nonfinite evaluates it anyway: $(cat "$tmp/out")" $?
+bad; python3 "$here/st_edit.py" "$tmp/two/epoch-0002/optimizer.safetensors" "$tmp/bad/optimizer.safetensors" set 0.weight.momentum_buffer inf
+expect "tensor '0.weight.momentum_buffer' holds inf" -- "$cohort" "${A[@]}" --epochs 3 --resume "$tmp/bad"
+# A run that diverges records its metrics so that its own checkpoint reads back, and says so.
+"$cohort" "${A[@]}" --lr 1e6 --epochs 1 --checkpoint-dir "$tmp/diverged" >"$tmp/out" 2>&1
+grep -q "not finite: training diverged" "$tmp/out"
+ok "a diverged epoch says so in its line: $(cat "$tmp/out")" $?
+expect "holds nan" -- "$cohort" "${A[@]}" --lr 1e6 --epochs 2 --checkpoint-dir "$tmp/diverged" --resume
+"$cohort" "${A[@]}" --lr 1e6 --epochs 2 --checkpoint-dir "$tmp/diverged" --resume --allow-nonfinite >"$tmp/out" 2>&1
+ok "a diverged run resumes its own checkpoint with --allow-nonfinite: $(cat "$tmp/out")" $?
+# BatchNorm's running variance may not be negative.
+"$cohort" train --model resnet18 --data "$data" --train-limit 64 --test-limit 32 -b 32 --epochs 1 \
+    --no-progress --checkpoint-dir "$tmp/bn" >/dev/null 2>&1
+mkdir -p "$tmp/bnbad"; cp "$tmp/bn/epoch-0001"/* "$tmp/bnbad/"
+python3 "$here/st_edit.py" "$tmp/bn/epoch-0001/model.safetensors" "$tmp/bnbad/model.safetensors" set 1.running_var -1
+expect "tensor '1.running_var' holds a negative variance -1" -- "$cohort" "${E[@]}" --checkpoint "$tmp/bnbad"
+
 echo "checkpoint: $passes passed, $fails failed"
 [ "$fails" -eq 0 ]

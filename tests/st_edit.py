@@ -1,7 +1,8 @@
 """Damage or rename the tensors of a safetensors file, for the checkpoint error tests.
 Reads and writes the format directly (8-byte length, JSON header, data) with the standard library.
 
-usage: st_edit.py IN OUT prefix PREFIX | drop NAME | dtype NAME DTYPE | shape NAME D0,D1,..
+usage: st_edit.py IN OUT prefix PREFIX | drop NAME | dtype NAME DTYPE | shape NAME D0,D1,.. |
+       set NAME VALUE (its first float32 element: a number, nan or inf)
 """
 import json
 import struct
@@ -30,6 +31,9 @@ def main():
         header[args[0]]["dtype"] = args[1]
     elif op == "shape":
         header[args[0]]["shape"] = [int(x) for x in args[1].split(",")]
+    elif op == "set":
+        b = header[args[0]]["data_offsets"][0]
+        data = data[:b] + struct.pack("<f", float(args[1])) + data[b + 4:]
     else:
         sys.exit(f"st_edit: unknown operation {op}")
     if meta is not None:

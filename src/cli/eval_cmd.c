@@ -32,12 +32,13 @@ static const char eval_usage[] =
     "  -b, --batch-size B    evaluation batch over all devices (default 256)\n"
     "  --test-limit N        the first N test samples only\n"
     "  --per-class           a table of accuracy per class\n"
+    "  --allow-nonfinite     evaluate weights holding NaN/Inf or a negative running_var\n"
     "  -h, --help            this text\n";
 
 typedef struct eval_opts {
     const char *checkpoint, *data, *model, *devices, *dataset, *normalize;
     long threads, batch, test_limit, image_size;
-    bool per_class, skip_bad;
+    bool per_class, skip_bad, allow_nonfinite;
 } eval_opts;
 
 static int parse_eval(int argc, char **argv, eval_opts *o)
@@ -49,7 +50,7 @@ static int parse_eval(int argc, char **argv, eval_opts *o)
         { "test-limit", required_argument, NULL, 'l' }, { "per-class", no_argument, NULL, 'p' },
         { "dataset", required_argument, NULL, 'k' },   { "help", no_argument, NULL, 'h' },
         { "normalize", required_argument, NULL, 'n' },  { "image-size", required_argument, NULL, 'i' },
-        { "skip-bad-images", no_argument, NULL, 's' },
+        { "skip-bad-images", no_argument, NULL, 's' }, { "allow-nonfinite", no_argument, NULL, 'a' },
         { NULL, 0, NULL, 0 },
     };
     *o = (eval_opts){ .batch = 256 };
@@ -70,6 +71,7 @@ static int parse_eval(int argc, char **argv, eval_opts *o)
         case 'n': o->normalize = optarg; break;
         case 'i': if (!ch_arg_int("eval", "image-size", optarg, 8, 4096, &o->image_size)) return CH_EXIT_USAGE; break;
         case 's': o->skip_bad = true; break;
+        case 'a': o->allow_nonfinite = true; break;
         case 'h': fputs(eval_usage, stdout); return CH_EXIT_OK;
         default: fprintf(stderr, "cohort eval: unknown or incomplete option (see cohort eval --help)\n"); return CH_EXIT_USAGE;
         }
@@ -137,6 +139,7 @@ static ch_status evaluate(const eval_opts *o, ch_dataset *test, ch_err *err)
     cfg.devices = o->devices;
     cfg.threads = (int)o->threads;
     cfg.batch_size = (int)o->batch;
+    cfg.allow_nonfinite = o->allow_nonfinite;
     cfg.normalize = o->normalize ? o->normalize : normalize[0] ? normalize : NULL;
     ch_trainer *t = NULL;
     /* The test set stands in as the training set: it only fixes the shapes. */

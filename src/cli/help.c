@@ -81,6 +81,8 @@ static const char train_page[] =
     "    --weight-decay W, --wd W\n"
     "                          L2 weight decay; AdamW: decoupled (default 0; AdamW 0.01)\n"
     "    --nan-check           stop with an error when the loss is not finite (default off)\n"
+    "    --allow-nonfinite     resume from a checkpoint that holds NaN or infinity, or a negative\n"
+    "                          BatchNorm running_var (default: refused, naming the tensor)\n"
     "\n"
     "DEVICES AND PROCESSES\n"
     "    --devices LIST        cpu:0,cpu:1 | cpu:0-3 | 'cpu*4' (default cpu:0)\n"

@@ -1,6 +1,7 @@
 /* cohort train: parse flags, load data, train, print one line per epoch, write metrics. */
 #include <errno.h>
 #include <getopt.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -75,6 +76,7 @@ static const char train_usage[] =
     "                        backward per layer, each bucket's sync, optimizer; per rank and device\n"
     "  --trace-steps N       steps in the trace (default 20)\n"
     "  --nan-check           stop with an error when the loss is not finite\n"
+    "  --allow-nonfinite     resume from a checkpoint holding NaN/Inf or a negative running_var\n"
     "  --no-progress         no progress bar, even on a terminal\n"
     "  --dry-run             print the model summary and the data and device plan, then exit\n"
     "  -h, --help            this text\n"
@@ -98,7 +100,7 @@ enum {
     OPT_CKPT_DIR, OPT_CKPT_EVERY, OPT_KEEP, OPT_RESUME, OPT_DRY_RUN, OPT_PLOT, OPT_TRACE,
     OPT_TRACE_STEPS, OPT_OPTIMIZER, OPT_DAMPENING, OPT_BETAS, OPT_EPS, OPT_SCHEDULE, OPT_STEP_SIZE,
     OPT_GAMMA, OPT_MILESTONES, OPT_T_MAX, OPT_ETA_MIN, OPT_WARMUP, OPT_SCALE_LR, OPT_DATASET,
-    OPT_RANDOM_CROP, OPT_RANDOM_FLIP, OPT_NORMALIZE, OPT_IMAGE_SIZE, OPT_SKIP_BAD,
+    OPT_RANDOM_CROP, OPT_RANDOM_FLIP, OPT_NORMALIZE, OPT_IMAGE_SIZE, OPT_SKIP_BAD, OPT_ALLOW_NONFINITE,
 };
 
 static const struct option train_long[] = {
@@ -150,6 +152,7 @@ static const struct option train_long[] = {
     { "test-limit", required_argument, NULL, OPT_TEST_LIMIT },
     { "metrics", required_argument, NULL, OPT_METRICS },
     { "nan-check", no_argument, NULL, OPT_NAN_CHECK },
+    { "allow-nonfinite", no_argument, NULL, OPT_ALLOW_NONFINITE },
     { "no-progress", no_argument, NULL, OPT_NO_PROGRESS },
     { "help", no_argument, NULL, 'h' },
     { NULL, 0, NULL, 0 },
@@ -227,6 +230,7 @@ static int parse_one(int c, const char *arg, train_opts *o)
         return ch_arg_int("train", "test-limit", arg, 1, __LONG_MAX__, &o->test_limit) ? -1 : CH_EXIT_USAGE;
     case OPT_METRICS: o->metrics = arg; return -1;
     case OPT_NAN_CHECK: cfg->nan_check = true; return -1;
+    case OPT_ALLOW_NONFINITE: cfg->allow_nonfinite = true; return -1;
     case OPT_NO_PROGRESS: o->progress = false; return -1;
     case OPT_DRY_RUN: o->dry_run = true; return -1;
     case OPT_PLOT: o->plot = arg; return -1;
@@ -318,9 +322,12 @@ static void format_epoch(char *line, size_t len, const ch_epoch_stats *s, const 
 {
     char ranks[32] = "";
     if (ch_world_size() > 1) snprintf(ranks, sizeof ranks, " x %d ranks", ch_world_size());
+    /* A loss that is not finite means the run diverged: say so where the user looks. */
+    const char *diverged = isfinite(s->loss) ? "" : " (not finite: training diverged; a lower --lr or "
+                                                   "--nan-check to stop at once)";
     snprintf(line, len,
-             "epoch %d, loss %.4f, train acc %.4f, test acc %.4f, time %.1f sec, %.0f img/s on [%s]%s",
-             s->epoch, s->loss, s->train_acc, s->test_acc, s->time_s, s->images_per_s, devices, ranks);
+             "epoch %d, loss %.4f%s, train acc %.4f, test acc %.4f, time %.1f sec, %.0f img/s on [%s]%s",
+             s->epoch, s->loss, diverged, s->train_acc, s->test_acc, s->time_s, s->images_per_s, devices, ranks);
 }
 
 static bool write_metrics(FILE *f, const ch_epoch_stats *s, const ch_device_list *devices)
@@ -397,7 +404,7 @@ static int run_epochs(const train_opts *o, ch_trainer *t, FILE *metrics, ch_plot
         ch_status st = ch_trainer_run_epoch(t, &s, &err);
         ch_progress_clear(&bar);
         if (st != CH_STATUS_OK) return ch_exit_for("train", st, &err);
-        char line[256];
+        char line[400];
         format_epoch(line, sizeof line, &s, ch_trainer_devices(t));
         ch_world_log(line);
         if (root) {

@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -161,6 +162,14 @@ static int optimizer_tensors(const ch_model *m, const ch_optim *o, ch_st_tensor 
     return n;
 }
 
+/* A metric: a number, or "nan", "inf", "-inf" for one that was not finite (JSON has no NaN;
+ * cJSON would write null, which could not be told from a missing value). */
+static cJSON *metric_item(double v)
+{
+    if (isfinite(v)) return cJSON_CreateNumber(v);
+    return cJSON_CreateString(isnan(v) ? "nan" : v > 0 ? "inf" : "-inf");
+}
+
 static char *trainer_json(const ch_trainer *t, const ch_ckpt_position *p)
 {
     cJSON *j = cJSON_CreateObject();
@@ -203,7 +212,7 @@ static char *trainer_json(const ch_trainer *t, const ch_ckpt_position *p)
     cJSON_AddNumberToObject(order, "epoch", p->epoch);
     cJSON_AddNumberToObject(order, "samples_seen", (double)p->seen_in_epoch);
     cJSON_AddNumberToObject(order, "train_samples", (double)t->train->n);
-    cJSON_AddNumberToObject(order, "loss_sum", p->loss_sum);
+    cJSON_AddItemToObject(order, "loss_sum", metric_item(p->loss_sum));
     cJSON_AddNumberToObject(order, "correct", p->hits);
     cJSON *sched = cJSON_AddObjectToObject(j, "schedule");
     cJSON_AddStringToObject(sched, "kind", ch_schedule_kind_name(t->sched.kind));
@@ -213,9 +222,9 @@ static char *trainer_json(const ch_trainer *t, const ch_ckpt_position *p)
     cJSON_AddNumberToObject(sched, "step_in_epoch", p->step_in_epoch);
     cJSON_AddNumberToObject(sched, "position", (double)p->global_step);
     cJSON *last = cJSON_AddObjectToObject(j, "last_epoch");
-    cJSON_AddNumberToObject(last, "train_loss", p->train_loss);
+    cJSON_AddItemToObject(last, "train_loss", metric_item(p->train_loss));
     cJSON_AddNumberToObject(last, "train_acc", p->train_acc);
-    cJSON_AddNumberToObject(last, "test_loss", p->test_loss);
+    cJSON_AddItemToObject(last, "test_loss", metric_item(p->test_loss));
     cJSON_AddNumberToObject(last, "test_acc", p->test_acc);
     cJSON_AddNumberToObject(j, "world_size", t->procs);
     cJSON *devs = cJSON_AddArrayToObject(j, "devices");
@@ -474,10 +483,43 @@ static ch_status json_number(const char *path, const cJSON *j, const char *key, 
                              double *out, ch_err *err)
 {
     const cJSON *v = field(j, key);
-    if (!cJSON_IsNumber(v) || !(v->valuedouble >= lo && v->valuedouble <= hi))
-        return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: '%s' is missing or out of range", path, key);
+    if (!cJSON_IsNumber(v))
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: '%s' is missing or not a number", path, key);
+    if (!(v->valuedouble >= lo && v->valuedouble <= hi))
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: '%s' is %g, expected %g..%g", path, key, v->valuedouble, lo, hi);
     *out = v->valuedouble;
     return CH_STATUS_OK;
+}
+
+/* A count or index: a whole number in lo..hi (both below 2^53, where doubles are exact). */
+static ch_status json_whole(const char *path, const cJSON *j, const char *key, double lo, double hi,
+                            uint64_t *out, ch_err *err)
+{
+    double v = 0;
+    CH_TRY(json_number(path, j, key, lo, hi, &v, err));
+    if (v != floor(v))
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: '%s' is %g, expected a whole number", path, key, v);
+    *out = (uint64_t)v;
+    return CH_STATUS_OK;
+}
+
+static ch_status json_metric(const char *path, const cJSON *j, const char *key, double lo, double hi,
+                             double *out, ch_err *err)
+{
+    const cJSON *v = field(j, key);
+    if (cJSON_IsString(v)) {
+        const char *t = v->valuestring;
+        if (strcmp(t, "nan") == 0) *out = NAN;
+        else if (strcmp(t, "inf") == 0) *out = INFINITY;
+        else if (strcmp(t, "-inf") == 0) *out = -INFINITY;
+        else return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: '%s' is \"%.40s\", expected a number, nan or inf", path, key, t);
+        return CH_STATUS_OK;
+    }
+    if (cJSON_IsNull(v)) { /* what cohort 0.x wrote for a non-finite value */
+        *out = NAN;
+        return CH_STATUS_OK;
+    }
+    return json_number(path, j, key, lo, hi, out, err);
 }
 
 /* DIR/trainer.json parsed (path gets its name); NULL with err set when it is missing or no JSON
@@ -516,42 +558,69 @@ static ch_status check_identity(const ch_trainer *t, const char *path, const cJS
     return CH_STATUS_OK;
 }
 
+/* Where the run stood. Every number is checked for type, integrality and range against the data
+ * and the configuration it will index: a hand-edited or damaged file is refused, never cast. */
 static ch_status read_position(const ch_trainer *t, const char *path, const cJSON *j, staged *s, ch_err *err)
 {
-    double v = 0, seed = 0;
+    enum { MAX_EPOCHS = 1000000 };
+    const double exact = 9007199254740992.0; /* 2^53 */
+    uint64_t v = 0, seed = 0;
     ch_ckpt_position *p = &s->pos;
-    CH_TRY(json_number(path, j, "seed", 0, 1.8e19, &seed, err));
-    if ((uint64_t)seed != t->cfg.seed)
-        return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: trained with --seed %.0f, this run has --seed %llu "
-                       "(the data order depends on it)", path, seed, (unsigned long long)t->cfg.seed);
-    CH_TRY(json_number(path, j, "epoch", 0, 1e9, &v, err));
+    CH_TRY(json_number(path, j, "seed", 0, 1.8446744073709552e19, &(double){ 0 }, err));
+    seed = (uint64_t)field(j, "seed")->valuedouble;
+    if (seed != t->cfg.seed)
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: trained with --seed %llu, this run has --seed %llu "
+                       "(the data order depends on it)", path, (unsigned long long)seed, (unsigned long long)t->cfg.seed);
+    CH_TRY(json_whole(path, j, "epoch", 0, MAX_EPOCHS, &v, err));
     p->epoch = (int)v;
-    CH_TRY(json_number(path, j, "step_in_epoch", 0, 1e12, &v, err));
-    p->step_in_epoch = (int)v;
-    CH_TRY(json_number(path, j, "global_step", 0, 9e15, &v, err));
-    p->global_step = (uint64_t)v;
-    CH_TRY(json_number(path, j, "optimizer_steps", 0, 9e15, &s->opt_steps, err));
+    CH_TRY(json_whole(path, j, "global_step", 0, exact, &p->global_step, err));
+    uint64_t opt_steps = 0;
+    CH_TRY(json_whole(path, j, "optimizer_steps", 0, exact, &opt_steps, err));
+    s->opt_steps = (double)opt_steps;
     const cJSON *kind = field(j, "optimizer");
     const char *mine = ch_optim_kind_name(t->spec.optim.kind);
-    if (cJSON_IsString(kind) && strcmp(kind->valuestring, mine) != 0)
+    if (!cJSON_IsString(kind))
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: 'optimizer' is missing or not a string", path);
+    if (strcmp(kind->valuestring, mine) != 0)
         return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: trained with --optimizer %s, this run has %s", path,
                        kind->valuestring, mine);
     const cJSON *order = field(j, "data_order");
-    CH_TRY(json_number(path, order, "samples_seen", 0, 1e15, &v, err));
-    p->seen_in_epoch = (uint64_t)v;
-    double n = 0;
-    CH_TRY(json_number(path, order, "train_samples", 1, 1e15, &n, err));
-    /* Inside an epoch, the rest of its order is a permutation of the same training set. */
-    if (p->seen_in_epoch > 0 && (size_t)n != t->train->n)
-        return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: stopped inside an epoch of %.0f training samples, "
-                       "this run has %zu (same data and --train-limit needed to finish that epoch)",
-                       path, n, t->train->n);
-    CH_TRY(json_number(path, order, "loss_sum", -1e300, 1e300, &p->loss_sum, err));
-    CH_TRY(json_number(path, order, "correct", 0, 9e15, &p->hits, err));
+    uint64_t n = 0;
+    CH_TRY(json_whole(path, order, "train_samples", 1, exact, &n, err));
+    CH_TRY(json_whole(path, order, "samples_seen", 0, exact, &p->seen_in_epoch, err));
+    uint64_t step = 0;
+    CH_TRY(json_whole(path, j, "step_in_epoch", 0, exact, &step, err));
+    if (p->seen_in_epoch > 0) {
+        /* Inside an epoch: the rest of its order is a permutation of the same training set, cut
+         * into the same batches. */
+        const size_t B = (size_t)t->cfg.batch_size;
+        double b = 0;
+        CH_TRY(json_number(path, field(j, "config"), "batch_size", 1, 1 << 20, &b, err));
+        if (n != t->train->n)
+            return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: stopped inside an epoch of %llu training samples, "
+                           "this run has %zu (same data and --train-limit needed to finish that epoch)",
+                           path, (unsigned long long)n, t->train->n);
+        if ((size_t)b != B)
+            return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: stopped inside an epoch with --batch-size %.0f, this "
+                           "run has %zu: resume with -b %.0f, or from an epoch checkpoint", path, b, B, b);
+        if (p->seen_in_epoch >= n || p->seen_in_epoch != step * B || step > p->global_step)
+            return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: samples_seen %llu and step_in_epoch %llu do not fit "
+                           "an epoch of %llu samples in batches of %zu", path,
+                           (unsigned long long)p->seen_in_epoch, (unsigned long long)step,
+                           (unsigned long long)n, B);
+    } else if (step != 0) {
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: step_in_epoch %llu with no sample of the epoch seen", path,
+                       (unsigned long long)step);
+    }
+    p->step_in_epoch = (int)step;
+    uint64_t hits = 0;
+    CH_TRY(json_metric(path, order, "loss_sum", -1e300, 1e300, &p->loss_sum, err));
+    CH_TRY(json_whole(path, order, "correct", 0, (double)p->seen_in_epoch, &hits, err));
+    p->hits = (double)hits;
     const cJSON *last = field(j, "last_epoch");
-    CH_TRY(json_number(path, last, "train_loss", -1e300, 1e300, &p->train_loss, err));
+    CH_TRY(json_metric(path, last, "train_loss", -1, 1e300, &p->train_loss, err));
     CH_TRY(json_number(path, last, "train_acc", -1, 1, &p->train_acc, err));
-    CH_TRY(json_number(path, last, "test_loss", -1e300, 1e300, &p->test_loss, err));
+    CH_TRY(json_metric(path, last, "test_loss", -1, 1e300, &p->test_loss, err));
     return json_number(path, last, "test_acc", -1, 1, &p->test_acc, err);
 }
 
@@ -612,8 +681,29 @@ static void copy_f32(ch_real *dst, const void *src, size_t n)
     }
 }
 
+/* Values training cannot start from: NaN or infinity anywhere, a negative running variance
+ * (BatchNorm would take its square root). Refused with the tensor named, unless allowed. */
+static ch_status check_values(const char *path, const char *name, const ch_real *v, size_t n, bool allow,
+                              ch_err *err)
+{
+    if (allow) return CH_STATUS_OK;
+    const size_t len = strlen(name);
+    const bool variance = len >= 11 && strcmp(name + len - 11, "running_var") == 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(v[i]))
+            return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: tensor '%s' holds %s at element %zu (not finite; "
+                           "--allow-nonfinite loads it anyway)", path, name,
+                           isnan(v[i]) ? "nan" : v[i] > 0 ? "inf" : "-inf", i);
+        if (variance && v[i] < 0)
+            return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: tensor '%s' holds a negative variance %g at element "
+                           "%zu (--allow-nonfinite loads it anyway)", path, name, (double)v[i], i);
+    }
+    return CH_STATUS_OK;
+}
+
 /* The state_dict of f into s; every tensor present with its dtype and shape, nothing else. */
-static ch_status stage_model(const ch_model *m, const char *path, const ch_st_file *f, staged *s, ch_err *err)
+static ch_status stage_model(const ch_model *m, const char *path, const ch_st_file *f, bool allow,
+                             staged *s, ch_err *err)
 {
     const bool module = all_prefixed(f);
     int used = 0;
@@ -625,10 +715,14 @@ static ch_status stage_model(const ch_model *m, const char *path, const ch_st_fi
         if (r->kind == CH_TENSOR_COUNTER) {
             int64_t c;
             memcpy(&c, x->data, sizeof c);
+            if (c < 0 || c > (int64_t)1 << 53)
+                return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: tensor '%s' is %lld, expected a count 0..2^53", path,
+                               r->name, (long long)c);
             s->counters[r->counter - m->counters] = (double)c;
         } else {
             ch_real *base = r->kind == CH_TENSOR_PARAM ? s->params : s->buffers;
             copy_f32(base + r->spec->offset, x->data, r->spec->count);
+            CH_TRY(check_values(path, r->name, base + r->spec->offset, r->spec->count, allow, err));
         }
     }
     if (used != f->ntensors)
@@ -642,7 +736,7 @@ static ch_status stage_model(const ch_model *m, const char *path, const ch_st_fi
 }
 
 static ch_status stage_optimizer(const ch_model *m, const ch_optim *o, const char *path, const ch_st_file *f,
-                                 staged *s, ch_err *err)
+                                 bool allow, staged *s, ch_err *err)
 {
     s->has_state = f->ntensors > 0;
     if (!s->has_state) return CH_STATUS_OK;
@@ -657,6 +751,7 @@ static ch_status stage_optimizer(const ch_model *m, const ch_optim *o, const cha
             if (!x) return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: tensor '%s' is missing", path, name);
             CH_TRY(check_tensor(path, r, x, CH_ST_F32, err));
             copy_f32(s->state[b] + r->spec->offset, x->data, r->spec->count);
+            CH_TRY(check_values(path, name, s->state[b] + r->spec->offset, r->spec->count, allow, err));
             used++;
         }
     if (used != f->ntensors)
@@ -680,11 +775,12 @@ static ch_status stage_alloc(const ch_model *m, staged *s, ch_err *err)
 }
 
 static ch_status stage_file(const ch_model *m, const ch_optim *opt, const char *path, bool optimizer,
-                            staged *s, ch_err *err)
+                            bool allow, staged *s, ch_err *err)
 {
     ch_st_file *f = NULL;
     CH_TRY(ch_st_read(path, &f, err));
-    ch_status st = optimizer ? stage_optimizer(m, opt, path, f, s, err) : stage_model(m, path, f, s, err);
+    ch_status st = optimizer ? stage_optimizer(m, opt, path, f, allow, s, err)
+                             : stage_model(m, path, f, allow, s, err);
     ch_st_free(f);
     return st;
 }
@@ -693,17 +789,18 @@ static ch_status stage_file(const ch_model *m, const ch_optim *opt, const char *
 static ch_status stage_on_root(ch_trainer *t, const char *dir, const char *weights, staged *s, ch_err *err)
 {
     const ch_model *m = t->replicas[0].model;
+    const bool allow = t->cfg.allow_nonfinite;
     ch_status st = stage_alloc(m, s, err);
     if (st == CH_STATUS_OK && t->proc == 0) {
         char path[PATH_MAX];
         if (weights) {
-            st = stage_file(m, NULL, weights, false, s, err);
+            st = stage_file(m, NULL, weights, false, allow, s, err);
         } else {
             st = read_trainer_json(t, dir, s, err);
             join(path, sizeof path, dir, "model.safetensors");
-            if (st == CH_STATUS_OK) st = stage_file(m, NULL, path, false, s, err);
+            if (st == CH_STATUS_OK) st = stage_file(m, NULL, path, false, allow, s, err);
             join(path, sizeof path, dir, "optimizer.safetensors");
-            if (st == CH_STATUS_OK) st = stage_file(m, &t->replicas[0].opt, path, true, s, err);
+            if (st == CH_STATUS_OK) st = stage_file(m, &t->replicas[0].opt, path, true, allow, s, err);
         }
     }
     if (t->procs == 1) return st;
@@ -849,7 +946,8 @@ ch_status ch_checkpoint_export_dir(const char *path, const char *file, ch_err *e
     staged s = { 0 };
     join(weights, sizeof weights, dir, "model.safetensors");
     ch_status st = stage_alloc(m, &s, err);
-    if (st == CH_STATUS_OK) st = stage_file(m, NULL, weights, false, &s, err);
+    /* Export copies what is there: a diverged run's weights are still the user's to inspect. */
+    if (st == CH_STATUS_OK) st = stage_file(m, NULL, weights, false, true, &s, err);
     if (st == CH_STATUS_OK) {
         apply_model(m, &s);
         st = export_model(m, name, file, err);
