@@ -35,4 +35,14 @@ printf 'not json\n' >"$tmp/bad.jsonl"
 "$cohort" plot "$tmp/bad.jsonl" -o "$tmp/x.svg" 2>"$tmp/err"; rc=$?
 [ $rc -eq 2 ] && grep -q "bad.jsonl:1: not a cohort metrics line" "$tmp/err" && [ ! -e "$tmp/x.svg" ]
 rc=$?; ok "a bad metrics file: one line, exit 2, no chart" $rc
+# Extreme values: a loss of 1.79e308 once looped forever writing ticks (the axis top overflowed to
+# inf); a diverged epoch (loss null) is kept and left out of the chart; an absurd epoch is refused.
+printf '{"epoch": 1, "loss": 1.79e308, "train_acc": 0.5, "test_acc": 0.5}\n{"epoch": 2, "loss": null, "train_acc": 0.1, "test_acc": 0.1}\n' >"$tmp/huge.jsonl"
+timeout 20 "$cohort" plot "$tmp/huge.jsonl" -o "$tmp/huge.svg"; rc=$?
+[ $rc -eq 0 ] && [ "$(wc -c <"$tmp/huge.svg")" -lt 100000 ] && rsvg-convert "$tmp/huge.svg" -o "$tmp/huge.png"
+rc=$?; ok "a loss of 1.79e308 and a null loss: a small chart that renders, promptly" $rc
+printf '{"epoch": 1e300, "loss": 1}\n' >"$tmp/epoch.jsonl"
+timeout 20 "$cohort" plot "$tmp/epoch.jsonl" -o "$tmp/x.svg" 2>"$tmp/err"; rc=$?
+[ $rc -eq 2 ] && grep -q "epoch.jsonl:1: not a cohort metrics line" "$tmp/err"
+rc=$?; ok "epoch 1e300: one line, exit 2" $rc
 [ "$fails" -eq 0 ]

@@ -65,9 +65,12 @@ ch_status ch_plot_read_metrics(const char *path, const char *label, ch_plot_run 
     for (int no = 1; st == CH_STATUS_OK && fgets(line, sizeof line, f); no++) {
         if (strspn(line, " \t\r\n") == strlen(line)) continue;
         cJSON *o = cJSON_Parse(line);
-        const double e = num(o, "epoch", -1), l = num(o, "loss", NAN);
-        if (!cJSON_IsObject(o) || e < 1 || !isfinite(l))
-            st = ch_fail(err, CH_STATUS_BAD_INPUT, "%s:%d: not a cohort metrics line (JSON with epoch and loss)", path, no);
+        /* A diverged epoch's loss is null (JSON has no NaN): kept, and left out of the chart. */
+        const cJSON *lv = cJSON_GetObjectItemCaseSensitive(o, "loss");
+        const double e = num(o, "epoch", -1), l = cJSON_IsNull(lv) ? NAN : num(o, "loss", -1);
+        if (!cJSON_IsObject(o) || !(e >= 1 && e <= 1e9 && e == floor(e)) || !(isnan(l) || l >= 0))
+            st = ch_fail(err, CH_STATUS_BAD_INPUT, "%s:%d: not a cohort metrics line (JSON with a whole epoch "
+                         "1..1e9 and a loss >= 0 or null)", path, no);
         else
             st = ch_plot_add(r, (int)e, l, num(o, "train_acc", -1), num(o, "test_acc", -1), err);
         cJSON_Delete(o);
@@ -108,13 +111,18 @@ static void axes(FILE *f, const frame *fr, const char *title)
     fputs("<text x=\"360\" y=\"26\" text-anchor=\"middle\" font-size=\"15\" font-weight=\"bold\">", f);
     xml_text(f, title);
     fputs("</text>\n", f);
+    /* Ticks by count, not by adding steps: at 1e308 a step no longer moves the sum. */
     const double ys = tick_step(fr->y1, 5);
-    for (double y = 0; y <= fr->y1 + 1e-9; y += ys) {
+    const int ny = (int)fmin(20, floor(fr->y1 / ys + 1e-9));
+    for (int i = 0; i <= ny; i++) {
+        const double y = i * ys;
         fprintf(f, "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" stroke=\"#e0e0e0\"/>\n", ML, py(fr, y), W - MR, py(fr, y));
         fprintf(f, "<text x=\"%d\" y=\"%.1f\" text-anchor=\"end\" font-size=\"12\">%g</text>\n", ML - 6, py(fr, y) + 4, y);
     }
     const double span = fr->x1 - fr->x0, xs = fmax(1, tick_step(span, 10));
-    for (double x = ceil(fr->x0); x <= fr->x1 + 1e-9; x += xs) {
+    const int nx = (int)fmin(40, floor((fr->x1 - ceil(fr->x0)) / xs + 1e-9));
+    for (int i = 0; i <= nx; i++) {
+        const double x = ceil(fr->x0) + i * xs;
         fprintf(f, "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" stroke=\"#e0e0e0\"/>\n", px(fr, x), MT, px(fr, x), H - MB);
         fprintf(f, "<text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\" font-size=\"12\">%g</text>\n", px(fr, x), H - MB + 18, x);
     }
@@ -164,7 +172,8 @@ static frame frame_of(const ch_plot_run *runs, int nruns)
         for (int i = 0; i < runs[k].n; i++) {
             fr.x0 = fmin(fr.x0, runs[k].epoch[i]);
             fr.x1 = fmax(fr.x1, runs[k].epoch[i]);
-            if (isfinite(runs[k].loss[i])) fr.y1 = fmax(fr.y1, runs[k].loss[i]);
+            /* Capped well below DBL_MAX, so the axis top rounded up to a tick stays finite. */
+            if (isfinite(runs[k].loss[i])) fr.y1 = fmax(fr.y1, fmin(runs[k].loss[i], 1e300));
         }
     if (fr.x1 - fr.x0 < 1) {
         fr.x0 -= 0.5;

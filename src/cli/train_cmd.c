@@ -332,10 +332,13 @@ static void format_epoch(char *line, size_t len, const ch_epoch_stats *s, const 
 
 static bool write_metrics(FILE *f, const ch_epoch_stats *s, const ch_device_list *devices)
 {
+    /* JSON has no NaN: a diverged epoch's loss is null. */
+    char loss[32] = "null";
+    if (isfinite(s->loss)) snprintf(loss, sizeof loss, "%.6f", s->loss);
     fprintf(f,
-            "{\"epoch\": %d, \"loss\": %.6f, \"train_acc\": %.6f, \"test_acc\": %.6f, "
+            "{\"epoch\": %d, \"loss\": %s, \"train_acc\": %.6f, \"test_acc\": %.6f, "
             "\"time_s\": %.4f, \"images_per_s\": %.2f, \"lr\": %.8g, \"data_wait_s\": %.4f, \"devices\": [",
-            s->epoch, s->loss, s->train_acc, s->test_acc, s->time_s, s->images_per_s, s->lr, s->data_wait_s);
+            s->epoch, loss, s->train_acc, s->test_acc, s->time_s, s->images_per_s, s->lr, s->data_wait_s);
     for (int i = 0; i < devices->count; i++)
         fprintf(f, "%s\"cpu:%d\"", i ? ", " : "", devices->dev[i].index);
     fprintf(f, "], \"ranks\": %d}\n", ch_world_size());
