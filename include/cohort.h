@@ -81,6 +81,8 @@ typedef struct ch_folder_options {
     int image_size;           /* default 224 */
     bool skip_bad_images;     /* a file that does not decode is replaced by the next sample that
                                * does, and counted (ch_dataset_skipped); otherwise it is an error */
+    size_t limit;             /* every kind: read only the first N samples (0: all), so that a
+                               * subset of a large file costs only its own memory */
 } ch_folder_options;
 
 ch_folder_options ch_folder_options_default(void);

@@ -21,6 +21,8 @@ expect() { # code needle -- command...
 mkdir -p "$tmp/ok"
 cp "$data"/mnist/*.gz "$tmp/ok/"
 T=(train --model mlp --epochs 1 --train-limit 200 --test-limit 100)
+# Without --train-limit, for damage past the first 200 samples (a limit reads no further).
+TN=(train --model mlp --epochs 1 --test-limit 100)
 
 expect 2 "unknown command 'trian'" -- "$cohort" trian
 expect 2 "unknown or incomplete option" -- "$cohort" train --model lenet --data "$tmp/ok" --bogus
@@ -38,6 +40,37 @@ expect 2 "no CUDA backend" -- "$cohort" train --model lenet --data "$tmp/ok" --d
 expect 2 "expected entries like cpu:0" -- "$cohort" train --model lenet --data "$tmp/ok" --devices 2
 expect 2 "--bucket-mb '0'" -- "$cohort" train --model lenet --data "$tmp/ok" --bucket-mb 0
 
+# Inputs that are not regular files: a FIFO would block forever, a directory is no file.
+mk() { rm -rf "$tmp/bad"; mkdir -p "$tmp/bad"; cp "$tmp/ok"/*.gz "$tmp/bad/"; }
+mk; rm "$tmp/bad/train-images-idx3-ubyte.gz"; mkfifo "$tmp/bad/train-images-idx3-ubyte"
+expect 2 "train-images-idx3-ubyte: is a FIFO, expected a file" -- timeout 20 "$cohort" "${T[@]}" --data "$tmp/bad"
+mk; rm "$tmp/bad/train-images-idx3-ubyte.gz"; mkdir "$tmp/bad/train-images-idx3-ubyte"
+expect 2 "train-images-idx3-ubyte: is a directory, expected a file" -- timeout 20 "$cohort" "${T[@]}" --data "$tmp/bad"
+# An IDX header that claims 2^28 images costs only what the file holds, and --train-limit reads
+# only what it keeps.
+mk; printf '\x00\x00\x08\x03\x10\x00\x00\x00\x00\x00\x00\x1c\x00\x00\x00\x1c' | cat - <(head -c 100000 /dev/zero) | gzip > "$tmp/bad/train-images-idx3-ubyte.gz"
+expect 2 "truncated: 210453397504 data bytes declared, the file holds fewer" -- timeout 30 "$cohort" "${TN[@]}" --data "$tmp/bad"
+mk; gzip -dc "$tmp/ok/train-images-idx3-ubyte.gz" | head -c 1000000 | gzip > "$tmp/bad/train-images-idx3-ubyte.gz"
+expect 0 "" -- timeout 60 "$cohort" "${T[@]}" --data "$tmp/bad" --no-progress
+# Outputs are checked before anything is trained: a bad path is exit 2 at once, and nothing that
+# is not a regular file is ever replaced (a FIFO is refused, a device is written straight to).
+touch "$tmp/afile"; mkfifo "$tmp/fifo"
+expect 2 "--checkpoint-dir $tmp/afile: not a directory" -- "$cohort" "${T[@]}" --data "$tmp/ok" --checkpoint-dir "$tmp/afile"
+expect 2 "--plot /nonexistent/x.svg: the folder /nonexistent does not exist" -- "$cohort" "${T[@]}" --data "$tmp/ok" --plot /nonexistent/x.svg
+expect 2 "--plot $tmp: is a directory" -- "$cohort" "${T[@]}" --data "$tmp/ok" --plot "$tmp"
+expect 2 "--trace $tmp/fifo: is a FIFO" -- timeout 20 "$cohort" "${T[@]}" --data "$tmp/ok" --trace "$tmp/fifo"
+expect 2 "--metrics $tmp: is a directory" -- "$cohort" "${T[@]}" --data "$tmp/ok" --metrics "$tmp"
+[ -p "$tmp/fifo" ] && [ -f "$tmp/afile" ]; rc=$?
+if [ $rc -eq 0 ]; then passes=$((passes + 1)); else echo "FAIL: the FIFO or the file was replaced"; fails=$((fails + 1)); fi
+"$cohort" "${T[@]}" --data "$tmp/ok" --no-progress --plot /dev/null --checkpoint-dir "$tmp/ck" >/dev/null 2>&1
+[ $? -eq 0 ] && [ -c /dev/null ]; rc=$?
+if [ $rc -eq 0 ]; then passes=$((passes + 1)); else echo "FAIL: --plot /dev/null: /dev/null is no longer a device"; fails=$((fails + 1)); fi
+expect 2 "--out $tmp: is a directory" -- "$cohort" export --checkpoint "$tmp/ck" --out "$tmp"
+expect 2 "--out $tmp/fifo: is a FIFO" -- timeout 20 "$cohort" export --checkpoint "$tmp/ck" --out "$tmp/fifo"
+expect 0 "" -- "$cohort" export --checkpoint "$tmp/ck" --out /dev/null
+[ -c /dev/null ] && [ -p "$tmp/fifo" ]; rc=$?
+if [ $rc -eq 0 ]; then passes=$((passes + 1)); else echo "FAIL: export replaced /dev/null or the FIFO"; fails=$((fails + 1)); fi
+
 # A replica that fails stops the whole run with one line naming it: never a hang (timeout: 124).
 P=("${T[@]}" --data "$tmp/ok" --devices 'cpu*3' --batch-size 30 --no-progress)
 expect 1 "step 2: injected fault on cpu:1" -- env COHORT_INJECT_FAULT=error:1:2 timeout 60 "$cohort" "${P[@]}"
@@ -49,7 +82,7 @@ mk() { rm -rf "$tmp/bad"; mkdir -p "$tmp/bad"; cp "$tmp/ok"/*.gz "$tmp/bad/"; }
 mk; gzip -dc "$tmp/ok/train-images-idx3-ubyte.gz" | head -c 100000 | gzip > "$tmp/bad/train-images-idx3-ubyte.gz"
 expect 2 "truncated" -- "$cohort" "${T[@]}" --data "$tmp/bad"
 mk; head -c 50000 "$tmp/ok/train-images-idx3-ubyte.gz" > "$tmp/bad/train-images-idx3-ubyte.gz"
-expect 2 "train-images-idx3-ubyte.gz" -- "$cohort" "${T[@]}" --data "$tmp/bad"
+expect 2 "train-images-idx3-ubyte.gz" -- "$cohort" "${TN[@]}" --data "$tmp/bad"
 mk; { printf '\x00\x00\x08\x03'; gzip -dc "$tmp/ok/train-labels-idx1-ubyte.gz" | tail -c +5; } | gzip > "$tmp/bad/train-labels-idx1-ubyte.gz"
 expect 2 "bad magic" -- "$cohort" "${T[@]}" --data "$tmp/bad"
 mk; printf '\x00\x00\x08\x01\x00\x00\x23\x28' | cat - <(gzip -dc "$tmp/ok/t10k-labels-idx1-ubyte.gz" | tail -c +9 | head -c 9000) | gzip > "$tmp/bad/t10k-labels-idx1-ubyte.gz"

@@ -178,7 +178,8 @@ int ch_cmd_eval(int argc, char **argv)
     if (rc >= 0) return rc;
     ch_err err;
     ch_dataset *test = NULL;
-    const ch_folder_options folder = { .image_size = folder_image_size(&o), .skip_bad_images = o.skip_bad };
+    const ch_folder_options folder = { .image_size = folder_image_size(&o), .skip_bad_images = o.skip_bad,
+                                       .limit = (size_t)o.test_limit };
     ch_status st = ch_dataset_load(o.data, o.dataset, CH_SPLIT_TEST, &folder, &test, &err);
     if (st == CH_STATUS_OK) {
         ch_dataset_truncate(test, (size_t)o.test_limit);

@@ -4,6 +4,7 @@
 #include <stdio.h>
 
 #include "cli/cli.h"
+#include "core/file.h"
 #include "train/checkpoint.h"
 
 static const char export_usage[] =
@@ -36,5 +37,7 @@ int ch_cmd_export(int argc, char **argv)
         return CH_EXIT_USAGE;
     }
     ch_err err;
-    return ch_exit_for("export", ch_checkpoint_export_dir(ckpt, out, &err), &err);
+    ch_status st = ch_out_check(out, "--out", &err);
+    if (st == CH_STATUS_OK) st = ch_checkpoint_export_dir(ckpt, out, &err);
+    return ch_exit_for("export", st, &err);
 }

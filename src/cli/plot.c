@@ -3,6 +3,7 @@
  * run; axes with ticks and labels, grid, legend, title. Plain SVG 1.1: renders in browsers and in
  * rsvg-convert. */
 #include "cli/plot.h"
+#include "core/file.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -57,8 +58,12 @@ static double num(const cJSON *o, const char *k, double fallback)
 
 ch_status ch_plot_read_metrics(const char *path, const char *label, ch_plot_run *r, ch_err *err)
 {
-    FILE *f = fopen(path, "r");
-    if (!f) return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: cannot open (%s)", path, strerror(errno));
+    const int fd = ch_file_open_input(path, NULL, err);
+    FILE *f = fd >= 0 ? fdopen(fd, "r") : NULL;
+    if (!f) {
+        if (fd >= 0) close(fd);
+        return fd < 0 ? CH_STATUS_BAD_INPUT : ch_fail(err, CH_STATUS_SYSTEM, "%s: fdopen failed", path);
+    }
     snprintf(r->label, sizeof r->label, "%s", label);
     char line[8192];
     ch_status st = CH_STATUS_OK;
@@ -187,11 +192,9 @@ static frame frame_of(const ch_plot_run *runs, int nruns)
 ch_status ch_plot_write_svg(const char *path, const char *title, const ch_plot_run *runs, int nruns, ch_err *err)
 {
     if (nruns < 1 || nruns > CH_PLOT_MAX_RUNS) return ch_fail(err, CH_STATUS_BAD_INPUT, "%d runs to plot, expected 1..%d", nruns, CH_PLOT_MAX_RUNS);
-    char tmp[4200];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp-%ld", path, (long)getpid()) >= (int)sizeof tmp)
-        return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: path too long", path);
-    FILE *f = fopen(tmp, "w");
-    if (!f) return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: cannot create (%s)", tmp, strerror(errno));
+    ch_out out;
+    CH_TRY(ch_out_open(&out, path, "the chart", err));
+    FILE *f = out.f;
     const frame fr = frame_of(runs, nruns);
     fprintf(f, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
                "<svg xmlns=\"http://www.w3.org/2000/svg\" version=\"1.1\" width=\"%d\" height=\"%d\" "
@@ -200,10 +203,5 @@ ch_status ch_plot_write_svg(const char *path, const char *title, const ch_plot_r
     curves(f, &fr, runs, nruns);
     legend(f, runs, nruns);
     fputs("</svg>\n", f);
-    const bool ok = fflush(f) == 0 && !ferror(f);
-    if (fclose(f) != 0 || !ok || rename(tmp, path) != 0) {
-        unlink(tmp);
-        return ch_fail(err, CH_STATUS_SYSTEM, "%s: write failed (%s)", path, strerror(errno));
-    }
-    return CH_STATUS_OK;
+    return ch_out_commit(&out, err);
 }

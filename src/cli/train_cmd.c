@@ -11,6 +11,7 @@
 #include "cli/cli.h"
 #include "cli/plot.h"
 #include "comm/world.h"
+#include "core/file.h"
 #include "core/status.h"
 
 static const char train_usage[] =
@@ -451,18 +452,35 @@ static void log_identity(const ch_trainer *t, const ch_dataset *train, const ch_
     ch_world_log(line);
 }
 
+/* Every file the run will write, checked before any data is read or any epoch trained: a bad path
+ * is one line and exit 2 at once, not after the first epoch. Rank 0 writes the chart and the
+ * metrics; every rank writes its part of the trace beside it. */
+static ch_status check_outputs(const train_opts *o, ch_err *err)
+{
+    const bool root = ch_world_rank() == 0;
+    if (o->plot && root) CH_TRY(ch_out_check(o->plot, "--plot", err));
+    if (o->metrics && root && !o->dry_run) CH_TRY(ch_out_check(o->metrics, "--metrics", err));
+    if (o->cfg.trace) CH_TRY(ch_out_check(o->cfg.trace, "--trace", err));
+    return CH_STATUS_OK;
+}
+
 int ch_cmd_train(int argc, char **argv)
 {
     train_opts o;
     int rc = parse_train(argc, argv, &o);
     if (rc >= 0) return rc;
     ch_err err;
+    if (check_outputs(&o, &err) != CH_STATUS_OK) return ch_exit_for("train", CH_STATUS_BAD_INPUT, &err);
     ch_dataset *train = NULL, *test = NULL;
     ch_trainer *t = NULL;
     FILE *metrics = NULL, *log = NULL;
     ch_status st = o.log_dir ? open_worker_log(o.log_dir, &log, &err) : CH_STATUS_OK;
-    if (st == CH_STATUS_OK) st = ch_dataset_load(o.data, o.dataset, CH_SPLIT_TRAIN, &o.folder, &train, &err);
-    if (st == CH_STATUS_OK) st = ch_dataset_load(o.data, o.dataset, CH_SPLIT_TEST, &o.folder, &test, &err);
+    /* --train-limit and --test-limit read only what they keep. */
+    ch_folder_options train_load = o.folder, test_load = o.folder;
+    train_load.limit = (size_t)o.train_limit;
+    test_load.limit = (size_t)o.test_limit;
+    if (st == CH_STATUS_OK) st = ch_dataset_load(o.data, o.dataset, CH_SPLIT_TRAIN, &train_load, &train, &err);
+    if (st == CH_STATUS_OK) st = ch_dataset_load(o.data, o.dataset, CH_SPLIT_TEST, &test_load, &test, &err);
     if (st == CH_STATUS_OK) {
         ch_dataset_truncate(train, (size_t)o.train_limit);
         ch_dataset_truncate(test, (size_t)o.test_limit);

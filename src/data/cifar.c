@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "core/file.h"
 #include "core/status.h"
 #include "data/dataset.h"
 
@@ -31,37 +32,40 @@ bool ch_cifar_present(const char *dir)
 
 static ch_status file_records(const char *path, FILE **out, size_t *records, ch_err *err)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: cannot open (%s)", path, strerror(errno));
-    long size = -1;
-    if (fseek(f, 0, SEEK_END) == 0) size = ftell(f);
-    if (size < 0 || fseek(f, 0, SEEK_SET) != 0) {
-        fclose(f);
-        return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: cannot read its size", path);
-    }
+    uint64_t size = 0;
+    const int fd = ch_file_open_input(path, &size, err);
+    if (fd < 0) return CH_STATUS_BAD_INPUT;
     if (size == 0 || size % RECORD != 0) {
-        fclose(f);
-        return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: %ld bytes is not a whole number of %d-byte CIFAR-10 "
-                       "records (truncated or not CIFAR-10)", path, size, RECORD);
+        close(fd);
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: %llu bytes is not a whole number of %d-byte CIFAR-10 "
+                       "records (truncated or not CIFAR-10)", path, (unsigned long long)size, RECORD);
+    }
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        close(fd);
+        return ch_fail(err, CH_STATUS_SYSTEM, "%s: fdopen failed (%s)", path, strerror(errno));
     }
     *out = f;
-    *records = (size_t)size / RECORD;
+    *records = (size_t)(size / RECORD);
     return CH_STATUS_OK;
 }
 
-/* Append the records of path to d (grown to hold them). */
-static ch_status read_file(const char *path, ch_dataset *d, ch_err *err)
+/* Append the records of path to d (grown to hold them), at most `room` of them. */
+static ch_status read_file(const char *path, size_t room, ch_dataset *d, ch_err *err)
 {
     FILE *f = NULL;
     size_t n = 0;
     CH_TRY(file_records(path, &f, &n, err));
+    if (n > room) n = room;
     ch_status st = CH_STATUS_OK;
     if (d->n + n > MAX_RECORDS) st = ch_fail(err, CH_STATUS_BAD_INPUT, "%s: too many records", path);
     uint8_t *img = st == CH_STATUS_OK ? realloc(d->images, (d->n + n) * PIXELS) : NULL;
     if (img) d->images = img;
     uint16_t *lab = img ? realloc(d->labels, (d->n + n) * sizeof *lab) : NULL;
     if (lab) d->labels = lab;
-    if (st == CH_STATUS_OK && (!img || !lab)) st = CH_SYS_FAIL(err, "allocation of CIFAR-10 data");
+    if (st == CH_STATUS_OK && (!img || !lab))
+        st = ch_fail(err, CH_STATUS_BAD_INPUT, "%s: %zu records (%zu bytes) do not fit in memory (allocation "
+                     "failed; --train-limit/--test-limit read fewer)", path, d->n + n, (d->n + n) * PIXELS);
     uint8_t rec[RECORD];
     for (size_t i = 0; st == CH_STATUS_OK && i < n; i++) {
         if (fread(rec, 1, RECORD, f) != RECORD)
@@ -80,6 +84,12 @@ static ch_status read_file(const char *path, ch_dataset *d, ch_err *err)
 
 ch_status ch_dataset_load_cifar10(const char *dir, ch_split split, ch_dataset **out, ch_err *err)
 {
+    return ch_cifar_load(dir, split, 0, out, err);
+}
+
+ch_status ch_cifar_load(const char *dir, ch_split split, size_t limit, ch_dataset **out, ch_err *err)
+{
+    const size_t cap = limit ? limit : SIZE_MAX;
     char root[4096], path[4200];
     cifar_root(dir, root, sizeof root);
     ch_dataset *d = calloc(1, sizeof *d);
@@ -88,11 +98,11 @@ ch_status ch_dataset_load_cifar10(const char *dir, ch_split split, ch_dataset **
     ch_status st = CH_STATUS_OK;
     if (split == CH_SPLIT_TEST) {
         snprintf(path, sizeof path, "%s/test_batch.bin", root);
-        st = read_file(path, d, err);
+        st = read_file(path, cap, d, err);
     } else {
-        for (int b = 1; b <= 5 && st == CH_STATUS_OK; b++) {
+        for (int b = 1; b <= 5 && st == CH_STATUS_OK && d->n < cap; b++) {
             snprintf(path, sizeof path, "%s/data_batch_%d.bin", root, b);
-            st = read_file(path, d, err);
+            st = read_file(path, cap - d->n, d, err);
         }
     }
     if (st != CH_STATUS_OK) {

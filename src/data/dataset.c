@@ -54,8 +54,9 @@ ch_status ch_dataset_load(const char *dir, const char *kind, ch_split split, con
             return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: no data set found (IDX t10k-* files, CIFAR-10 "
                            "test_batch.bin or an ImageFolder's train/ folder; --dataset names the kind)", dir);
     }
-    if (strcmp(kind, "idx") == 0) return ch_dataset_load_idx(dir, split, out, err);
-    if (strcmp(kind, "cifar10") == 0) return ch_dataset_load_cifar10(dir, split, out, err);
+    const size_t limit = o ? o->limit : 0;
+    if (strcmp(kind, "idx") == 0) return ch_idx_load(dir, split, limit, out, err);
+    if (strcmp(kind, "cifar10") == 0) return ch_cifar_load(dir, split, limit, out, err);
     if (strcmp(kind, "imagefolder") == 0) return ch_dataset_load_folder(dir, split, o, out, err);
     return ch_fail(err, CH_STATUS_BAD_INPUT, "unknown data set kind '%s' (expected idx, cifar10 or imagefolder)", kind);
 }

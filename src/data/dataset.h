@@ -18,6 +18,10 @@ struct ch_dataset {
     ch_folder *folder;      /* owned; NULL for in-memory data */
 };
 
+/* The loaders with a limit: only the first `limit` samples are read (0: all). */
+ch_status ch_idx_load(const char *dir, ch_split split, size_t limit, ch_dataset **out, ch_err *err);
+ch_status ch_cifar_load(const char *dir, ch_split split, size_t limit, ch_dataset **out, ch_err *err);
+
 /* True when DIR (or DIR/cifar-10-batches-bin) holds test_batch.bin. */
 bool ch_cifar_present(const char *dir);
 

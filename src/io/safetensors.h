@@ -6,6 +6,7 @@
 #define CH_IO_SAFETENSORS_H
 
 #include <stddef.h>
+#include <stdio.h>
 #include <stdint.h>
 
 #include "core/status.h"
@@ -42,6 +43,9 @@ size_t ch_st_dtype_size(ch_st_dtype d);
  * fsync it. Not atomic by itself: callers write a temporary name and rename. */
 ch_status ch_st_write(const char *path, const ch_st_tensor *t, int n, const char *const (*meta)[2],
                       int nmeta, ch_err *err);
+/* The same into an open stream (path names it in messages); the caller closes it. */
+ch_status ch_st_write_to(FILE *f, const char *path, const ch_st_tensor *t, int n,
+                         const char *const (*meta)[2], int nmeta, ch_err *err);
 /* Read and validate path. Errors name the file (and the tensor). */
 ch_status ch_st_read(const char *path, ch_st_file **out, ch_err *err);
 const ch_st_tensor *ch_st_find(const ch_st_file *f, const char *name);

@@ -368,6 +368,9 @@ ch_status ch_checkpoint_prepare(const char *dir, ch_err *err)
 {
     CH_TRY(check_length(dir, err));
     CH_TRY(make_dirs(dir, err));
+    struct stat st;
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "--checkpoint-dir %s: not a directory", dir);
     if (access(dir, W_OK) != 0)
         return ch_fail(err, CH_STATUS_BAD_INPUT, "--checkpoint-dir %s: not writable (%s)", dir, strerror(errno));
     remove_leftovers(dir);
@@ -415,14 +418,15 @@ static ch_status export_model(const ch_model *m, const char *model_name, const c
     ch_st_tensor *ts = calloc((size_t)m->ntensors + 1, sizeof *ts);
     float *vals = malloc(sizeof(float) * (m->nparams + m->nbuffers + 1));
     ch_status st = ts && vals ? CH_STATUS_OK : CH_SYS_FAIL(err, "allocation of export buffers");
-    char tmp[PATH_MAX];
-    CH_ASSERT(snprintf(tmp, sizeof tmp, "%s.tmp-%ld", file, (long)getpid()) < (int)sizeof tmp);
     const char *const meta[][2] = { { "format", "pt" }, { "writer", "cohort " CH_VERSION },
                                     { "model", model_name } };
-    if (st == CH_STATUS_OK) st = ch_st_write(tmp, ts, model_tensors(m, ts, vals), meta, 3, err);
-    if (st == CH_STATUS_OK && rename(tmp, file) != 0)
-        st = ch_fail(err, CH_STATUS_SYSTEM, "%s: rename failed (%s)", file, strerror(errno));
-    if (st != CH_STATUS_OK) unlink(tmp);
+    ch_out out = { 0 };
+    if (st == CH_STATUS_OK) st = ch_out_open(&out, file, "--out", err);
+    if (st == CH_STATUS_OK) {
+        st = ch_st_write_to(out.f, file, ts, model_tensors(m, ts, vals), meta, 3, err);
+        if (st == CH_STATUS_OK) st = ch_out_commit(&out, err);
+        else ch_out_abandon(&out);
+    }
     free(ts);
     free(vals);
     return st;

@@ -17,6 +17,7 @@
 #include "comm/world.h"
 #include "core/clock.h"
 #include "core/cpu.h"
+#include "core/file.h"
 #include "core/rng.h"
 #include "core/status.h"
 #include "data/folder.h"
@@ -521,14 +522,13 @@ static ch_status write_trace_part(const ch_trainer *t, const char *path, ch_err 
     return CH_STATUS_OK;
 }
 
-/* Rank 0: the file is {"traceEvents": [part 0, part 1, ...]}, written to a temporary and renamed. */
+/* Rank 0: the file is {"traceEvents": [part 0, part 1, ...]}, written atomically (core/file.h). */
 static ch_status merge_trace(const ch_trainer *t, ch_err *err)
 {
-    char tmp[4200], part[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp", t->trace_path);
-    FILE *out = fopen(tmp, "w");
-    if (!out) return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: cannot create (%s)", tmp, strerror(errno));
-    fputs("{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n", out);
+    char part[4200];
+    ch_out out;
+    CH_TRY(ch_out_open(&out, t->trace_path, "--trace", err));
+    fputs("{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n", out.f);
     ch_status st = CH_STATUS_OK;
     for (int r = 0; r < t->procs && st == CH_STATUS_OK; r++) {
         snprintf(part, sizeof part, "%s.rank%d", t->trace_path, r);
@@ -538,20 +538,19 @@ static ch_status merge_trace(const ch_trainer *t, ch_err *err)
                          "ranks must share the trace's directory", part, r, strerror(errno));
             break;
         }
-        if (r > 0) fputs(",\n", out);
+        if (r > 0) fputs(",\n", out.f);
         char buf[65536];
         size_t n;
-        while ((n = fread(buf, 1, sizeof buf, in)) > 0) fwrite(buf, 1, n, out);
+        while ((n = fread(buf, 1, sizeof buf, in)) > 0) fwrite(buf, 1, n, out.f);
         fclose(in);
         unlink(part);
     }
-    fputs("\n]}\n", out);
-    const bool ok = fflush(out) == 0 && !ferror(out);
-    if (fclose(out) != 0 || !ok) st = ch_fail(err, CH_STATUS_SYSTEM, "%s: write failed", tmp);
-    if (st == CH_STATUS_OK && rename(tmp, t->trace_path) != 0)
-        st = ch_fail(err, CH_STATUS_SYSTEM, "%s: rename failed (%s)", t->trace_path, strerror(errno));
-    if (st != CH_STATUS_OK) unlink(tmp);
-    return st;
+    fputs("\n]}\n", out.f);
+    if (st != CH_STATUS_OK) {
+        ch_out_abandon(&out);
+        return st;
+    }
+    return ch_out_commit(&out, err);
 }
 
 ch_status ch_trainer_write_trace(ch_trainer *t, ch_err *err)
