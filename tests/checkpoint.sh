@@ -55,8 +55,29 @@ for stage in model optimizer trainer rename latest; do
     [ "$(cat "$c/latest")" = $want ] && "$cohort" eval --checkpoint "$c" --data "$data" --test-limit 10 >/dev/null
     rc=$?; ok "crash after '$stage' while saving: latest is $want and loads" $rc
     "$cohort" "${A[@]}" --epochs 2 --checkpoint-dir "$c" --resume >/dev/null
-    same "$tmp/cpu:0/straight/epoch-0002" "$c/epoch-0002" && ! ls -d "$c"/.tmp-* "$c"/.old-* 2>/dev/null
+    same "$tmp/cpu:0/straight/epoch-0002" "$c/epoch-0002" && ! ls -d "$c"/.cohort-tmp-* "$c"/.cohort-old-* 2>/dev/null
     rc=$?; ok "crash after '$stage', then resumed: bit-identical, no leftovers" $rc
+done
+
+# The folder is the user's: their own .tmp-*, .old-* and .latest.* entries survive a save; a second
+# trainer on the same folder is refused while the first holds its lock.
+c=$tmp/mine; mkdir -p "$c/.tmp-notes" "$c/.old-photos"; echo keep >"$c/.latest.txt"; echo keep >"$c/.tmp-x"
+"$cohort" "${A[@]}" --epochs 1 --checkpoint-dir "$c" >/dev/null
+[ -d "$c/.tmp-notes" ] && [ -d "$c/.old-photos" ] && [ -f "$c/.latest.txt" ] && [ -f "$c/.tmp-x" ] && [ -d "$c/epoch-0001" ]
+rc=$?; ok "the user's own dot entries in --checkpoint-dir survive" $rc
+"$cohort" "${A[@]}" --epochs 30 --checkpoint-dir "$tmp/locked" >/dev/null 2>&1 &
+first=$!
+for _ in $(seq 100); do [ -s "$tmp/locked/.cohort-lock" ] && break; sleep 0.1; done
+"$cohort" "${A[@]}" --epochs 1 --checkpoint-dir "$tmp/locked" >/dev/null 2>"$tmp/err"; got=$?
+kill "$first" 2>/dev/null; wait "$first" 2>/dev/null
+[ $got -eq 2 ] && grep -q "another cohort (pid $first) is writing checkpoints there" "$tmp/err"
+rc=$?; ok "a second trainer on a locked folder: one line, exit 2 ($(cat "$tmp/err"))" $rc
+# latest names an entry of its own folder, nothing else.
+for evil in .. . ../.. /etc epoch-0001/../..; do
+    mkdir -p "$tmp/evil"; printf '%s\n' "$evil" >"$tmp/evil/latest"
+    "$cohort" eval --checkpoint "$tmp/evil" --data "$data" --test-limit 10 >/dev/null 2>"$tmp/err"; got=$?
+    [ $got -eq 2 ] && grep -q "does not name a checkpoint of this folder" "$tmp/err"
+    rc=$?; ok "latest = '$evil': refused ($(cat "$tmp/err"))" $rc
 done
 
 # Trained on 2 devices, evaluated on 1: the same test accuracy as the training run printed.

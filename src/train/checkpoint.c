@@ -14,12 +14,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "io/safetensors.h"
 
 /* ---- files -------------------------------------------------------------------------------- */
+
+/* The names of a save in progress all start with this marker, so that clearing up after a save
+ * that was killed touches only what cohort made, never the user's own dot files. */
+#define MARK ".cohort-"
 
 /* out <- a/b. The entry points refuse directories longer than PATH_MAX - 512, so this never
  * truncates. */
@@ -285,7 +290,7 @@ static ch_status write_into(const ch_trainer *t, const char *tmp, const ch_ckpt_
 static ch_status point_latest(const char *dir, const char *name, ch_err *err)
 {
     char tmp[PATH_MAX], dst[PATH_MAX], line[300];
-    CH_ASSERT(snprintf(tmp, sizeof tmp, "%s/.latest.%ld", dir, (long)getpid()) < (int)sizeof tmp);
+    CH_ASSERT(snprintf(tmp, sizeof tmp, "%s/" MARK "latest.%ld", dir, (long)getpid()) < (int)sizeof tmp);
     join(dst, sizeof dst, dir, "latest");
     snprintf(line, sizeof line, "%s\n", name);
     CH_TRY(write_text(tmp, line, err));
@@ -347,7 +352,8 @@ static void prune(const char *dir, int keep, const char *current)
     free(list);
 }
 
-/* What a save that was killed half-way leaves behind (never a checkpoint anyone points at). */
+/* What a save that was killed half-way leaves behind (never a checkpoint anyone points at). The
+ * caller holds the folder's lock, so no other cohort is saving here. */
 static void remove_leftovers(const char *dir)
 {
     DIR *d = opendir(dir);
@@ -355,9 +361,10 @@ static void remove_leftovers(const char *dir)
     struct dirent *e;
     char p[PATH_MAX];
     while ((e = readdir(d))) {
-        const bool tmp = strncmp(e->d_name, ".tmp-", 5) == 0 || strncmp(e->d_name, ".old-", 5) == 0;
-        if (!tmp && strncmp(e->d_name, ".latest.", 8) != 0) continue;
-        join(p, sizeof p, dir, e->d_name);
+        const char *n = e->d_name;
+        const bool tmp = strncmp(n, MARK "tmp-", 12) == 0 || strncmp(n, MARK "old-", 12) == 0;
+        if (!tmp && strncmp(n, MARK "latest.", 15) != 0) continue;
+        join(p, sizeof p, dir, n);
         if (tmp) remove_tree(p);
         else unlink(p);
     }
@@ -373,8 +380,41 @@ ch_status ch_checkpoint_prepare(const char *dir, ch_err *err)
         return ch_fail(err, CH_STATUS_BAD_INPUT, "--checkpoint-dir %s: not a directory", dir);
     if (access(dir, W_OK) != 0)
         return ch_fail(err, CH_STATUS_BAD_INPUT, "--checkpoint-dir %s: not writable (%s)", dir, strerror(errno));
+    return CH_STATUS_OK;
+}
+
+ch_status ch_checkpoint_lock(const char *dir, int *fd, ch_err *err)
+{
+    CH_TRY(ch_checkpoint_prepare(dir, err));
+    char path[PATH_MAX];
+    join(path, sizeof path, dir, MARK "lock");
+    *fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0666);
+    if (*fd < 0)
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "--checkpoint-dir %s: cannot open its lock file (%s)", dir,
+                       strerror(errno));
+    if (flock(*fd, LOCK_EX | LOCK_NB) != 0) {
+        const int e = errno;
+        char who[32] = "";
+        const ssize_t n = pread(*fd, who, sizeof who - 1, 0);
+        who[n > 0 ? n : 0] = 0;
+        who[strcspn(who, "\n")] = 0;
+        close(*fd);
+        *fd = -1;
+        if (e == EWOULDBLOCK)
+            return ch_fail(err, CH_STATUS_BAD_INPUT, "--checkpoint-dir %s: another cohort (pid %s) is writing "
+                           "checkpoints there", dir, who[0] ? who : "?");
+        return ch_fail(err, CH_STATUS_SYSTEM, "--checkpoint-dir %s: cannot lock (%s)", dir, strerror(e));
+    }
+    char pid[32];
+    const int len = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
+    if (ftruncate(*fd, 0) != 0 || pwrite(*fd, pid, (size_t)len, 0) != len) { /* only informative */ }
     remove_leftovers(dir);
     return CH_STATUS_OK;
+}
+
+void ch_checkpoint_unlock(int fd)
+{
+    if (fd >= 0) close(fd);
 }
 
 ch_status ch_checkpoint_save(ch_trainer *t, const char *dir, const char *name,
@@ -383,9 +423,9 @@ ch_status ch_checkpoint_save(ch_trainer *t, const char *dir, const char *name,
     if (t->proc != 0) return CH_STATUS_OK;
     CH_TRY(ch_checkpoint_prepare(dir, err));
     char tmp[PATH_MAX], dst[PATH_MAX], old[PATH_MAX];
-    CH_ASSERT(snprintf(tmp, sizeof tmp, "%s/.tmp-%s-%ld", dir, name, (long)getpid()) < (int)sizeof tmp);
+    CH_ASSERT(snprintf(tmp, sizeof tmp, "%s/" MARK "tmp-%s-%ld", dir, name, (long)getpid()) < (int)sizeof tmp);
     join(dst, sizeof dst, dir, name);
-    CH_ASSERT(snprintf(old, sizeof old, "%s/.old-%s-%ld", dir, name, (long)getpid()) < (int)sizeof old);
+    CH_ASSERT(snprintf(old, sizeof old, "%s/" MARK "old-%s-%ld", dir, name, (long)getpid()) < (int)sizeof old);
     remove_tree(tmp);
     if (mkdir(tmp, 0777) != 0)
         return ch_fail(err, CH_STATUS_SYSTEM, "%s: cannot create (%s)", tmp, strerror(errno));
@@ -455,9 +495,12 @@ ch_status ch_checkpoint_resolve(const char *path, char *out, size_t len, ch_err 
     char *name = read_text(probe, 255, err);
     if (!name) return CH_STATUS_BAD_INPUT;
     name[strcspn(name, "\r\n")] = 0;
-    if (!name[0] || strchr(name, '/')) {
+    /* A plain entry of this folder, as cohort writes it: never ".", "..", a path or a dot file. */
+    bool plain = name[0] && name[0] != '.';
+    for (const char *c = name; plain && *c; c++) plain = *c > ' ' && *c != '/' && *c != 0x7f;
+    if (!plain) {
         free(name);
-        return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: does not name a checkpoint", probe);
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: does not name a checkpoint of this folder", probe);
     }
     snprintf(out, len, "%s/%s", path, name);
     free(name);

@@ -5,7 +5,7 @@
  *   trainer.json           format version, model and configuration, position (epoch, step, samples
  *                          seen in the epoch, global step), the epoch's partial sums, the RNG and
  *                          data-order keys, and the world size and devices it was written with.
- * Rank 0 writes it into DIR/.tmp-NAME-PID, fsyncs every file and the directory, renames it to
+ * Rank 0 writes it into DIR/.cohort-tmp-NAME-PID, fsyncs every file and the directory, renames it to
  * DIR/NAME, then replaces DIR/latest (a one-line file naming it) the same way: a crash at any moment
  * leaves the previous checkpoint complete and `latest` pointing at a complete one.
  * Loading reads and checks everything on rank 0 before touching the model (nothing half-loaded),
@@ -18,8 +18,14 @@
 enum { CH_CHECKPOINT_FORMAT = 1 };
 
 
-/* Create dir (and its parents) if needed; fail when it cannot be written. */
+/* Create dir (and its parents) if needed; fail when it is no directory or cannot be written. */
 ch_status ch_checkpoint_prepare(const char *dir, ch_err *err);
+/* Prepare dir, then take its lock (flock on DIR/.cohort-lock, held until ch_checkpoint_unlock):
+ * a second trainer on the same folder is refused with one line naming the first one's pid. With
+ * the lock held, what a killed save left (DIR/.cohort-tmp-*, .cohort-old-*, .cohort-latest.*) is
+ * removed; nothing else in the folder is touched. */
+ch_status ch_checkpoint_lock(const char *dir, int *fd, ch_err *err);
+void ch_checkpoint_unlock(int fd);
 /* Collective over the trainer's ranks (only rank 0 writes). name: "epoch-0003", "step-00000620". */
 ch_status ch_checkpoint_save(ch_trainer *t, const char *dir, const char *name,
                              const ch_ckpt_position *pos, ch_err *err);

@@ -375,7 +375,7 @@ static ch_status setup(ch_trainer *t, ch_err *err)
     if (t->cfg.normalize) CH_TRY(ch_augment_parse_normalize(&t->spec.augment, t->cfg.normalize, d->c, err));
     t->lr = ch_schedule_lr(&t->sched, 0, 0, 1);
     t->spec.trace_capacity = t->cfg.trace ? 8192 : 0;
-    if (t->cfg.checkpoint_dir && t->proc == 0) CH_TRY(ch_checkpoint_prepare(t->cfg.checkpoint_dir, err));
+    if (t->cfg.checkpoint_dir && t->proc == 0) CH_TRY(ch_checkpoint_lock(t->cfg.checkpoint_dir, &t->ckpt_lock, err));
     t->perm = malloc(sizeof(uint32_t) * d->n);
     CH_CHECK_ALLOC(err, t->perm);
     if (t->cfg.loader_workers < 0 || t->cfg.loader_workers > CH_LOADER_MAX_WORKERS)
@@ -397,6 +397,7 @@ ch_status ch_trainer_create(const ch_train_config *cfg, const ch_dataset *train,
     CH_TRY(check_config(cfg, err));
     ch_trainer *t = calloc(1, sizeof *t);
     CH_CHECK_ALLOC(err, t);
+    t->ckpt_lock = -1;
     t->cfg = *cfg;
     snprintf(t->model_name, sizeof t->model_name, "%s", cfg->model);
     snprintf(t->init, sizeof t->init, "%s", cfg->init ? cfg->init : "default");
@@ -840,5 +841,6 @@ void ch_trainer_free(ch_trainer *t)
     free(t->perm);
     ch_loader_free(t->loader);
     free(t->plan);
+    ch_checkpoint_unlock(t->ckpt_lock);
     free(t);
 }

@@ -28,6 +28,7 @@ struct ch_trainer {
     ch_train_config cfg;
     char model_name[32], init[64];
     char checkpoint_dir[4096];  /* cfg.checkpoint_dir points here */
+    int ckpt_lock;              /* rank 0: the checkpoint folder's lock (-1: none) */
     char trace_path[4096];      /* cfg.trace points here */
     char normalize[256];        /* cfg.normalize points here ("" when none) */
     uint64_t trace_first;       /* the first traced step */
