@@ -163,6 +163,8 @@ badmid; tj "$tmp/bad/trainer.json" step_in_epoch 1e12
 expect "step_in_epoch 1000000000000 do not fit" -- "$cohort" "${A[@]}" --epochs 2 --resume "$tmp/bad"
 badmid; tj "$tmp/bad/trainer.json" data_order.correct '"many"'
 expect "'correct' is missing or not a number" -- "$cohort" "${A[@]}" --epochs 2 --resume "$tmp/bad"
+badmid; sed -i '0,/{/s/{/{"epoch": 0, /' "$tmp/bad/trainer.json"
+expect "trainer.json: the key 'epoch' appears twice" -- "$cohort" "${A[@]}" --epochs 2 --resume "$tmp/bad"
 expect "stopped inside an epoch with --batch-size 64, this run has 32" -- "$cohort" "${A[@]}" -b 32 --epochs 2 --resume "$mid"
 
 # Values training cannot start from are refused with the tensor named (--allow-nonfinite overrides).

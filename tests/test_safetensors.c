@@ -124,7 +124,14 @@ static void test_bad_files(void **state)
     expect_error("trailing", "4 data bytes after the last tensor");
     write_raw("twice", "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
                        "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 8, -1);
-    expect_error("twice", "tensor 'a' appears twice");
+    expect_error("twice", "the header has the key 'a' twice");
+    /* Two __metadata__ objects once overflowed the metadata list (ASan: heap-buffer-overflow). */
+    write_raw("meta2", "{\"__metadata__\":{\"a\":\"1\"},\"__metadata__\":{\"b\":\"2\",\"c\":\"3\",\"d\":\"4\"}}", 0, -1);
+    expect_error("meta2", "the header has the key '__metadata__' twice");
+    write_raw("metakey", "{\"__metadata__\":{\"a\":\"1\",\"a\":\"2\"}}", 0, -1);
+    expect_error("metakey", "the header has the key 'a' twice");
+    write_raw("innerkey", "{\"w\":{\"dtype\":\"F32\",\"dtype\":\"F64\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, -1);
+    expect_error("innerkey", "the header has the key 'dtype' twice");
     write_raw("meta", "{\"__metadata__\":{\"k\":1}}", 0, -1);
     expect_error("meta", "__metadata__ entry 'k'");
     write_raw("offsets", "{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":\"0-4\"}}", 4, -1);

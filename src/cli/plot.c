@@ -4,6 +4,7 @@
  * rsvg-convert. */
 #include "cli/plot.h"
 #include "core/file.h"
+#include "io/json.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -73,7 +74,8 @@ ch_status ch_plot_read_metrics(const char *path, const char *label, ch_plot_run 
         /* A diverged epoch's loss is null (JSON has no NaN): kept, and left out of the chart. */
         const cJSON *lv = cJSON_GetObjectItemCaseSensitive(o, "loss");
         const double e = num(o, "epoch", -1), l = cJSON_IsNull(lv) ? NAN : num(o, "loss", -1);
-        if (!cJSON_IsObject(o) || !(e >= 1 && e <= 1e9 && e == floor(e)) || !(isnan(l) || l >= 0))
+        if (!cJSON_IsObject(o) || ch_json_duplicate_key(o) || !(e >= 1 && e <= 1e9 && e == floor(e)) ||
+            !(isnan(l) || l >= 0))
             st = ch_fail(err, CH_STATUS_BAD_INPUT, "%s:%d: not a cohort metrics line (JSON with a whole epoch "
                          "1..1e9 and a loss >= 0 or null)", path, no);
         else

@@ -9,6 +9,8 @@
  *    requires it, and a hole or an overlap means a damaged or crafted file). */
 #include "io/safetensors.h"
 
+#include "io/json.h"
+
 #include "core/file.h"
 
 #include <cjson/cJSON.h>
@@ -201,8 +203,8 @@ static ch_status parse_tensor(const char *path, const cJSON *item, const unsigne
 
 static ch_status parse_meta(const char *path, const cJSON *m, ch_st_file *f, ch_err *err)
 {
-    if (!cJSON_IsObject(m))
-        return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: __metadata__ is not an object", path);
+    if (!cJSON_IsObject(m) || f->meta)
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: __metadata__ is not one object", path);
     const int n = cJSON_GetArraySize(m);
     f->meta = calloc((size_t)n + 1, sizeof *f->meta);
     CH_CHECK_ALLOC(err, f->meta);
@@ -272,6 +274,12 @@ static ch_status parse_header(const char *path, ch_st_file *f, ch_err *err)
     if (!cJSON_IsObject(root)) {
         cJSON_Delete(root);
         return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: the header is not a JSON object", path);
+    }
+    const char *dup = ch_json_duplicate_key(root);
+    if (dup) {
+        ch_fail(err, CH_STATUS_BAD_INPUT, "%s: the header has the key '%.200s' twice", path, dup);
+        cJSON_Delete(root);
+        return CH_STATUS_BAD_INPUT;
     }
     const unsigned char *data = f->image + 8 + hlen;
     const size_t dlen = f->len - 8 - (size_t)hlen;

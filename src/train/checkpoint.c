@@ -18,6 +18,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "io/json.h"
 #include "io/safetensors.h"
 
 /* ---- files -------------------------------------------------------------------------------- */
@@ -579,8 +580,10 @@ static cJSON *read_trainer_doc(const char *dir, char *path, size_t len, ch_err *
     cJSON *j = cJSON_Parse(text);
     free(text);
     double v = 0;
-    ch_status st = cJSON_IsObject(j) ? json_number(path, j, "format_version", 1, 1e9, &v, err)
-                                     : ch_fail(err, CH_STATUS_BAD_INPUT, "%s: not a JSON object", path);
+    const char *dup = cJSON_IsObject(j) ? ch_json_duplicate_key(j) : NULL;
+    ch_status st = !cJSON_IsObject(j) ? ch_fail(err, CH_STATUS_BAD_INPUT, "%s: not a JSON object", path)
+                 : dup ? ch_fail(err, CH_STATUS_BAD_INPUT, "%s: the key '%.200s' appears twice", path, dup)
+                       : json_number(path, j, "format_version", 1, 1e9, &v, err);
     if (st == CH_STATUS_OK && v > CH_CHECKPOINT_FORMAT)
         st = ch_fail(err, CH_STATUS_BAD_INPUT, "%s: format version %g is newer than this cohort reads (%d)",
                      path, v, CH_CHECKPOINT_FORMAT);
