@@ -91,4 +91,17 @@ open(sys.argv[1], "wb").write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(
 EOF
 expect "huge.png: the image declares 100000x100000 pixels, more than the limit" -- "${train_bad[@]}"
 expect "--random-crop is for IDX and CIFAR-10 data" -- "${train_bad[@]}" --random-crop 4
+# Symbolic links: loops are walked once (3 links to "." once scanned for minutes), a second way
+# into a folder does not count its images twice, and no link may lead out of the data set (a link
+# to ../.. once labelled other classes' images).
+dry() { "${train_bad[@]}" --dry-run 2>&1 | sed -n 's/.*trains on \([0-9]*\) of .*/\1/p; s/^data: .*train \([0-9]*\) .*/\1/p'; }
+small; "${train_bad[@]}" --dry-run >"$tmp/plain.out" 2>&1
+small; for k in 1 2 3; do ln -s . "$tmp/bad/train/digit_0/loop$k"; done; ln -s ../digit_0 "$tmp/bad/train/digit_0/again"
+timeout 30 "${train_bad[@]}" --dry-run >"$tmp/loop.out" 2>&1; rc=$?
+[ $rc -eq 0 ] && diff <(grep -i "samples" "$tmp/plain.out") <(grep -i "samples" "$tmp/loop.out") >/dev/null
+rc=$?; ok "symlink loops: scanned once, promptly, the same samples ($(grep -i samples "$tmp/loop.out" | head -1))" $rc
+small; ln -s ../.. "$tmp/bad/train/digit_0/up"
+expect "digit_0/up: a symbolic link to" -- timeout 30 "${train_bad[@]}"
+small; ln -s "$(dirname "$first")/../../../digits/train/digit_5" "$tmp/bad/train/digit_1/elsewhere"
+expect "a class's images must come from its own folder" -- timeout 30 "${train_bad[@]}"
 [ "$fails" -eq 0 ]
