@@ -134,6 +134,9 @@ static void test_bad_files(void **state)
     expect_error("innerkey", "the header has the key 'dtype' twice");
     write_raw("meta", "{\"__metadata__\":{\"k\":1}}", 0, -1);
     expect_error("meta", "__metadata__ entry 'k'");
+    /* Found by fuzz_safetensors: an offset past 2^64 was cast to an integer (undefined). */
+    write_raw("hugeoff", "{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[444444444444444444444444,4]}}", 4, -1);
+    expect_error("hugeoff", "data_offsets");
     write_raw("offsets", "{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":\"0-4\"}}", 4, -1);
     expect_error("offsets", "data_offsets");
     char path[512];

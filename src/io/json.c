@@ -1,6 +1,7 @@
 /* Strict JSON checks: see json.h. */
 #include "io/json.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -36,3 +37,28 @@ static const char *duplicate_in(const cJSON *j, int depth)
 }
 
 const char *ch_json_duplicate_key(const cJSON *j) { return duplicate_in(j, 0); }
+
+ch_status ch_json_number(const char *path, const cJSON *j, const char *key, double lo, double hi,
+                             double *out, ch_err *err)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, key);
+    if (!cJSON_IsNumber(v))
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: '%s' is missing or not a number", path, key);
+    if (!(v->valuedouble >= lo && v->valuedouble <= hi))
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: '%s' is %g, expected %g..%g", path, key, v->valuedouble, lo, hi);
+    *out = v->valuedouble;
+    return CH_STATUS_OK;
+}
+
+/* A count or index: a whole number in lo..hi (both below 2^53, where doubles are exact). */
+ch_status ch_json_whole(const char *path, const cJSON *j, const char *key, double lo, double hi,
+                            uint64_t *out, ch_err *err)
+{
+    double v = 0;
+    CH_TRY(ch_json_number(path, j, key, lo, hi, &v, err));
+    if (v != floor(v))
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: '%s' is %g, expected a whole number", path, key, v);
+    *out = (uint64_t)v;
+    return CH_STATUS_OK;
+}
+

@@ -186,8 +186,8 @@ static ch_status parse_tensor(const char *path, const cJSON *item, const unsigne
     }
     const cJSON *offs = cJSON_GetObjectItemCaseSensitive(item, "data_offsets");
     uint64_t b, e;
-    if (!cJSON_IsArray(offs) || cJSON_GetArraySize(offs) != 2 || !as_index(cJSON_GetArrayItem(offs, 0), 1e300, &b) ||
-        !as_index(cJSON_GetArrayItem(offs, 1), 1e300, &e) || b > e || e > dlen)
+    if (!cJSON_IsArray(offs) || cJSON_GetArraySize(offs) != 2 || !as_index(cJSON_GetArrayItem(offs, 0), 9007199254740992.0, &b) ||
+        !as_index(cJSON_GetArrayItem(offs, 1), 9007199254740992.0, &e) || b > e || e > dlen)
         return ch_fail(err, CH_STATUS_BAD_INPUT,
                        "%s: tensor '%s': data_offsets must be [begin, end] inside the %zu data bytes "
                        "(is the file truncated?)", path, name, dlen);
@@ -302,6 +302,24 @@ static ch_status parse_header(const char *path, ch_st_file *f, ch_err *err)
     free(spans);
     cJSON_Delete(root);
     return st;
+}
+
+ch_status ch_st_parse(unsigned char *image, size_t len, const char *path, ch_st_file **out, ch_err *err)
+{
+    ch_st_file *f = calloc(1, sizeof *f);
+    if (!f) {
+        free(image);
+        return CH_SYS_FAIL(err, "allocation of a safetensors file");
+    }
+    f->image = image;
+    f->len = len;
+    ch_status st = parse_header(path, f, err);
+    if (st != CH_STATUS_OK) {
+        ch_st_free(f);
+        return st;
+    }
+    *out = f;
+    return CH_STATUS_OK;
 }
 
 ch_status ch_st_read(const char *path, ch_st_file **out, ch_err *err)

@@ -47,6 +47,9 @@ ch_status ch_st_write(const char *path, const ch_st_tensor *t, int n, const char
 ch_status ch_st_write_to(FILE *f, const char *path, const ch_st_tensor *t, int n,
                          const char *const (*meta)[2], int nmeta, ch_err *err);
 /* Read and validate path. Errors name the file (and the tensor). */
+/* The same over a file already in memory: image (len bytes, malloc'd) becomes the file's, freed
+ * with it, or at once on failure. path names it in messages. */
+ch_status ch_st_parse(unsigned char *image, size_t len, const char *path, ch_st_file **out, ch_err *err);
 ch_status ch_st_read(const char *path, ch_st_file **out, ch_err *err);
 const ch_st_tensor *ch_st_find(const ch_st_file *f, const char *name);
 /* The metadata value for key, or NULL. */

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "io/json.h"
+#include "train/position.h"
 #include "io/safetensors.h"
 
 /* ---- files -------------------------------------------------------------------------------- */
@@ -168,14 +169,6 @@ static int optimizer_tensors(const ch_model *m, const ch_optim *o, ch_st_tensor 
     return n;
 }
 
-/* A metric: a number, or "nan", "inf", "-inf" for one that was not finite (JSON has no NaN;
- * cJSON would write null, which could not be told from a missing value). */
-static cJSON *metric_item(double v)
-{
-    if (isfinite(v)) return cJSON_CreateNumber(v);
-    return cJSON_CreateString(isnan(v) ? "nan" : v > 0 ? "inf" : "-inf");
-}
-
 static char *trainer_json(const ch_trainer *t, const ch_ckpt_position *p)
 {
     cJSON *j = cJSON_CreateObject();
@@ -218,7 +211,7 @@ static char *trainer_json(const ch_trainer *t, const ch_ckpt_position *p)
     cJSON_AddNumberToObject(order, "epoch", p->epoch);
     cJSON_AddNumberToObject(order, "samples_seen", (double)p->seen_in_epoch);
     cJSON_AddNumberToObject(order, "train_samples", (double)t->train->n);
-    cJSON_AddItemToObject(order, "loss_sum", metric_item(p->loss_sum));
+    cJSON_AddItemToObject(order, "loss_sum", ch_position_metric_item(p->loss_sum));
     cJSON_AddNumberToObject(order, "correct", p->hits);
     cJSON *sched = cJSON_AddObjectToObject(j, "schedule");
     cJSON_AddStringToObject(sched, "kind", ch_schedule_kind_name(t->sched.kind));
@@ -228,9 +221,9 @@ static char *trainer_json(const ch_trainer *t, const ch_ckpt_position *p)
     cJSON_AddNumberToObject(sched, "step_in_epoch", p->step_in_epoch);
     cJSON_AddNumberToObject(sched, "position", (double)p->global_step);
     cJSON *last = cJSON_AddObjectToObject(j, "last_epoch");
-    cJSON_AddItemToObject(last, "train_loss", metric_item(p->train_loss));
+    cJSON_AddItemToObject(last, "train_loss", ch_position_metric_item(p->train_loss));
     cJSON_AddNumberToObject(last, "train_acc", p->train_acc);
-    cJSON_AddItemToObject(last, "test_loss", metric_item(p->test_loss));
+    cJSON_AddItemToObject(last, "test_loss", ch_position_metric_item(p->test_loss));
     cJSON_AddNumberToObject(last, "test_acc", p->test_acc);
     cJSON_AddNumberToObject(j, "world_size", t->procs);
     cJSON *devs = cJSON_AddArrayToObject(j, "devices");
@@ -527,161 +520,30 @@ static void staged_free(staged *s)
 
 static const cJSON *field(const cJSON *j, const char *key) { return cJSON_GetObjectItemCaseSensitive(j, key); }
 
-static ch_status json_number(const char *path, const cJSON *j, const char *key, double lo, double hi,
-                             double *out, ch_err *err)
-{
-    const cJSON *v = field(j, key);
-    if (!cJSON_IsNumber(v))
-        return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: '%s' is missing or not a number", path, key);
-    if (!(v->valuedouble >= lo && v->valuedouble <= hi))
-        return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: '%s' is %g, expected %g..%g", path, key, v->valuedouble, lo, hi);
-    *out = v->valuedouble;
-    return CH_STATUS_OK;
-}
-
-/* A count or index: a whole number in lo..hi (both below 2^53, where doubles are exact). */
-static ch_status json_whole(const char *path, const cJSON *j, const char *key, double lo, double hi,
-                            uint64_t *out, ch_err *err)
-{
-    double v = 0;
-    CH_TRY(json_number(path, j, key, lo, hi, &v, err));
-    if (v != floor(v))
-        return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: '%s' is %g, expected a whole number", path, key, v);
-    *out = (uint64_t)v;
-    return CH_STATUS_OK;
-}
-
-static ch_status json_metric(const char *path, const cJSON *j, const char *key, double lo, double hi,
-                             double *out, ch_err *err)
-{
-    const cJSON *v = field(j, key);
-    if (cJSON_IsString(v)) {
-        const char *t = v->valuestring;
-        if (strcmp(t, "nan") == 0) *out = NAN;
-        else if (strcmp(t, "inf") == 0) *out = INFINITY;
-        else if (strcmp(t, "-inf") == 0) *out = -INFINITY;
-        else return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: '%s' is \"%.40s\", expected a number, nan or inf", path, key, t);
-        return CH_STATUS_OK;
-    }
-    if (cJSON_IsNull(v)) { /* what cohort 0.x wrote for a non-finite value */
-        *out = NAN;
-        return CH_STATUS_OK;
-    }
-    return json_number(path, j, key, lo, hi, out, err);
-}
-
-/* DIR/trainer.json parsed (path gets its name); NULL with err set when it is missing or no JSON
- * object, or written by a newer format. The caller deletes it. */
 static cJSON *read_trainer_doc(const char *dir, char *path, size_t len, ch_err *err)
 {
     join(path, len, dir, "trainer.json");
-    char *text = read_text(path, 1 << 20, err);
-    if (!text) return NULL;
-    cJSON *j = cJSON_Parse(text);
+    uint8_t *text = NULL;
+    size_t n = 0;
+    if (ch_file_read(path, 1 << 20, &text, &n, err) != CH_STATUS_OK) return NULL;
+    cJSON *j = ch_position_parse_doc((const char *)text, n, path, err);
     free(text);
-    double v = 0;
-    const char *dup = cJSON_IsObject(j) ? ch_json_duplicate_key(j) : NULL;
-    ch_status st = !cJSON_IsObject(j) ? ch_fail(err, CH_STATUS_BAD_INPUT, "%s: not a JSON object", path)
-                 : dup ? ch_fail(err, CH_STATUS_BAD_INPUT, "%s: the key '%.200s' appears twice", path, dup)
-                       : json_number(path, j, "format_version", 1, 1e9, &v, err);
-    if (st == CH_STATUS_OK && v > CH_CHECKPOINT_FORMAT)
-        st = ch_fail(err, CH_STATUS_BAD_INPUT, "%s: format version %g is newer than this cohort reads (%d)",
-                     path, v, CH_CHECKPOINT_FORMAT);
-    if (st == CH_STATUS_OK) return j;
-    cJSON_Delete(j);
-    return NULL;
-}
-
-static ch_status check_identity(const ch_trainer *t, const char *path, const cJSON *j, ch_err *err)
-{
-    double v = 0;
-    const cJSON *model = field(j, "model");
-    if (!cJSON_IsString(model))
-        return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: no model name", path);
-    if (strcmp(model->valuestring, t->model_name) != 0)
-        return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: a checkpoint of %s, but the model is %s", path,
-                       model->valuestring, t->model_name);
-    const ch_model *m = t->replicas[0].model;
-    CH_TRY(json_number(path, j, "classes", 1, 1e9, &v, err));
-    if ((int)v != m->classes)
-        return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: written for %g classes, the data has %d", path, v, m->classes);
-    return CH_STATUS_OK;
-}
-
-/* Where the run stood. Every number is checked for type, integrality and range against the data
- * and the configuration it will index: a hand-edited or damaged file is refused, never cast. */
-static ch_status read_position(const ch_trainer *t, const char *path, const cJSON *j, staged *s, ch_err *err)
-{
-    enum { MAX_EPOCHS = 1000000 };
-    const double exact = 9007199254740992.0; /* 2^53 */
-    uint64_t v = 0, seed = 0;
-    ch_ckpt_position *p = &s->pos;
-    CH_TRY(json_number(path, j, "seed", 0, 1.8446744073709552e19, &(double){ 0 }, err));
-    seed = (uint64_t)field(j, "seed")->valuedouble;
-    if (seed != t->cfg.seed)
-        return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: trained with --seed %llu, this run has --seed %llu "
-                       "(the data order depends on it)", path, (unsigned long long)seed, (unsigned long long)t->cfg.seed);
-    CH_TRY(json_whole(path, j, "epoch", 0, MAX_EPOCHS, &v, err));
-    p->epoch = (int)v;
-    CH_TRY(json_whole(path, j, "global_step", 0, exact, &p->global_step, err));
-    uint64_t opt_steps = 0;
-    CH_TRY(json_whole(path, j, "optimizer_steps", 0, exact, &opt_steps, err));
-    s->opt_steps = (double)opt_steps;
-    const cJSON *kind = field(j, "optimizer");
-    const char *mine = ch_optim_kind_name(t->spec.optim.kind);
-    if (!cJSON_IsString(kind))
-        return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: 'optimizer' is missing or not a string", path);
-    if (strcmp(kind->valuestring, mine) != 0)
-        return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: trained with --optimizer %s, this run has %s", path,
-                       kind->valuestring, mine);
-    const cJSON *order = field(j, "data_order");
-    uint64_t n = 0;
-    CH_TRY(json_whole(path, order, "train_samples", 1, exact, &n, err));
-    CH_TRY(json_whole(path, order, "samples_seen", 0, exact, &p->seen_in_epoch, err));
-    uint64_t step = 0;
-    CH_TRY(json_whole(path, j, "step_in_epoch", 0, exact, &step, err));
-    if (p->seen_in_epoch > 0) {
-        /* Inside an epoch: the rest of its order is a permutation of the same training set, cut
-         * into the same batches. */
-        const size_t B = (size_t)t->cfg.batch_size;
-        double b = 0;
-        CH_TRY(json_number(path, field(j, "config"), "batch_size", 1, 1 << 20, &b, err));
-        if (n != t->train->n)
-            return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: stopped inside an epoch of %llu training samples, "
-                           "this run has %zu (same data and --train-limit needed to finish that epoch)",
-                           path, (unsigned long long)n, t->train->n);
-        if ((size_t)b != B)
-            return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: stopped inside an epoch with --batch-size %.0f, this "
-                           "run has %zu: resume with -b %.0f, or from an epoch checkpoint", path, b, B, b);
-        if (p->seen_in_epoch >= n || p->seen_in_epoch != step * B || step > p->global_step)
-            return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: samples_seen %llu and step_in_epoch %llu do not fit "
-                           "an epoch of %llu samples in batches of %zu", path,
-                           (unsigned long long)p->seen_in_epoch, (unsigned long long)step,
-                           (unsigned long long)n, B);
-    } else if (step != 0) {
-        return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: step_in_epoch %llu with no sample of the epoch seen", path,
-                       (unsigned long long)step);
-    }
-    p->step_in_epoch = (int)step;
-    uint64_t hits = 0;
-    CH_TRY(json_metric(path, order, "loss_sum", -1e300, 1e300, &p->loss_sum, err));
-    CH_TRY(json_whole(path, order, "correct", 0, (double)p->seen_in_epoch, &hits, err));
-    p->hits = (double)hits;
-    const cJSON *last = field(j, "last_epoch");
-    CH_TRY(json_metric(path, last, "train_loss", -1, 1e300, &p->train_loss, err));
-    CH_TRY(json_number(path, last, "train_acc", -1, 1, &p->train_acc, err));
-    CH_TRY(json_metric(path, last, "test_loss", -1, 1e300, &p->test_loss, err));
-    return json_number(path, last, "test_acc", -1, 1, &p->test_acc, err);
+    return j;
 }
 
 static ch_status read_trainer_json(const ch_trainer *t, const char *dir, staged *s, ch_err *err)
 {
     char path[PATH_MAX];
-    cJSON *j = read_trainer_doc(dir, path, sizeof path, err);
-    if (!j) return CH_STATUS_BAD_INPUT;
-    ch_status st = check_identity(t, path, j, err);
-    if (st == CH_STATUS_OK) st = read_position(t, path, j, s, err);
-    cJSON_Delete(j);
+    join(path, sizeof path, dir, "trainer.json");
+    const ch_ckpt_expect e = { .model = t->model_name, .classes = t->replicas[0].model->classes,
+                               .seed = t->cfg.seed, .train_samples = t->train->n,
+                               .batch_size = t->cfg.batch_size,
+                               .optimizer = ch_optim_kind_name(t->spec.optim.kind) };
+    uint8_t *text = NULL;
+    size_t n = 0;
+    CH_TRY(ch_file_read(path, 1 << 20, &text, &n, err));
+    ch_status st = ch_checkpoint_parse_position((const char *)text, n, path, &e, &s->pos, &s->opt_steps, err);
+    free(text);
     return st;
 }
 
@@ -972,7 +834,7 @@ static ch_status model_of(const char *dir, ch_model **out, char *name, size_t le
     if (!j) return CH_STATUS_BAD_INPUT;
     const cJSON *m = field(j, "model"), *in = field(j, "input");
     double c = 0;
-    ch_status st = json_number(file, j, "classes", 1, 1e6, &c, err);
+    ch_status st = ch_json_number(file, j, "classes", 1, 1e6, &c, err);
     ch_shape3 shape = { 0, 0, 0 };
     if (st == CH_STATUS_OK && (!cJSON_IsString(m) || !cJSON_IsArray(in) || cJSON_GetArraySize(in) != 3))
         st = ch_fail(err, CH_STATUS_BAD_INPUT, "%s: no model name or input shape", file);

@@ -13,9 +13,10 @@
 #ifndef CH_TRAIN_CHECKPOINT_H
 #define CH_TRAIN_CHECKPOINT_H
 
+#include "train/position.h"
 #include "train/trainer.h"
 
-enum { CH_CHECKPOINT_FORMAT = 1 };
+enum { CH_CHECKPOINT_FORMAT = CH_POSITION_FORMAT };
 
 
 /* Create dir (and its parents) if needed; fail when it is no directory or cannot be written. */

@@ -12,17 +12,10 @@
 #include "comm/mpi.h"
 #include "optim/schedule.h"
 #include "train/crew.h"
+#include "train/position.h"
 #include "train/replica.h"
 
-/* Where training stands, saved with the state. */
-typedef struct ch_ckpt_position {
-    int epoch;                  /* epochs completed */
-    int step_in_epoch;          /* steps done in the next epoch (0 at an epoch's end) */
-    uint64_t seen_in_epoch;     /* samples of the next epoch already trained on */
-    uint64_t global_step;
-    double loss_sum, hits;      /* the partial epoch's sums over all ranks */
-    double train_loss, train_acc, test_loss, test_acc; /* the last finished epoch's; -1: none */
-} ch_ckpt_position;
+
 
 struct ch_trainer {
     ch_train_config cfg;
