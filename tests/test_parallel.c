@@ -278,6 +278,49 @@ static void every_job_shape_gives_one_device_parameters(void **state)
     check_job_shapes("resnet18", 12, 0.002, true, 3, 1e-4);
 }
 
+/* Every epoch trains on a new permutation of the whole set (seed, epoch), the same on any devices. */
+static void every_epoch_reshuffles(void **state)
+{
+    (void)state;
+    ch_dataset *d = tu_synthetic(200, 28, 8);
+    uint32_t *orders[2][3];
+    for (int k = 0; k < 2; k++) {
+        ch_train_config cfg = ch_train_config_default();
+        cfg.model = "linear";
+        cfg.batch_size = 32;
+        cfg.seed = 5;
+        cfg.devices = k ? "cpu*3" : "cpu:0";
+        ch_trainer *t;
+        ch_err err;
+        if (ch_trainer_create(&cfg, d, NULL, &t, &err) != CH_STATUS_OK) fail_msg("%s", err.msg);
+        for (int e = 0; e < 3; e++) {
+            ch_epoch_stats s;
+            if (ch_trainer_run_epoch(t, &s, &err) != CH_STATUS_OK) fail_msg("%s", err.msg);
+            orders[k][e] = malloc(sizeof(uint32_t) * d->n);
+            assert_non_null(orders[k][e]);
+            memcpy(orders[k][e], t->perm, sizeof(uint32_t) * d->n);
+            /* A permutation: every sample once. */
+            uint8_t *seen = calloc(d->n, 1);
+            assert_non_null(seen);
+            for (size_t i = 0; i < d->n; i++) {
+                assert_true(orders[k][e][i] < d->n && !seen[orders[k][e][i]]);
+                seen[orders[k][e][i]] = 1;
+            }
+            free(seen);
+        }
+        ch_trainer_free(t);
+    }
+    for (int e = 0; e < 3; e++) {
+        for (int f = e + 1; f < 3; f++)
+            if (memcmp(orders[0][e], orders[0][f], sizeof(uint32_t) * d->n) == 0)
+                fail_msg("epochs %d and %d trained in the same order", e + 1, f + 1);
+        assert_memory_equal(orders[0][e], orders[1][e], sizeof(uint32_t) * d->n);
+    }
+    for (int k = 0; k < 2; k++)
+        for (int e = 0; e < 3; e++) free(orders[k][e]);
+    ch_dataset_free(d);
+}
+
 static void device_lists_parse_and_reject(void **state)
 {
     (void)state;
@@ -369,6 +412,7 @@ int main(void)
         cmocka_unit_test(resnet18_per_replica_bn_matches_per_slice_reference),
         cmocka_unit_test(replicas_stay_bit_identical),
         cmocka_unit_test(every_job_shape_gives_one_device_parameters),
+        cmocka_unit_test(every_epoch_reshuffles),
         cmocka_unit_test(failing_replica_stops_everyone),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
