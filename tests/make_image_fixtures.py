@@ -3,7 +3,7 @@
 torchvision's ImageFolder decodes and resizes with it).
 
   OUT/files.txt    NAME W H: an image file and the size of Pillow's convert("RGB") of it
-  OUT/NAME         PNG (gray, RGB, RGBA, palette, gray+alpha) and JPEG (RGB, gray) files
+  OUT/NAME         PNG (gray, RGB, RGBA, palette, gray+alpha) and JPEG (RGB, gray, CMYK) files
   OUT/NAME.rgb     Pillow's convert("RGB") bytes
   OUT/resize.txt   X0 Y0 X1 Y1 OW OH FILE: Pillow's bilinear resize of box (X0, Y0, X1, Y1) of
                    rgb.png to OW x OH, bytes in FILE
@@ -59,6 +59,7 @@ def main():
         "palette.png": base.convert("P", palette=Image.ADAPTIVE, colors=50),
         "rgb.jpg": base,
         "gray.jpg": base.convert("L"),
+        "cmyk.jpg": base.convert("CMYK"),   # Adobe CMYK: Pillow converts it, so must we
     }
     with open(os.path.join(out, "files.txt"), "w") as listing:
         for name, img in forms.items():

@@ -398,9 +398,13 @@ static int run_epochs(const train_opts *o, ch_trainer *t, FILE *metrics, ch_plot
     ch_progress_init(&bar, o->progress && root);
     bar.epochs = o->cfg.epochs;
     ch_trainer_set_progress(t, ch_progress_update, &bar);
-    if (root && ch_trainer_epochs_done(t) >= o->cfg.epochs)
-        printf("cohort train: the checkpoint has %d epochs done and --epochs is %d: nothing to train\n",
-               ch_trainer_epochs_done(t), o->cfg.epochs);
+    if (root && ch_trainer_epochs_done(t) >= o->cfg.epochs) {
+        if (o->resume || o->resume_latest)
+            printf("cohort train: the checkpoint has %d epochs done and --epochs is %d: nothing to train\n",
+                   ch_trainer_epochs_done(t), o->cfg.epochs);
+        else
+            printf("cohort train: --epochs %d: nothing to train\n", o->cfg.epochs);
+    }
     for (int e = ch_trainer_epochs_done(t); e < o->cfg.epochs; e++) {
         bar.epoch = e + 1;
         ch_epoch_stats s;

@@ -23,8 +23,16 @@ static ch_status parse_list(const char *s, double *out, int want, const char *wh
         p = *end == ',' ? end + 1 : end;
         if (*end != ',') break;
     }
-    if (*p || (n != 1 && n != want))
-        return ch_fail(err, CH_STATUS_BAD_INPUT, "--normalize: the %s '%s' needs 1 or %d numbers", what, s, want);
+    if (*p || n == 0 || (n != 1 && n != want)) {
+        if (want == 1)
+            return ch_fail(err, CH_STATUS_BAD_INPUT, "--normalize: the %s '%s' is not a number", what, s);
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "--normalize: the %s '%s' needs 1 number or %d, one per channel",
+                       what, s, want);
+    }
+    for (int i = 0; i < n; i++)
+        if (!isfinite(out[i]) || fabs(out[i]) > 1e6)
+            return ch_fail(err, CH_STATUS_BAD_INPUT, "--normalize: the %s '%s' holds %g, expected a finite value "
+                           "of at most 1e6", what, s, out[i]);
     for (int i = n; i < want; i++) out[i] = out[0];
     return CH_STATUS_OK;
 }
@@ -49,7 +57,8 @@ ch_status ch_augment_parse_normalize(ch_augment *a, const char *spec, int channe
     CH_TRY(parse_list(mean, a->mean, channels, "mean", err));
     CH_TRY(parse_list(slash + 1, a->std, channels, "std", err));
     for (int c = 0; c < channels; c++)
-        if (!(a->std[c] > 0)) return ch_fail(err, CH_STATUS_BAD_INPUT, "--normalize: std %g must be > 0", a->std[c]);
+        if (!(a->std[c] >= 1e-6))
+            return ch_fail(err, CH_STATUS_BAD_INPUT, "--normalize: std %g, expected at least 1e-6", a->std[c]);
     return CH_STATUS_OK;
 }
 

@@ -99,6 +99,20 @@ static void jpeg_on_message(j_common_ptr cinfo, int level)
 
 static void jpeg_quiet(j_common_ptr cinfo) { (void)cinfo; }
 
+/* Pillow's CMYK JPEG path: the stored values are Adobe's inverted ones ("CMYK;I"), and
+ * convert("RGB") takes r = (255 - k) - c (255 - k) / 255, its integer rounding included. */
+static void cmyk_to_rgb(const uint8_t *in, uint8_t *out, size_t w)
+{
+    for (size_t x = 0; x < w; x++, in += 4, out += 3) {
+        const int nk = in[3];   /* 255 - k, with k inverted */
+        for (int c = 0; c < 3; c++) {
+            const int v = 255 - in[c], t = v * nk + 128;
+            const int r = nk - (((t >> 8) + t) >> 8);
+            out[c] = (uint8_t)(r < 0 ? 0 : r > 255 ? 255 : r);
+        }
+    }
+}
+
 /* Runs the decode; the caller owns *px (NULL on failure). volatile: survives the longjmp. */
 static ch_status decode_jpeg(const uint8_t *data, size_t len, const char *name, size_t max_pixels,
                              bool header_only, ch_image *out, ch_err *err)
@@ -125,10 +139,12 @@ static ch_status decode_jpeg(const uint8_t *data, size_t len, const char *name, 
         jpeg_destroy_decompress(&cinfo);
         return st;
     }
-    cinfo.out_color_space = JCS_RGB;
+    /* CMYK and YCCK (Adobe) JPEGs come out as CMYK and are converted as Pillow does. */
+    const bool cmyk = cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK;
+    cinfo.out_color_space = cmyk ? JCS_CMYK : JCS_RGB;
     jpeg_start_decompress(&cinfo);
     const size_t w = cinfo.output_width, h = cinfo.output_height;
-    if (cinfo.output_components != 3) {
+    if (cinfo.output_components != (cmyk ? 4 : 3)) {
         jpeg_destroy_decompress(&cinfo);
         return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: a JPEG with %d components", name, cinfo.output_components);
     }
@@ -137,10 +153,23 @@ static ch_status decode_jpeg(const uint8_t *data, size_t len, const char *name, 
         jpeg_destroy_decompress(&cinfo);
         return CH_SYS_FAIL(err, "allocation of a decoded image");
     }
+    uint8_t *volatile line = cmyk ? malloc(w * 4) : NULL;
+    if (cmyk && !line) {
+        jpeg_destroy_decompress(&cinfo);
+        free(px);
+        return CH_SYS_FAIL(err, "allocation of a CMYK row");
+    }
     while (cinfo.output_scanline < cinfo.output_height) {
         JSAMPROW row = px + (size_t)cinfo.output_scanline * w * 3;
-        jpeg_read_scanlines(&cinfo, &row, 1);
+        if (!cmyk) {
+            jpeg_read_scanlines(&cinfo, &row, 1);
+            continue;
+        }
+        JSAMPROW in = line;
+        jpeg_read_scanlines(&cinfo, &in, 1);
+        cmyk_to_rgb(line, row, w);
     }
+    free(line);
     jpeg_finish_decompress(&cinfo);
     jpeg_destroy_decompress(&cinfo);
     *out = (ch_image){ .w = (int)w, .h = (int)h, .rgb = px };

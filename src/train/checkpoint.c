@@ -652,6 +652,9 @@ static ch_status stage_optimizer(const ch_model *m, const ch_optim *o, const cha
 {
     s->has_state = f->ntensors > 0;
     if (!s->has_state) return CH_STATUS_OK;
+    if (o->nstate == 0 && o->c.kind == CH_OPTIM_SGD && strstr(f->tensors[0].name, ".momentum_buffer"))
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: trained with SGD momentum (it holds momentum buffers); "
+                       "resume with --momentum as it was trained", path);
     int used = 0;
     for (int b = 0; b < o->nstate; b++)
         for (int k = 0; k < m->ntensors; k++) {
