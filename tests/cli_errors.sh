@@ -40,6 +40,18 @@ expect 2 "no CUDA backend" -- "$cohort" train --model lenet --data "$tmp/ok" --d
 expect 2 "expected entries like cpu:0" -- "$cohort" train --model lenet --data "$tmp/ok" --devices 2
 expect 2 "--bucket-mb '0'" -- "$cohort" train --model lenet --data "$tmp/ok" --bucket-mb 0
 
+# A file name with a newline in it: still one line (escaped).
+mkdir -p "$tmp/new
+line"
+expect 2 'new\nline: no data set found' -- "$cohort" "${T[@]}" --data "$tmp/new
+line"
+expect 2 "--normalize: the mean 'nan' holds nan" -- "$cohort" "${T[@]}" --data "$tmp/ok" --normalize nan/1
+expect 2 "--normalize: the mean 'a' is not a number" -- "$cohort" "${T[@]}" --data "$tmp/ok" --normalize a/b
+expect 2 "--init 'normal:1e308'" -- "$cohort" "${T[@]}" --data "$tmp/ok" --init normal:1e308
+"$cohort" "${T[@]}" --data "$tmp/ok" --epochs 0 >"$tmp/out" 2>&1
+grep -q "^cohort train: --epochs 0: nothing to train" "$tmp/out"; rc=$?
+if [ $rc -eq 0 ]; then passes=$((passes + 1)); else echo "FAIL: --epochs 0: $(cat "$tmp/out")"; fails=$((fails + 1)); fi
+
 # Inputs that are not regular files: a FIFO would block forever, a directory is no file.
 mk() { rm -rf "$tmp/bad"; mkdir -p "$tmp/bad"; cp "$tmp/ok"/*.gz "$tmp/bad/"; }
 mk; rm "$tmp/bad/train-images-idx3-ubyte.gz"; mkfifo "$tmp/bad/train-images-idx3-ubyte"
