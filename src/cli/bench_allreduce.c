@@ -3,6 +3,7 @@
  * ranks (D threads per rank: local reduce, MPI_Iallreduce across ranks, local broadcast; with one
  * device per rank, MPI alone). Every size's result is checked against the serial sum first.
  * busbw = algbw * 2 (R - 1) / R for R members in all, the nccl-tests definition. */
+#include <ctype.h>
 #include <getopt.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -70,19 +71,34 @@ int ch_cmd_bench_allreduce(int argc, char **argv)
 {
     static const struct option opts[] = {
         { "devices", required_argument, NULL, 'd' }, { "min-bytes", required_argument, NULL, 'm' },
-        { "max-bytes", required_argument, NULL, 'M' }, { NULL, 0, NULL, 0 },
+        { "max-bytes", required_argument, NULL, 'M' }, { "help", no_argument, NULL, 'h' },
+        { NULL, 0, NULL, 0 },
     };
     long devices = ch_world_size() > 1 ? 1 : 2, min_b = 8, max_b = 256l << 20;
     int c;
     optind = 1;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, ":", opts, NULL)) != -1) {
-        const char *f = c == 'd' ? "devices" : c == 'm' ? "min-bytes" : "max-bytes";
-        long *dst = c == 'd' ? &devices : c == 'm' ? &min_b : &max_b;
+    while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+        if (c == 'h') {
+            puts("usage: cohort bench allreduce [--devices LIST|D] [--min-bytes B] [--max-bytes B]\n"
+                 "(see cohort bench --help)");
+            return CH_EXIT_OK;
+        }
         if (c == '?' || c == ':') {
             fprintf(stderr, "cohort bench allreduce: unknown or incomplete option\n");
             return CH_EXIT_USAGE;
         }
+        if (c == 'd' && !isdigit((unsigned char)optarg[0])) {
+            /* The same device list as train's: one member thread per device. */
+            ch_device_list l;
+            ch_err err;
+            if (ch_device_list_parse(optarg, &l, &err) != CH_STATUS_OK)
+                return ch_exit_for("bench allreduce", CH_STATUS_BAD_INPUT, &err);
+            devices = l.count;
+            continue;
+        }
+        const char *f = c == 'd' ? "devices" : c == 'm' ? "min-bytes" : "max-bytes";
+        long *dst = c == 'd' ? &devices : c == 'm' ? &min_b : &max_b;
         if (!ch_arg_int("bench allreduce", f, optarg, c == 'd' ? 1 : 4, c == 'd' ? 64 : 1l << 32, dst))
             return CH_EXIT_USAGE;
     }

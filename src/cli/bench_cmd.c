@@ -13,17 +13,18 @@
 #include "train/trainer.h"
 
 static const char bench_usage[] =
-    "usage: cohort bench train --model NAME [--batch-size B] [--threads T] [--devices LIST]\n"
+    "usage: cohort bench train --model NAME [-b/--batch-size B] [--threads T] [--devices LIST]\n"
     "                          [--steps N] [--warmup W] [--eval] [--skip-sync]\n"
-    "       cohort bench allreduce [--devices D] [--min-bytes B] [--max-bytes B]   (also under mpirun)\n"
+    "       cohort bench allreduce [--devices LIST|D] [--min-bytes B] [--max-bytes B]  (also mpirun)\n"
     "       cohort bench loader --data DIR [-j N] [--image-size N] [-b B] [--limit N]\n"
     "train: times N training steps (or forward-only evaluation batches with --eval) on synthetic\n"
     "1x28x28 inputs with 10 classes and prints images/second (of the whole job under mpirun;\n"
     "rank 0 prints). --skip-sync leaves out the gradient sync between devices and ranks: the\n"
     "model does not train correctly then; it exists to measure what the sync costs.\n"
     "allreduce: size, count, time, algbw and busbw (GB/s) from 8 B to 256 MiB by default, every\n"
-    "result checked: the local communicator with D threads (default 2) or, under mpirun, the one\n"
-    "training uses between ranks (D devices per rank, default 1).\n";
+    "result checked: the local communicator with one thread per device (--devices as for train,\n"
+    "cpu:0,cpu:1 or 'cpu*4', or a count; default 2) or, under mpirun, the one training uses\n"
+    "between ranks (those devices on each rank, default 1).\n";
 
 /* Random pixels and labels: throughput does not depend on the values. */
 static ch_dataset *synthetic(size_t n)
@@ -97,7 +98,7 @@ int ch_cmd_bench(int argc, char **argv)
         { "threads", required_argument, NULL, 't' }, { "steps", required_argument, NULL, 's' },
         { "warmup", required_argument, NULL, 'w' }, { "eval", no_argument, NULL, 'e' },
         { "devices", required_argument, NULL, 'd' }, { "sync-bn", no_argument, NULL, 'y' },
-        { "skip-sync", no_argument, NULL, 'k' },
+        { "skip-sync", no_argument, NULL, 'k' }, { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 },
     };
     ch_train_config cfg = ch_train_config_default();
@@ -107,8 +108,9 @@ int ch_cmd_bench(int argc, char **argv)
     int c;
     optind = 1;
     opterr = 0;
-    while ((c = getopt_long(argc - 1, argv + 1, ":", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc - 1, argv + 1, ":b:h", opts, NULL)) != -1) {
         switch (c) {
+        case 'h': fputs(bench_usage, stdout); return CH_EXIT_OK;
         case 'm': cfg.model = optarg; break;
         case 'b': if (!ch_arg_int("bench", "batch-size", optarg, 1, 65536, &v)) return CH_EXIT_USAGE; cfg.batch_size = (int)v; break;
         case 't': if (!ch_arg_int("bench", "threads", optarg, 1, 1024, &v)) return CH_EXIT_USAGE; cfg.threads = (int)v; break;

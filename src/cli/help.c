@@ -65,7 +65,7 @@ static const char train_page[] =
     "    --step-size N         step: epochs between decays (required by step)\n"
     "    --gamma G             step, multistep: the decay factor (default 0.1)\n"
     "    --milestones LIST     multistep: increasing epochs, like 30,60,90 (required)\n"
-    "    --t-max N             cosine: epochs from lr down to --eta-min (required)\n"
+    "    --t-max N             cosine: epochs from lr down to --eta-min (default: --epochs)\n"
     "    --eta-min X           cosine: the lowest rate (default 0)\n"
     "    --random-crop PAD     training: torchvision's RandomCrop(size, padding=PAD): zero-pad,\n"
     "                          crop back at a random place (default 0: none)\n"
@@ -152,7 +152,7 @@ static int show_usage(int (*cmd)(int, char **), const char *name)
 
 int ch_cmd_help(int argc, char **argv)
 {
-    if (argc < 2) {
+    if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
         puts("usage: cohort help COMMAND    (train, eval, export, plot, bench, info)");
         return CH_EXIT_OK;
     }
@@ -165,11 +165,7 @@ int ch_cmd_help(int argc, char **argv)
     if (strcmp(what, "export") == 0) return show_usage(ch_cmd_export, "export");
     if (strcmp(what, "bench") == 0) return show_usage(ch_cmd_bench, "bench");
     if (strcmp(what, "plot") == 0) return show_usage(ch_cmd_plot, "plot");
-    if (strcmp(what, "info") == 0) {
-        puts("usage: cohort info\n\nVersion, precision, kernels, CPU, default threads, Open MPI (and this\n"
-             "process's rank) and CUDA availability.");
-        return CH_EXIT_OK;
-    }
+    if (strcmp(what, "info") == 0) return show_usage(ch_cmd_info, "info");
     fprintf(stderr, "cohort help: no page for '%s' (train, eval, export, plot, bench, info)\n", what);
     return CH_EXIT_USAGE;
 }

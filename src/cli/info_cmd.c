@@ -1,6 +1,7 @@
 /* cohort info: version, kernels and libraries in use, the CPU, threads, optional back ends. */
 #include <omp.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "cli/cli.h"
 
@@ -15,7 +16,11 @@
 
 int ch_cmd_info(int argc, char **argv)
 {
-    (void)argv;
+    if (argc == 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
+        puts("usage: cohort info\n\nVersion, precision, kernels, CPU, default threads, Open MPI (and this\n"
+             "process's rank) and CUDA availability.");
+        return CH_EXIT_OK;
+    }
     if (argc > 1) {
         fprintf(stderr, "cohort info: takes no arguments\n");
         return CH_EXIT_USAGE;

@@ -43,7 +43,7 @@ static const char train_usage[] =
     "  --step-size N         step: epochs between decays\n"
     "  --gamma G             step, multistep: decay factor (default 0.1)\n"
     "  --milestones LIST     multistep: epochs, like 30,60,90\n"
-    "  --t-max N             cosine: epochs to the lowest rate\n"
+    "  --t-max N             cosine: epochs to the lowest rate (default --epochs)\n"
     "  --eta-min X           cosine: the lowest rate (default 0)\n"
     "  --warmup-epochs N     linear warmup per step over N epochs first (default 0)\n"
     "  --scale-lr            linear scaling rule: lr x global batch / 256\n"

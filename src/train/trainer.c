@@ -191,6 +191,9 @@ static ch_status schedule_config(const ch_train_config *c, ch_schedule *s, ch_er
                         .warmup_epochs = c->warmup_epochs };
     if (c->scale_lr) s->lr = c->lr * c->batch_size / 256.0;
     if (c->schedule) CH_TRY(ch_schedule_kind_parse(c->schedule, &s->kind, err));
+    /* Cosine without --t-max anneals over the run (--epochs counts all epochs, resumed ones too),
+     * as CosineAnnealingLR(T_max=epochs) usually is. */
+    if (s->kind == CH_SCHED_COSINE && s->t_max < 1) s->t_max = c->epochs > 0 ? c->epochs : 1;
     if (c->milestones) CH_TRY(ch_schedule_parse_milestones(s, c->milestones, err));
     return ch_schedule_check(s, err);
 }
