@@ -157,10 +157,8 @@ ch_status ch_model_init_params(ch_model *m, const char *init, uint64_t seed, ch_
     return CH_STATUS_OK;
 }
 
-ch_status ch_model_plan(ch_model *m, const ch_kernels *k, int max_batch, int nthreads,
-                        ch_err *err)
+static ch_status plan(ch_model *m, const ch_kernels *k, int max_batch, int nthreads, ch_err *err)
 {
-    CH_ASSERT(m->max_batch == 0);
     ch_plan pl = { .k = k, .max_batch = max_batch, .nthreads = nthreads };
     CH_TRY(ch_layer_plan_tree(m->root, &pl, err));
     m->ws_len = pl.ws_need;
@@ -170,6 +168,23 @@ ch_status ch_model_plan(ch_model *m, const ch_kernels *k, int max_batch, int nth
     m->scratch_len = m->root->scratch_need;
     m->scratch = malloc(sizeof(ch_real) * (m->scratch_len ? m->scratch_len : 1));
     CH_CHECK_ALLOC(err, m->scratch);
+    return CH_STATUS_OK;
+}
+
+ch_status ch_model_plan(ch_model *m, const ch_kernels *k, int max_batch, int nthreads,
+                        ch_err *err)
+{
+    CH_ASSERT(m->max_batch == 0);
+    ch_status st = plan(m, k, max_batch, nthreads, err);
+    if (st == CH_STATUS_SYSTEM && strstr(err->msg, "alloc")) {
+        /* The memory a slice needs grows with it: the batch the user chose is what to change. */
+        char why[256];
+        snprintf(why, sizeof why, "%.200s", err->msg);
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "%s's activations for a slice of %d samples do not fit in "
+                       "memory (%s): a smaller -b/--batch-size, or more devices or ranks to share it",
+                       m->arch, max_batch, why);
+    }
+    if (st != CH_STATUS_OK) return st;
     m->max_batch = max_batch;
     m->nthreads = nthreads;
     return CH_STATUS_OK;

@@ -815,15 +815,15 @@ ch_status ch_checkpoint_peek(const char *path, char *model, size_t len, int *cla
     if (!j) return CH_STATUS_BAD_INPUT;
     const cJSON *m = field(j, "model"), *c = field(j, "classes");
     ch_status st = CH_STATUS_OK;
-    if (!cJSON_IsString(m) || !cJSON_IsNumber(c))
-        st = ch_fail(err, CH_STATUS_BAD_INPUT, "%s: no model name or class count", file);
+    if (!cJSON_IsString(m) || !cJSON_IsNumber(c) || !(c->valuedouble >= 1 && c->valuedouble <= 65535))
+        st = ch_fail(err, CH_STATUS_BAD_INPUT, "%s: no model name or class count (1..65535)", file);
     else {
         snprintf(model, len, "%s", m->valuestring);
         *classes = (int)c->valuedouble;
         const cJSON *n = field(field(j, "config"), "normalize"), *in = field(j, "input");
         snprintf(normalize, nlen, "%s", cJSON_IsString(n) ? n->valuestring : "");
         const cJSON *h = cJSON_IsArray(in) && cJSON_GetArraySize(in) == 3 ? cJSON_GetArrayItem(in, 1) : NULL;
-        *image_side = cJSON_IsNumber(h) ? (int)h->valuedouble : 0;
+        *image_side = cJSON_IsNumber(h) && h->valuedouble >= 1 && h->valuedouble <= 4096 ? (int)h->valuedouble : 0;
     }
     cJSON_Delete(j);
     return st;
@@ -836,17 +836,25 @@ static ch_status model_of(const char *dir, ch_model **out, char *name, size_t le
     cJSON *j = read_trainer_doc(dir, file, sizeof file, err);
     if (!j) return CH_STATUS_BAD_INPUT;
     const cJSON *m = field(j, "model"), *in = field(j, "input");
-    double c = 0;
-    ch_status st = ch_json_number(file, j, "classes", 1, 1e6, &c, err);
-    ch_shape3 shape = { 0, 0, 0 };
+    uint64_t c = 0;
+    ch_status st = ch_json_whole(file, j, "classes", 1, 65535, &c, err);
     if (st == CH_STATUS_OK && (!cJSON_IsString(m) || !cJSON_IsArray(in) || cJSON_GetArraySize(in) != 3))
         st = ch_fail(err, CH_STATUS_BAD_INPUT, "%s: no model name or input shape", file);
+    /* The input shape sizes every layer: bounded as the data readers bound images (4096 x 4096,
+     * 4096 channels), so a hostile file cannot ask for terabytes of weights. */
+    int dims[3] = { 0, 0, 0 };
+    for (int i = 0; st == CH_STATUS_OK && i < 3; i++) {
+        const cJSON *v = cJSON_GetArrayItem(in, i);
+        const double d = cJSON_IsNumber(v) ? v->valuedouble : -1;
+        if (!(d >= 1 && d <= 4096 && d == floor(d)))
+            st = ch_fail(err, CH_STATUS_BAD_INPUT, "%s: input dimension %d is %g, expected a whole number 1..4096",
+                         file, i, d);
+        else
+            dims[i] = (int)d;
+    }
     if (st == CH_STATUS_OK) {
-        shape = (ch_shape3){ (int)cJSON_GetArrayItem(in, 0)->valuedouble,
-                             (int)cJSON_GetArrayItem(in, 1)->valuedouble,
-                             (int)cJSON_GetArrayItem(in, 2)->valuedouble };
         snprintf(name, len, "%s", m->valuestring);
-        st = ch_model_create(name, shape, (int)c, out, err);
+        st = ch_model_create(name, (ch_shape3){ dims[0], dims[1], dims[2] }, (int)c, out, err);
     }
     cJSON_Delete(j);
     return st;
