@@ -176,6 +176,9 @@ badmid; sed -i '0,/{/s/{/{"epoch": 0, /' "$tmp/bad/trainer.json"
 expect "trainer.json: the key 'epoch' appears twice" -- "$cohort" "${A[@]}" --epochs 2 --resume "$tmp/bad"
 expect "stopped inside an epoch with --batch-size 64, this run has 32" -- "$cohort" "${A[@]}" -b 32 --epochs 2 --resume "$mid"
 
+# A setting that came from trainer.json is named as such, not as a flag.
+bad; tj "$tmp/bad/trainer.json" config.normalize '"1,2,3/1,1,1"'
+expect "trainer.json's config.normalize '1,2,3/1,1,1' does not fit this data" -- "$cohort" "${E[@]}" --checkpoint "$tmp/bad"
 # A trainer.json that asks for an absurd model is refused before anything is allocated.
 bad; tj "$tmp/bad/trainer.json" input '[1, 100000, 100000]'
 expect "input dimension 1 is 100000, expected a whole number 1..4096" -- "$cohort" export --checkpoint "$tmp/bad" --out "$tmp/x.safetensors"

@@ -46,7 +46,7 @@ line"
 expect 2 'new\nline: no data set found' -- "$cohort" "${T[@]}" --data "$tmp/new
 line"
 expect 2 "--normalize: the mean 'nan' holds nan" -- "$cohort" "${T[@]}" --data "$tmp/ok" --normalize nan/1
-expect 2 "--normalize: the mean 'a' is not a number" -- "$cohort" "${T[@]}" --data "$tmp/ok" --normalize a/b
+expect 2 "--normalize: the mean 'a' needs 1 number" -- "$cohort" "${T[@]}" --data "$tmp/ok" --normalize a/b
 expect 2 "--init 'normal:1e308'" -- "$cohort" "${T[@]}" --data "$tmp/ok" --init normal:1e308
 "$cohort" "${T[@]}" --data "$tmp/ok" --epochs 0 >"$tmp/out" 2>&1
 grep -q "^cohort train: --epochs 0: nothing to train" "$tmp/out"; rc=$?

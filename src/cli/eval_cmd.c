@@ -143,7 +143,15 @@ static ch_status evaluate(const eval_opts *o, ch_dataset *test, ch_err *err)
     cfg.normalize = o->normalize ? o->normalize : normalize[0] ? normalize : NULL;
     ch_trainer *t = NULL;
     /* The test set stands in as the training set: it only fixes the shapes. */
-    CH_TRY(ch_trainer_create(&cfg, test, test, &t, err));
+    ch_status made = ch_trainer_create(&cfg, test, test, &t, err);
+    if (made == CH_STATUS_BAD_INPUT && !o->normalize && normalize[0] && strstr(err->msg, "--normalize")) {
+        /* The value came from the checkpoint, not from a flag: say where it is. */
+        char why[600];
+        snprintf(why, sizeof why, "%.500s", err->msg);
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: trainer.json's config.normalize '%.100s' does not fit "
+                       "this data (%s); --normalize overrides it", o->checkpoint, normalize, why);
+    }
+    CH_TRY(made);
     const int K = ch_dataset_classes(test);
     int64_t *hits = calloc((size_t)K, sizeof *hits), *counts = calloc((size_t)K, sizeof *counts);
     double loss = 0, acc = 0;

@@ -25,7 +25,8 @@ static ch_status parse_list(const char *s, double *out, int want, const char *wh
     }
     if (*p || n == 0 || (n != 1 && n != want)) {
         if (want == 1)
-            return ch_fail(err, CH_STATUS_BAD_INPUT, "--normalize: the %s '%s' is not a number", what, s);
+            return ch_fail(err, CH_STATUS_BAD_INPUT, "--normalize: the %s '%s' needs 1 number (the data has 1 "
+                           "channel)", what, s);
         return ch_fail(err, CH_STATUS_BAD_INPUT, "--normalize: the %s '%s' needs 1 number or %d, one per channel",
                        what, s, want);
     }
