@@ -72,6 +72,11 @@ for _ in $(seq 100); do [ -s "$tmp/locked/.cohort-lock" ] && break; sleep 0.1; d
 kill "$first" 2>/dev/null; wait "$first" 2>/dev/null
 [ $got -eq 2 ] && grep -q "another cohort (pid $first) is writing checkpoints there" "$tmp/err"
 rc=$?; ok "a second trainer on a locked folder: one line, exit 2 ($(cat "$tmp/err"))" $rc
+# A FIFO where latest or a checkpoint file is expected: one line at once, never a wait.
+mkdir -p "$tmp/fifo"; mkfifo "$tmp/fifo/latest"
+expect "latest: is a FIFO, expected a file" -- timeout 20 "$cohort" eval --checkpoint "$tmp/fifo" --data "$data" --test-limit 10
+bad; rm "$tmp/bad/model.safetensors"; mkfifo "$tmp/bad/model.safetensors"
+expect "model.safetensors: is a FIFO, expected a file" -- timeout 20 "$cohort" "${E[@]}" --checkpoint "$tmp/bad"
 # latest names an entry of its own folder, nothing else.
 for evil in .. . ../.. /etc epoch-0001/../..; do
     mkdir -p "$tmp/evil"; printf '%s\n' "$evil" >"$tmp/evil/latest"
