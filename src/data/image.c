@@ -119,7 +119,7 @@ static ch_status decode_jpeg(const uint8_t *data, size_t len, const char *name, 
 {
     struct jpeg_decompress_struct cinfo;
     jpeg_guard g;
-    uint8_t *volatile px = NULL;
+    uint8_t *volatile px = NULL, *volatile line = NULL;
     cinfo.err = jpeg_std_error(&g.pub);
     g.pub.error_exit = jpeg_on_error;
     g.pub.emit_message = jpeg_on_message;
@@ -128,6 +128,7 @@ static ch_status decode_jpeg(const uint8_t *data, size_t len, const char *name, 
     if (setjmp(g.jump)) {
         jpeg_destroy_decompress(&cinfo);
         free(px);
+        free(line);
         return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: not a readable JPEG (%s)", name, g.message);
     }
     jpeg_create_decompress(&cinfo);
@@ -153,7 +154,7 @@ static ch_status decode_jpeg(const uint8_t *data, size_t len, const char *name, 
         jpeg_destroy_decompress(&cinfo);
         return CH_SYS_FAIL(err, "allocation of a decoded image");
     }
-    uint8_t *volatile line = cmyk ? malloc(w * 4) : NULL;
+    line = cmyk ? malloc(w * 4) : NULL;
     if (cmyk && !line) {
         jpeg_destroy_decompress(&cinfo);
         free(px);
@@ -169,9 +170,10 @@ static ch_status decode_jpeg(const uint8_t *data, size_t len, const char *name, 
         jpeg_read_scanlines(&cinfo, &in, 1);
         cmyk_to_rgb(line, row, w);
     }
-    free(line);
+    /* finish may still fail (and jump): the row is freed only after it, once. */
     jpeg_finish_decompress(&cinfo);
     jpeg_destroy_decompress(&cinfo);
+    free(line);
     *out = (ch_image){ .w = (int)w, .h = (int)h, .rgb = px };
     return CH_STATUS_OK;
 }
