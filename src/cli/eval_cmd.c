@@ -8,6 +8,7 @@
 #include "cli/cli.h"
 #include "comm/world.h"
 #include "core/status.h"
+#include "data/augment.h"
 #include "train/checkpoint.h"
 
 static const char eval_usage[] =
@@ -134,6 +135,17 @@ static ch_status evaluate(const eval_opts *o, ch_dataset *test, ch_err *err)
             return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: a model for %d classes, the data has %d", dir,
                            classes, ch_dataset_classes(test));
     }
+    if (!o->normalize && normalize[0]) {
+        /* The checkpoint's own setting, checked here so that a bad one is named as trainer.json's
+         * and not as a flag the user never gave. */
+        int c, h, w;
+        ch_dataset_shape(test, &c, &h, &w);
+        ch_augment a = { 0 };
+        ch_err why;
+        if (ch_augment_parse_normalize(&a, normalize, c, &why) != CH_STATUS_OK)
+            return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: trainer.json's config.normalize '%.100s' does not fit "
+                           "this data (%.500s); --normalize overrides it", o->checkpoint, normalize, why.msg);
+    }
     ch_train_config cfg = ch_train_config_default();
     cfg.model = model;
     cfg.devices = o->devices;
@@ -143,15 +155,7 @@ static ch_status evaluate(const eval_opts *o, ch_dataset *test, ch_err *err)
     cfg.normalize = o->normalize ? o->normalize : normalize[0] ? normalize : NULL;
     ch_trainer *t = NULL;
     /* The test set stands in as the training set: it only fixes the shapes. */
-    ch_status made = ch_trainer_create(&cfg, test, test, &t, err);
-    if (made == CH_STATUS_BAD_INPUT && !o->normalize && normalize[0] && strstr(err->msg, "--normalize")) {
-        /* The value came from the checkpoint, not from a flag: say where it is. */
-        char why[600];
-        snprintf(why, sizeof why, "%.500s", err->msg);
-        return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: trainer.json's config.normalize '%.100s' does not fit "
-                       "this data (%s); --normalize overrides it", o->checkpoint, normalize, why);
-    }
-    CH_TRY(made);
+    CH_TRY(ch_trainer_create(&cfg, test, test, &t, err));
     const int K = ch_dataset_classes(test);
     int64_t *hits = calloc((size_t)K, sizeof *hits), *counts = calloc((size_t)K, sizeof *counts);
     double loss = 0, acc = 0;

@@ -62,7 +62,7 @@ static ch_status wait_request(ch_comm *c, MPI_Request *req, const char *call, ch
 {
     const double t0 = ch_clock_s();
     for (int round = 0;; round++) {
-        bool done;
+        bool done = false;
         CH_TRY(test_once(c->group, req, c->what, call, t0, (round & 63) == 63, &done, err));
         if (done) return CH_STATUS_OK;
         ch_poll_pause(round);
@@ -178,6 +178,21 @@ static const ch_comm_ops mpi_ops = {
     .barrier = mpi_barrier,
     .abort = mpi_abort_group,
 };
+
+ch_status ch_mpi_world_allgather_u64(const uint64_t *mine, int count, uint64_t *all, double timeout_s,
+                                     const char *what, ch_err *err)
+{
+    /* A group for this one exchange on MPI_COMM_WORLD itself: no MPI_Comm_dup, which blocks, so a
+     * rank that never comes is caught by the poll's timeout. */
+    struct ch_mpi_group g = { .comm = MPI_COMM_WORLD, .timeout_s = timeout_s > 0 ? timeout_s : 300 };
+    atomic_init(&g.aborted, 0);
+    ch_comm c = { .ops = &mpi_ops, .group = &g };
+    snprintf(c.what, sizeof c.what, "%s", what);
+    MPI_Request req;
+    ch_world_lock();
+    const int rc = MPI_Iallgather(mine, count, MPI_UINT64_T, all, count, MPI_UINT64_T, MPI_COMM_WORLD, &req);
+    return start_and_wait(&c, rc, &req, "MPI_Iallgather", err);
+}
 
 ch_status ch_mpi_group_create(double timeout_s, ch_mpi_group **out, ch_err *err)
 {

@@ -11,7 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "core/clock.h"
+#include "comm/mpi.h"
 
 #ifdef CH_HAVE_MPI
 #include <mpi.h>
@@ -182,28 +182,6 @@ static void agree_slots(const char *const *names, const char *const *values, int
     }
 }
 
-#ifdef CH_HAVE_MPI
-/* Complete req by polling under the MPI lock; after timeout_s the job ends, naming what. */
-static ch_status world_wait(MPI_Request *req, const char *what, double timeout_s, ch_err *err)
-{
-    const double t0 = ch_clock_s();
-    for (int round = 0;; round++) {
-        int flag = 0;
-        ch_world_lock();
-        const int rc = MPI_Test(req, &flag, MPI_STATUS_IGNORE);
-        ch_world_unlock();
-        if (rc != MPI_SUCCESS) return mpi_fail(err, "MPI_Test", rc);
-        if (flag) return CH_STATUS_OK;
-        if ((round & 63) == 63 && ch_clock_s() - t0 > timeout_s) {
-            char msg[512];
-            snprintf(msg, sizeof msg, "%s: the other ranks did not all join within %g s: a rank is "
-                     "stuck, gone, or runs another command", what, timeout_s);
-            ch_world_fatal(1, msg);
-        }
-        ch_poll_pause(round);
-    }
-}
-
 /* The first slot where some rank differs from rank 0, and which ranks (-1: none). */
 static int first_disagreement(const uint64_t *all, int P, char *ranks, size_t len)
 {
@@ -228,33 +206,25 @@ static int first_disagreement(const uint64_t *all, int P, char *ranks, size_t le
     }
     return -1;
 }
-#endif
 
 ch_status ch_world_agree(const char *what, const char *const *names, const char *const *values, int n,
                          double timeout_s, ch_err *err)
 {
     if (world.size == 1 || !world.mpi) return CH_STATUS_OK;
-#ifdef CH_HAVE_MPI
     uint64_t mine[AGREE_SLOTS];
     agree_slots(names, values, n, mine);
     uint64_t *all = malloc(sizeof(uint64_t) * AGREE_SLOTS * (size_t)world.size);
     if (!all) return ch_fail(err, CH_STATUS_SYSTEM, "%s: allocation of %d ranks' settings failed", what, world.size);
-    MPI_Request req;
-    ch_world_lock();
-    int rc = MPI_Iallgather(mine, AGREE_SLOTS, MPI_UINT64_T, all, AGREE_SLOTS, MPI_UINT64_T,
-                            MPI_COMM_WORLD, &req);
-    ch_world_unlock();
-    ch_status st = rc == MPI_SUCCESS ? world_wait(&req, what, timeout_s, err) : mpi_fail(err, "MPI_Iallgather", rc);
+    ch_status st = ch_mpi_world_allgather_u64(mine, AGREE_SLOTS, all, timeout_s, what, err);
     char ranks[96];
     const int i = st == CH_STATUS_OK ? first_disagreement(all, world.size, ranks, sizeof ranks) : -1;
-    /* Who says it: rank 0 if it has setting i, else the first rank that differs (it has it). */
+    /* Who says it: rank 0 if it has setting i (its count is past i), else the first rank that
+     * differs from it there, which does. */
     int speaker = 0;
-    for (int r = 0; i >= 0 && r < world.size; r++)
-        if (all[(size_t)r * AGREE_SLOTS + i] != all[i] || r == 0) {
-            if ((int)all[(size_t)r * AGREE_SLOTS + AGREE_SLOTS - 1] > i) {
-                speaker = r;
-                break;
-            }
+    for (int r = 1; i >= 0 && all[AGREE_SLOTS - 1] <= (uint64_t)i && r < world.size; r++)
+        if (all[(size_t)r * AGREE_SLOTS + i] != all[i]) {
+            speaker = r;
+            break;
         }
     free(all);
     if (i < 0) return st;
@@ -267,8 +237,4 @@ ch_status ch_world_agree(const char *what, const char *const *names, const char 
     err->on_every_rank = true;
     err->speaks = world.rank == speaker;
     return st;
-#else
-    (void)what; (void)names; (void)values; (void)n; (void)timeout_s; (void)err;
-    return CH_STATUS_OK;
-#endif
 }

@@ -97,12 +97,9 @@ static ch_status join(char *out, size_t len, const char *dir, const char *name, 
     return CH_STATUS_OK;
 }
 
-/* A scan of one split: the folder symbolic links may not lead out of (the data set's for a class
- * folder itself, the class folder's inside it: a class's images come from its own folder) and
- * the folders already walked, by (device, inode), so that a link back to a folder (a loop, or a
- * second way into one) neither loops nor counts its images twice. */
+/* The folders a scan of one split has walked, by (device, inode), so that a link back to a folder
+ * (a loop, or a second way into one) neither loops nor counts its images twice. */
 typedef struct scan {
-    char top[4096];             /* realpath of the folder links must stay in */
     struct { dev_t dev; ino_t ino; } *seen;
     size_t nseen, cap;
 } scan;
@@ -133,25 +130,26 @@ static ch_status first_visit(scan *sc, const char *path, bool *first, ch_err *er
     return CH_STATUS_OK;
 }
 
-/* A symbolic link must stay inside the data set's folder. */
-static ch_status check_link(const scan *sc, const char *path, ch_err *err)
+/* A symbolic link must stay inside top (the realpath of the data set's folder for a class folder
+ * itself, of the class folder inside it: a class's images come from its own folder). */
+static ch_status check_link(const char *top, const char *path, ch_err *err)
 {
     struct stat lb;
     if (lstat(path, &lb) != 0 || !S_ISLNK(lb.st_mode)) return CH_STATUS_OK;
     char *real = realpath(path, NULL);
     if (!real) return CH_STATUS_OK;   /* dangling: neither a file nor a folder, left out */
-    const size_t n = strlen(sc->top);
-    const bool inside = strncmp(real, sc->top, n) == 0 && (real[n] == '/' || real[n] == 0);
+    const size_t n = strlen(top);
+    const bool inside = strncmp(real, top, n) == 0 && (real[n] == '/' || real[n] == 0);
     ch_status st = inside ? CH_STATUS_OK
                           : ch_fail(err, CH_STATUS_BAD_INPUT, "%s: a symbolic link to %s, outside %s (a class's "
-                                    "images must come from its own folder)", path, real, sc->top);
+                                    "images must come from its own folder)", path, real, top);
     free(real);
     return st;
 }
 
 /* The images under dir: its own files by name, then its folders in name order (as torchvision's
  * sorted walk, to within the order of nested folders). */
-static ch_status walk(scan *sc, const char *dir, int depth, names *files, ch_err *err)
+static ch_status walk(scan *sc, const char *top, const char *dir, int depth, names *files, ch_err *err)
 {
     bool first = false;
     CH_TRY(first_visit(sc, dir, &first, err));
@@ -163,12 +161,12 @@ static ch_status walk(scan *sc, const char *dir, int depth, names *files, ch_err
     for (int pass = 0; pass < 2 && st == CH_STATUS_OK; pass++)
         for (size_t i = 0; i < entries.n && st == CH_STATUS_OK; i++) {
             st = join(path, sizeof path, dir, entries.v[i], err);
-            if (st == CH_STATUS_OK) st = check_link(sc, path, err);
+            if (st == CH_STATUS_OK) st = check_link(top, path, err);
             if (st != CH_STATUS_OK) break;
             if (pass == 0 && is_image_file(path, entries.v[i]) && !names_push(files, path))
                 st = CH_SYS_FAIL(err, "allocation of a file list");
             else if (pass == 1 && depth < MAX_DEPTH && is_dir(path))
-                st = walk(sc, path, depth + 1, files, err);
+                st = walk(sc, top, path, depth + 1, files, err);
         }
     free_names(entries.v, entries.n);
     return st;
@@ -204,7 +202,7 @@ bool ch_folder_present(const char *dir)
 }
 
 /* The files of every class folder of root (the split), labelled by the train split's classes. */
-static ch_status scan_split(scan *sc, const char *root, const names *classes, names *files, uint16_t **labels,
+static ch_status scan_split(scan *sc, const char *top, const char *root, const names *classes, names *files, uint16_t **labels,
                             ch_err *err)
 {
     names split;
@@ -216,10 +214,10 @@ static ch_status scan_split(scan *sc, const char *root, const names *classes, na
     ch_status st = CH_STATUS_OK;
     for (size_t i = 0; i < split.n && st == CH_STATUS_OK; i++) {
         st = join(path, sizeof path, root, split.v[i], err);
-        if (st == CH_STATUS_OK) st = check_link(sc, path, err);
+        if (st == CH_STATUS_OK) st = check_link(top, path, err);
         if (st != CH_STATUS_OK || !is_dir(path)) continue;
-        scan in_class = { .seen = sc->seen, .nseen = sc->nseen, .cap = sc->cap };
-        if (!realpath(path, in_class.top)) {
+        char class_top[PATH_MAX];
+        if (!realpath(path, class_top)) {
             st = ch_fail(err, CH_STATUS_BAD_INPUT, "%s: %s", path, strerror(errno));
             break;
         }
@@ -229,10 +227,7 @@ static ch_status scan_split(scan *sc, const char *root, const names *classes, na
             break;
         }
         const size_t before = files->n;
-        st = walk(&in_class, path, 1, files, err);
-        sc->seen = in_class.seen;
-        sc->nseen = in_class.nseen;
-        sc->cap = in_class.cap;
+        st = walk(sc, class_top, path, 1, files, err);
         if (st == CH_STATUS_OK && files->n == before)
             st = ch_fail(err, CH_STATUS_BAD_INPUT, "%s: an empty class folder (no .png, .jpg or .jpeg files)", path);
         if (st == CH_STATUS_OK && files->n > cap) {
@@ -273,9 +268,10 @@ ch_status ch_dataset_load_folder(const char *dir, ch_split split, const ch_folde
     names classes, files;
     uint16_t *labels = NULL;
     scan sc = { .seen = NULL };
-    if (!realpath(dir, sc.top)) return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: %s", dir, strerror(errno));
+    char top[PATH_MAX];
+    if (!realpath(dir, top)) return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: %s", dir, strerror(errno));
     CH_TRY(class_names(train, &classes, err));
-    ch_status st = scan_split(&sc, root, &classes, &files, &labels, err);
+    ch_status st = scan_split(&sc, top, root, &classes, &files, &labels, err);
     scan_free(&sc);
     if (st != CH_STATUS_OK) {
         free_names(classes.v, classes.n);

@@ -176,8 +176,9 @@ ch_status ch_model_plan(ch_model *m, const ch_kernels *k, int max_batch, int nth
 {
     CH_ASSERT(m->max_batch == 0);
     ch_status st = plan(m, k, max_batch, nthreads, err);
-    if (st == CH_STATUS_SYSTEM && strstr(err->msg, "alloc")) {
-        /* The memory a slice needs grows with it: the batch the user chose is what to change. */
+    if (st == CH_STATUS_SYSTEM) {
+        /* Planning fails on the system only when an allocation does, and the memory a slice
+         * needs grows with it: the batch the user chose is what to change. */
         char why[256];
         snprintf(why, sizeof why, "%.200s", err->msg);
         return ch_fail(err, CH_STATUS_BAD_INPUT, "%s's activations for a slice of %d samples do not fit in "

@@ -19,8 +19,8 @@ cJSON *ch_position_metric_item(double v)
     return cJSON_CreateString(isnan(v) ? "nan" : v > 0 ? "inf" : "-inf");
 }
 
-static ch_status metric(const char *path, const cJSON *j, const char *key, double lo, double hi,
-                             double *out, ch_err *err)
+static ch_status metric(const char *path, const cJSON *j, const char *key, double lo, double hi, double *out,
+                        ch_err *err)
 {
     const cJSON *v = field(j, key);
     if (cJSON_IsString(v)) {
@@ -38,8 +38,6 @@ static ch_status metric(const char *path, const cJSON *j, const char *key, doubl
     return ch_json_number(path, j, key, lo, hi, out, err);
 }
 
-/* DIR/trainer.json parsed (path gets its name); NULL with err set when it is missing or no JSON
- * object, or written by a newer format. The caller deletes it. */
 cJSON *ch_position_parse_doc(const char *text, size_t len, const char *path, ch_err *err)
 {
     cJSON *j = cJSON_ParseWithLength(text, len);
@@ -78,9 +76,13 @@ static ch_status read_position(const ch_ckpt_expect *e, const char *path, const 
 {
     enum { MAX_EPOCHS = 1000000 };
     const double exact = 9007199254740992.0; /* 2^53 */
-    uint64_t v = 0, seed = 0;
-    CH_TRY(ch_json_number(path, j, "seed", 0, 1.8446744073709552e19, &(double){ 0 }, err));
-    seed = (uint64_t)field(j, "seed")->valuedouble;
+    uint64_t v = 0;
+    /* Seeds are 64-bit; below 2^64 the cast is defined (the largest double under 2^64 is 2^64 - 2^11). */
+    double sd = 0;
+    CH_TRY(ch_json_number(path, j, "seed", 0, 18446744073709549568.0, &sd, err));
+    if (sd != floor(sd))
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: 'seed' is %g, expected a whole number", path, sd);
+    const uint64_t seed = (uint64_t)sd;
     if (seed != e->seed)
         return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: trained with --seed %llu, this run has --seed %llu "
                        "(the data order depends on it)", path, (unsigned long long)seed, (unsigned long long)e->seed);
