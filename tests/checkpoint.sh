@@ -171,6 +171,9 @@ badmid; tj "$tmp/bad/trainer.json" data_order.samples_seen 999999
 expect "samples_seen 999999 and step_in_epoch 8 do not fit an epoch of 2000 samples" -- "$cohort" "${A[@]}" --epochs 2 --resume "$tmp/bad"
 badmid; tj "$tmp/bad/trainer.json" data_order.samples_seen 2000
 expect "do not fit an epoch of 2000 samples" -- "$cohort" "${A[@]}" --epochs 2 --resume "$tmp/bad"
+# A consistent step and count, but past the epoch's end (32 x 64 = 2048 > 2000).
+badmid; tj "$tmp/bad/trainer.json" data_order.samples_seen 2048; tj "$tmp/bad/trainer.json" step_in_epoch 32
+expect "samples_seen 2048 and step_in_epoch 32 do not fit an epoch of 2000 samples" -- "$cohort" "${A[@]}" --epochs 2 --resume "$tmp/bad"
 badmid; tj "$tmp/bad/trainer.json" epoch 0.5
 expect "'epoch' is 0.5, expected a whole number" -- "$cohort" "${A[@]}" --epochs 2 --resume "$tmp/bad"
 badmid; tj "$tmp/bad/trainer.json" step_in_epoch 1e12
