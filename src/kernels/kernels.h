@@ -21,7 +21,9 @@ typedef struct ch_kctx {
     size_t ws_len;
 } ch_kctx;
 
-/* Convolution geometry for one sample: x (c, h, w) -> y (oc, oh, ow), square stride and padding. */
+/* Convolution geometry for one sample: x (c, h, w) -> y (oc, oh, ow), square stride, padding and
+ * dilation. groups splits the channels: output channel o sees only the c/groups input channels of
+ * its group (o / (oc/groups)), and w is (oc, c/groups, kh, kw), as in PyTorch. */
 typedef struct ch_conv_desc {
     int c, h, w;
     int oc, kh, kw, stride, pad;
@@ -30,14 +32,45 @@ typedef struct ch_conv_desc {
      * cache, and backward weights first applies ReLU's backward to dy in place (dy = 0 where
      * y <= 0), so it must run before backward data, which then reads the masked dy. */
     bool relu;
+    int groups, dilation;   /* 0 or 1: none (descriptors written before these fields existed) */
 } ch_conv_desc;
 
-/* Pooling geometry: x (c, h, w) -> y (c, oh, ow). Average pooling counts padding (PyTorch default). */
+static inline int ch_conv_groups(const ch_conv_desc *d) { return d->groups > 1 ? d->groups : 1; }
+static inline int ch_conv_dilation(const ch_conv_desc *d) { return d->dilation > 1 ? d->dilation : 1; }
+
+/* Pooling geometry: x (c, h, w) -> y (c, oh, ow). A window is clipped to the input; with ceil_mode
+ * the last window may also reach past the right/bottom padding. Average pooling divides by the
+ * window's part inside the padded input (PyTorch's count_include_pad=True, the default), or by its
+ * part inside the input alone with exclude_pad (count_include_pad=False). */
 typedef struct ch_pool_desc {
     int c, h, w;
     int k, stride, pad;
     int oh, ow;
+    bool exclude_pad;
 } ch_pool_desc;
+
+/* Elementwise activations besides ReLU (which has its own kernels and fusions). */
+typedef enum ch_act_kind {
+    CH_ACT_LEAKY_RELU,   /* x > 0 ? x : alpha * x */
+    CH_ACT_CLIP,         /* min(max(x, lo), hi): ReLU6 is clip(0, 6) */
+    CH_ACT_SIGMOID,
+    CH_ACT_TANH,
+} ch_act_kind;
+
+typedef struct ch_act {
+    ch_act_kind kind;
+    float alpha, lo, hi;
+} ch_act;
+
+/* Two operands of per-sample shapes a and b combined into y of shape out (all (c, h, w)); each
+ * dimension of a and b is out's or 1 (broadcast), as numpy's rules give once the shapes are
+ * aligned. Every operand has the batch dimension n. */
+typedef enum ch_bcast_op { CH_BCAST_ADD, CH_BCAST_MUL } ch_bcast_op;
+
+typedef struct ch_bcast_desc {
+    ch_bcast_op op;
+    int out[3], a[3], b[3];
+} ch_bcast_desc;
 
 typedef struct ch_kernels {
     const char *name;
@@ -100,6 +133,25 @@ typedef struct ch_kernels {
     /* y = a + b (y may alias a or b). */
     void (*add)(const ch_kctx *kc, size_t len, const ch_real *a, const ch_real *b, ch_real *y);
 
+    /* y = act(x) (y may alias x); backward: dx = act'(x) * dy, from x (leaky ReLU, clip) or from
+     * y (sigmoid, tanh); dx may alias dy. Clip's gradient is 0 outside [lo, hi] and dy inside, its
+     * ends included (PyTorch's hardtanh). */
+    void (*act_forward)(const ch_kctx *kc, const ch_act *a, size_t len, const ch_real *x,
+                        ch_real *y);
+    void (*act_backward)(const ch_kctx *kc, const ch_act *a, size_t len, const ch_real *x,
+                         const ch_real *y, const ch_real *dy, ch_real *dx);
+    /* y = a op b with broadcasting (n samples). Backward writes da and db (either may be NULL):
+     * dy (times the other operand for MUL) summed over the dimensions the operand was broadcast
+     * along. y does not alias a or b; da and db do not alias anything. */
+    void (*bcast_forward)(const ch_kctx *kc, const ch_bcast_desc *d, int n, const ch_real *a,
+                          const ch_real *b, ch_real *y);
+    void (*bcast_backward)(const ch_kctx *kc, const ch_bcast_desc *d, int n, const ch_real *a,
+                           const ch_real *b, const ch_real *dy, ch_real *da, ch_real *db);
+    /* rows rows of len values from src (rows src_stride apart) to dst (dst_stride apart): a
+     * channel concatenation and its backward, one input at a time. */
+    void (*copy_rows)(const ch_kctx *kc, int rows, size_t len, const ch_real *src,
+                      size_t src_stride, ch_real *dst, size_t dst_stride);
+
     /* Softmax cross-entropy over logits (n, k): returns the summed loss and the number of correct
      * argmax predictions; dlogits = (softmax - onehot) * scale (skipped when dlogits is NULL). */
     void (*softmax_xent)(const ch_kctx *kc, int n, int k, const ch_real *logits,
@@ -121,6 +173,16 @@ static inline int ch_window_out(int in, int k, int stride, int pad)
 {
     if (stride <= 0 || k <= 0 || in + 2 * pad < k) return 0;
     return (in + 2 * pad - k) / stride + 1;
+}
+
+/* A pooling window count with ceil_mode: rounded up, but the last window must start inside the
+ * input or its left padding (PyTorch's rule). */
+static inline int ch_window_out_ceil(int in, int k, int stride, int pad)
+{
+    if (stride <= 0 || k <= 0 || in + 2 * pad < k) return 0;
+    int out = (in + 2 * pad - k + stride - 1) / stride + 1;
+    if ((out - 1) * stride >= in + pad) out--;
+    return out;
 }
 
 #endif

@@ -10,10 +10,10 @@
 #include "comm/comm.h"
 
 enum { BN_WEIGHT = 0, BN_BIAS = 1, BN_RMEAN = 0, BN_RVAR = 1 };
-static const double bn_eps = 1e-5, bn_momentum = 0.1;
 static const ch_layer_ops bn_ops;
 
 typedef struct bn_impl {
+    double eps, momentum;
     ch_real *mean, *invstd, *scale, *shift;   /* (c) each, saved for backward */
     double *batch_mean, *batch_var;           /* (c) each, forward statistics */
     double *sum_dy, *sum_dy_xhat;             /* (c) each, backward reductions */
@@ -90,16 +90,16 @@ static void bn_forward(ch_layer *l, const ch_run *r, int n, const ch_real *x)
         for (int i = 0; i < c; i++) {
             const double mean = b->batch_mean[i], var = b->batch_var[i];
             b->mean[i] = (ch_real)mean;
-            b->invstd[i] = (ch_real)(1.0 / sqrt(var + bn_eps));
+            b->invstd[i] = (ch_real)(1.0 / sqrt(var + b->eps));
             const double unbiased = cnt > 1 ? var * cnt / (cnt - 1) : var;
-            rm[i] = (ch_real)((1 - bn_momentum) * rm[i] + bn_momentum * mean);
-            rv[i] = (ch_real)((1 - bn_momentum) * rv[i] + bn_momentum * unbiased);
+            rm[i] = (ch_real)((1 - b->momentum) * rm[i] + b->momentum * mean);
+            rv[i] = (ch_real)((1 - b->momentum) * rv[i] + b->momentum * unbiased);
         }
         ++*l->num_batches_tracked;
     } else {
         for (int i = 0; i < c; i++) {
             b->mean[i] = rm[i];
-            b->invstd[i] = (ch_real)(1.0 / sqrt((double)rv[i] + bn_eps));
+            b->invstd[i] = (ch_real)(1.0 / sqrt((double)rv[i] + b->eps));
         }
     }
     for (int i = 0; i < c; i++) {
@@ -148,13 +148,25 @@ static const ch_layer_ops bn_ops = {
 
 ch_status ch_batchnorm2d_create(const char *name, ch_shape3 in, ch_layer **out, ch_err *err)
 {
+    return ch_batchnorm2d_create_opts(name, in, 1e-5, 0.1, out, err);
+}
+
+ch_status ch_batchnorm2d_create_opts(const char *name, ch_shape3 in, double eps, double momentum,
+                                     ch_layer **out, ch_err *err)
+{
+    if (!(eps > 0 && eps < 1) || !(momentum >= 0 && momentum <= 1))
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "batchnorm %s: eps %g must be in (0, 1) and momentum "
+                       "%g in [0, 1]", name, eps, momentum);
     ch_layer *l = ch_layer_alloc(&bn_ops, name, in, in);
     CH_CHECK_ALLOC(err, l);
-    l->impl = calloc(1, sizeof(bn_impl));
-    if (!l->impl) {
+    bn_impl *b = calloc(1, sizeof(bn_impl));
+    l->impl = b;
+    if (!b) {
         ch_layer_free(l);
         return CH_SYS_FAIL(err, "calloc of batchnorm");
     }
+    b->eps = eps;
+    b->momentum = momentum;
     const int64_t c[1] = { in.c };
     ch_layer_add_param(l, "weight", 1, c, CH_ROLE_ONES, 0);
     ch_layer_add_param(l, "bias", 1, c, CH_ROLE_ZEROS, 0);

@@ -48,15 +48,23 @@ static const ch_layer_ops conv_ops = {
     .absorb_relu = conv_absorb_relu, .overwrites_dy = true,
 };
 
-ch_status ch_conv2d_create(const char *name, ch_shape3 in, int out_channels, int kernel,
-                           int stride, int pad, bool bias, ch_layer **out, ch_err *err)
+ch_status ch_conv2d_create_opts(const char *name, ch_shape3 in, const ch_conv2d_opts *o,
+                                ch_layer **out, ch_err *err)
 {
-    const int oh = ch_window_out(in.h, kernel, stride, pad), ow = ch_window_out(in.w, kernel, stride, pad);
-    if (out_channels <= 0 || oh <= 0 || ow <= 0 || pad < 0)
+    const int D = o->dilation, G = o->groups, k = o->kernel, ke = D * (k - 1) + 1;
+    if (o->out_channels <= 0 || k <= 0 || o->stride <= 0 || D <= 0 || G <= 0)
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "conv %s: out_channels %d, kernel %d, stride %d, "
+                       "dilation %d and groups %d must be positive", name, o->out_channels, k,
+                       o->stride, D, G);
+    if (in.c % G != 0 || o->out_channels % G != 0)
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "conv %s: %d input and %d output channels do not "
+                       "divide into %d groups", name, in.c, o->out_channels, G);
+    const int oh = ch_window_out(in.h, ke, o->stride, o->pad), ow = ch_window_out(in.w, ke, o->stride, o->pad);
+    if (oh <= 0 || ow <= 0 || o->pad < 0)
         return ch_fail(err, CH_STATUS_BAD_INPUT,
-                       "conv %s: kernel %d stride %d pad %d does not fit input %dx%dx%d", name,
-                       kernel, stride, pad, in.c, in.h, in.w);
-    ch_layer *l = ch_layer_alloc(&conv_ops, name, in, (ch_shape3){ out_channels, oh, ow });
+                       "conv %s: kernel %d (dilation %d) stride %d pad %d does not fit input %dx%dx%d",
+                       name, k, D, o->stride, o->pad, in.c, in.h, in.w);
+    ch_layer *l = ch_layer_alloc(&conv_ops, name, in, (ch_shape3){ o->out_channels, oh, ow });
     CH_CHECK_ALLOC(err, l);
     conv_impl *c = calloc(1, sizeof *c);
     if (!c) {
@@ -64,12 +72,22 @@ ch_status ch_conv2d_create(const char *name, ch_shape3 in, int out_channels, int
         return CH_SYS_FAIL(err, "calloc of conv");
     }
     l->impl = c;
-    c->d = (ch_conv_desc){ in.c, in.h, in.w, out_channels, kernel, kernel, stride, pad, oh, ow, false };
-    c->bias = bias;
-    const int fan_in = in.c * kernel * kernel;
-    ch_layer_add_param(l, "weight", 4, (int64_t[]){ out_channels, in.c, kernel, kernel },
+    c->d = (ch_conv_desc){ .c = in.c, .h = in.h, .w = in.w, .oc = o->out_channels, .kh = k, .kw = k,
+                           .stride = o->stride, .pad = o->pad, .oh = oh, .ow = ow, .groups = G,
+                           .dilation = D };
+    c->bias = o->bias;
+    const int fan_in = in.c / G * k * k;
+    ch_layer_add_param(l, "weight", 4, (int64_t[]){ o->out_channels, in.c / G, k, k },
                        CH_ROLE_WEIGHT, fan_in);
-    if (bias) ch_layer_add_param(l, "bias", 1, (int64_t[]){ out_channels }, CH_ROLE_BIAS, fan_in);
+    if (o->bias) ch_layer_add_param(l, "bias", 1, (int64_t[]){ o->out_channels }, CH_ROLE_BIAS, fan_in);
     *out = l;
     return CH_STATUS_OK;
+}
+
+ch_status ch_conv2d_create(const char *name, ch_shape3 in, int out_channels, int kernel,
+                           int stride, int pad, bool bias, ch_layer **out, ch_err *err)
+{
+    const ch_conv2d_opts o = { .out_channels = out_channels, .kernel = kernel, .stride = stride,
+                               .pad = pad, .dilation = 1, .groups = 1, .bias = bias };
+    return ch_conv2d_create_opts(name, in, &o, out, err);
 }

@@ -21,6 +21,7 @@ void ch_layer_free(ch_layer *l)
     if (!l) return;
     for (int i = 0; i < l->nchildren; i++) ch_layer_free(l->children[i]);
     free(l->children);
+    free(l->ins);
     if (l->ops->free_impl) l->ops->free_impl(l);
     free(l->impl);
     if (l->y_owned) free(l->y);

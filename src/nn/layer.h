@@ -27,7 +27,9 @@ typedef enum ch_init_role {
     CH_ROLE_ZEROS,       /* BatchNorm bias, running_mean */
 } ch_init_role;
 
-enum { CH_MAX_DIMS = 4, CH_NAME_MAX = 96 };
+/* A tensor's PyTorch name (module path + attribute); a graph node's name is shorter by room for the
+ * longest attribute, "num_batches_tracked". */
+enum { CH_MAX_DIMS = 4, CH_NAME_MAX = 128, CH_NODE_NAME_MAX = 100 };
 
 typedef struct ch_tensor_spec {
     const char *suffix;            /* PyTorch attribute: "weight", "bias", "running_mean", ... */
@@ -107,14 +109,21 @@ typedef struct ch_layer_ops {
     /* Take over the ReLU that follows: apply it to y in forward and its backward to dy in backward
      * (the layer's own y is then the ReLU's output). NULL or false: not supported. */
     bool (*absorb_relu)(ch_layer *l);
+    /* Layers of several inputs (add, mul, concat) have these instead of forward and backward:
+     * xs[i] is input i, of shape l->ins[i]; dxs[i] is written when not NULL (overwritten). */
+    void (*forward_multi)(ch_layer *l, const ch_run *r, int n, const ch_real *const *xs);
+    void (*backward_multi)(ch_layer *l, const ch_run *r, int n, const ch_real *const *xs,
+                           const ch_real *dy, ch_real *const *dxs);
 } ch_layer_ops;
 
 enum { CH_LAYER_MAX_TENSORS = 2 };
 
 struct ch_layer {
     const ch_layer_ops *ops;
-    char name[32];                 /* module name inside the parent: "0", "conv1", "fc" */
+    char name[CH_NAME_MAX];        /* module name inside the parent: "0", "conv1", "fc" */
     ch_shape3 in, out;
+    int nin;                       /* inputs of a multi-input layer (ins, owned); 0 otherwise */
+    ch_shape3 *ins;
     int nparams, nbuffers;
     ch_tensor_spec params[CH_LAYER_MAX_TENSORS], buffers[CH_LAYER_MAX_TENSORS];
     ch_real *p[CH_LAYER_MAX_TENSORS], *g[CH_LAYER_MAX_TENSORS], *b[CH_LAYER_MAX_TENSORS];
@@ -161,17 +170,48 @@ ch_status ch_layer_plan_tree(ch_layer *l, ch_plan *pl, ch_err *err);
  * Errors are CH_STATUS_BAD_INPUT (impossible geometry) or CH_STATUS_SYSTEM (allocation). */
 ch_status ch_conv2d_create(const char *name, ch_shape3 in, int out_channels, int kernel,
                            int stride, int pad, bool bias, ch_layer **out, ch_err *err);
+/* The general form: dilation and groups (1: none); in.c and out_channels must divide by groups. */
+typedef struct ch_conv2d_opts {
+    int out_channels, kernel, stride, pad, dilation, groups;
+    bool bias;
+} ch_conv2d_opts;
+ch_status ch_conv2d_create_opts(const char *name, ch_shape3 in, const ch_conv2d_opts *o,
+                                ch_layer **out, ch_err *err);
 ch_status ch_linear_create(const char *name, ch_shape3 in, int out_features, ch_layer **out,
                            ch_err *err);
+ch_status ch_linear_create_opts(const char *name, ch_shape3 in, int out_features, bool bias,
+                                ch_layer **out, ch_err *err);
 ch_status ch_maxpool2d_create(const char *name, ch_shape3 in, int kernel, int stride, int pad,
                               ch_layer **out, ch_err *err);
 ch_status ch_avgpool2d_create(const char *name, ch_shape3 in, int kernel, int stride, int pad,
                               ch_layer **out, ch_err *err);
+/* Pooling with PyTorch's ceil_mode and count_include_pad (average pooling only). */
+typedef struct ch_pool2d_opts {
+    int kernel, stride, pad;
+    bool ceil_mode, count_include_pad;
+} ch_pool2d_opts;
+ch_status ch_maxpool2d_create_opts(const char *name, ch_shape3 in, const ch_pool2d_opts *o,
+                                   ch_layer **out, ch_err *err);
+ch_status ch_avgpool2d_create_opts(const char *name, ch_shape3 in, const ch_pool2d_opts *o,
+                                   ch_layer **out, ch_err *err);
+/* Leaky ReLU, clip (ReLU6), sigmoid, tanh. */
+ch_status ch_activation_create(const char *name, ch_shape3 in, const ch_act *a, ch_layer **out,
+                               ch_err *err);
+/* a + b and a * b with broadcasting: dims a and b of each operand aligned as ch_bcast_desc says
+ * (out's or 1), out the result's shape. */
+ch_status ch_bcast_create(const char *name, ch_bcast_op op, const int a[3], const int b[3],
+                          ch_shape3 out_shape, ch_layer **out, ch_err *err);
+/* Channel concatenation of n inputs of the same height and width. */
+ch_status ch_concat_create(const char *name, const ch_shape3 *ins, int n, ch_layer **out,
+                           ch_err *err);
 ch_status ch_global_avgpool_create(const char *name, ch_shape3 in, ch_layer **out, ch_err *err);
 ch_status ch_relu_create(const char *name, ch_shape3 in, ch_layer **out, ch_err *err);
 bool ch_layer_is_relu(const ch_layer *l);
 ch_status ch_flatten_create(const char *name, ch_shape3 in, ch_layer **out, ch_err *err);
 ch_status ch_batchnorm2d_create(const char *name, ch_shape3 in, ch_layer **out, ch_err *err);
+/* With the given epsilon and momentum (PyTorch's: the weight of the batch statistic). */
+ch_status ch_batchnorm2d_create_opts(const char *name, ch_shape3 in, double eps, double momentum,
+                                     ch_layer **out, ch_err *err);
 /* A BatchNorm2d's last forward again: y = its output for input x, from the scale and shift that
  * forward saved (the same bits), for a parent that recomputes the output instead of keeping it. */
 void ch_batchnorm2d_reapply(const ch_layer *l, const ch_run *r, int n, const ch_real *x, ch_real *y);

@@ -11,9 +11,9 @@ static ch_status linear_plan(ch_layer *l, ch_plan *pl, ch_err *err)
 static void linear_forward(ch_layer *l, const ch_run *r, int n, const ch_real *x)
 {
     const int in = l->in.c, out = l->out.c;
-    const ch_real *b = l->p[1];
+    const ch_real *b = l->nparams > 1 ? l->p[1] : NULL;
     for (int i = 0; i < n; i++)
-        for (int o = 0; o < out; o++) l->y[(size_t)i * out + o] = b[o];
+        for (int o = 0; o < out; o++) l->y[(size_t)i * out + o] = b ? b[o] : 0;
     /* y (n, out) += x (n, in) * W^T (in, out) */
     r->k->gemm(&r->kc, false, true, n, out, in, 1, x, in, l->p[0], in, 1, l->y, out);
 }
@@ -26,9 +26,9 @@ static void linear_backward(ch_layer *l, const ch_run *r, int n, const ch_real *
     r->k->gemm(&r->kc, true, false, out, in, n, 1, dy, out, x, in, 0, l->g[0], in);
     /* db[o] = sum_i dy[i][o], samples in order; the inner loop runs along a row of dy, so it
      * vectorises over o. */
-    ch_real *db = l->g[1];
-    for (int o = 0; o < out; o++) db[o] = 0;
-    for (int i = 0; i < n; i++)
+    ch_real *db = l->nparams > 1 ? l->g[1] : NULL;
+    for (int o = 0; db && o < out; o++) db[o] = 0;
+    for (int i = 0; db && i < n; i++)
         for (int o = 0; o < out; o++) db[o] += dy[(size_t)i * out + o];
     ch_run_grads_ready(r, l);
     /* dx (n, in) = dy (n, out) * W (out, in) */
@@ -43,6 +43,12 @@ static const ch_layer_ops linear_ops = {
 ch_status ch_linear_create(const char *name, ch_shape3 in, int out_features, ch_layer **out,
                            ch_err *err)
 {
+    return ch_linear_create_opts(name, in, out_features, true, out, err);
+}
+
+ch_status ch_linear_create_opts(const char *name, ch_shape3 in, int out_features, bool bias,
+                                ch_layer **out, ch_err *err)
+{
     if (in.h != 1 || in.w != 1 || out_features <= 0)
         return ch_fail(err, CH_STATUS_BAD_INPUT,
                        "linear %s: needs a flat input (got %dx%dx%d) and out_features > 0", name,
@@ -50,7 +56,7 @@ ch_status ch_linear_create(const char *name, ch_shape3 in, int out_features, ch_
     ch_layer *l = ch_layer_alloc(&linear_ops, name, in, (ch_shape3){ out_features, 1, 1 });
     CH_CHECK_ALLOC(err, l);
     ch_layer_add_param(l, "weight", 2, (int64_t[]){ out_features, in.c }, CH_ROLE_WEIGHT, in.c);
-    ch_layer_add_param(l, "bias", 1, (int64_t[]){ out_features }, CH_ROLE_BIAS, in.c);
+    if (bias) ch_layer_add_param(l, "bias", 1, (int64_t[]){ out_features }, CH_ROLE_BIAS, in.c);
     *out = l;
     return CH_STATUS_OK;
 }

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "core/rng.h"
+#include "graph/graph.h"
 #include "models/zoo.h"
 
 /* Walk the tree in module order, calling visit on every layer with its dotted path. */
@@ -102,6 +103,23 @@ ch_status ch_model_create(const char *arch, ch_shape3 input, int classes, ch_mod
     ch_layer *root;
     CH_TRY(ch_zoo_build(arch, input, classes, &root, err));
     return ch_model_create_from(arch, root, classes, out, err);
+}
+
+ch_status ch_model_create_graph(const ch_graph *g, ch_shape3 input, int classes, ch_model **out,
+                                ch_err *err)
+{
+    ch_layer *root;
+    CH_TRY(ch_graph_compile(g, &root, err));
+    const ch_shape3 in = root->in;
+    const size_t logits = ch_shape3_size(root->out);
+    if (in.c != input.c || in.h != input.h || in.w != input.w || logits != (size_t)classes) {
+        ch_status st = ch_fail(err, CH_STATUS_BAD_INPUT, "graph %s takes %dx%dx%d inputs to %zu logits; "
+                               "the data are %dx%dx%d in %d classes", ch_graph_name(g), in.c, in.h,
+                               in.w, logits, input.c, input.h, input.w, classes);
+        ch_layer_free(root);
+        return st;
+    }
+    return ch_model_create_from(ch_graph_name(g), root, classes, out, err);
 }
 
 static ch_status parse_init(const char *init, double *normal_std, ch_err *err)

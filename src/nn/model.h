@@ -18,7 +18,7 @@ typedef struct ch_tensor_ref {
 } ch_tensor_ref;
 
 typedef struct ch_model {
-    char arch[32];
+    char arch[64];
     ch_shape3 input;
     int classes;
     ch_layer *root;
@@ -39,6 +39,10 @@ typedef struct ch_model {
  * buffers and bind the layers. Parameters are zero until ch_model_init_params. */
 ch_status ch_model_create(const char *arch, ch_shape3 input, int classes, ch_model **out,
                           ch_err *err);
+/* Build a graph's model (include/cohort.h's ch_graph) for inputs of shape `input` and `classes`
+ * outputs, which must be the graph's: a mismatch names both. */
+ch_status ch_model_create_graph(const ch_graph *g, ch_shape3 input, int classes, ch_model **out,
+                                ch_err *err);
 /* Build around an existing tree (takes ownership of root, also on failure). */
 ch_status ch_model_create_from(const char *arch, ch_layer *root, int classes, ch_model **out,
                                ch_err *err);

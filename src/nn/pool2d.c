@@ -70,10 +70,12 @@ static const ch_layer_ops global_avgpool_ops = {
     .backward = avgpool_backward,
 };
 
-static ch_status pool_create(const ch_layer_ops *ops, const char *name, ch_shape3 in, int k,
-                             int stride, int pad, ch_layer **out, ch_err *err)
+static ch_status pool_create(const ch_layer_ops *ops, const char *name, ch_shape3 in,
+                             const ch_pool2d_opts *o, ch_layer **out, ch_err *err)
 {
-    const int oh = ch_window_out(in.h, k, stride, pad), ow = ch_window_out(in.w, k, stride, pad);
+    const int k = o->kernel, stride = o->stride, pad = o->pad;
+    const int oh = o->ceil_mode ? ch_window_out_ceil(in.h, k, stride, pad) : ch_window_out(in.h, k, stride, pad);
+    const int ow = o->ceil_mode ? ch_window_out_ceil(in.w, k, stride, pad) : ch_window_out(in.w, k, stride, pad);
     if (oh <= 0 || ow <= 0 || pad < 0 || 2 * pad > k)
         return ch_fail(err, CH_STATUS_BAD_INPUT,
                        "pool %s: kernel %d stride %d pad %d does not fit input %dx%dx%d", name, k,
@@ -85,22 +87,37 @@ static ch_status pool_create(const ch_layer_ops *ops, const char *name, ch_shape
         ch_layer_free(l);
         return CH_SYS_FAIL(err, "calloc of pool");
     }
-    p->d = (ch_pool_desc){ in.c, in.h, in.w, k, stride, pad, oh, ow };
+    p->d = (ch_pool_desc){ .c = in.c, .h = in.h, .w = in.w, .k = k, .stride = stride, .pad = pad,
+                           .oh = oh, .ow = ow, .exclude_pad = !o->count_include_pad };
     l->impl = p;
     *out = l;
     return CH_STATUS_OK;
 }
 
+ch_status ch_maxpool2d_create_opts(const char *name, ch_shape3 in, const ch_pool2d_opts *o,
+                                   ch_layer **out, ch_err *err)
+{
+    return pool_create(&maxpool_ops, name, in, o, out, err);
+}
+
+ch_status ch_avgpool2d_create_opts(const char *name, ch_shape3 in, const ch_pool2d_opts *o,
+                                   ch_layer **out, ch_err *err)
+{
+    return pool_create(&avgpool_ops, name, in, o, out, err);
+}
+
 ch_status ch_maxpool2d_create(const char *name, ch_shape3 in, int kernel, int stride, int pad,
                               ch_layer **out, ch_err *err)
 {
-    return pool_create(&maxpool_ops, name, in, kernel, stride, pad, out, err);
+    const ch_pool2d_opts o = { .kernel = kernel, .stride = stride, .pad = pad, .count_include_pad = true };
+    return pool_create(&maxpool_ops, name, in, &o, out, err);
 }
 
 ch_status ch_avgpool2d_create(const char *name, ch_shape3 in, int kernel, int stride, int pad,
                               ch_layer **out, ch_err *err)
 {
-    return pool_create(&avgpool_ops, name, in, kernel, stride, pad, out, err);
+    const ch_pool2d_opts o = { .kernel = kernel, .stride = stride, .pad = pad, .count_include_pad = true };
+    return pool_create(&avgpool_ops, name, in, &o, out, err);
 }
 
 /* Square inputs only: a window of the whole plane. */
@@ -109,5 +126,6 @@ ch_status ch_global_avgpool_create(const char *name, ch_shape3 in, ch_layer **ou
     if (in.h != in.w)
         return ch_fail(err, CH_STATUS_BAD_INPUT, "global pool %s: input %dx%d is not square",
                        name, in.h, in.w);
-    return pool_create(&global_avgpool_ops, name, in, in.h, in.h, 0, out, err);
+    const ch_pool2d_opts o = { .kernel = in.h, .stride = in.h, .count_include_pad = true };
+    return pool_create(&global_avgpool_ops, name, in, &o, out, err);
 }

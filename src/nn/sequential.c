@@ -106,7 +106,7 @@ static void seq_backward(ch_layer *l, const ch_run *r, int n, const ch_real *x, 
         c->ops->backward(c, &above, n, cx, g, cdx);
         if (r->trace) {
             char name[56];
-            snprintf(name, sizeof name, "%s %s", c->name, c->ops->kind);
+            snprintf(name, sizeof name, "%.40s %s", c->name, c->ops->kind);
             ch_trace_span(r->trace, "backward", name, t0, -1);
         }
         g = cdx;

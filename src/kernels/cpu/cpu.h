@@ -114,6 +114,25 @@ void ch_cpu_relu_backward_span(size_t len, const ch_real *y, const ch_real *dy, 
 void ch_cpu_relu_backward(const ch_kctx *kc, size_t len, const ch_real *y, const ch_real *dy,
                           ch_real *dx);
 void ch_cpu_add(const ch_kctx *kc, size_t len, const ch_real *a, const ch_real *b, ch_real *y);
+void ch_cpu_act_forward(const ch_kctx *kc, const ch_act *a, size_t len, const ch_real *x, ch_real *y);
+void ch_cpu_act_backward(const ch_kctx *kc, const ch_act *a, size_t len, const ch_real *x,
+                         const ch_real *y, const ch_real *dy, ch_real *dx);
+void ch_cpu_bcast_forward(const ch_kctx *kc, const ch_bcast_desc *d, int n, const ch_real *a,
+                          const ch_real *b, ch_real *y);
+void ch_cpu_bcast_backward(const ch_kctx *kc, const ch_bcast_desc *d, int n, const ch_real *a,
+                           const ch_real *b, const ch_real *dy, ch_real *da, ch_real *db);
+void ch_cpu_copy_rows(const ch_kctx *kc, int rows, size_t len, const ch_real *src,
+                      size_t src_stride, ch_real *dst, size_t dst_stride);
+/* Convolutions with groups or dilation (cpu_conv_group.c): per sample and group, im2col + GEMM. */
+bool ch_cpu_conv_is_grouped(const ch_conv_desc *d);
+size_t ch_cpu_conv_group_workspace(const ch_conv_desc *d, int n, int nthreads);
+void ch_cpu_conv_group_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
+                               const ch_real *w, const ch_real *b, ch_real *y);
+void ch_cpu_conv_group_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int n,
+                                     const ch_real *dy, const ch_real *w, ch_real *dx);
+void ch_cpu_conv_group_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, int n,
+                                        const ch_real *x, const ch_real *y, ch_real *dy,
+                                        ch_real *dw, ch_real *db);
 void ch_cpu_softmax_xent(const ch_kctx *kc, int n, int k, const ch_real *logits,
                          const int32_t *labels, double scale, ch_real *dlogits,
                          double *loss_sum, int64_t *correct);

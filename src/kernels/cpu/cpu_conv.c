@@ -122,6 +122,7 @@ static size_t per_thread(const ch_conv_desc *d)
  * (cpu_wino.c), where it applies and needs more; im2col stays possible for other batch sizes. */
 size_t ch_cpu_conv2d_workspace(const ch_conv_desc *d, int n, int nthreads)
 {
+    if (ch_cpu_conv_is_grouped(d)) return ch_cpu_conv_group_workspace(d, n, nthreads);
     const size_t flipped = conv_backward_as_forward(d) ? (size_t)d->oc * conv_k(d) : 0;
     const size_t im2col = per_thread(d) * (size_t)nthreads + flipped;
     size_t most = im2col;
@@ -330,6 +331,10 @@ static void forward_group(const ch_kctx *kc, const ch_conv_desc *d, int gw, cons
 void ch_cpu_conv2d_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
                            const ch_real *w, const ch_real *b, ch_real *y)
 {
+    if (ch_cpu_conv_is_grouped(d)) {
+        ch_cpu_conv_group_forward(kc, d, n, x, w, b, y);
+        return;
+    }
     if (ch_cpu_wino_forward(kc, d, n, x, w, b, y) || ch_cpu_wino5_forward(kc, d, n, x, w, b, y))
         return;
     const size_t xs = (size_t)d->c * d->h * d->w, ys = (size_t)d->oc * conv_p(d);
@@ -384,6 +389,10 @@ static void flip_weights(const ch_conv_desc *d, const ch_real *w, ch_real *wf)
 void ch_cpu_conv2d_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int n,
                                  const ch_real *dy, const ch_real *w, ch_real *dx)
 {
+    if (ch_cpu_conv_is_grouped(d)) {
+        ch_cpu_conv_group_backward_data(kc, d, n, dy, w, dx);
+        return;
+    }
     if (ch_cpu_wino_backward_data(kc, d, n, dy, w, dx) ||
         ch_cpu_wino5_backward_data(kc, d, n, dy, w, dx))
         return;
@@ -502,6 +511,10 @@ void ch_cpu_conv2d_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, in
                                     const ch_real *x, const ch_real *y, ch_real *dy, ch_real *dw,
                                     ch_real *db)
 {
+    if (ch_cpu_conv_is_grouped(d)) {
+        ch_cpu_conv_group_backward_weights(kc, d, n, x, y, dy, dw, db);
+        return;
+    }
     const size_t xs = (size_t)d->c * d->h * d->w, ys = (size_t)d->oc * conv_p(d);
     const size_t wl = (size_t)d->oc * conv_k(d);
     if (ch_cpu_wino_backward_weights(kc, d, n, x, y, dy, dw, db) ||

@@ -118,7 +118,18 @@ void ch_cpu_maxpool2d_forward_direct(const ch_kctx *kc, const ch_pool_desc *d, i
     for (long pl = 0; pl < planes; pl++) maxpool_plane(d, x + pl * xs, y + pl * ys, argmax + pl * ys);
 }
 
-static bool maxpool_fast(const ch_pool_desc *d) { return d->k == 2 && d->stride == 2 && d->pad == 0; }
+/* Whether the windows are those of floor mode: a ceil_mode count may add a last, partial window
+ * that the 2x2 paths do not clip. */
+static bool pool_floor_windows(const ch_pool_desc *d)
+{
+    return d->oh == ch_window_out(d->h, d->k, d->stride, d->pad) &&
+           d->ow == ch_window_out(d->w, d->k, d->stride, d->pad);
+}
+
+static bool maxpool_fast(const ch_pool_desc *d)
+{
+    return d->k == 2 && d->stride == 2 && d->pad == 0 && pool_floor_windows(d);
+}
 
 void ch_cpu_maxpool2d_forward(const ch_kctx *kc, const ch_pool_desc *d, int n, const ch_real *x,
                               ch_real *y, int32_t *argmax)
@@ -231,7 +242,6 @@ void ch_cpu_maxpool2d_backward_direct(const ch_kctx *kc, const ch_pool_desc *d, 
     }
 }
 
-/* Average pooling counts padded positions in the divisor (PyTorch's count_include_pad=True). */
 /* 2x2 stride-2 unpadded (lenet's pools), branch-free so it vectorises; the same additions in the
  * same order as the general loops, so the same bits. */
 static void avgpool_plane_2x2(const ch_pool_desc *d, const ch_real *x, ch_real *y)
@@ -262,14 +272,34 @@ static void avgpool_backward_plane_2x2(const ch_pool_desc *d, const ch_real *dy,
     if (h > 2 * oh) memset(dx + (size_t)(h - 1) * w, 0, sizeof(ch_real) * (size_t)w);
 }
 
-static bool avgpool_fast(const ch_pool_desc *d) { return d->k == 2 && d->stride == 2 && d->pad == 0; }
+static bool avgpool_fast(const ch_pool_desc *d)
+{
+    return d->k == 2 && d->stride == 2 && d->pad == 0 && pool_floor_windows(d);
+}
+
+/* The divisor of window (i, j): its part inside the padded input (count_include_pad), or inside
+ * the input alone (exclude_pad). k * k for every window of floor mode with padding counted. */
+static int avgpool_divisor(const ch_pool_desc *d, int i, int j)
+{
+    int h0 = i * d->stride - d->pad, w0 = j * d->stride - d->pad;
+    int h1 = h0 + d->k, w1 = w0 + d->k;
+    if (h1 > d->h + d->pad) h1 = d->h + d->pad;
+    if (w1 > d->w + d->pad) w1 = d->w + d->pad;
+    if (d->exclude_pad) {
+        if (h0 < 0) h0 = 0;
+        if (w0 < 0) w0 = 0;
+        if (h1 > d->h) h1 = d->h;
+        if (w1 > d->w) w1 = d->w;
+    }
+    const int cnt = (h1 - h0) * (w1 - w0);
+    return cnt > 0 ? cnt : 1;
+}
 
 static void avgpool_forward(const ch_kctx *kc, const ch_pool_desc *d, int n, const ch_real *x,
                             ch_real *y, bool fast)
 {
     const long planes = (long)n * d->c;
     const size_t xs = (size_t)d->h * d->w, ys = (size_t)d->oh * d->ow;
-    const ch_real inv = (ch_real)1 / (ch_real)(d->k * d->k);
 #pragma omp parallel for num_threads(kc->nthreads) schedule(static)
     for (long pl = 0; pl < planes; pl++) {
         const ch_real *xp = x + pl * xs;
@@ -289,7 +319,7 @@ static void avgpool_forward(const ch_kctx *kc, const ch_pool_desc *d, int n, con
                         if (iw >= 0 && iw < d->w) s += xp[ih * d->w + iw];
                     }
                 }
-                yp[i * d->ow + j] = s * inv;
+                yp[i * d->ow + j] = s * ((ch_real)1 / (ch_real)avgpool_divisor(d, i, j));
             }
         }
     }
@@ -300,7 +330,6 @@ static void avgpool_backward(const ch_kctx *kc, const ch_pool_desc *d, int n, co
 {
     const long planes = (long)n * d->c;
     const size_t xs = (size_t)d->h * d->w, ys = (size_t)d->oh * d->ow;
-    const ch_real inv = (ch_real)1 / (ch_real)(d->k * d->k);
 #pragma omp parallel for num_threads(kc->nthreads) schedule(static)
     for (long pl = 0; pl < planes; pl++) {
         ch_real *dxp = dx + pl * xs;
@@ -312,7 +341,7 @@ static void avgpool_backward(const ch_kctx *kc, const ch_pool_desc *d, int n, co
         memset(dxp, 0, sizeof(ch_real) * xs);
         for (int i = 0; i < d->oh; i++) {
             for (int j = 0; j < d->ow; j++) {
-                const ch_real g = dyp[i * d->ow + j] * inv;
+                const ch_real g = dyp[i * d->ow + j] * ((ch_real)1 / (ch_real)avgpool_divisor(d, i, j));
                 for (int p = 0; p < d->k; p++) {
                     const int ih = i * d->stride - d->pad + p;
                     if (ih < 0 || ih >= d->h) continue;

@@ -19,6 +19,11 @@ static const ch_kernels cpu_table = {
     .relu_forward = ch_cpu_relu_forward,
     .relu_backward = ch_cpu_relu_backward,
     .add = ch_cpu_add,
+    .act_forward = ch_cpu_act_forward,
+    .act_backward = ch_cpu_act_backward,
+    .bcast_forward = ch_cpu_bcast_forward,
+    .bcast_backward = ch_cpu_bcast_backward,
+    .copy_rows = ch_cpu_copy_rows,
     .softmax_xent = ch_cpu_softmax_xent,
     .mse = ch_cpu_mse,
 };

@@ -34,14 +34,24 @@ static size_t ref_conv_workspace(const ch_conv_desc *d, int n, int nthreads)
 
 #define X_AT(x, d, s, ci, ih, iw) (x)[(((size_t)(s) * (d)->c + (ci)) * (d)->h + (ih)) * (d)->w + (iw)]
 #define Y_AT(y, d, s, o, i, j) (y)[(((size_t)(s) * (d)->oc + (o)) * (d)->oh + (i)) * (d)->ow + (j)]
-#define W_AT(w, d, o, ci, p, q) (w)[(((size_t)(o) * (d)->c + (ci)) * (d)->kh + (p)) * (d)->kw + (q)]
+/* w is (oc, c / groups, kh, kw): ci is the channel within the output channel's group. */
+#define W_AT(w, d, o, ci, p, q) \
+    (w)[(((size_t)(o) * ((d)->c / ch_conv_groups(d)) + (ci)) * (d)->kh + (p)) * (d)->kw + (q)]
 
 /* Input position of tap (p, q) of output (i, j); false when it falls in the padding. */
 static bool tap(const ch_conv_desc *d, int i, int j, int p, int q, int *ih, int *iw)
 {
-    *ih = i * d->stride - d->pad + p;
-    *iw = j * d->stride - d->pad + q;
+    *ih = i * d->stride - d->pad + p * ch_conv_dilation(d);
+    *iw = j * d->stride - d->pad + q * ch_conv_dilation(d);
     return *ih >= 0 && *ih < d->h && *iw >= 0 && *iw < d->w;
+}
+
+/* The input channels output channel o sees: [*c0, *c0 + *cg). */
+static void group_channels(const ch_conv_desc *d, int o, int *c0, int *cg)
+{
+    const int G = ch_conv_groups(d);
+    *cg = d->c / G;
+    *c0 = o / (d->oc / G) * *cg;
 }
 
 static void ref_conv_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
@@ -53,12 +63,14 @@ static void ref_conv_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, co
             for (int i = 0; i < d->oh; i++)
                 for (int j = 0; j < d->ow; j++) {
                     double acc = b ? b[o] : 0;
-                    for (int ci = 0; ci < d->c; ci++)
+                    int c0, cg;
+                    group_channels(d, o, &c0, &cg);
+                    for (int ci = 0; ci < cg; ci++)
                         for (int p = 0; p < d->kh; p++)
                             for (int q = 0; q < d->kw; q++) {
                                 int ih, iw;
                                 if (tap(d, i, j, p, q, &ih, &iw))
-                                    acc += (double)W_AT(w, d, o, ci, p, q) * X_AT(x, d, s, ci, ih, iw);
+                                    acc += (double)W_AT(w, d, o, ci, p, q) * X_AT(x, d, s, c0 + ci, ih, iw);
                             }
                     Y_AT(y, d, s, o, i, j) = d->relu && acc < 0 ? 0 : (ch_real)acc;
                 }
@@ -72,15 +84,18 @@ static void ref_conv_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int
     for (int s = 0; s < n; s++)
         for (int o = 0; o < d->oc; o++)
             for (int i = 0; i < d->oh; i++)
-                for (int j = 0; j < d->ow; j++)
-                    for (int ci = 0; ci < d->c; ci++)
+                for (int j = 0; j < d->ow; j++) {
+                    int c0, cg;
+                    group_channels(d, o, &c0, &cg);
+                    for (int ci = 0; ci < cg; ci++)
                         for (int p = 0; p < d->kh; p++)
                             for (int q = 0; q < d->kw; q++) {
                                 int ih, iw;
                                 if (tap(d, i, j, p, q, &ih, &iw))
-                                    X_AT(dx, d, s, ci, ih, iw) +=
+                                    X_AT(dx, d, s, c0 + ci, ih, iw) +=
                                         W_AT(w, d, o, ci, p, q) * Y_AT(dy, d, s, o, i, j);
                             }
+                }
 }
 
 static void ref_conv_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, int n,
@@ -92,7 +107,9 @@ static void ref_conv_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, 
         for (size_t i = 0; i < (size_t)n * d->oc * d->oh * d->ow; i++)
             if (!(y[i] > 0)) dy[i] = 0;
     for (int o = 0; o < d->oc; o++) {
-        for (int ci = 0; ci < d->c; ci++)
+        int c0, cg;
+        group_channels(d, o, &c0, &cg);
+        for (int ci = 0; ci < cg; ci++)
             for (int p = 0; p < d->kh; p++)
                 for (int q = 0; q < d->kw; q++) {
                     double acc = 0;
@@ -101,7 +118,7 @@ static void ref_conv_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, 
                             for (int j = 0; j < d->ow; j++) {
                                 int ih, iw;
                                 if (tap(d, i, j, p, q, &ih, &iw))
-                                    acc += (double)Y_AT(dy, d, s, o, i, j) * X_AT(x, d, s, ci, ih, iw);
+                                    acc += (double)Y_AT(dy, d, s, o, i, j) * X_AT(x, d, s, c0 + ci, ih, iw);
                             }
                     W_AT(dw, d, o, ci, p, q) = (ch_real)acc;
                 }
@@ -173,6 +190,11 @@ static const ch_kernels ref_table = {
     .relu_forward = ch_cpu_relu_forward,
     .relu_backward = ch_cpu_relu_backward,
     .add = ch_cpu_add,
+    .act_forward = ch_cpu_act_forward,
+    .act_backward = ch_cpu_act_backward,
+    .bcast_forward = ch_cpu_bcast_forward,
+    .bcast_backward = ch_cpu_bcast_backward,
+    .copy_rows = ch_cpu_copy_rows,
     .softmax_xent = ch_cpu_softmax_xent,
     .mse = ch_cpu_mse,
 };
