@@ -108,6 +108,85 @@ void ch_dataset_free(ch_dataset *d);
  * NULL-terminated. */
 const char *const *ch_model_names(void);
 
+/* ---- graphs: your own model --------------------------------------------------------------
+ * A model is a graph of named operations over tensors whose first (batch) dimension is left open:
+ *
+ *     ch_graph *g;
+ *     ch_graph_create("small-resnet", &g, &err);
+ *     int x = ch_graph_input(g, "x", 1, 28, 28);
+ *     int y = ch_graph_conv2d(g, "conv1", x, &(ch_conv2d_args){ .out_channels = 16, .kernel = 3,
+ *                                                               .padding = 1, .no_bias = true });
+ *     y = ch_graph_batchnorm2d(g, "bn1", y, NULL);
+ *     y = ch_graph_relu(g, "relu", y);
+ *     ...
+ *     ch_graph_output(g, ch_graph_linear(g, "fc", y, 10, true));
+ *     cfg.graph = g;           (instead of cfg.model)
+ *     ... ch_trainer_create(&cfg, ...), then ch_graph_free(g) whenever it suits
+ *
+ * Node names are the PyTorch module paths ("layer1.0.conv1"): a node's parameters are named
+ * NAME.weight, NAME.bias, NAME.running_mean, ..., as in the state_dict of the PyTorch module.
+ * Every builder function returns the new tensor's id, or -1 once anything went wrong; the first
+ * error is kept (naming the node) and every later call returns -1, so a builder checks once, at
+ * the end, with ch_graph_status (ch_trainer_create checks too). Shapes are per sample: (c, h, w)
+ * after convolutions and pooling, (features) after flatten, linear or mean without keepdim.
+ * Weights start at PyTorch's default initialization (cfg.init). */
+typedef struct ch_graph ch_graph;
+
+typedef struct ch_conv2d_args {
+    int out_channels, kernel;
+    int stride, padding, dilation, groups;   /* 0: PyTorch's defaults (1, 0, 1, 1) */
+    bool no_bias;                            /* bias=False */
+} ch_conv2d_args;
+
+typedef struct ch_pool2d_args {
+    int kernel;
+    int stride, padding;                     /* stride 0: the kernel size, as PyTorch */
+    bool ceil_mode;
+    bool exclude_pad;                        /* avg_pool2d's count_include_pad=False */
+} ch_pool2d_args;
+
+typedef struct ch_batchnorm_args {
+    double eps, momentum;                    /* 0: PyTorch's defaults (1e-5, 0.1) */
+} ch_batchnorm_args;
+
+ch_status ch_graph_create(const char *name, ch_graph **out, ch_err *err);
+void ch_graph_free(ch_graph *g);
+/* The first error of any builder call, or OK. */
+ch_status ch_graph_status(const ch_graph *g, ch_err *err);
+const char *ch_graph_name(const ch_graph *g);
+/* The samples' shape (one input per graph). */
+int ch_graph_input(ch_graph *g, const char *name, int c, int h, int w);
+int ch_graph_conv2d(ch_graph *g, const char *name, int x, const ch_conv2d_args *a);
+/* a: NULL for the defaults. */
+int ch_graph_batchnorm2d(ch_graph *g, const char *name, int x, const ch_batchnorm_args *a);
+int ch_graph_relu(ch_graph *g, const char *name, int x);
+int ch_graph_leaky_relu(ch_graph *g, const char *name, int x, double negative_slope);
+int ch_graph_relu6(ch_graph *g, const char *name, int x);
+int ch_graph_clip(ch_graph *g, const char *name, int x, double min, double max);
+int ch_graph_sigmoid(ch_graph *g, const char *name, int x);
+int ch_graph_tanh(ch_graph *g, const char *name, int x);
+int ch_graph_max_pool2d(ch_graph *g, const char *name, int x, const ch_pool2d_args *a);
+int ch_graph_avg_pool2d(ch_graph *g, const char *name, int x, const ch_pool2d_args *a);
+/* AdaptiveAvgPool2d(1): (c, h, w) -> (c, 1, 1). */
+int ch_graph_global_avg_pool(ch_graph *g, const char *name, int x);
+/* x.mean((2, 3), keepdim): (c, 1, 1) with keepdim, else (c). */
+int ch_graph_mean_hw(ch_graph *g, const char *name, int x, bool keepdim);
+/* (c, h, w) -> (c*h*w). */
+int ch_graph_flatten(ch_graph *g, const char *name, int x);
+/* x: (features), or (c, 1, 1). */
+int ch_graph_linear(ch_graph *g, const char *name, int x, int out_features, bool bias);
+int ch_graph_dropout(ch_graph *g, const char *name, int x, double p);
+/* Elementwise with numpy/PyTorch broadcasting of the per-sample shapes, aligned from the right:
+ * (c, h, w) * (c, 1, 1) is a squeeze-excitation gate. */
+int ch_graph_add(ch_graph *g, const char *name, int a, int b);
+int ch_graph_mul(ch_graph *g, const char *name, int a, int b);
+/* torch.cat(xs, 1): inputs of one height and width. */
+int ch_graph_concat(ch_graph *g, const char *name, const int *xs, int n);
+/* The logits: (classes), or (classes, 1, 1). Training minimizes their softmax cross-entropy. */
+ch_status ch_graph_output(ch_graph *g, int x);
+/* Nodes and parameters so far. */
+int ch_graph_node_count(const ch_graph *g);
+
 /* ---- devices ------------------------------------------------------------------------------ */
 
 enum { CH_MAX_DEVICES = 64 };
@@ -164,7 +243,9 @@ ch_status ch_world_agree(const char *what, const char *const *names, const char 
 /* ---- training ----------------------------------------------------------------------------- */
 
 typedef struct ch_train_config {
-    const char *model;        /* zoo name */
+    const char *model;        /* zoo name (ignored when graph is set) */
+    const ch_graph *graph;    /* your own model, built with ch_graph_* (borrowed: it must outlive
+                               * ch_trainer_create) */
     const char *init;         /* "default" (PyTorch's) or "normal:STD" */
     int epochs;
     int batch_size;           /* global batch */

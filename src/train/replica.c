@@ -50,7 +50,10 @@ static ch_status build(ch_replica *rp, const ch_replica_spec *s, ch_err *err)
 {
     /* oneDNN's GEMM threads by the calling thread's OpenMP setting: this thread's share. */
     omp_set_num_threads(rp->nthreads);
-    CH_TRY(ch_model_create(s->model, s->input, s->classes, &rp->model, err));
+    if (s->graph)
+        CH_TRY(ch_model_create_graph(s->graph, s->input, s->classes, &rp->model, err));
+    else
+        CH_TRY(ch_model_create(s->model, s->input, s->classes, &rp->model, err));
     CH_TRY(ch_model_init_params(rp->model, s->init, s->seed, err));
     CH_TRY(ch_model_plan(rp->model, s->k, s->max_slice, rp->nthreads, err));
     CH_TRY(ch_optim_init(&rp->opt, rp->model->nparams, &s->optim, err));

@@ -29,6 +29,7 @@ typedef struct ch_fault {
 /* What every replica is built from (shared, read-only). */
 typedef struct ch_replica_spec {
     const char *model, *init;
+    const ch_graph *graph;  /* the user's graph (borrowed), or NULL: model names the zoo's */
     uint64_t seed;
     ch_shape3 input;
     int classes;

@@ -22,6 +22,7 @@
 #include "core/status.h"
 #include "data/folder.h"
 #include "data/loader.h"
+#include "graph/graph.h"
 
 ch_train_config ch_train_config_default(void)
 {
@@ -34,7 +35,8 @@ ch_train_config ch_train_config_default(void)
 
 static ch_status check_config(const ch_train_config *c, ch_err *err)
 {
-    if (!c->model) return ch_fail(err, CH_STATUS_BAD_INPUT, "no model given");
+    if (!c->model && !c->graph) return ch_fail(err, CH_STATUS_BAD_INPUT, "no model given");
+    if (c->graph) CH_TRY(ch_graph_status(c->graph, err));
     if (c->epochs < 0) return ch_fail(err, CH_STATUS_BAD_INPUT, "epochs %d < 0", c->epochs);
     if (c->batch_size < 1 || c->batch_size > (1 << 20))
         return ch_fail(err, CH_STATUS_BAD_INPUT, "batch size %d, expected 1..1048576", c->batch_size);
@@ -283,7 +285,8 @@ static void job_settings(const ch_trainer *t, settings *s)
     put_setting(s, "the training data (--data, --train-limit)", "%s", data);
     describe_dataset(t->test, data, sizeof data);
     put_setting(s, "the test data (--data, --test-limit)", "%s", data);
-    put_setting(s, "--model", "%s", c->model);
+    put_setting(s, "--model", "%s", c->model ? c->model : "(a graph)");
+    put_setting(s, "the model's graph", "%016llx", (unsigned long long)t->graph_print);
     put_setting(s, "--init", "%s", or_none(c->init));
     put_setting(s, "--devices (their number)", "%d", t->nreplicas);
     put_setting(s, "--batch-size", "%d", c->batch_size);
@@ -354,7 +357,7 @@ static ch_status setup(ch_trainer *t, ch_err *err)
     CH_TRY(join_ranks(t, err));
     const int D = t->nreplicas, B = t->cfg.batch_size, R = t->procs * D;
     t->spec = (ch_replica_spec){
-        .model = t->model_name, .init = t->init, .seed = t->cfg.seed,
+        .model = t->model_name, .graph = t->cfg.graph, .init = t->init, .seed = t->cfg.seed,
         .input = { d->c, d->h, d->w }, .classes = d->classes, .max_slice = (B + R - 1) / R,
         .nglobal = R,
         .nan_check = t->cfg.nan_check, .sync_bn = t->cfg.sync_bn,
@@ -402,9 +405,10 @@ ch_status ch_trainer_create(const ch_train_config *cfg, const ch_dataset *train,
     CH_CHECK_ALLOC(err, t);
     t->ckpt_lock = -1;
     t->cfg = *cfg;
-    snprintf(t->model_name, sizeof t->model_name, "%s", cfg->model);
+    snprintf(t->model_name, sizeof t->model_name, "%s", cfg->graph ? ch_graph_name(cfg->graph) : cfg->model);
+    t->graph_print = cfg->graph ? ch_graph_fingerprint(cfg->graph) : 0;
     snprintf(t->init, sizeof t->init, "%s", cfg->init ? cfg->init : "default");
-    t->cfg.model = t->model_name;
+    t->cfg.model = cfg->graph ? NULL : t->model_name;
     t->cfg.init = t->init;
     if (cfg->checkpoint_dir) {
         snprintf(t->checkpoint_dir, sizeof t->checkpoint_dir, "%s", cfg->checkpoint_dir);

@@ -1,0 +1,501 @@
+/* The graph builder: ch_graph_* of include/cohort.h. Each call checks its inputs by making the
+ * node's layer for the shapes at hand (the layer constructors hold every geometry rule, so the
+ * builder repeats none), takes the output shape from it and frees it. The first error is kept
+ * and names the node; later calls do nothing and return -1. */
+#include "graph/graph.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Bounds that keep every size computation far from overflow, whatever a file asks for. */
+enum { MAX_DIM = 1 << 16, MAX_NODES = 1 << 16, MAX_INPUTS = 1 << 12 };
+static const double max_elems = 1u << 31;
+
+static const char *const gop_names[] = {
+    [CH_GOP_CONV2D] = "conv2d", [CH_GOP_BATCHNORM2D] = "batchnorm2d", [CH_GOP_RELU] = "relu",
+    [CH_GOP_ACT] = "activation", [CH_GOP_MAX_POOL2D] = "max_pool2d", [CH_GOP_AVG_POOL2D] = "avg_pool2d",
+    [CH_GOP_GLOBAL_AVG_POOL] = "global_avg_pool", [CH_GOP_MEAN_HW] = "mean", [CH_GOP_FLATTEN] = "flatten",
+    [CH_GOP_LINEAR] = "linear", [CH_GOP_DROPOUT] = "dropout", [CH_GOP_ADD] = "add", [CH_GOP_MUL] = "mul",
+    [CH_GOP_CONCAT] = "concat",
+};
+
+const char *ch_gop_name(ch_gop op) { return gop_names[op]; }
+
+static const char *act_name(const ch_act *a)
+{
+    switch (a->kind) {
+    case CH_ACT_LEAKY_RELU: return "leaky_relu";
+    case CH_ACT_CLIP: return "clip";
+    case CH_ACT_SIGMOID: return "sigmoid";
+    case CH_ACT_TANH: return "tanh";
+    }
+    return "activation";
+}
+
+ch_status ch_graph_create(const char *name, ch_graph **out, ch_err *err)
+{
+    if (!name || !name[0] || strlen(name) >= sizeof((ch_graph *)0)->name)
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "a graph needs a name of 1 to %zu characters",
+                       sizeof((ch_graph *)0)->name - 1);
+    ch_graph *g = calloc(1, sizeof *g);
+    CH_CHECK_ALLOC(err, g);
+    snprintf(g->name, sizeof g->name, "%s", name);
+    g->input = g->output = -1;
+    *out = g;
+    return CH_STATUS_OK;
+}
+
+void ch_graph_free(ch_graph *g)
+{
+    if (!g) return;
+    for (int i = 0; i < g->nnodes; i++) free(g->nodes[i].in);
+    free(g->nodes);
+    free(g->tensors);
+    free(g);
+}
+
+ch_status ch_graph_status(const ch_graph *g, ch_err *err)
+{
+    if (!g) return ch_fail(err, CH_STATUS_BAD_INPUT, "no graph");
+    if (g->st != CH_STATUS_OK && err) *err = g->err;
+    return g->st;
+}
+
+const char *ch_graph_name(const ch_graph *g) { return g->name; }
+int ch_graph_node_count(const ch_graph *g) { return g->nnodes; }
+
+/* Keep the first error; returns -1 for the caller to return. */
+static int fail(ch_graph *g, ch_status st, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int fail(ch_graph *g, ch_status st, const char *fmt, ...)
+{
+    if (g->st != CH_STATUS_OK) return -1;
+    va_list ap;
+    va_start(ap, fmt);
+    char msg[sizeof g->err.msg];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    ch_fail(&g->err, st, "graph %s: %s", g->name, msg);
+    g->st = st;
+    return -1;
+}
+
+ch_shape3 ch_graph_shape(const ch_graph *g, int t)
+{
+    const ch_gtensor *x = &g->tensors[t];
+    return (ch_shape3){ x->dims[0], x->dims[1], x->dims[2] };
+}
+
+static int new_tensor(ch_graph *g, int rank, ch_shape3 s, int producer)
+{
+    if (g->ntensors == g->tensor_cap) {
+        const int cap = g->tensor_cap ? 2 * g->tensor_cap : 16;
+        ch_gtensor *t = realloc(g->tensors, sizeof *t * (size_t)cap);
+        if (!t) return fail(g, CH_STATUS_SYSTEM, "out of memory for tensors");
+        g->tensors = t;
+        g->tensor_cap = cap;
+    }
+    g->tensors[g->ntensors] = (ch_gtensor){ .rank = rank, .dims = { s.c, s.h, s.w },
+                                            .dtype = CH_DTYPE_F32, .producer = producer };
+    return g->ntensors++;
+}
+
+/* A name a node may have: 1..CH_NODE_NAME_MAX-1 printable characters, not taken. */
+static bool check_name(ch_graph *g, const char *name)
+{
+    if (!name || !name[0] || strlen(name) >= CH_NODE_NAME_MAX) {
+        fail(g, CH_STATUS_BAD_INPUT, "node names need 1 to %d characters ('%.40s')",
+             CH_NODE_NAME_MAX - 1, name ? name : "(null)");
+        return false;
+    }
+    for (const char *c = name; *c; c++)
+        if (*c <= ' ' || *c == 127) {
+            fail(g, CH_STATUS_BAD_INPUT, "node name '%s': spaces and control characters are not allowed", name);
+            return false;
+        }
+    if (strcmp(name, g->input_name) == 0) {
+        fail(g, CH_STATUS_BAD_INPUT, "node name '%s' is the input's", name);
+        return false;
+    }
+    for (int i = 0; i < g->nnodes; i++)
+        if (strcmp(g->nodes[i].name, name) == 0) {
+            fail(g, CH_STATUS_BAD_INPUT, "two nodes are named '%s'", name);
+            return false;
+        }
+    return true;
+}
+
+int ch_graph_input(ch_graph *g, const char *name, int c, int h, int w)
+{
+    if (!g || g->st != CH_STATUS_OK) return -1;
+    if (g->input >= 0) return fail(g, CH_STATUS_BAD_INPUT, "a second input '%s' (one per graph)", name ? name : "");
+    if (!check_name(g, name)) return -1;
+    if (c < 1 || h < 1 || w < 1 || c > MAX_DIM || h > MAX_DIM || w > MAX_DIM ||
+        (double)c * h * w > max_elems)
+        return fail(g, CH_STATUS_BAD_INPUT, "input '%s': shape %dx%dx%d (each 1..%d)", name, c, h, w, MAX_DIM);
+    snprintf(g->input_name, sizeof g->input_name, "%s", name);
+    g->input = new_tensor(g, 3, (ch_shape3){ c, h, w }, -1);
+    return g->input;
+}
+
+/* The layer of node nd for input shapes ins (what both the builder and the compiler make). */
+static ch_status node_layer(const ch_graph *g, const ch_gnode *nd, ch_layer **out, ch_err *err)
+{
+    const ch_shape3 x = ch_graph_shape(g, nd->in[0]);
+    switch (nd->op) {
+    case CH_GOP_CONV2D: {
+        const ch_conv2d_args *a = &nd->conv;
+        const ch_conv2d_opts o = { .out_channels = a->out_channels, .kernel = a->kernel,
+                                   .stride = a->stride ? a->stride : 1, .pad = a->padding,
+                                   .dilation = a->dilation ? a->dilation : 1,
+                                   .groups = a->groups ? a->groups : 1, .bias = !a->no_bias };
+        return ch_conv2d_create_opts(nd->name, x, &o, out, err);
+    }
+    case CH_GOP_BATCHNORM2D:
+        return ch_batchnorm2d_create_opts(nd->name, x, nd->bn.eps, nd->bn.momentum, out, err);
+    case CH_GOP_RELU: return ch_relu_create(nd->name, x, out, err);
+    case CH_GOP_ACT: return ch_activation_create(nd->name, x, &nd->act, out, err);
+    case CH_GOP_MAX_POOL2D:
+    case CH_GOP_AVG_POOL2D: {
+        const ch_pool2d_opts o = { .kernel = nd->pool.kernel,
+                                   .stride = nd->pool.stride ? nd->pool.stride : nd->pool.kernel,
+                                   .pad = nd->pool.padding, .ceil_mode = nd->pool.ceil_mode,
+                                   .count_include_pad = !nd->pool.exclude_pad };
+        return nd->op == CH_GOP_MAX_POOL2D ? ch_maxpool2d_create_opts(nd->name, x, &o, out, err)
+                                           : ch_avgpool2d_create_opts(nd->name, x, &o, out, err);
+    }
+    case CH_GOP_GLOBAL_AVG_POOL:
+    case CH_GOP_MEAN_HW: return ch_global_avgpool_create(nd->name, x, out, err);
+    case CH_GOP_FLATTEN: return ch_flatten_create(nd->name, x, out, err);
+    case CH_GOP_LINEAR: return ch_linear_create_opts(nd->name, x, nd->features, nd->bias, out, err);
+    case CH_GOP_DROPOUT: return ch_dropout_create(nd->name, x, nd->p, (uint32_t)(nd - g->nodes), out, err);
+    case CH_GOP_ADD:
+    case CH_GOP_MUL: {
+        /* Aligned from the right: a rank-1 operand is (1, 1, F) beside a rank-3 one. */
+        const ch_gtensor *a = &g->tensors[nd->in[0]], *b = &g->tensors[nd->in[1]];
+        int da[3], db[3], o[3];
+        const bool flat = a->rank == 1 && b->rank == 1;
+        for (int i = 0; i < 3; i++) {
+            da[i] = a->rank == 1 && !flat ? (i == 2 ? a->dims[0] : 1) : a->dims[i];
+            db[i] = b->rank == 1 && !flat ? (i == 2 ? b->dims[0] : 1) : b->dims[i];
+            o[i] = da[i] == 1 ? db[i] : da[i];
+        }
+        return ch_bcast_create(nd->name, nd->op == CH_GOP_ADD ? CH_BCAST_ADD : CH_BCAST_MUL, da, db,
+                               (ch_shape3){ o[0], o[1], o[2] }, out, err);
+    }
+    case CH_GOP_CONCAT: {
+        ch_shape3 *ins = malloc(sizeof *ins * (size_t)nd->nin);
+        CH_CHECK_ALLOC(err, ins);
+        for (int i = 0; i < nd->nin; i++) ins[i] = ch_graph_shape(g, nd->in[i]);
+        const ch_status st = ch_concat_create(nd->name, ins, nd->nin, out, err);
+        free(ins);
+        return st;
+    }
+    }
+    return ch_fail(err, CH_STATUS_BAD_INPUT, "node %s: unknown op %d", nd->name, (int)nd->op);
+}
+
+ch_status ch_graph_node_layer(const ch_graph *g, int i, ch_layer **out, ch_err *err)
+{
+    return node_layer(g, &g->nodes[i], out, err);
+}
+
+/* The rank of a node's output, from its op and inputs. */
+static int out_rank(const ch_graph *g, const ch_gnode *nd)
+{
+    const ch_gtensor *x = &g->tensors[nd->in[0]];
+    switch (nd->op) {
+    case CH_GOP_FLATTEN:
+    case CH_GOP_LINEAR: return 1;
+    case CH_GOP_MEAN_HW: return nd->keepdim ? 3 : 1;
+    case CH_GOP_ADD:
+    case CH_GOP_MUL: return x->rank > g->tensors[nd->in[1]].rank ? x->rank : g->tensors[nd->in[1]].rank;
+    default: return x->rank;
+    }
+}
+
+/* Ops that need (c, h, w) inputs. */
+static bool needs_rank3(ch_gop op)
+{
+    return op == CH_GOP_CONV2D || op == CH_GOP_BATCHNORM2D || op == CH_GOP_MAX_POOL2D ||
+           op == CH_GOP_AVG_POOL2D || op == CH_GOP_GLOBAL_AVG_POOL || op == CH_GOP_MEAN_HW;
+}
+
+/* Append node nd (its name, op, args; in copied) and return its output tensor. */
+static int add_node(ch_graph *g, ch_gnode *nd, const int *in, int nin)
+{
+    if (!g || g->st != CH_STATUS_OK) return -1;
+    if (!check_name(g, nd->name)) return -1;
+    const char *what = nd->op == CH_GOP_ACT ? act_name(&nd->act) : ch_gop_name(nd->op);
+    if (g->output >= 0)
+        return fail(g, CH_STATUS_BAD_INPUT, "node '%s' (%s) added after the output was marked", nd->name, what);
+    if (g->nnodes >= MAX_NODES) return fail(g, CH_STATUS_BAD_INPUT, "more than %d nodes", MAX_NODES);
+    if (nin < 1 || nin > MAX_INPUTS)
+        return fail(g, CH_STATUS_BAD_INPUT, "node '%s' (%s): %d inputs", nd->name, what, nin);
+    for (int i = 0; i < nin; i++)
+        if (in[i] < 0 || in[i] >= g->ntensors)
+            return fail(g, CH_STATUS_BAD_INPUT, "node '%s' (%s): input %d is tensor %d, which does not exist",
+                        nd->name, what, i, in[i]);
+    if (needs_rank3(nd->op) && g->tensors[in[0]].rank != 3)
+        return fail(g, CH_STATUS_BAD_INPUT, "node '%s' (%s): needs a (c, h, w) input, got (%d) features",
+                    nd->name, what, g->tensors[in[0]].dims[0]);
+    if (nd->op == CH_GOP_CONCAT)
+        for (int i = 1; i < nin; i++)
+            if (g->tensors[in[i]].rank != g->tensors[in[0]].rank)
+                return fail(g, CH_STATUS_BAD_INPUT, "node '%s' (concat): inputs of rank 1 and 3", nd->name);
+    nd->in = malloc(sizeof(int) * (size_t)nin);
+    if (!nd->in) return fail(g, CH_STATUS_SYSTEM, "out of memory for node '%s'", nd->name);
+    memcpy(nd->in, in, sizeof(int) * (size_t)nin);
+    nd->nin = nin;
+    if (g->nnodes == g->node_cap) {
+        const int cap = g->node_cap ? 2 * g->node_cap : 16;
+        ch_gnode *n = realloc(g->nodes, sizeof *n * (size_t)cap);
+        if (!n) {
+            free(nd->in);
+            return fail(g, CH_STATUS_SYSTEM, "out of memory for nodes");
+        }
+        g->nodes = n;
+        g->node_cap = cap;
+    }
+    /* The layer is the check: it refuses what does not fit and gives the output shape. */
+    ch_layer *l = NULL;
+    ch_err e;
+    const ch_status st = node_layer(g, nd, &l, &e);
+    if (st != CH_STATUS_OK) {
+        free(nd->in);
+        return fail(g, st, "node '%s' (%s): %s", nd->name, what, e.msg);
+    }
+    const ch_shape3 s = l->out;
+    ch_layer_free(l);
+    if ((double)s.c * s.h * s.w > max_elems) {
+        free(nd->in);
+        return fail(g, CH_STATUS_BAD_INPUT, "node '%s' (%s): output %dx%dx%d is too large", nd->name, what,
+                    s.c, s.h, s.w);
+    }
+    const int rank = out_rank(g, nd);
+    const int t = new_tensor(g, rank, s, g->nnodes);
+    if (t < 0) {
+        free(nd->in);
+        return -1;
+    }
+    nd->out = t;
+    g->nodes[g->nnodes++] = *nd;
+    return t;
+}
+
+static ch_gnode node_of(const char *name, ch_gop op)
+{
+    ch_gnode nd = { .op = op };
+    if (name) snprintf(nd.name, sizeof nd.name, "%s", name);
+    /* A name too long is reported by check_name from the caller's string. */
+    if (name && strlen(name) >= sizeof nd.name) nd.name[0] = '\0';
+    return nd;
+}
+
+/* A node's name check needs the caller's full string when it is too long to keep. */
+static int add_named(ch_graph *g, const char *name, ch_gnode *nd, const int *in, int nin)
+{
+    if (!g || g->st != CH_STATUS_OK) return -1;
+    if (!name || !name[0] || strlen(name) >= CH_NODE_NAME_MAX) {
+        check_name(g, name);
+        return -1;
+    }
+    return add_node(g, nd, in, nin);
+}
+
+int ch_graph_conv2d(ch_graph *g, const char *name, int x, const ch_conv2d_args *a)
+{
+    ch_gnode nd = node_of(name, CH_GOP_CONV2D);
+    if (!a) return g ? fail(g, CH_STATUS_BAD_INPUT, "node '%s' (conv2d): no arguments", name ? name : "") : -1;
+    nd.conv = *a;
+    if (a->out_channels < 1 || a->out_channels > MAX_DIM || a->kernel < 1 || a->kernel > MAX_DIM ||
+        a->stride < 0 || a->stride > MAX_DIM || a->padding < 0 || a->padding > MAX_DIM ||
+        a->dilation < 0 || a->dilation > MAX_DIM || a->groups < 0 || a->groups > MAX_DIM)
+        return g ? fail(g, CH_STATUS_BAD_INPUT, "node '%s' (conv2d): out_channels %d, kernel %d, stride %d, "
+                        "padding %d, dilation %d, groups %d (each up to %d)", name ? name : "", a->out_channels,
+                        a->kernel, a->stride, a->padding, a->dilation, a->groups, MAX_DIM) : -1;
+    return add_named(g, name, &nd, &x, 1);
+}
+
+int ch_graph_batchnorm2d(ch_graph *g, const char *name, int x, const ch_batchnorm_args *a)
+{
+    ch_gnode nd = node_of(name, CH_GOP_BATCHNORM2D);
+    nd.bn = (ch_batchnorm_args){ .eps = a && a->eps != 0 ? a->eps : 1e-5,
+                                 .momentum = a && a->momentum != 0 ? a->momentum : 0.1 };
+    return add_named(g, name, &nd, &x, 1);
+}
+
+int ch_graph_relu(ch_graph *g, const char *name, int x)
+{
+    ch_gnode nd = node_of(name, CH_GOP_RELU);
+    return add_named(g, name, &nd, &x, 1);
+}
+
+static int act(ch_graph *g, const char *name, int x, ch_act a)
+{
+    ch_gnode nd = node_of(name, CH_GOP_ACT);
+    nd.act = a;
+    return add_named(g, name, &nd, &x, 1);
+}
+
+int ch_graph_leaky_relu(ch_graph *g, const char *name, int x, double negative_slope)
+{
+    return act(g, name, x, (ch_act){ .kind = CH_ACT_LEAKY_RELU, .alpha = (float)negative_slope });
+}
+
+int ch_graph_clip(ch_graph *g, const char *name, int x, double min, double max)
+{
+    return act(g, name, x, (ch_act){ .kind = CH_ACT_CLIP, .lo = (float)min, .hi = (float)max });
+}
+
+int ch_graph_relu6(ch_graph *g, const char *name, int x) { return ch_graph_clip(g, name, x, 0, 6); }
+
+int ch_graph_sigmoid(ch_graph *g, const char *name, int x)
+{
+    return act(g, name, x, (ch_act){ .kind = CH_ACT_SIGMOID });
+}
+
+int ch_graph_tanh(ch_graph *g, const char *name, int x)
+{
+    return act(g, name, x, (ch_act){ .kind = CH_ACT_TANH });
+}
+
+static int pool(ch_graph *g, const char *name, int x, ch_gop op, const ch_pool2d_args *a)
+{
+    ch_gnode nd = node_of(name, op);
+    if (!a) return g ? fail(g, CH_STATUS_BAD_INPUT, "node '%s' (%s): no arguments", name ? name : "", ch_gop_name(op)) : -1;
+    if (a->kernel < 1 || a->kernel > MAX_DIM || a->stride < 0 || a->stride > MAX_DIM || a->padding < 0 ||
+        a->padding > MAX_DIM)
+        return g ? fail(g, CH_STATUS_BAD_INPUT, "node '%s' (%s): kernel %d, stride %d, padding %d",
+                        name ? name : "", ch_gop_name(op), a->kernel, a->stride, a->padding) : -1;
+    nd.pool = *a;
+    return add_named(g, name, &nd, &x, 1);
+}
+
+int ch_graph_max_pool2d(ch_graph *g, const char *name, int x, const ch_pool2d_args *a)
+{
+    return pool(g, name, x, CH_GOP_MAX_POOL2D, a);
+}
+
+int ch_graph_avg_pool2d(ch_graph *g, const char *name, int x, const ch_pool2d_args *a)
+{
+    return pool(g, name, x, CH_GOP_AVG_POOL2D, a);
+}
+
+int ch_graph_global_avg_pool(ch_graph *g, const char *name, int x)
+{
+    ch_gnode nd = node_of(name, CH_GOP_GLOBAL_AVG_POOL);
+    return add_named(g, name, &nd, &x, 1);
+}
+
+int ch_graph_mean_hw(ch_graph *g, const char *name, int x, bool keepdim)
+{
+    ch_gnode nd = node_of(name, CH_GOP_MEAN_HW);
+    nd.keepdim = keepdim;
+    return add_named(g, name, &nd, &x, 1);
+}
+
+int ch_graph_flatten(ch_graph *g, const char *name, int x)
+{
+    ch_gnode nd = node_of(name, CH_GOP_FLATTEN);
+    return add_named(g, name, &nd, &x, 1);
+}
+
+int ch_graph_linear(ch_graph *g, const char *name, int x, int out_features, bool bias)
+{
+    ch_gnode nd = node_of(name, CH_GOP_LINEAR);
+    if (out_features < 1 || out_features > MAX_DIM * 16)
+        return g ? fail(g, CH_STATUS_BAD_INPUT, "node '%s' (linear): %d out_features", name ? name : "",
+                        out_features) : -1;
+    if (g && g->st == CH_STATUS_OK && x >= 0 && x < g->ntensors && g->tensors[x].rank == 3 &&
+        (g->tensors[x].dims[1] != 1 || g->tensors[x].dims[2] != 1))
+        return fail(g, CH_STATUS_BAD_INPUT, "node '%s' (linear): input %dx%dx%d is not flat: flatten it first",
+                    name ? name : "", g->tensors[x].dims[0], g->tensors[x].dims[1], g->tensors[x].dims[2]);
+    nd.features = out_features;
+    nd.bias = bias;
+    return add_named(g, name, &nd, &x, 1);
+}
+
+int ch_graph_dropout(ch_graph *g, const char *name, int x, double p)
+{
+    ch_gnode nd = node_of(name, CH_GOP_DROPOUT);
+    if (!(p >= 0 && p < 1))
+        return g ? fail(g, CH_STATUS_BAD_INPUT, "node '%s' (dropout): p %g is not in [0, 1)", name ? name : "", p) : -1;
+    nd.p = p;
+    return add_named(g, name, &nd, &x, 1);
+}
+
+int ch_graph_add(ch_graph *g, const char *name, int a, int b)
+{
+    ch_gnode nd = node_of(name, CH_GOP_ADD);
+    return add_named(g, name, &nd, (const int[]){ a, b }, 2);
+}
+
+int ch_graph_mul(ch_graph *g, const char *name, int a, int b)
+{
+    ch_gnode nd = node_of(name, CH_GOP_MUL);
+    return add_named(g, name, &nd, (const int[]){ a, b }, 2);
+}
+
+int ch_graph_concat(ch_graph *g, const char *name, const int *xs, int n)
+{
+    ch_gnode nd = node_of(name, CH_GOP_CONCAT);
+    if (!xs || n < 1 || n > MAX_INPUTS)
+        return g ? fail(g, CH_STATUS_BAD_INPUT, "node '%s' (concat): %d inputs", name ? name : "", n) : -1;
+    return add_named(g, name, &nd, xs, n);
+}
+
+ch_status ch_graph_output(ch_graph *g, int x)
+{
+    if (!g) return CH_STATUS_BAD_INPUT;
+    if (g->st != CH_STATUS_OK) return g->st;
+    if (g->output >= 0) return (fail(g, CH_STATUS_BAD_INPUT, "the output is marked twice"), g->st);
+    if (x < 0 || x >= g->ntensors) return (fail(g, CH_STATUS_BAD_INPUT, "the output is tensor %d, which does not exist", x), g->st);
+    const ch_gtensor *t = &g->tensors[x];
+    if (t->producer < 0) return (fail(g, CH_STATUS_BAD_INPUT, "the output is the input"), g->st);
+    if (t->rank == 3 && (t->dims[1] != 1 || t->dims[2] != 1))
+        return (fail(g, CH_STATUS_BAD_INPUT, "the output of node '%s' is %dx%dx%d, not a vector of logits",
+                     g->nodes[t->producer].name, t->dims[0], t->dims[1], t->dims[2]), g->st);
+    g->output = x;
+    return CH_STATUS_OK;
+}
+
+/* FNV-1a over explicit fields (never over structs: their padding is not the graph). */
+static void mix(uint64_t *h, const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++) {
+        *h ^= b[i];
+        *h *= 0x100000001b3ull;
+    }
+}
+
+static void mix_int(uint64_t *h, long long v) { mix(h, &v, sizeof v); }
+static void mix_double(uint64_t *h, double v) { mix(h, &v, sizeof v); }
+
+uint64_t ch_graph_fingerprint(const ch_graph *g)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    mix(&h, g->input_name, strlen(g->input_name) + 1);
+    mix_int(&h, g->input);
+    mix_int(&h, g->output);
+    for (int t = 0; t < g->ntensors; t++)
+        for (int i = 0; i < 3; i++) mix_int(&h, g->tensors[t].dims[i] * 4 + g->tensors[t].rank);
+    for (int i = 0; i < g->nnodes; i++) {
+        const ch_gnode *nd = &g->nodes[i];
+        mix(&h, nd->name, strlen(nd->name) + 1);
+        mix_int(&h, nd->op);
+        for (int j = 0; j < nd->nin; j++) mix_int(&h, nd->in[j]);
+        const ch_conv2d_args *c = &nd->conv;
+        const int ints[] = { c->out_channels, c->kernel, c->stride, c->padding, c->dilation, c->groups,
+                             c->no_bias, nd->pool.kernel, nd->pool.stride, nd->pool.padding,
+                             nd->pool.ceil_mode, nd->pool.exclude_pad, (int)nd->act.kind,
+                             nd->features, nd->bias, nd->keepdim };
+        for (size_t k = 0; k < sizeof ints / sizeof ints[0]; k++) mix_int(&h, ints[k]);
+        const double reals[] = { nd->bn.eps, nd->bn.momentum, nd->act.alpha, nd->act.lo, nd->act.hi, nd->p };
+        for (size_t k = 0; k < sizeof reals / sizeof reals[0]; k++) mix_double(&h, reals[k]);
+    }
+    return h;
+}

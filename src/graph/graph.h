@@ -1,0 +1,71 @@
+/* Graphs of operations: the description a user builds (include/cohort.h's ch_graph_* calls, or an
+ * importer), and its compilation into a layer that runs it.
+ * A graph is a list of nodes in the order they were added; a node reads tensors made before it, so
+ * the list is already a topological order and cannot hold a cycle. Tensor shapes are per sample
+ * (the batch dimension is open): rank 3 (c, h, w) or rank 1 (features). dtype is float32 today;
+ * tensors carry it so that other types need no second description. */
+#ifndef CH_GRAPH_GRAPH_H
+#define CH_GRAPH_GRAPH_H
+
+#include "cohort.h"
+#include "core/status.h"
+#include "nn/layer.h"
+
+typedef enum ch_gop {
+    CH_GOP_CONV2D, CH_GOP_BATCHNORM2D, CH_GOP_RELU, CH_GOP_ACT, CH_GOP_MAX_POOL2D,
+    CH_GOP_AVG_POOL2D, CH_GOP_GLOBAL_AVG_POOL, CH_GOP_MEAN_HW, CH_GOP_FLATTEN, CH_GOP_LINEAR,
+    CH_GOP_DROPOUT, CH_GOP_ADD, CH_GOP_MUL, CH_GOP_CONCAT,
+} ch_gop;
+
+typedef enum ch_dtype { CH_DTYPE_F32 = 0 } ch_dtype;
+
+typedef struct ch_gtensor {
+    int rank;           /* 3: (c, h, w); 1: (features) in dims[0] */
+    int dims[3];        /* unused dimensions are 1 */
+    ch_dtype dtype;
+    int producer;       /* node index; -1: the graph's input */
+} ch_gtensor;
+
+typedef struct ch_gnode {
+    char name[CH_NODE_NAME_MAX];
+    ch_gop op;
+    int nin;
+    int *in;            /* tensor ids (owned) */
+    int out;            /* tensor id */
+    /* Arguments, by op. */
+    ch_conv2d_args conv;
+    ch_pool2d_args pool;
+    ch_batchnorm_args bn;
+    ch_act act;
+    int features;       /* linear */
+    bool bias;          /* linear */
+    bool keepdim;       /* mean_hw */
+    double p;           /* dropout */
+} ch_gnode;
+
+struct ch_graph {
+    char name[64];
+    char input_name[CH_NODE_NAME_MAX];
+    int nnodes, ntensors, node_cap, tensor_cap;
+    ch_gnode *nodes;
+    ch_gtensor *tensors;
+    int input, output;  /* tensor ids; -1: not set yet */
+    ch_status st;       /* the first error (sticky) */
+    ch_err err;
+};
+
+/* The per-sample shape of tensor t as a layer sees it: rank 1 is (features, 1, 1). */
+ch_shape3 ch_graph_shape(const ch_graph *g, int t);
+/* Make node i's layer for the shapes of its inputs (named after the node). */
+ch_status ch_graph_node_layer(const ch_graph *g, int i, ch_layer **out, ch_err *err);
+/* Compile a complete graph into one layer that runs it (the root of a model): its children are the
+ * nodes' layers, named by the nodes' names, so the model's tensors get the PyTorch names. Checks
+ * the graph first: an output, every node on a path to it. */
+ch_status ch_graph_compile(const ch_graph *g, ch_layer **out, ch_err *err);
+/* A hash of everything that defines the computation (nodes, names, arguments, edges, shapes):
+ * ranks compare it before they train together. */
+uint64_t ch_graph_fingerprint(const ch_graph *g);
+/* "conv2d", "batchnorm2d", ...: what the builder and error messages call op. */
+const char *ch_gop_name(ch_gop op);
+
+#endif
