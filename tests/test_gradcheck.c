@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "core/rng.h"
+#include "graph/graph.h"
 #include "nn/model.h"
 
 static const double eps = 1e-6, tol = 1e-4, zero_floor = 1e-7;
@@ -232,6 +233,135 @@ static void batchnorm_gradients(void **state)
 {
     (void)state;
     check_layer("batchnorm2d", MAKE(ch_batchnorm2d_create, "bn", (ch_shape3){ 3, 4, 5 }), 3);
+    check_layer("batchnorm2d eps 1e-3", MAKE(ch_batchnorm2d_create_opts, "bn", (ch_shape3){ 3, 4, 5 }, 1e-3, 0.3), 3);
+}
+
+/* The convolutions and pools a graph may hold beyond the zoo's. */
+static void conv_options_gradients(void **state)
+{
+    (void)state;
+    const struct { const char *what; ch_shape3 in; ch_conv2d_opts o; } cases[] = {
+        { "conv groups 2", { 4, 6, 6 }, { .out_channels = 6, .kernel = 3, .stride = 1, .pad = 1, .dilation = 1, .groups = 2, .bias = true } },
+        { "conv depthwise", { 4, 6, 5 }, { .out_channels = 4, .kernel = 3, .stride = 1, .pad = 1, .dilation = 1, .groups = 4, .bias = false } },
+        { "conv depthwise x2 s2", { 3, 7, 7 }, { .out_channels = 6, .kernel = 3, .stride = 2, .pad = 1, .dilation = 1, .groups = 3, .bias = true } },
+        { "conv dilation 2", { 2, 7, 7 }, { .out_channels = 3, .kernel = 3, .stride = 1, .pad = 2, .dilation = 2, .groups = 1, .bias = true } },
+        { "conv dil 2 s2 groups 2", { 4, 9, 8 }, { .out_channels = 4, .kernel = 3, .stride = 2, .pad = 1, .dilation = 2, .groups = 2, .bias = true } },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        check_layer(cases[i].what, MAKE(ch_conv2d_create_opts, "c", cases[i].in, &cases[i].o), 2);
+    const struct { const char *what; bool max; ch_shape3 in; ch_pool2d_opts o; } pools[] = {
+        { "maxpool 3 s2 ceil", true, { 2, 8, 8 }, { .kernel = 3, .stride = 2, .ceil_mode = true } },
+        { "maxpool 2 s2 p1 ceil", true, { 2, 7, 6 }, { .kernel = 2, .stride = 2, .pad = 1, .ceil_mode = true } },
+        { "avgpool 3 s2 ceil incl pad", false, { 2, 8, 8 }, { .kernel = 3, .stride = 2, .ceil_mode = true, .count_include_pad = true } },
+        { "avgpool 3 s2 p1 ceil excl pad", false, { 2, 8, 7 }, { .kernel = 3, .stride = 2, .pad = 1, .ceil_mode = true } },
+        { "avgpool 3 s1 p1 excl pad", false, { 2, 5, 5 }, { .kernel = 3, .stride = 1, .pad = 1 } },
+    };
+    for (size_t i = 0; i < sizeof pools / sizeof pools[0]; i++)
+        check_layer(pools[i].what, pools[i].max ? MAKE(ch_maxpool2d_create_opts, "p", pools[i].in, &pools[i].o)
+                                                : MAKE(ch_avgpool2d_create_opts, "p", pools[i].in, &pools[i].o), 2);
+    check_layer("linear no bias", MAKE(ch_linear_create_opts, "l", (ch_shape3){ 12, 1, 1 }, 5, false), 3);
+}
+
+static void activation_gradients(void **state)
+{
+    (void)state;
+    const struct { const char *what; ch_act a; } cases[] = {
+        { "leaky_relu 0.1", { .kind = CH_ACT_LEAKY_RELU, .alpha = 0.1f } },
+        { "clip -0.5..0.5", { .kind = CH_ACT_CLIP, .lo = -0.5f, .hi = 0.5f } },
+        { "sigmoid", { .kind = CH_ACT_SIGMOID } },
+        { "tanh", { .kind = CH_ACT_TANH } },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        check_layer(cases[i].what, MAKE(ch_activation_create, "a", (ch_shape3){ 2, 3, 5 }, &cases[i].a), 4);
+}
+
+/* ---- whole graphs ---- */
+
+static int conv(ch_graph *g, const char *name, int x, int oc, int k, int pad, int groups)
+{
+    return ch_graph_conv2d(g, name, x, &(ch_conv2d_args){ .out_channels = oc, .kernel = k, .padding = pad,
+                                                         .groups = groups });
+}
+
+/* A squeeze-excitation block with a residual sum: y is read three times. */
+static void build_se(ch_graph *g)
+{
+    int x = ch_graph_input(g, "x", 4, 5, 5);
+    int y = conv(g, "conv", x, 6, 3, 1, 1);
+    y = ch_graph_batchnorm2d(g, "bn", y, NULL);
+    y = ch_graph_relu6(g, "act", y);
+    int s = ch_graph_mean_hw(g, "se.pool", y, true);
+    s = conv(g, "se.fc1", s, 3, 1, 0, 1);
+    s = ch_graph_relu(g, "se.relu", s);
+    s = conv(g, "se.fc2", s, 6, 1, 0, 1);
+    s = ch_graph_sigmoid(g, "se.gate", s);
+    int z = ch_graph_mul(g, "se.mul", y, s);
+    z = ch_graph_add(g, "add", z, y);
+    z = ch_graph_global_avg_pool(g, "pool", z);
+    z = ch_graph_flatten(g, "flatten", z);
+    ch_graph_output(g, ch_graph_linear(g, "fc", z, 5, true));
+}
+
+/* DenseNet-style concatenations: a and b each feed two concats; the input feeds two convs;
+ * a depthwise conv followed by a fused ReLU. */
+static void build_dense(ch_graph *g)
+{
+    int x = ch_graph_input(g, "x", 2, 7, 7);
+    int a = conv(g, "a", x, 4, 3, 1, 1);
+    a = ch_graph_relu(g, "a.relu", a);
+    int b = conv(g, "b", x, 2, 1, 0, 1);
+    b = ch_graph_leaky_relu(g, "b.act", b, 0.2);
+    int c = ch_graph_concat(g, "c", (int[]){ a, b }, 2);
+    int d = conv(g, "d", c, 6, 3, 1, 3);
+    d = ch_graph_relu(g, "d.relu", d);
+    d = ch_graph_tanh(g, "d.act", d);
+    int e = ch_graph_concat(g, "e", (int[]){ a, b, d }, 3);
+    e = ch_graph_max_pool2d(g, "pool1", e, &(ch_pool2d_args){ .kernel = 3, .stride = 2, .ceil_mode = true });
+    e = ch_graph_avg_pool2d(g, "pool2", e, &(ch_pool2d_args){ .kernel = 2, .padding = 1, .exclude_pad = true });
+    e = ch_graph_dropout(g, "drop", e, 0.25);
+    e = ch_graph_flatten(g, "flatten", e);
+    ch_graph_output(g, ch_graph_linear(g, "fc", e, 5, false));
+}
+
+/* Rank-1 broadcasting: a (c) vector against (c, h, w) aligns with w, as in PyTorch. */
+static void build_flat(ch_graph *g)
+{
+    int x = ch_graph_input(g, "x", 3, 3, 3);
+    int v = ch_graph_mean_hw(g, "mean", x, false);                 /* (3) */
+    int y = ch_graph_mul(g, "scale", x, v);                         /* (3, 3, 3) * (1, 1, 3) */
+    int f = ch_graph_flatten(g, "flatten", y);                      /* (27) */
+    int h1 = ch_graph_linear(g, "h1", f, 4, true);
+    int h2 = ch_graph_linear(g, "h2", f, 4, true);
+    int h = ch_graph_add(g, "sum", h1, h2);                         /* (4) + (4) */
+    h = ch_graph_mul(g, "sq", h, h);                                /* the same tensor twice */
+    ch_graph_output(g, ch_graph_linear(g, "out", h, 3, true));
+}
+
+static void check_graph(const char *what, void (*build)(ch_graph *), int n, bool xent)
+{
+    ch_graph *g;
+    ch_err err;
+    assert_int_equal(ch_graph_create(what, &g, &err), CH_STATUS_OK);
+    build(g);
+    if (ch_graph_status(g, &err) != CH_STATUS_OK) fail_msg("%s", err.msg);
+    ch_layer *root;
+    if (ch_graph_compile(g, &root, &err) != CH_STATUS_OK) fail_msg("%s", err.msg);
+    ch_model *m;
+    assert_int_equal(ch_model_create_from(what, root, (int)ch_shape3_size(root->out), &m, &err), CH_STATUS_OK);
+    ch_graph_free(g);
+    probe p;
+    probe_init(&p, m, n, xent, 41);
+    check(&p, what, 3, 6);
+    probe_free(&p);
+}
+
+static void graph_gradients(void **state)
+{
+    (void)state;
+    check_graph("graph se-gate", build_se, 3, false);
+    check_graph("graph se-gate xent", build_se, 3, true);
+    check_graph("graph dense", build_dense, 3, false);
+    check_graph("graph flat broadcast", build_flat, 3, false);
 }
 
 static void residual_gradients(void **state)
@@ -286,6 +416,9 @@ int main(void)
         cmocka_unit_test(pooling_gradients),
         cmocka_unit_test(elementwise_gradients),
         cmocka_unit_test(batchnorm_gradients),
+        cmocka_unit_test(conv_options_gradients),
+        cmocka_unit_test(activation_gradients),
+        cmocka_unit_test(graph_gradients),
         cmocka_unit_test(residual_gradients),
         cmocka_unit_test(mse_loss_gradients),
         cmocka_unit_test(model_gradients),

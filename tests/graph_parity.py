@@ -1,0 +1,128 @@
+"""PyTorch's side of the graph parity test (graph_parity.sh runs it with Debian's python3-torch).
+
+  make DATA_ROOT DIR   write DIR/data (32 training and 256 test images of Fashion-MNIST, as IDX) and,
+                       for each model of graph_models.py, DIR/M.init.safetensors (its initial
+                       state_dict) and DIR/M.after.safetensors (after one SGD step, lr 0.05,
+                       momentum 0.9, weight decay 1e-4, on the 32 images in one batch)
+  check DIR M FILE N   load cohort's export FILE into M with load_state_dict(strict=True) and check
+                       that PyTorch's eval accuracy on the test images is N correct, as cohort said
+
+safetensors are written and read with the standard library and numpy (Debian has no safetensors).
+"""
+import gzip
+import json
+import os
+import struct
+import sys
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from graph_models import LOSS, MODELS  # noqa: E402
+
+NTRAIN, NTEST = 32, 256
+DTYPES = {"F32": np.float32, "I64": np.int64}
+
+
+def save_file(tensors, path):
+    header, blobs, off = {}, [], 0
+    for name, t in tensors.items():
+        a = t.detach().cpu().numpy()
+        dtype = "I64" if a.dtype == np.int64 else "F32"
+        b = a.astype(DTYPES[dtype]).tobytes()
+        header[name] = {"dtype": dtype, "shape": list(a.shape), "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
+def load_file(path):
+    with open(path, "rb") as f:
+        raw = f.read()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + n])
+    header.pop("__metadata__", None)
+    out = {}
+    for name, t in header.items():
+        b, e = t["data_offsets"]
+        arr = np.frombuffer(raw[8 + n + b:8 + n + e], dtype=DTYPES[t["dtype"]]).reshape(t["shape"])
+        out[name] = torch.from_numpy(arr.copy())
+    return out
+
+
+def read_idx(root, prefix, n):
+    with gzip.open(os.path.join(root, prefix + "-images-idx3-ubyte.gz")) as f:
+        x = np.frombuffer(f.read()[16:16 + n * 784], dtype=np.uint8)
+    with gzip.open(os.path.join(root, prefix + "-labels-idx1-ubyte.gz")) as f:
+        y = np.frombuffer(f.read()[8:8 + n], dtype=np.uint8)
+    return x.reshape(n, 784), y
+
+
+def write_idx(dirname, prefix, x, y):
+    with open(os.path.join(dirname, prefix + "-images-idx3-ubyte"), "wb") as f:
+        f.write(struct.pack(">IIII", 0x803, len(x), 28, 28) + x.tobytes())
+    with open(os.path.join(dirname, prefix + "-labels-idx1-ubyte"), "wb") as f:
+        f.write(struct.pack(">II", 0x801, len(y)) + y.tobytes())
+
+
+def as_batch(x, y):
+    return (torch.from_numpy(x.reshape(-1, 1, 28, 28).astype(np.float32) / 255),
+            torch.from_numpy(y.astype(np.int64)))
+
+
+def make(data_root, out):
+    data = os.path.join(out, "data")
+    os.makedirs(data, exist_ok=True)
+    xt, yt = read_idx(os.path.join(data_root, "fashion-mnist"), "train", NTRAIN)
+    xv, yv = read_idx(os.path.join(data_root, "fashion-mnist"), "t10k", NTEST)
+    write_idx(data, "train", xt, yt)
+    write_idx(data, "t10k", xv, yv)
+    x, y = as_batch(xt, yt)
+    for i, (name, make_model) in enumerate(MODELS.items()):
+        torch.manual_seed(100 + i)
+        m = make_model()
+        save_file(m.state_dict(), os.path.join(out, name + ".init.safetensors"))
+        # The step in double precision: the reference is the exact answer, not float32's rounding
+        # of it (cohort's sums differ from PyTorch's in order, both near 1e-7).
+        m.double().train()
+        x = x.double()
+        opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
+        loss = LOSS[name](m(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        save_file(m.state_dict(), os.path.join(out, name + ".after.safetensors"))
+        print(f"{name}: loss {loss.item():.6f}, {sum(p.numel() for p in m.parameters())} parameters")
+
+
+def check(out, name, path, correct):
+    m = MODELS[name]()
+    m.load_state_dict(load_file(path), strict=True)
+    m.eval()
+    xv, yv = read_idx_local(os.path.join(out, "data"))
+    x, y = as_batch(xv, yv)
+    with torch.no_grad():
+        hits = int((m(x).argmax(1) == y).sum())
+    print(f"{name}: PyTorch eval {hits}/{len(y)} correct with cohort's weights, cohort said {correct}")
+    return hits == int(correct)
+
+
+def read_idx_local(data):
+    with open(os.path.join(data, "t10k-images-idx3-ubyte"), "rb") as f:
+        x = np.frombuffer(f.read()[16:], dtype=np.uint8).reshape(-1, 784)
+    with open(os.path.join(data, "t10k-labels-idx1-ubyte"), "rb") as f:
+        y = np.frombuffer(f.read()[8:], dtype=np.uint8)
+    return x, y
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "make":
+        make(sys.argv[2], sys.argv[3])
+    elif sys.argv[1] == "check":
+        sys.exit(0 if check(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]) else 1)
+    else:
+        sys.exit("usage: graph_parity.py make DATA_ROOT DIR | check DIR MODEL FILE CORRECT")

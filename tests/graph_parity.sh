@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Graphs built with ch_graph_* against PyTorch (graph_models.py / graph_models.c: a ResNet with
+# downsample shortcuts, a MobileNet with depthwise convs, ReLU6 and squeeze-excitation, a DenseNet
+# with concat and pools in ceil_mode, a net ending in log_softmax with view):
+#   one SGD step from PyTorch's initial weights gives PyTorch's parameters and BatchNorm buffers
+#   (within 1e-4), on one device, on two with sync-BN and on two MPI ranks with sync-BN; PyTorch
+#   loads each result with load_state_dict(strict=True) and its eval accuracy is cohort's.
+# usage: graph_parity.sh GRAPH_PARITY DATA_ROOT [MPIRUN ARGS...]
+set -euo pipefail
+bin=$1 data=$2; shift 2
+py=/usr/bin/python3
+here=$(cd "$(dirname "$0")" && pwd)
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+"$py" "$here/graph_parity.py" make "$data" "$tmp"
+
+run() { # label model command...
+    local label=$1 model=$2; shift 2
+    echo "== $model, $label"
+    "$@" | tee "$tmp/out"
+    local correct; correct=$(sed -n 's/^correct \([0-9]*\)$/\1/p' "$tmp/out")
+    [ -n "$correct" ] || { echo "FAIL: $model ($label) printed no accuracy"; exit 1; }
+    "$py" "$here/graph_parity.py" check "$tmp" "$model" "$tmp/$model.cohort.safetensors" "$correct"
+}
+
+for m in resnet mobilenet densenet lognet; do
+    run "1 device" "$m" "$bin" step "$tmp" "$m" cpu:0
+    run "2 devices, sync-BN" "$m" "$bin" step "$tmp" "$m" cpu:0,cpu:1 sync-bn
+    if [ $# -gt 0 ]; then
+        run "2 ranks, sync-BN" "$m" "$@" -np 2 "$bin" step "$tmp" "$m" cpu:0 sync-bn
+    fi
+done
+echo "graph_parity: all models match PyTorch"
