@@ -1,0 +1,197 @@
+/* The graph builder's refusals (each names the node and what is wrong; the first error sticks),
+ * the compiled graph's checks, the gradient memory plan and the fingerprint. */
+#include "test_util.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "graph/graph.h"
+#include "nn/model.h"
+
+static ch_graph *fresh(void)
+{
+    ch_graph *g;
+    ch_err err;
+    assert_int_equal(ch_graph_create("t", &g, &err), CH_STATUS_OK);
+    return g;
+}
+
+/* g's first error contains want; g is freed. */
+static void expect_error(ch_graph *g, const char *want)
+{
+    ch_err err = { 0 };
+    assert_int_equal(ch_graph_status(g, &err), CH_STATUS_BAD_INPUT);
+    if (!strstr(err.msg, want)) fail_msg("expected '%s' in '%s'", want, err.msg);
+    assert_null(strchr(err.msg, '\n'));
+    ch_graph_free(g);
+}
+
+static const ch_conv2d_args conv8 = { .out_channels = 8, .kernel = 3, .padding = 1 };
+
+static void builder_refusals(void **state)
+{
+    (void)state;
+    ch_graph *g = fresh();
+    int x = ch_graph_input(g, "x", 1, 8, 8);
+    ch_graph_conv2d(g, "conv", x, &conv8);
+    assert_int_equal(ch_graph_conv2d(g, "conv", x, &conv8), -1);
+    expect_error(g, "two nodes are named 'conv'");
+
+    g = fresh();
+    x = ch_graph_input(g, "x", 1, 8, 8);
+    ch_graph_relu(g, "a b", x);
+    expect_error(g, "node name 'a b'");
+
+    g = fresh();
+    x = ch_graph_input(g, "x", 1, 8, 8);
+    ch_graph_conv2d(g, "big", x, &(ch_conv2d_args){ .out_channels = 4, .kernel = 11 });
+    expect_error(g, "node 'big' (conv2d): conv big: kernel 11");
+
+    g = fresh();
+    x = ch_graph_input(g, "x", 3, 8, 8);
+    ch_graph_conv2d(g, "dw", x, &(ch_conv2d_args){ .out_channels = 4, .kernel = 3, .groups = 3 });
+    expect_error(g, "node 'dw' (conv2d)");
+
+    g = fresh();
+    x = ch_graph_input(g, "x", 1, 8, 8);
+    ch_graph_linear(g, "fc", x, 10, true);
+    expect_error(g, "node 'fc' (linear): input 1x8x8 is not flat");
+
+    g = fresh();
+    ch_graph_input(g, "x", 1, 8, 8);
+    ch_graph_relu(g, "r", 99);
+    expect_error(g, "input 0 is tensor 99, which does not exist");
+
+    g = fresh();
+    x = ch_graph_input(g, "x", 1, 8, 8);
+    int a = ch_graph_conv2d(g, "a", x, &conv8);
+    int b = ch_graph_conv2d(g, "b", x, &(ch_conv2d_args){ .out_channels = 4, .kernel = 3, .padding = 1 });
+    ch_graph_add(g, "sum", a, b);
+    expect_error(g, "node 'sum' (add): add sum: shapes 8x8x8 and 4x8x8 do not broadcast");
+
+    g = fresh();
+    x = ch_graph_input(g, "x", 1, 8, 8);
+    a = ch_graph_conv2d(g, "a", x, &conv8);
+    b = ch_graph_max_pool2d(g, "p", x, &(ch_pool2d_args){ .kernel = 2 });
+    ch_graph_concat(g, "cat", (const int[]){ a, b }, 2);
+    expect_error(g, "node 'cat' (concat): concat cat: input 1 is 4x4, input 0 8x8");
+
+    g = fresh();
+    x = ch_graph_input(g, "x", 1, 8, 8);
+    assert_int_equal(ch_graph_output(g, ch_graph_conv2d(g, "c", x, &conv8)), CH_STATUS_BAD_INPUT);
+    expect_error(g, "the output of node 'c' is 8x8x8, not a vector of logits");
+
+    g = fresh();
+    assert_int_equal(ch_graph_input(g, "x", 1, 1 << 20, 8), -1);
+    expect_error(g, "input 'x': shape 1x1048576x8");
+
+    g = fresh();
+    x = ch_graph_input(g, "x", 1, 8, 8);
+    ch_graph_dropout(g, "d", x, 1.0);
+    expect_error(g, "node 'd' (dropout): p 1 is not in [0, 1)");
+
+    g = fresh();
+    x = ch_graph_input(g, "x", 1, 8, 8);
+    ch_graph_clip(g, "clip", x, 6, 0);
+    expect_error(g, "clip clip: min 6 above max 0");
+}
+
+/* The first error is kept; the calls after it do nothing. */
+static void first_error_sticks(void **state)
+{
+    (void)state;
+    ch_graph *g = fresh();
+    int x = ch_graph_input(g, "x", 1, 8, 8);
+    assert_int_equal(ch_graph_conv2d(g, "bad", x, &(ch_conv2d_args){ .out_channels = 0, .kernel = 3 }), -1);
+    assert_int_equal(ch_graph_relu(g, "r", x), -1);
+    assert_int_equal(ch_graph_node_count(g), 0);
+    assert_int_equal(ch_graph_output(g, x), CH_STATUS_BAD_INPUT);
+    expect_error(g, "node 'bad' (conv2d)");
+}
+
+static ch_graph *small_net(int extra_relus)
+{
+    ch_graph *g = fresh();
+    int x = ch_graph_input(g, "x", 2, 6, 6);
+    x = ch_graph_conv2d(g, "conv", x, &conv8);
+    for (int i = 0; i < extra_relus; i++) {
+        char name[16];
+        snprintf(name, sizeof name, "act%d", i);
+        x = ch_graph_leaky_relu(g, name, x, 0.1);
+    }
+    x = ch_graph_flatten(g, "flatten", x);
+    ch_graph_output(g, ch_graph_linear(g, "fc", x, 10, true));
+    return g;
+}
+
+static void compile_checks(void **state)
+{
+    (void)state;
+    ch_err err;
+    ch_layer *root;
+    ch_graph *g = fresh();
+    int x = ch_graph_input(g, "x", 1, 8, 8);
+    ch_graph_relu(g, "unused", x);
+    int y = ch_graph_flatten(g, "flatten", x);
+    ch_graph_output(g, ch_graph_linear(g, "fc", y, 10, true));
+    assert_int_equal(ch_graph_compile(g, &root, &err), CH_STATUS_BAD_INPUT);
+    assert_non_null(strstr(err.msg, "the output of node 'unused' (relu) is never used"));
+    ch_graph_free(g);
+
+    g = fresh();
+    ch_graph_input(g, "x", 1, 8, 8);
+    assert_int_equal(ch_graph_compile(g, &root, &err), CH_STATUS_BAD_INPUT);
+    assert_non_null(strstr(err.msg, "no output marked"));
+    ch_graph_free(g);
+
+    /* The data must be what the graph takes. */
+    g = small_net(0);
+    ch_model *m;
+    assert_int_equal(ch_model_create_graph(g, (ch_shape3){ 1, 6, 6 }, 10, &m, &err), CH_STATUS_BAD_INPUT);
+    assert_non_null(strstr(err.msg, "graph t takes 2x6x6 inputs to 10 logits; the data are 1x6x6 in 10 classes"));
+    assert_int_equal(ch_model_create_graph(g, (ch_shape3){ 2, 6, 6 }, 10, &m, &err), CH_STATUS_OK);
+    assert_non_null(ch_model_find(m, "conv.weight"));
+    assert_non_null(ch_model_find(m, "fc.bias"));
+    assert_int_equal(m->ntensors, 4);
+    ch_model_free(m);
+    ch_graph_free(g);
+}
+
+/* Gradients of a chain live one step each: a long chain plans two blocks, not one per tensor. */
+static void gradient_blocks_are_reused(void **state)
+{
+    (void)state;
+    ch_err err;
+    ch_graph *g = small_net(12);
+    ch_model *m;
+    assert_int_equal(ch_model_create_graph(g, (ch_shape3){ 2, 6, 6 }, 10, &m, &err), CH_STATUS_OK);
+    assert_int_equal(ch_model_plan(m, ch_kernels_cpu(), 4, 1, &err), CH_STATUS_OK);
+    const size_t act = 8 * 6 * 6 * 4;   /* one activation gradient of the batch */
+    print_message("chain of 14 nodes: %zu elements of gradient blocks (%zu per tensor)\n", m->root->scratch_own, act);
+    assert_true(m->root->scratch_own <= 2 * act + 288 * 4);
+    ch_model_free(m);
+    ch_graph_free(g);
+}
+
+static void fingerprint_follows_the_graph(void **state)
+{
+    (void)state;
+    ch_graph *a = small_net(1), *b = small_net(1), *c = small_net(2);
+    assert_true(ch_graph_fingerprint(a) == ch_graph_fingerprint(b));
+    assert_true(ch_graph_fingerprint(a) != ch_graph_fingerprint(c));
+    ch_graph_free(a);
+    ch_graph_free(b);
+    ch_graph_free(c);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(builder_refusals),
+        cmocka_unit_test(first_error_sticks),
+        cmocka_unit_test(compile_checks),
+        cmocka_unit_test(gradient_blocks_are_reused),
+        cmocka_unit_test(fingerprint_follows_the_graph),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
