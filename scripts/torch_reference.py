@@ -71,26 +71,29 @@ def resnet18(num_classes=10, in_channels=1):
     return net
 
 
+class BasicBlock(nn.Module):
+    """torchvision's BasicBlock (its module names and order): conv3x3-BN-ReLU-conv3x3-BN, plus a
+    downsample (1x1 conv with the stride + BN) where the shape changes; add, ReLU."""
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.relu = nn.ReLU(inplace=True)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.downsample = None
+        if stride != 1 or cin != cout:
+            self.downsample = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        y = self.relu(self.bn1(self.conv1(x)))
+        y = self.bn2(self.conv2(y))
+        return self.relu(y + (self.downsample(x) if self.downsample is not None else x))
+
+
 def resnet18_imagenet(num_classes=10):
     """Reference program B's model: torchvision's ResNet-18 (built here without torchvision,
     which Debian does not package with python3-torch: the same modules, names and order)."""
-    class BasicBlock(nn.Module):
-        def __init__(self, cin, cout, stride):
-            super().__init__()
-            self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
-            self.bn1 = nn.BatchNorm2d(cout)
-            self.relu = nn.ReLU(inplace=True)
-            self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
-            self.bn2 = nn.BatchNorm2d(cout)
-            self.downsample = None
-            if stride != 1 or cin != cout:
-                self.downsample = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
-
-        def forward(self, x):
-            y = self.relu(self.bn1(self.conv1(x)))
-            y = self.bn2(self.conv2(y))
-            return self.relu(y + (self.downsample(x) if self.downsample is not None else x))
-
     class ResNet18(nn.Module):
         def __init__(self):
             super().__init__()

@@ -12,26 +12,15 @@ test (graph_parity.py) and its C twin (graph_models.c builds the same graphs wit
 All take 1x28x28 images (Fashion-MNIST) to 10 classes. dropout: the mobilenet's rate (0 for parity:
 PyTorch's and cohort's masks differ).
 """
+import os
+import sys
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-
-class BasicBlock(nn.Module):
-    def __init__(self, cin, cout, stride):
-        super().__init__()
-        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(cout)
-        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
-        self.bn2 = nn.BatchNorm2d(cout)
-        self.downsample = None
-        if stride != 1 or cin != cout:
-            self.downsample = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
-
-    def forward(self, x):
-        out = F.relu(self.bn1(self.conv1(x)))
-        out = self.bn2(self.conv2(out))
-        return F.relu(out + (self.downsample(x) if self.downsample is not None else x))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "scripts"))
+from torch_reference import BasicBlock  # noqa: E402  torchvision's block, as reference program B's
 
 
 class ResNet(nn.Module):

@@ -7,7 +7,8 @@
   check DIR M FILE N   load cohort's export FILE into M with load_state_dict(strict=True) and check
                        that PyTorch's eval accuracy on the test images is N correct, as cohort said
 
-safetensors are written and read with the standard library and numpy (Debian has no safetensors).
+safetensors are written here and read with torch_load.py's reader, with the standard library and
+numpy (Debian has no safetensors).
 """
 import gzip
 import json
@@ -20,6 +21,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 from graph_models import LOSS, MODELS  # noqa: E402
+from torch_load import load_file  # noqa: E402  (safetensors as safetensors.torch reads them)
 
 NTRAIN, NTEST = 32, 256
 DTYPES = {"F32": np.float32, "I64": np.int64}
@@ -38,20 +40,6 @@ def save_file(tensors, path):
     h += b" " * (-len(h) % 8)
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
-
-
-def load_file(path):
-    with open(path, "rb") as f:
-        raw = f.read()
-    (n,) = struct.unpack("<Q", raw[:8])
-    header = json.loads(raw[8:8 + n])
-    header.pop("__metadata__", None)
-    out = {}
-    for name, t in header.items():
-        b, e = t["data_offsets"]
-        arr = np.frombuffer(raw[8 + n + b:8 + n + e], dtype=DTYPES[t["dtype"]]).reshape(t["shape"])
-        out[name] = torch.from_numpy(arr.copy())
-    return out
 
 
 def read_idx(root, prefix, n):
