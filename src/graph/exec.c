@@ -21,7 +21,6 @@
 typedef struct xnode {
     ch_layer *l;          /* borrowed: a child of the graph layer */
     int nin, *in, out;    /* tensor ids (in borrowed from the description's copy below) */
-    bool absorbed;        /* a ReLU done by the convolution before it */
     size_t *dx_off;       /* per input: where backward writes its gradient (scratch offset) */
     bool *dx_add;         /* per input: into a temporary, added to the tensor's gradient after */
 } xnode;
@@ -31,6 +30,7 @@ typedef struct graph_impl {
     xnode *nodes;
     int *ins;             /* all nodes' inputs, one array */
     int *alias;           /* tensor -> the tensor whose values and gradient it shares (itself) */
+    int *producer;        /* tensor -> the node that makes it (-1: the input) */
     ch_shape3 *shape;
     size_t *grad_off;     /* tensor -> its gradient's scratch offset (planned) */
     const ch_real **act;  /* tensor -> its values in the current forward */
@@ -96,7 +96,7 @@ static ch_status plan_backward(ch_layer *l, int max_batch, ch_err *err)
     ch_status st = CH_STATUS_OK;
     for (int i = gi->nnodes - 1; i >= 0 && st == CH_STATUS_OK; i--) {
         xnode *x = &gi->nodes[i];
-        if (x->absorbed) continue;
+        if (x->l->absorbed) continue;
         for (int j = 0; j < x->nin && st == CH_STATUS_OK; j++) {
             const int t = gi->alias[x->in[j]];
             x->dx_add[j] = held[t];
@@ -164,6 +164,7 @@ static ch_status impl_alloc(graph_impl *gi, const ch_graph *g, ch_err *err)
     gi->nodes = calloc((size_t)g->nnodes, sizeof *gi->nodes);
     gi->ins = malloc(sizeof *gi->ins * total);
     gi->alias = malloc(sizeof *gi->alias * (size_t)g->ntensors);
+    gi->producer = malloc(sizeof *gi->producer * (size_t)g->ntensors);
     gi->shape = malloc(sizeof *gi->shape * (size_t)g->ntensors);
     gi->grad_off = calloc((size_t)g->ntensors, sizeof *gi->grad_off);
     gi->act = calloc((size_t)g->ntensors, sizeof *gi->act);
@@ -171,7 +172,7 @@ static ch_status impl_alloc(graph_impl *gi, const ch_graph *g, ch_err *err)
     gi->xs = calloc((size_t)maxin, sizeof *gi->xs);
     size_t *dx_off = calloc(total ? total : 1, sizeof *dx_off);
     bool *dx_add = calloc(total ? total : 1, sizeof *dx_add);
-    if (!gi->nodes || !gi->ins || !gi->alias || !gi->shape || !gi->grad_off || !gi->act || !gi->dxs ||
+    if (!gi->nodes || !gi->ins || !gi->alias || !gi->producer || !gi->shape || !gi->grad_off || !gi->act || !gi->dxs ||
         !gi->xs || !dx_off || !dx_add) {
         free(dx_off);
         free(dx_add);
@@ -190,6 +191,7 @@ static ch_status impl_alloc(graph_impl *gi, const ch_graph *g, ch_err *err)
     }
     for (int t = 0; t < g->ntensors; t++) {
         gi->alias[t] = t;
+        gi->producer[t] = g->tensors[t].producer;
         gi->shape[t] = ch_graph_shape(g, t);
     }
     return CH_STATUS_OK;
@@ -206,6 +208,7 @@ static void graph_free_impl(ch_layer *l)
     free(gi->nodes);
     free(gi->ins);
     free(gi->alias);
+    free(gi->producer);
     free(gi->shape);
     free(gi->grad_off);
     free(gi->act);
@@ -257,13 +260,10 @@ static ch_status fuse_relus(graph_impl *gi, ch_err *err)
         if (!ch_layer_is_relu(r->l)) continue;
         const int t = r->in[0];
         if (t == gi->input || cnt[t] != 1 || t == gi->output) continue;
-        /* The producer: the node whose output t is. */
-        xnode *p = NULL;
-        for (int k = 0; k < i; k++)
-            if (gi->nodes[k].out == t) p = &gi->nodes[k];
-        if (!p || !p->l->y_owned || !p->l->ops->absorb_relu || !p->l->ops->absorb_relu(p->l)) continue;
+        xnode *p = &gi->nodes[gi->producer[t]];
+        if (!p->l->y_owned || !p->l->ops->absorb_relu || !p->l->ops->absorb_relu(p->l)) continue;
         ch_layer_borrow_output(r->l, p->l->y);
-        r->absorbed = r->l->absorbed = true;
+        r->l->absorbed = true;   /* a ReLU the convolution before it does */
         gi->alias[r->out] = gi->alias[t];
     }
     free(cnt);
@@ -276,9 +276,7 @@ static ch_status graph_plan(ch_layer *l, ch_plan *pl, ch_err *err)
     CH_TRY(fuse_relus(gi, err));
     gi->output = gi->alias[gi->output];
     CH_TRY(plan_backward(l, pl->max_batch, err));
-    l->y = gi->nodes[gi->nnodes - 1].l->y;   /* replaced by the output's producer below */
-    for (int i = 0; i < gi->nnodes; i++)
-        if (gi->nodes[i].out == gi->output) l->y = gi->nodes[i].l->y;
+    l->y = gi->nodes[gi->producer[gi->output]].l->y;
     l->y_owned = false;
     return CH_STATUS_OK;
 }
@@ -290,7 +288,7 @@ static void graph_forward(ch_layer *l, const ch_run *r, int n, const ch_real *x)
     const ch_run above = ch_run_above(r, l);
     for (int i = 0; i < gi->nnodes; i++) {
         xnode *nd = &gi->nodes[i];
-        if (!nd->absorbed) {
+        if (!nd->l->absorbed) {
             if (nd->l->ops->forward_multi) {
                 for (int j = 0; j < nd->nin; j++) gi->xs[j] = gi->act[nd->in[j]];
                 nd->l->ops->forward_multi(nd->l, &above, n, gi->xs);
@@ -319,7 +317,7 @@ static void graph_backward(ch_layer *l, const ch_run *r, int n, const ch_real *x
     const ch_run above = ch_run_above(r, l);
     for (int i = gi->nnodes - 1; i >= 0; i--) {
         xnode *nd = &gi->nodes[i];
-        if (nd->absorbed) continue;
+        if (nd->l->absorbed) continue;
         const int out = gi->alias[nd->out];
         /* dy of the output is the caller's; the layers may write over dy (overwrites_dy). */
         const ch_real *g = out == gi->output ? dy : base + gi->grad_off[out];

@@ -223,11 +223,12 @@ static bool needs_rank3(ch_gop op)
            op == CH_GOP_AVG_POOL2D || op == CH_GOP_GLOBAL_AVG_POOL || op == CH_GOP_MEAN_HW;
 }
 
-/* Append node nd (its name, op, args; in copied) and return its output tensor. */
-static int add_node(ch_graph *g, ch_gnode *nd, const int *in, int nin)
+/* Append node nd (op and args set) named name, reading in (copied); returns its output tensor. */
+static int add_node(ch_graph *g, const char *name, ch_gnode *nd, const int *in, int nin)
 {
     if (!g || g->st != CH_STATUS_OK) return -1;
-    if (!check_name(g, nd->name)) return -1;
+    if (!check_name(g, name)) return -1;
+    snprintf(nd->name, sizeof nd->name, "%s", name);
     const char *what = nd->op == CH_GOP_ACT ? act_name(&nd->act) : ch_gop_name(nd->op);
     if (g->output >= 0)
         return fail(g, CH_STATUS_BAD_INPUT, "node '%s' (%s) added after the output was marked", nd->name, what);
@@ -285,29 +286,11 @@ static int add_node(ch_graph *g, ch_gnode *nd, const int *in, int nin)
     return t;
 }
 
-static ch_gnode node_of(const char *name, ch_gop op)
-{
-    ch_gnode nd = { .op = op };
-    if (name) snprintf(nd.name, sizeof nd.name, "%s", name);
-    /* A name too long is reported by check_name from the caller's string. */
-    if (name && strlen(name) >= sizeof nd.name) nd.name[0] = '\0';
-    return nd;
-}
-
-/* A node's name check needs the caller's full string when it is too long to keep. */
-static int add_named(ch_graph *g, const char *name, ch_gnode *nd, const int *in, int nin)
-{
-    if (!g || g->st != CH_STATUS_OK) return -1;
-    if (!name || !name[0] || strlen(name) >= CH_NODE_NAME_MAX) {
-        check_name(g, name);
-        return -1;
-    }
-    return add_node(g, nd, in, nin);
-}
+static ch_gnode node_of(ch_gop op) { return (ch_gnode){ .op = op }; }
 
 int ch_graph_conv2d(ch_graph *g, const char *name, int x, const ch_conv2d_args *a)
 {
-    ch_gnode nd = node_of(name, CH_GOP_CONV2D);
+    ch_gnode nd = node_of(CH_GOP_CONV2D);
     if (!a) return g ? fail(g, CH_STATUS_BAD_INPUT, "node '%s' (conv2d): no arguments", name ? name : "") : -1;
     nd.conv = *a;
     if (a->out_channels < 1 || a->out_channels > MAX_DIM || a->kernel < 1 || a->kernel > MAX_DIM ||
@@ -316,28 +299,28 @@ int ch_graph_conv2d(ch_graph *g, const char *name, int x, const ch_conv2d_args *
         return g ? fail(g, CH_STATUS_BAD_INPUT, "node '%s' (conv2d): out_channels %d, kernel %d, stride %d, "
                         "padding %d, dilation %d, groups %d (each up to %d)", name ? name : "", a->out_channels,
                         a->kernel, a->stride, a->padding, a->dilation, a->groups, MAX_DIM) : -1;
-    return add_named(g, name, &nd, &x, 1);
+    return add_node(g, name, &nd, &x, 1);
 }
 
 int ch_graph_batchnorm2d(ch_graph *g, const char *name, int x, const ch_batchnorm_args *a)
 {
-    ch_gnode nd = node_of(name, CH_GOP_BATCHNORM2D);
+    ch_gnode nd = node_of(CH_GOP_BATCHNORM2D);
     nd.bn = (ch_batchnorm_args){ .eps = a && a->eps != 0 ? a->eps : 1e-5,
                                  .momentum = a && a->momentum != 0 ? a->momentum : 0.1 };
-    return add_named(g, name, &nd, &x, 1);
+    return add_node(g, name, &nd, &x, 1);
 }
 
 int ch_graph_relu(ch_graph *g, const char *name, int x)
 {
-    ch_gnode nd = node_of(name, CH_GOP_RELU);
-    return add_named(g, name, &nd, &x, 1);
+    ch_gnode nd = node_of(CH_GOP_RELU);
+    return add_node(g, name, &nd, &x, 1);
 }
 
 static int act(ch_graph *g, const char *name, int x, ch_act a)
 {
-    ch_gnode nd = node_of(name, CH_GOP_ACT);
+    ch_gnode nd = node_of(CH_GOP_ACT);
     nd.act = a;
-    return add_named(g, name, &nd, &x, 1);
+    return add_node(g, name, &nd, &x, 1);
 }
 
 int ch_graph_leaky_relu(ch_graph *g, const char *name, int x, double negative_slope)
@@ -364,14 +347,14 @@ int ch_graph_tanh(ch_graph *g, const char *name, int x)
 
 static int pool(ch_graph *g, const char *name, int x, ch_gop op, const ch_pool2d_args *a)
 {
-    ch_gnode nd = node_of(name, op);
+    ch_gnode nd = node_of(op);
     if (!a) return g ? fail(g, CH_STATUS_BAD_INPUT, "node '%s' (%s): no arguments", name ? name : "", ch_gop_name(op)) : -1;
     if (a->kernel < 1 || a->kernel > MAX_DIM || a->stride < 0 || a->stride > MAX_DIM || a->padding < 0 ||
         a->padding > MAX_DIM)
         return g ? fail(g, CH_STATUS_BAD_INPUT, "node '%s' (%s): kernel %d, stride %d, padding %d",
                         name ? name : "", ch_gop_name(op), a->kernel, a->stride, a->padding) : -1;
     nd.pool = *a;
-    return add_named(g, name, &nd, &x, 1);
+    return add_node(g, name, &nd, &x, 1);
 }
 
 int ch_graph_max_pool2d(ch_graph *g, const char *name, int x, const ch_pool2d_args *a)
@@ -386,26 +369,26 @@ int ch_graph_avg_pool2d(ch_graph *g, const char *name, int x, const ch_pool2d_ar
 
 int ch_graph_global_avg_pool(ch_graph *g, const char *name, int x)
 {
-    ch_gnode nd = node_of(name, CH_GOP_GLOBAL_AVG_POOL);
-    return add_named(g, name, &nd, &x, 1);
+    ch_gnode nd = node_of(CH_GOP_GLOBAL_AVG_POOL);
+    return add_node(g, name, &nd, &x, 1);
 }
 
 int ch_graph_mean_hw(ch_graph *g, const char *name, int x, bool keepdim)
 {
-    ch_gnode nd = node_of(name, CH_GOP_MEAN_HW);
+    ch_gnode nd = node_of(CH_GOP_MEAN_HW);
     nd.keepdim = keepdim;
-    return add_named(g, name, &nd, &x, 1);
+    return add_node(g, name, &nd, &x, 1);
 }
 
 int ch_graph_flatten(ch_graph *g, const char *name, int x)
 {
-    ch_gnode nd = node_of(name, CH_GOP_FLATTEN);
-    return add_named(g, name, &nd, &x, 1);
+    ch_gnode nd = node_of(CH_GOP_FLATTEN);
+    return add_node(g, name, &nd, &x, 1);
 }
 
 int ch_graph_linear(ch_graph *g, const char *name, int x, int out_features, bool bias)
 {
-    ch_gnode nd = node_of(name, CH_GOP_LINEAR);
+    ch_gnode nd = node_of(CH_GOP_LINEAR);
     if (out_features < 1 || out_features > MAX_DIM * 16)
         return g ? fail(g, CH_STATUS_BAD_INPUT, "node '%s' (linear): %d out_features", name ? name : "",
                         out_features) : -1;
@@ -415,36 +398,36 @@ int ch_graph_linear(ch_graph *g, const char *name, int x, int out_features, bool
                     name ? name : "", g->tensors[x].dims[0], g->tensors[x].dims[1], g->tensors[x].dims[2]);
     nd.features = out_features;
     nd.bias = bias;
-    return add_named(g, name, &nd, &x, 1);
+    return add_node(g, name, &nd, &x, 1);
 }
 
 int ch_graph_dropout(ch_graph *g, const char *name, int x, double p)
 {
-    ch_gnode nd = node_of(name, CH_GOP_DROPOUT);
+    ch_gnode nd = node_of(CH_GOP_DROPOUT);
     if (!(p >= 0 && p < 1))
         return g ? fail(g, CH_STATUS_BAD_INPUT, "node '%s' (dropout): p %g is not in [0, 1)", name ? name : "", p) : -1;
     nd.p = p;
-    return add_named(g, name, &nd, &x, 1);
+    return add_node(g, name, &nd, &x, 1);
 }
 
 int ch_graph_add(ch_graph *g, const char *name, int a, int b)
 {
-    ch_gnode nd = node_of(name, CH_GOP_ADD);
-    return add_named(g, name, &nd, (const int[]){ a, b }, 2);
+    ch_gnode nd = node_of(CH_GOP_ADD);
+    return add_node(g, name, &nd, (const int[]){ a, b }, 2);
 }
 
 int ch_graph_mul(ch_graph *g, const char *name, int a, int b)
 {
-    ch_gnode nd = node_of(name, CH_GOP_MUL);
-    return add_named(g, name, &nd, (const int[]){ a, b }, 2);
+    ch_gnode nd = node_of(CH_GOP_MUL);
+    return add_node(g, name, &nd, (const int[]){ a, b }, 2);
 }
 
 int ch_graph_concat(ch_graph *g, const char *name, const int *xs, int n)
 {
-    ch_gnode nd = node_of(name, CH_GOP_CONCAT);
+    ch_gnode nd = node_of(CH_GOP_CONCAT);
     if (!xs || n < 1 || n > MAX_INPUTS)
         return g ? fail(g, CH_STATUS_BAD_INPUT, "node '%s' (concat): %d inputs", name ? name : "", n) : -1;
-    return add_named(g, name, &nd, xs, n);
+    return add_node(g, name, &nd, xs, n);
 }
 
 ch_status ch_graph_output(ch_graph *g, int x)
