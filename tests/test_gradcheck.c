@@ -303,19 +303,20 @@ static void build_se(ch_graph *g)
 }
 
 /* DenseNet-style concatenations: a and b each feed two concats; the input feeds two convs;
- * a depthwise conv followed by a fused ReLU. */
+ * a depthwise conv followed by a fused ReLU, a conv whose ReLU must not be fused (the conv's own
+ * output is read too). */
 static void build_dense(ch_graph *g)
 {
     int x = ch_graph_input(g, "x", 2, 7, 7);
-    int a = conv(g, "a", x, 4, 3, 1, 1);
-    a = ch_graph_relu(g, "a.relu", a);
+    int a0 = conv(g, "a", x, 4, 3, 1, 1);
+    int a = ch_graph_relu(g, "a.relu", a0);   /* a0 has a second reader: no conv+ReLU fusion */
     int b = conv(g, "b", x, 2, 1, 0, 1);
     b = ch_graph_leaky_relu(g, "b.act", b, 0.2);
     int c = ch_graph_concat(g, "c", (int[]){ a, b }, 2);
     int d = conv(g, "d", c, 6, 3, 1, 3);
     d = ch_graph_relu(g, "d.relu", d);
     d = ch_graph_tanh(g, "d.act", d);
-    int e = ch_graph_concat(g, "e", (int[]){ a, b, d }, 3);
+    int e = ch_graph_concat(g, "e", (int[]){ a, b, d, a0 }, 4);
     e = ch_graph_max_pool2d(g, "pool1", e, &(ch_pool2d_args){ .kernel = 3, .stride = 2, .ceil_mode = true });
     e = ch_graph_avg_pool2d(g, "pool2", e, &(ch_pool2d_args){ .kernel = 2, .padding = 1, .exclude_pad = true });
     e = ch_graph_dropout(g, "drop", e, 0.25);

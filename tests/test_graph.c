@@ -2,6 +2,7 @@
  * the compiled graph's checks, the gradient memory plan and the fingerprint. */
 #include "test_util.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -173,6 +174,83 @@ static void gradient_blocks_are_reused(void **state)
     ch_graph_free(g);
 }
 
+/* A ReLU is fused into the convolution before it only when it is the convolution's one reader:
+ * here the convolution's own output is concatenated too and must keep its negative values. */
+static void relu_fusion_only_for_the_one_reader(void **state)
+{
+    (void)state;
+    ch_err err;
+    ch_graph *g = fresh();
+    int x = ch_graph_input(g, "x", 1, 5, 5);
+    int c = ch_graph_conv2d(g, "c", x, &(ch_conv2d_args){ .out_channels = 2, .kernel = 3, .padding = 1 });
+    int r = ch_graph_relu(g, "r", c);
+    int cat = ch_graph_concat(g, "cat", (const int[]){ r, c }, 2);
+    cat = ch_graph_flatten(g, "flatten", cat);
+    ch_graph_output(g, ch_graph_linear(g, "fc", cat, 3, true));
+    ch_model *m;
+    assert_int_equal(ch_model_create_graph(g, (ch_shape3){ 1, 5, 5 }, 3, &m, &err), CH_STATUS_OK);
+    assert_int_equal(ch_model_init_params(m, "default", 1, &err), CH_STATUS_OK);
+    assert_int_equal(ch_model_plan(m, ch_kernels_cpu(), 2, 1, &err), CH_STATUS_OK);
+    ch_real xs[50];
+    tu_fill_uniform(xs, 50, -1, 1, 5);
+    ch_run run = ch_model_run(m, ch_kernels_cpu(), true);
+    ch_model_forward(m, &run, 2, xs);
+    const ch_layer *catl = m->root->children[2];
+    assert_string_equal(catl->name, "cat");
+    int negative = 0, relu_negative = 0;
+    for (int s = 0; s < 2; s++)
+        for (int i = 0; i < 50; i++) {
+            const ch_real v = catl->y[s * 100 + i], u = catl->y[s * 100 + 50 + i];
+            relu_negative += v < 0;
+            negative += u < 0;
+        }
+    assert_int_equal(relu_negative, 0);
+    assert_true(negative > 0);
+    ch_model_free(m);
+    ch_graph_free(g);
+}
+
+/* Broadcasting aligns shapes from the right, as PyTorch: a (3) vector against (3, 3, 3) runs along
+ * the last dimension, and a (3, 1, 1) tensor along the channels. */
+static void broadcasting_follows_pytorch(void **state)
+{
+    (void)state;
+    ch_err err;
+    ch_graph *g = fresh();
+    int x = ch_graph_input(g, "x", 3, 3, 3);
+    int v = ch_graph_mean_hw(g, "v", x, false);
+    int k = ch_graph_mean_hw(g, "k", x, true);
+    int a = ch_graph_mul(g, "a", x, v);
+    a = ch_graph_mul(g, "a2", v, a);               /* the vector first, too */
+    int b = ch_graph_add(g, "b", k, a);
+    b = ch_graph_flatten(g, "flatten", b);
+    ch_graph_output(g, ch_graph_linear(g, "fc", b, 2, true));
+    ch_model *m;
+    assert_int_equal(ch_model_create_graph(g, (ch_shape3){ 3, 3, 3 }, 2, &m, &err), CH_STATUS_OK);
+    assert_int_equal(ch_model_plan(m, ch_kernels_cpu(), 2, 1, &err), CH_STATUS_OK);
+    ch_real xs[54];
+    tu_fill_uniform(xs, 54, -1, 1, 9);
+    ch_run run = ch_model_run(m, ch_kernels_cpu(), false);
+    ch_model_forward(m, &run, 2, xs);
+    const ch_real *out = m->root->children[4]->y;   /* b = k + v * (x * v) */
+    assert_string_equal(m->root->children[4]->name, "b");
+    for (int s = 0; s < 2; s++)
+        for (int c = 0; c < 3; c++)
+            for (int h = 0; h < 3; h++)
+                for (int w = 0; w < 3; w++) {
+                    const ch_real *xs_ = xs + s * 27;
+                    double mc = 0, mw = 0;
+                    for (int i = 0; i < 9; i++) {
+                        mc += xs_[c * 9 + i];
+                        mw += xs_[w * 9 + i];
+                    }
+                    const double want = mc / 9 + xs_[c * 9 + h * 3 + w] * (mw / 9) * (mw / 9);
+                    assert_true(fabs(out[s * 27 + c * 9 + h * 3 + w] - want) < 1e-5);
+                }
+    ch_model_free(m);
+    ch_graph_free(g);
+}
+
 static void fingerprint_follows_the_graph(void **state)
 {
     (void)state;
@@ -191,6 +269,8 @@ int main(void)
         cmocka_unit_test(first_error_sticks),
         cmocka_unit_test(compile_checks),
         cmocka_unit_test(gradient_blocks_are_reused),
+        cmocka_unit_test(relu_fusion_only_for_the_one_reader),
+        cmocka_unit_test(broadcasting_follows_pytorch),
         cmocka_unit_test(fingerprint_follows_the_graph),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
