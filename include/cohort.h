@@ -186,6 +186,13 @@ int ch_graph_concat(ch_graph *g, const char *name, const int *xs, int n);
 ch_status ch_graph_output(ch_graph *g, int x);
 /* Nodes and parameters so far. */
 int ch_graph_node_count(const ch_graph *g);
+/* A model exported by PyTorch in training mode (opsets 13 to 17):
+ *     torch.onnx.export(model, x, "net.onnx", training=torch.onnx.TrainingMode.TRAINING,
+ *                       do_constant_folding=False, dynamic_axes={"input": {0: "batch"}})
+ * as a graph that carries the file's weights under their state_dict names (training starts from
+ * them unless cfg.init says otherwise). Operators outside the builder's set, inference exports
+ * and malformed files are refused (BAD_INPUT) with one line naming the node and the file. */
+ch_status ch_graph_load_onnx(const char *path, ch_graph **out, ch_err *err);
 
 /* ---- devices ------------------------------------------------------------------------------ */
 
@@ -246,7 +253,8 @@ typedef struct ch_train_config {
     const char *model;        /* zoo name (ignored when graph is set) */
     const ch_graph *graph;    /* your own model, built with ch_graph_* (borrowed: it must outlive
                                * ch_trainer_create) */
-    const char *init;         /* "default" (PyTorch's) or "normal:STD" */
+    const char *init;         /* "default" (PyTorch's), "normal:STD" or "file" (an imported graph's
+                               * weights); NULL: "file" when the graph has weights, else "default" */
     int epochs;
     int batch_size;           /* global batch */
     const char *optimizer;    /* "sgd" (default), "adam", "adamw", "adagrad" */

@@ -37,6 +37,18 @@ bool ch_arg_double(const char *cmd, const char *flag, const char *s, double lo, 
     return true;
 }
 
+bool ch_cli_is_onnx(const char *model)
+{
+    const size_t n = strlen(model);
+    return n > 5 && strcmp(model + n - 5, ".onnx") == 0;
+}
+
+ch_status ch_cli_model(const char *model, ch_graph **g, ch_err *err)
+{
+    *g = NULL;
+    return ch_cli_is_onnx(model) ? ch_graph_load_onnx(model, g, err) : CH_STATUS_OK;
+}
+
 int ch_exit_for(const char *cmd, ch_status st, const ch_err *err)
 {
     if (st == CH_STATUS_OK) return CH_EXIT_OK;

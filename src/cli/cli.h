@@ -20,6 +20,11 @@ int ch_cmd_bench(int argc, char **argv);
 int ch_cmd_bench_allreduce(int argc, char **argv);
 int ch_cmd_bench_loader(int argc, char **argv);
 
+/* --model: a name of the zoo (*g NULL), or an ONNX file (a name ending in .onnx) imported as a
+ * graph the caller frees. */
+ch_status ch_cli_model(const char *model, ch_graph **g, ch_err *err);
+bool ch_cli_is_onnx(const char *model);
+
 /* The --dry-run summary of a trainer (rank 0 prints). */
 struct ch_trainer;
 void ch_cli_print_summary(const struct ch_trainer *t);

@@ -19,7 +19,8 @@ static const char train_usage[] =
     "\n"
     "Train a model of the zoo on an IDX, CIFAR-10 or ImageFolder data set.\n"
     "\n"
-    "  --model NAME          lenet | mnist-cnn | resnet18 | mlp | linear | resnet18-imagenet\n"
+    "  --model NAME          lenet | mnist-cnn | resnet18 | mlp | linear | resnet18-imagenet, or your own\n"
+    "                        model as FILE.onnx, exported by PyTorch in training mode (see the README)\n"
     "  --data DIR            the data set: IDX files (train-/t10k- images and labels, .gz or\n"
     "                        raw), CIFAR-10 binary batches (data_batch_N.bin, test_batch.bin)\n"
     "                        or an ImageFolder (DIR/train/CLASS/*.png|jpg, DIR/val/CLASS/...)\n"
@@ -52,7 +53,8 @@ static const char train_usage[] =
     "  --normalize SPEC      imagenet | MEAN/STD per channel, like 0.49,0.48,0.45/0.25,0.24,0.26\n"
     "                        (default: none; imagenet for an ImageFolder)\n"
     "  --weight-decay W      L2 weight decay, also --wd (default 0)\n"
-    "  --init SPEC           default (PyTorch's) | normal:STD (weights N(0,STD), biases 0)\n"
+    "  --init SPEC           default (PyTorch's) | normal:STD (weights N(0,STD), biases 0) | file (an\n"
+    "                        ONNX model's own weights: what it starts from unless told)\n"
     "  --seed S              seed of every random choice (default 0)\n"
     "  --devices LIST        devices, one model replica each: cpu:0,cpu:1 | cpu:0-3 | cpu*4\n"
     "                        (default cpu:0); the global batch is split across them\n"
@@ -478,7 +480,11 @@ int ch_cmd_train(int argc, char **argv)
     ch_dataset *train = NULL, *test = NULL;
     ch_trainer *t = NULL;
     FILE *metrics = NULL, *log = NULL;
+    ch_graph *graph = NULL;
     ch_status st = o.log_dir ? open_worker_log(o.log_dir, &log, &err) : CH_STATUS_OK;
+    /* An ONNX file is read before the data: a file that will not import fails at once. */
+    if (st == CH_STATUS_OK) st = ch_cli_model(o.cfg.model, &graph, &err);
+    o.cfg.graph = graph;
     /* --train-limit and --test-limit read only what they keep. */
     ch_folder_options train_load = o.folder, test_load = o.folder;
     train_load.limit = (size_t)o.train_limit;
@@ -507,6 +513,7 @@ int ch_cmd_train(int argc, char **argv)
     ch_world_set_log(NULL);
     if (log) fclose(log);
     ch_trainer_free(t);
+    ch_graph_free(graph);
     ch_dataset_free(train);
     ch_dataset_free(test);
     return rc;

@@ -54,6 +54,8 @@ void ch_graph_free(ch_graph *g)
     for (int i = 0; i < g->nnodes; i++) free(g->nodes[i].in);
     free(g->nodes);
     free(g->tensors);
+    for (int i = 0; i < g->ninits; i++) free(g->inits[i].data);
+    free(g->inits);
     free(g);
 }
 
@@ -65,6 +67,31 @@ ch_status ch_graph_status(const ch_graph *g, ch_err *err)
 }
 
 const char *ch_graph_name(const ch_graph *g) { return g->name; }
+
+ch_status ch_graph_add_initial(ch_graph *g, const char *tensor, const float *data, size_t count, ch_err *err)
+{
+    if (strlen(tensor) >= CH_NAME_MAX)
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "tensor name '%.60s...' is longer than %d characters", tensor,
+                       CH_NAME_MAX - 1);
+    for (int i = 0; i < g->ninits; i++)
+        if (strcmp(g->inits[i].name, tensor) == 0)
+            return ch_fail(err, CH_STATUS_BAD_INPUT, "two starting values for tensor '%s'", tensor);
+    if (g->ninits == g->init_cap) {
+        const int cap = g->init_cap ? 2 * g->init_cap : 16;
+        ch_ginit *n = realloc(g->inits, sizeof *n * (size_t)cap);
+        CH_CHECK_ALLOC(err, n);
+        g->inits = n;
+        g->init_cap = cap;
+    }
+    ch_ginit *v = &g->inits[g->ninits];
+    v->data = malloc(sizeof(float) * (count ? count : 1));
+    CH_CHECK_ALLOC(err, v->data);
+    memcpy(v->data, data, sizeof(float) * count);
+    v->count = count;
+    snprintf(v->name, sizeof v->name, "%s", tensor);
+    g->ninits++;
+    return CH_STATUS_OK;
+}
 int ch_graph_node_count(const ch_graph *g) { return g->nnodes; }
 
 /* Keep the first error; returns -1 for the caller to return. */

@@ -43,6 +43,13 @@ typedef struct ch_gnode {
     double p;           /* dropout */
 } ch_gnode;
 
+/* A tensor's starting values (an imported file's weights), by state_dict name. */
+typedef struct ch_ginit {
+    char name[CH_NAME_MAX];
+    size_t count;
+    float *data;        /* owned */
+} ch_ginit;
+
 struct ch_graph {
     char name[64];
     char input_name[CH_NODE_NAME_MAX];
@@ -50,9 +57,15 @@ struct ch_graph {
     ch_gnode *nodes;
     ch_gtensor *tensors;
     int input, output;  /* tensor ids; -1: not set yet */
+    int ninits, init_cap;
+    ch_ginit *inits;    /* starting values; none for a graph built in code */
     ch_status st;       /* the first error (sticky) */
     ch_err err;
 };
+
+/* Record tensor's starting values (copied): a model made from the graph starts from them when
+ * its init is "file". */
+ch_status ch_graph_add_initial(ch_graph *g, const char *tensor, const float *data, size_t count, ch_err *err);
 
 /* The per-sample shape of tensor t as a layer sees it: rank 1 is (features, 1, 1). */
 ch_shape3 ch_graph_shape(const ch_graph *g, int t);

@@ -125,7 +125,8 @@ ch_status ch_model_create_graph(const ch_graph *g, ch_shape3 input, int classes,
 static ch_status parse_init(const char *init, double *normal_std, ch_err *err)
 {
     *normal_std = 0;
-    if (!init || strcmp(init, "default") == 0) return CH_STATUS_OK;
+    /* "file": random values first, then the graph's (ch_model_load_initial) over them. */
+    if (!init || strcmp(init, "default") == 0 || strcmp(init, "file") == 0) return CH_STATUS_OK;
     char *end;
     if (strncmp(init, "normal:", 7) == 0) {
         *normal_std = strtod(init + 7, &end);
@@ -134,7 +135,7 @@ static ch_status parse_init(const char *init, double *normal_std, ch_err *err)
             return CH_STATUS_OK;
     }
     return ch_fail(err, CH_STATUS_BAD_INPUT,
-                   "--init '%s': expected 'default' or 'normal:STD' with 0 < STD <= 1000", init);
+                   "--init '%s': expected 'default', 'file' or 'normal:STD' with 0 < STD <= 1000", init);
 }
 
 static void init_tensor(ch_real *data, const ch_tensor_spec *s, double normal_std, ch_rng *rng)
@@ -171,6 +172,31 @@ ch_status ch_model_init_params(ch_model *m, const char *init, uint64_t seed, ch_
         ch_rng rng;
         ch_rng_init(&rng, seed, CH_RNG_STREAM_INIT, (uint64_t)i << 40);
         init_tensor(t->data, t->spec, normal_std, &rng);
+    }
+    return CH_STATUS_OK;
+}
+
+ch_status ch_model_load_initial(ch_model *m, const ch_graph *g, ch_err *err)
+{
+    for (int i = 0; i < g->ninits; i++) {
+        const ch_ginit *v = &g->inits[i];
+        const ch_tensor_ref *t = ch_model_find(m, v->name);
+        if (!t || t->kind == CH_TENSOR_COUNTER)
+            return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: the file's tensor '%s' is no parameter or buffer of the "
+                           "model", m->arch, v->name);
+        if (t->spec->count != v->count)
+            return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: the file's tensor '%s' has %zu values, the model's %zu",
+                           m->arch, v->name, v->count, t->spec->count);
+        for (size_t j = 0; j < v->count; j++) t->data[j] = (ch_real)v->data[j];
+    }
+    /* Every parameter and buffer must come from the file: a model half random is never meant. */
+    for (int i = 0; i < m->ntensors; i++) {
+        const ch_tensor_ref *t = &m->tensors[i];
+        if (t->kind == CH_TENSOR_COUNTER) continue;
+        int j = 0;
+        while (j < g->ninits && strcmp(g->inits[j].name, t->name) != 0) j++;
+        if (j == g->ninits)
+            return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: tensor '%s' has no value in the file", m->arch, t->name);
     }
     return CH_STATUS_OK;
 }

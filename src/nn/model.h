@@ -48,6 +48,9 @@ ch_status ch_model_create_from(const char *arch, ch_layer *root, int classes, ch
                                ch_err *err);
 /* init: "default" (PyTorch's) or "normal:STD" (weights N(0, STD), biases 0). */
 ch_status ch_model_init_params(ch_model *m, const char *init, uint64_t seed, ch_err *err);
+/* Set every parameter and buffer from the graph's starting values (an imported file's weights):
+ * each must be there, of the model's size. */
+ch_status ch_model_load_initial(ch_model *m, const ch_graph *g, ch_err *err);
 /* Allocate activations and workspace for up to max_batch samples with nthreads threads. */
 ch_status ch_model_plan(ch_model *m, const ch_kernels *k, int max_batch, int nthreads,
                         ch_err *err);

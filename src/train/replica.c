@@ -55,6 +55,7 @@ static ch_status build(ch_replica *rp, const ch_replica_spec *s, ch_err *err)
     else
         CH_TRY(ch_model_create(s->model, s->input, s->classes, &rp->model, err));
     CH_TRY(ch_model_init_params(rp->model, s->init, s->seed, err));
+    if (s->graph && strcmp(s->init, "file") == 0) CH_TRY(ch_model_load_initial(rp->model, s->graph, err));
     CH_TRY(ch_model_plan(rp->model, s->k, s->max_slice, rp->nthreads, err));
     CH_TRY(ch_optim_init(&rp->opt, rp->model->nparams, &s->optim, err));
     CH_TRY(alloc_buffers(rp, s, err));

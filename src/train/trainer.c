@@ -26,7 +26,7 @@
 
 ch_train_config ch_train_config_default(void)
 {
-    return (ch_train_config){ .model = "lenet", .init = "default", .epochs = 10,
+    return (ch_train_config){ .model = "lenet", .epochs = 10,
                               .batch_size = 256, .lr = 0.1, .seed = 0, .threads = 0,
                               .devices = "cpu:0", .bucket_mb = 25,
                               .timeout_s = 300, .trace_steps = 20, .eps = -1,
@@ -37,6 +37,9 @@ static ch_status check_config(const ch_train_config *c, ch_err *err)
 {
     if (!c->model && !c->graph) return ch_fail(err, CH_STATUS_BAD_INPUT, "no model given");
     if (c->graph) CH_TRY(ch_graph_status(c->graph, err));
+    if (c->init && strcmp(c->init, "file") == 0 && !(c->graph && c->graph->ninits > 0))
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "--init file: the model carries no weights (an imported ONNX "
+                       "file does)");
     if (c->epochs < 0) return ch_fail(err, CH_STATUS_BAD_INPUT, "epochs %d < 0", c->epochs);
     if (c->batch_size < 1 || c->batch_size > (1 << 20))
         return ch_fail(err, CH_STATUS_BAD_INPUT, "batch size %d, expected 1..1048576", c->batch_size);
@@ -407,7 +410,9 @@ ch_status ch_trainer_create(const ch_train_config *cfg, const ch_dataset *train,
     t->cfg = *cfg;
     snprintf(t->model_name, sizeof t->model_name, "%s", cfg->graph ? ch_graph_name(cfg->graph) : cfg->model);
     t->graph_print = cfg->graph ? ch_graph_fingerprint(cfg->graph) : 0;
-    snprintf(t->init, sizeof t->init, "%s", cfg->init ? cfg->init : "default");
+    /* Without a choice, an imported model starts from its file's weights, as fine-tuning does. */
+    const bool has_values = cfg->graph && cfg->graph->ninits > 0;
+    snprintf(t->init, sizeof t->init, "%s", cfg->init ? cfg->init : has_values ? "file" : "default");
     t->cfg.model = cfg->graph ? NULL : t->model_name;
     t->cfg.init = t->init;
     if (cfg->checkpoint_dir) {

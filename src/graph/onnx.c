@@ -1,0 +1,925 @@
+/* Import a PyTorch training export (ONNX, opsets 13 to 17) into a graph: ch_graph_load_onnx of
+ * include/cohort.h. The file is parsed by protobuf-c with C generated at build time from Debian's
+ * onnx.proto; this file walks the nodes in their (topological) order and turns each into builder
+ * calls. What PyTorch emits around the model is folded, not run: the shape arithmetic of
+ * x.view(x.size(0), -1) (Shape, Gather, Unsqueeze, Concat, Reshape, with the batch symbolic), a
+ * trailing LogSoftmax or Softmax (the cross-entropy's own), zero Pads, Identity, Cast. Anything
+ * else is refused with one line naming the operator, the node and the file: never a partial
+ * graph. Weights keep their state_dict names, which a training export gives its initializers. */
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/file.h"
+#include "graph/graph.h"
+#include "graph/onnx_values.h"
+
+/* protobuf-c reads at most 2 GiB, as ONNX's own tools do. */
+static const size_t max_file = (size_t)2 << 30;
+enum { MAX_NODES = 1 << 16, OPSET_MIN = 13, OPSET_MAX = 17 };
+
+typedef struct imp {
+    const char *file;
+    ch_graph *g;
+    const Onnx__GraphProto *gp;
+    int opset;
+    const char *output;         /* the graph output's name */
+    ch_ovals vals;
+    ch_err *err;
+    const Onnx__NodeProto *node; /* the node being imported, for messages */
+    char shown[4][96];
+} imp;
+
+/* A string from the file as it may appear in a one-line message: printable, at most 80 bytes. */
+static const char *sh(imp *m, int slot, const char *s)
+{
+    char *b = m->shown[slot];
+    size_t k = 0;
+    for (; s && s[k] && k < 80; k++) b[k] = s[k] > ' ' && s[k] < 127 ? s[k] : '?';
+    if (s && s[k]) b[k++] = '~';
+    b[k] = 0;
+    return b;
+}
+
+static ch_status bad(imp *m, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static ch_status bad(imp *m, const char *fmt, ...)
+{
+    char msg[400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (m->node)
+        return ch_fail(m->err, CH_STATUS_BAD_INPUT, "%s: node '%s' (%s): %s", m->file, sh(m, 2, m->node->name),
+                       sh(m, 3, m->node->op_type), msg);
+    return ch_fail(m->err, CH_STATUS_BAD_INPUT, "%s: %s", m->file, msg);
+}
+
+/* ---- attributes ---- */
+
+static const Onnx__AttributeProto *attr(const Onnx__NodeProto *n, const char *name)
+{
+    for (size_t i = 0; i < n->n_attribute; i++)
+        if (n->attribute[i]->name && strcmp(n->attribute[i]->name, name) == 0) return n->attribute[i];
+    return NULL;
+}
+
+static ch_status attr_int(imp *m, const char *name, int64_t def, int64_t *out)
+{
+    const Onnx__AttributeProto *a = attr(m->node, name);
+    if (!a) return (*out = def, CH_STATUS_OK);
+    if (a->type != ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__INT) return bad(m, "attribute %s is not an integer", name);
+    *out = a->i;
+    return CH_STATUS_OK;
+}
+
+static ch_status attr_float(imp *m, const char *name, double def, double *out)
+{
+    const Onnx__AttributeProto *a = attr(m->node, name);
+    if (!a) return (*out = def, CH_STATUS_OK);
+    if (a->type != ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__FLOAT || !isfinite(a->f))
+        return bad(m, "attribute %s is not a finite float", name);
+    *out = a->f;
+    return CH_STATUS_OK;
+}
+
+/* A pair for the two spatial dimensions that must be equal (cohort's kernels are square), from an
+ * attribute of n values (2, or 4 for pads) that is def when absent. */
+static ch_status attr_square(imp *m, const char *name, int n, int64_t def, int64_t lo, int64_t hi, int *out)
+{
+    const Onnx__AttributeProto *a = attr(m->node, name);
+    if (!a) return (*out = (int)def, CH_STATUS_OK);
+    if (a->type != ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__INTS || a->n_ints != (size_t)n)
+        return bad(m, "attribute %s is not %d integers", name, n);
+    for (int i = 1; i < n; i++)
+        if (a->ints[i] != a->ints[0])
+            return bad(m, "%s (%lld, %lld%s): cohort supports equal values for height and width%s", name,
+                       (long long)a->ints[0], (long long)a->ints[1], n == 4 ? ", ..." : "",
+                       n == 4 ? " on every side" : "");
+    if (a->ints[0] < lo || a->ints[0] > hi) return bad(m, "%s %lld is outside %lld..%lld", name,
+                                                       (long long)a->ints[0], (long long)lo, (long long)hi);
+    *out = (int)a->ints[0];
+    return CH_STATUS_OK;
+}
+
+static ch_status no_auto_pad(imp *m)
+{
+    const Onnx__AttributeProto *a = attr(m->node, "auto_pad");
+    if (a && !(a->type == ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__STRING && a->s.len == 6 &&
+               memcmp(a->s.data, "NOTSET", 6) == 0))
+        return bad(m, "auto_pad is not supported (PyTorch exports explicit pads)");
+    return CH_STATUS_OK;
+}
+
+/* A float32 attribute holds what the user typed (0.1, 1e-5) to float precision: give it back as
+ * typed, so that BatchNorm's momentum is 0.1 as in PyTorch, not 0.100000024. */
+static double as_typed(double x)
+{
+    char b[32];
+    snprintf(b, sizeof b, "%.6g", x);
+    return strtod(b, NULL);
+}
+
+/* ---- values ---- */
+
+/* The k-th input of the node (NULL when absent and optional). */
+static ch_status input(imp *m, size_t k, bool required, ch_oval **out)
+{
+    const Onnx__NodeProto *n = m->node;
+    *out = NULL;
+    if (k >= n->n_input || !n->input[k][0]) {
+        if (required) return bad(m, "input %zu is missing", k);
+        return CH_STATUS_OK;
+    }
+    ch_oval *v = ch_ovals_find(&m->vals, n->input[k]);
+    if (!v) return bad(m, "reads '%s', which no earlier node makes and no initializer holds", sh(m, 0, n->input[k]));
+    if (v->kind == CH_OVAL_DEAD) return bad(m, "reads '%s', %s", sh(m, 0, v->name), v->why);
+    if (v->folded_softmax)
+        return bad(m, "reads '%s', the output of a LogSoftmax/Softmax: cohort folds those into the loss, only as "
+                   "the model's last operation", sh(m, 0, v->name));
+    *out = v;
+    return CH_STATUS_OK;
+}
+
+static ch_status tensor_in(imp *m, size_t k, int *t)
+{
+    ch_oval *v;
+    CH_TRY(input(m, k, true, &v));
+    if (v->kind != CH_OVAL_TENSOR)
+        return bad(m, "input '%s' is a constant or an initializer; cohort supports it only as a tensor computed "
+                   "from the model's input", sh(m, 0, v->name));
+    *t = v->tensor;
+    return CH_STATUS_OK;
+}
+
+/* A constant input (a Constant's output, folded shape arithmetic, or a small initializer). */
+static ch_status const_in(imp *m, size_t k, bool required, ch_oval **out)
+{
+    CH_TRY(input(m, k, required, out));
+    ch_oval *v = *out;
+    if (!v) return CH_STATUS_OK;
+    if (v->kind == CH_OVAL_PARAM) {
+        char what[160];
+        snprintf(what, sizeof what, "initializer '%s'", sh(m, 0, v->name));
+        ch_oval c = *v;
+        CH_TRY(ch_onnx_tensor_const(v->init, what, &c, m->err));
+        c.uses = v->uses + 1; /* read: not an unused initializer */
+        *v = c;               /* from now on, the constant it holds */
+    }
+    if (v->kind != CH_OVAL_CONST)
+        return bad(m, "input '%s' must be a constant: cohort computes no shapes or bounds from data",
+                   sh(m, 0, v->name));
+    return CH_STATUS_OK;
+}
+
+static ch_status define(imp *m, size_t k, ch_oval_kind kind, ch_oval **out)
+{
+    const Onnx__NodeProto *n = m->node;
+    if (k >= n->n_output || !n->output[k][0]) {
+        *out = NULL;
+        return kind == CH_OVAL_DEAD ? CH_STATUS_OK : bad(m, "output %zu is missing", k);
+    }
+    ch_err e;
+    *out = ch_ovals_add(&m->vals, n->output[k], kind, &e);
+    return *out ? CH_STATUS_OK : bad(m, "%s", e.msg);
+}
+
+/* Outputs from k on are ones cohort does not compute: reading them is refused, saying why. */
+static ch_status dead_from(imp *m, size_t k, const char *why)
+{
+    for (; k < m->node->n_output; k++) {
+        ch_oval *v;
+        CH_TRY(define(m, k, CH_OVAL_DEAD, &v));
+        if (v) v->why = why;
+    }
+    return CH_STATUS_OK;
+}
+
+/* The node's output 0 is graph tensor t (a builder result: -1 carries the builder's error). */
+static ch_status tensor_out(imp *m, int t)
+{
+    if (t < 0) {
+        ch_err e;
+        ch_graph_status(m->g, &e);
+        return bad(m, "%s", e.msg);
+    }
+    ch_oval *v;
+    CH_TRY(define(m, 0, CH_OVAL_TENSOR, &v));
+    v->tensor = t;
+    return CH_STATUS_OK;
+}
+
+/* Output 0 is input value src under a new name (Identity and the ops folded away). */
+static ch_status alias_out(imp *m, const ch_oval *src)
+{
+    const ch_oval copy = *src;
+    ch_oval *v;
+    CH_TRY(define(m, 0, copy.kind, &v));
+    const char *name = v->name;
+    *v = copy;
+    v->name = name;
+    v->uses = 0;
+    return CH_STATUS_OK;
+}
+
+/* A name for a node without weights: its own when usable, else OP_INDEX. */
+static const char *node_name(imp *m, char *buf, size_t len)
+{
+    const char *s = m->node->name;
+    bool ok = s && s[0] && strlen(s) < CH_NODE_NAME_MAX;
+    for (const char *c = s; ok && *c; c++) ok = *c > ' ' && *c < 127;
+    if (ok) return s;
+    snprintf(buf, len, "%s_%d", sh(m, 0, m->node->op_type), ch_graph_node_count(m->g));
+    return buf;
+}
+
+/* ---- weights ---- */
+
+static ch_status inference_export(imp *m, const char *init)
+{
+    return bad(m, "an inference export (initializer '%s'; BatchNorm folded into Conv or run in eval mode) cannot "
+               "train: export with torch.onnx.export(model, x, \"%s\", training=torch.onnx.TrainingMode.TRAINING, "
+               "do_constant_folding=False, dynamic_axes={\"input\": {0: \"batch\"}})", sh(m, 0, init),
+               sh(m, 1, m->file));
+}
+
+/* The module path of a weight named PATH.weight, which a training export keeps. */
+static ch_status weight_prefix(imp *m, const ch_oval *w, char *prefix)
+{
+    const char *s = w->name;
+    const size_t len = strlen(s);
+    if (strncmp(s, "onnx::", 6) == 0) return inference_export(m, s);
+    if (len < 8 || strcmp(s + len - 7, ".weight") != 0 || len - 7 >= CH_NODE_NAME_MAX)
+        return bad(m, "weight '%s' is not a state_dict name (MODULE.weight, under %d characters): export the "
+                   "nn.Module in training mode", sh(m, 0, s), CH_NODE_NAME_MAX);
+    memcpy(prefix, s, len - 7);
+    prefix[len - 7] = 0;
+    return CH_STATUS_OK;
+}
+
+/* Input k is the initializer PREFIX.SUFFIX of the given shape, read by no other node: its values
+ * become the graph's starting values. Absent and optional: *present false. */
+static ch_status param(imp *m, size_t k, const char *prefix, const char *suffix, const int64_t *shape, int rank,
+                       bool *present)
+{
+    ch_oval *v;
+    CH_TRY(input(m, k, present == NULL, &v));
+    if (present) *present = v != NULL;
+    if (!v) return CH_STATUS_OK;
+    if (v->kind == CH_OVAL_PARAM_T) v = ch_ovals_find(&m->vals, v->init->name);
+    if (!v || v->kind != CH_OVAL_PARAM)
+        return bad(m, "input %zu ('%s') must be an initializer (a weight)", k, v ? sh(m, 0, v->name) : "?");
+    char want[CH_NAME_MAX];
+    snprintf(want, sizeof want, "%s.%s", prefix, suffix);
+    if (strncmp(v->name, "onnx::", 6) == 0) return inference_export(m, v->name);
+    if (strcmp(v->name, want) != 0)
+        return bad(m, "initializer '%s' should be named '%s' (state_dict names, as a training export keeps them)",
+                   sh(m, 0, v->name), sh(m, 1, want));
+    if (v->uses++ > 0)
+        return bad(m, "initializer '%s' is read by two nodes: shared weights are not supported", sh(m, 0, v->name));
+    const Onnx__TensorProto *t = v->init;
+    bool same = t->n_dims == (size_t)rank;
+    for (int i = 0; same && i < rank; i++) same = t->dims[i] == shape[i];
+    if (!same) {
+        char got[96] = "", need[96] = "";
+        for (size_t i = 0; i < t->n_dims && i < 6; i++)
+            snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", i ? ", " : "", (long long)t->dims[i]);
+        for (int i = 0; i < rank; i++)
+            snprintf(need + strlen(need), sizeof need - strlen(need), "%s%lld", i ? ", " : "", (long long)shape[i]);
+        return bad(m, "initializer '%s' has shape (%s); the node needs (%s)", sh(m, 0, v->name), got, need);
+    }
+    float *data;
+    size_t count;
+    char what[160];
+    snprintf(what, sizeof what, "initializer '%s'", sh(m, 0, v->name));
+    CH_TRY(ch_onnx_tensor_floats(t, what, &data, &count, m->err));
+    for (size_t i = 0; i < count; i++)
+        if (!isfinite(data[i])) {
+            free(data);
+            return bad(m, "initializer '%s' holds a NaN or an infinity at %zu", sh(m, 0, v->name), i);
+        }
+    const ch_status st = ch_graph_add_initial(m->g, v->name, data, count, m->err);
+    free(data);
+    return st;
+}
+
+/* The weight input k (an initializer, maybe transposed) and its module path. */
+static ch_status weight_of(imp *m, size_t k, const Onnx__TensorProto **t, char *prefix)
+{
+    ch_oval *v;
+    CH_TRY(input(m, k, true, &v));
+    if (v->kind != CH_OVAL_PARAM && v->kind != CH_OVAL_PARAM_T)
+        return bad(m, "input %zu ('%s') must be an initializer (a weight)", k, sh(m, 0, v->name));
+    const ch_oval *w = v->kind == CH_OVAL_PARAM_T ? ch_ovals_find(&m->vals, v->init->name) : v;
+    *t = v->init;
+    return weight_prefix(m, w, prefix);
+}
+
+/* ---- operators ---- */
+
+static int features_of(const ch_graph *g, int t)
+{
+    const ch_gtensor *x = &g->tensors[t];
+    return x->rank == 1 ? x->dims[0] : x->dims[1] == 1 && x->dims[2] == 1 ? x->dims[0] : -1;
+}
+
+static ch_status op_conv(imp *m)
+{
+    int x = 0, k = 0, stride = 0, pad = 0, dil = 0;
+    int64_t group = 0;
+    const Onnx__TensorProto *w = NULL;
+    char prefix[CH_NODE_NAME_MAX];
+    CH_TRY(tensor_in(m, 0, &x));
+    CH_TRY(weight_of(m, 1, &w, prefix));
+    CH_TRY(no_auto_pad(m));
+    if (w->n_dims != 4) return bad(m, "weight '%s' has %zu dimensions, not 4", sh(m, 0, w->name), w->n_dims);
+    CH_TRY(attr_square(m, "kernel_shape", 2, w->dims[2], 1, 1 << 12, &k));
+    CH_TRY(attr_square(m, "strides", 2, 1, 1, 1 << 12, &stride));
+    CH_TRY(attr_square(m, "pads", 4, 0, 0, 1 << 12, &pad));
+    CH_TRY(attr_square(m, "dilations", 2, 1, 1, 1 << 12, &dil));
+    CH_TRY(attr_int(m, "group", 1, &group));
+    const int cin = m->g->tensors[x].dims[0];
+    if (m->g->tensors[x].rank != 3) return bad(m, "needs a (batch, c, h, w) input");
+    if (group < 1 || group > cin || cin % group != 0 || w->dims[0] % group != 0 || w->dims[0] < 1 ||
+        w->dims[0] > (1 << 16))
+        return bad(m, "group %lld does not divide %d input and %lld output channels", (long long)group, cin,
+                   (long long)w->dims[0]);
+    const int64_t shape[4] = { w->dims[0], cin / group, k, k };
+    bool has_bias;
+    CH_TRY(param(m, 1, prefix, "weight", shape, 4, NULL));
+    CH_TRY(param(m, 2, prefix, "bias", shape, 1, &has_bias));
+    const ch_conv2d_args a = { .out_channels = (int)w->dims[0], .kernel = k, .stride = stride, .padding = pad,
+                               .dilation = dil, .groups = (int)group, .no_bias = !has_bias };
+    return tensor_out(m, ch_graph_conv2d(m->g, prefix, x, &a));
+}
+
+static ch_status op_batchnorm(imp *m)
+{
+    int x = 0;
+    const Onnx__TensorProto *w = NULL;
+    char prefix[CH_NODE_NAME_MAX];
+    CH_TRY(tensor_in(m, 0, &x));
+    int64_t training = m->node->n_output > 1; /* opset 13: five outputs in training mode */
+    if (m->opset >= 14) CH_TRY(attr_int(m, "training_mode", 0, &training));
+    if (!training) return inference_export(m, m->node->n_input > 3 ? m->node->input[3] : "?");
+    CH_TRY(weight_of(m, 1, &w, prefix));
+    if (m->g->tensors[x].rank != 3) return bad(m, "needs a (batch, c, h, w) input");
+    const int64_t c[1] = { m->g->tensors[x].dims[0] };
+    static const char *const names[4] = { "weight", "bias", "running_mean", "running_var" };
+    for (size_t i = 0; i < 4; i++) CH_TRY(param(m, i + 1, prefix, names[i], c, 1, NULL));
+    double eps = 0, momentum = 0;
+    CH_TRY(attr_float(m, "epsilon", 1e-5, &eps));
+    CH_TRY(attr_float(m, "momentum", 0.9, &momentum));
+    if (!(eps > 0 && eps < 1) || !(momentum >= 0 && momentum < 1))
+        return bad(m, "epsilon %g or momentum %g outside (0, 1)", eps, momentum);
+    /* ONNX keeps momentum * running + (1 - momentum) * batch: PyTorch's momentum is 1 - it. */
+    const ch_batchnorm_args a = { .eps = as_typed(eps), .momentum = as_typed(1 - momentum) };
+    CH_TRY(tensor_out(m, ch_graph_batchnorm2d(m->g, prefix, x, &a)));
+    return dead_from(m, 1, "a running statistic of BatchNormalization, which cohort keeps itself");
+}
+
+static ch_status op_activation(imp *m)
+{
+    int x = 0;
+    char buf[CH_NODE_NAME_MAX];
+    CH_TRY(tensor_in(m, 0, &x));
+    const char *op = m->node->op_type, *name = node_name(m, buf, sizeof buf);
+    if (strcmp(op, "Relu") == 0) return tensor_out(m, ch_graph_relu(m->g, name, x));
+    if (strcmp(op, "Sigmoid") == 0) return tensor_out(m, ch_graph_sigmoid(m->g, name, x));
+    if (strcmp(op, "Tanh") == 0) return tensor_out(m, ch_graph_tanh(m->g, name, x));
+    if (strcmp(op, "LeakyRelu") == 0) {
+        double alpha = 0;
+        CH_TRY(attr_float(m, "alpha", 0.01, &alpha));
+        return tensor_out(m, ch_graph_leaky_relu(m->g, name, x, as_typed(alpha)));
+    }
+    /* Clip: bounds are optional constant inputs (opset 11 on). */
+    ch_oval *lo, *hi;
+    CH_TRY(const_in(m, 1, false, &lo));
+    CH_TRY(const_in(m, 2, false, &hi));
+    if ((lo && lo->n != 1) || (hi && hi->n != 1)) return bad(m, "Clip bounds must be scalars");
+    return tensor_out(m, ch_graph_clip(m->g, name, x, lo ? lo->f[0] : -INFINITY, hi ? hi->f[0] : INFINITY));
+}
+
+static ch_status op_pool(imp *m)
+{
+    int x = 0, k = 0, stride = 0, pad = 0, dil = 0;
+    int64_t ceil_mode = 0, include_pad = 0, order = 0;
+    char buf[CH_NODE_NAME_MAX];
+    const bool is_max = strcmp(m->node->op_type, "MaxPool") == 0;
+    CH_TRY(tensor_in(m, 0, &x));
+    CH_TRY(no_auto_pad(m));
+    if (!attr(m->node, "kernel_shape")) return bad(m, "no kernel_shape");
+    CH_TRY(attr_square(m, "kernel_shape", 2, 1, 1, 1 << 12, &k));
+    CH_TRY(attr_square(m, "strides", 2, 1, 1, 1 << 12, &stride));
+    CH_TRY(attr_square(m, "pads", 4, 0, 0, 1 << 12, &pad));
+    CH_TRY(attr_square(m, "dilations", 2, 1, 1, 1, &dil));
+    CH_TRY(attr_int(m, "ceil_mode", 0, &ceil_mode));
+    CH_TRY(attr_int(m, "count_include_pad", 0, &include_pad));
+    CH_TRY(attr_int(m, "storage_order", 0, &order));
+    if (order != 0) return bad(m, "storage_order %lld (column-major indices) is not supported", (long long)order);
+    const ch_pool2d_args a = { .kernel = k, .stride = stride, .padding = pad, .ceil_mode = ceil_mode != 0,
+                               .exclude_pad = include_pad == 0 };
+    const char *name = node_name(m, buf, sizeof buf);
+    CH_TRY(tensor_out(m, is_max ? ch_graph_max_pool2d(m->g, name, x, &a) : ch_graph_avg_pool2d(m->g, name, x, &a)));
+    return dead_from(m, 1, "MaxPool's indices, which cohort does not compute");
+}
+
+static ch_status op_global_pool(imp *m)
+{
+    int x = 0;
+    char buf[CH_NODE_NAME_MAX];
+    CH_TRY(tensor_in(m, 0, &x));
+    return tensor_out(m, ch_graph_global_avg_pool(m->g, node_name(m, buf, sizeof buf), x));
+}
+
+static ch_status op_reduce_mean(imp *m)
+{
+    int x = 0;
+    int64_t keep = 0;
+    char buf[CH_NODE_NAME_MAX];
+    CH_TRY(tensor_in(m, 0, &x));
+    CH_TRY(attr_int(m, "keepdims", 1, &keep));
+    const Onnx__AttributeProto *a = attr(m->node, "axes");
+    bool hw = a && a->type == ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__INTS && a->n_ints == 2 &&
+              m->g->tensors[x].rank == 3;
+    for (size_t i = 0; hw && i < 2; i++) hw = a->ints[i] == 2 || a->ints[i] == 3 || a->ints[i] == -1 || a->ints[i] == -2;
+    if (hw) hw = (a->ints[0] + 4) % 4 != (a->ints[1] + 4) % 4;
+    if (!hw) return bad(m, "only the mean over height and width (axes 2, 3) of a (batch, c, h, w) tensor is supported");
+    return tensor_out(m, ch_graph_mean_hw(m->g, node_name(m, buf, sizeof buf), x, keep != 0));
+}
+
+static ch_status op_flatten(imp *m)
+{
+    ch_oval *v;
+    int64_t axis = 0;
+    char buf[CH_NODE_NAME_MAX];
+    CH_TRY(input(m, 0, true, &v));
+    CH_TRY(tensor_in(m, 0, &(int){ 0 }));
+    CH_TRY(attr_int(m, "axis", 1, &axis));
+    if (axis != 1) return bad(m, "axis %lld: only flattening all but the batch dimension (axis 1) is supported",
+                              (long long)axis);
+    if (m->g->tensors[v->tensor].rank == 1) return alias_out(m, v);
+    return tensor_out(m, ch_graph_flatten(m->g, node_name(m, buf, sizeof buf), v->tensor));
+}
+
+/* Reshape with the batch symbolic: to (batch, c*h*w) is flatten; to the same shape, nothing. */
+static ch_status op_reshape(imp *m)
+{
+    ch_oval *v, *s;
+    int64_t allowzero = 0;
+    char buf[CH_NODE_NAME_MAX];
+    CH_TRY(input(m, 0, true, &v));
+    CH_TRY(tensor_in(m, 0, &(int){ 0 }));
+    CH_TRY(const_in(m, 1, true, &s));
+    CH_TRY(attr_int(m, "allowzero", 0, &allowzero));
+    const ch_gtensor *x = &m->g->tensors[v->tensor];
+    const int64_t in[4] = { CH_ONNX_BATCH, x->dims[0], x->rank == 3 ? x->dims[1] : 1, x->rank == 3 ? x->dims[2] : 1 };
+    const int in_rank = x->rank + 1;
+    const double per = (double)x->dims[0] * x->dims[1] * x->dims[2];
+    if (s->is_float || s->rank != 1 || s->n < 2 || s->n > 4 || allowzero)
+        return bad(m, "the target shape must be 2 to 4 integers (batch first)");
+    int64_t t[4];
+    int infer = -1;
+    double known = 1;
+    for (int i = 0; i < s->n; i++) {
+        t[i] = s->i[i];
+        if (t[i] == 0 && i < in_rank) t[i] = in[i];
+        if (t[i] == -1) {
+            if (infer >= 0) return bad(m, "two dimensions of the target shape are -1");
+            infer = i;
+        } else if (i > 0 && (t[i] < 1 || t[i] > (1 << 30))) {
+            return bad(m, "target dimension %d is %lld", i, t[i] == CH_ONNX_BATCH ? -2LL : (long long)t[i]);
+        } else if (i > 0) {
+            known *= (double)t[i];
+        }
+    }
+    if (t[0] != CH_ONNX_BATCH && infer != 0)
+        return bad(m, "reshapes to a batch of %lld, fixed when the model was exported: write x.view(x.size(0), -1) "
+                   "or torch.flatten(x, 1)", (long long)t[0]);
+    if (infer > 0) t[infer] = (int64_t)(per / known);
+    if (infer > 0 ? fmod(per, known) != 0 : known != per)
+        return bad(m, "target shape does not hold the %.0f values of a sample", per);
+    if (s->n == 2) {
+        if (x->rank == 1) return alias_out(m, v);
+        return tensor_out(m, ch_graph_flatten(m->g, node_name(m, buf, sizeof buf), v->tensor));
+    }
+    if (s->n == in_rank && x->rank == 3 && t[1] == in[1] && t[2] == in[2] && t[3] == in[3]) return alias_out(m, v);
+    return bad(m, "reshape of a (%d, %d, %d) sample to %d dimensions: cohort reshapes to (batch, features) only",
+               x->dims[0], x->dims[1], x->dims[2], s->n);
+}
+
+static ch_status op_gemm(imp *m)
+{
+    int x = 0;
+    int64_t ta = 0, tb = 0;
+    double alpha = 0, beta = 0;
+    const Onnx__TensorProto *w = NULL;
+    char prefix[CH_NODE_NAME_MAX];
+    CH_TRY(tensor_in(m, 0, &x));
+    CH_TRY(weight_of(m, 1, &w, prefix));
+    CH_TRY(attr_int(m, "transA", 0, &ta));
+    CH_TRY(attr_int(m, "transB", 0, &tb));
+    CH_TRY(attr_float(m, "alpha", 1, &alpha));
+    CH_TRY(attr_float(m, "beta", 1, &beta));
+    if (ta != 0 || tb != 1 || alpha != 1 || beta != 1)
+        return bad(m, "only nn.Linear's form (transA 0, transB 1, alpha 1, beta 1) is supported");
+    const int f = features_of(m->g, x);
+    if (f < 0) return bad(m, "input is not flat: flatten it first");
+    if (w->n_dims != 2 || w->dims[0] < 1 || w->dims[0] > (1 << 20))
+        return bad(m, "weight '%s' is not (out_features, in_features)", sh(m, 0, w->name));
+    const int64_t shape[2] = { w->dims[0], f };
+    bool has_bias;
+    CH_TRY(param(m, 1, prefix, "weight", shape, 2, NULL));
+    CH_TRY(param(m, 2, prefix, "bias", shape, 1, &has_bias));
+    return tensor_out(m, ch_graph_linear(m->g, prefix, x, (int)w->dims[0], has_bias));
+}
+
+/* nn.Linear without bias: MatMul(x, Transpose(weight)). */
+static ch_status op_matmul(imp *m)
+{
+    int x = 0;
+    ch_oval *b;
+    const Onnx__TensorProto *w = NULL;
+    char prefix[CH_NODE_NAME_MAX];
+    CH_TRY(tensor_in(m, 0, &x));
+    CH_TRY(input(m, 1, true, &b));
+    if (b->kind != CH_OVAL_PARAM_T)
+        return bad(m, "only x @ weight.t() (nn.Linear without bias) is supported");
+    CH_TRY(weight_of(m, 1, &w, prefix));
+    const int f = features_of(m->g, x);
+    if (f < 0) return bad(m, "input is not flat: flatten it first");
+    if (w->dims[0] < 1 || w->dims[0] > (1 << 20)) return bad(m, "weight '%s' has %lld rows", sh(m, 0, w->name),
+                                                             (long long)w->dims[0]);
+    const int64_t shape[2] = { w->dims[0], f };
+    CH_TRY(param(m, 1, prefix, "weight", shape, 2, NULL));
+    return tensor_out(m, ch_graph_linear(m->g, prefix, x, (int)w->dims[0], false));
+}
+
+static ch_status op_transpose(imp *m)
+{
+    ch_oval *v, *o;
+    CH_TRY(input(m, 0, true, &v));
+    const Onnx__AttributeProto *p = attr(m->node, "perm");
+    if (v->kind != CH_OVAL_PARAM || v->init->n_dims != 2 || !p || p->n_ints != 2 || p->ints[0] != 1 || p->ints[1] != 0)
+        return bad(m, "only the transpose of a 2-D weight, read by MatMul (nn.Linear without bias), is supported");
+    CH_TRY(define(m, 0, CH_OVAL_PARAM_T, &o));
+    o->init = v->init;
+    return CH_STATUS_OK;
+}
+
+static ch_status op_binary(imp *m)
+{
+    int a = 0, b = 0;
+    char buf[CH_NODE_NAME_MAX];
+    CH_TRY(tensor_in(m, 0, &a));
+    CH_TRY(tensor_in(m, 1, &b));
+    const char *name = node_name(m, buf, sizeof buf);
+    return tensor_out(m, strcmp(m->node->op_type, "Add") == 0 ? ch_graph_add(m->g, name, a, b)
+                                                              : ch_graph_mul(m->g, name, a, b));
+}
+
+static ch_status op_dropout(imp *m)
+{
+    int x = 0;
+    ch_oval *ratio;
+    char buf[CH_NODE_NAME_MAX];
+    CH_TRY(tensor_in(m, 0, &x));
+    CH_TRY(const_in(m, 1, false, &ratio));
+    if (ratio && ratio->n != 1) return bad(m, "ratio must be a scalar");
+    /* training_mode (input 2) only says how the module was exported; cohort trains with it on. */
+    CH_TRY(tensor_out(m, ch_graph_dropout(m->g, node_name(m, buf, sizeof buf), x, ratio ? ratio->f[0] : 0.5)));
+    return dead_from(m, 1, "Dropout's mask, which cohort does not give out");
+}
+
+static ch_status op_pad(imp *m)
+{
+    ch_oval *v, *pads;
+    CH_TRY(input(m, 0, true, &v));
+    CH_TRY(tensor_in(m, 0, &(int){ 0 }));
+    CH_TRY(const_in(m, 1, true, &pads));
+    for (int i = 0; i < pads->n; i++)
+        if (pads->i[i] != 0)
+            return bad(m, "padding by Pad is not supported (only a zero Pad, as PyTorch puts before pooling): "
+                       "pad in the Conv or the pooling instead");
+    return alias_out(m, v);
+}
+
+/* The cross-entropy's log-softmax, exported by a model that ends in log_softmax (or softmax):
+ * the graph's output is its input, the logits. */
+static ch_status op_softmax(imp *m)
+{
+    ch_oval *v, *o;
+    int64_t axis = 0;
+    CH_TRY(input(m, 0, true, &v));
+    CH_TRY(tensor_in(m, 0, &(int){ 0 }));
+    CH_TRY(attr_int(m, "axis", m->opset >= 13 ? -1 : 1, &axis));
+    if (features_of(m->g, v->tensor) < 0 || (axis != 1 && axis != -1 && !(axis == -3 && m->g->tensors[v->tensor].rank == 3)))
+        return bad(m, "only a softmax over the classes of (batch, classes) logits is supported");
+    if (m->node->n_output < 1 || strcmp(m->node->output[0], m->output) != 0)
+        return bad(m, "a %s is supported only as the model's last operation (folded into the cross-entropy)",
+                   sh(m, 0, m->node->op_type));
+    CH_TRY(alias_out(m, v));
+    o = ch_ovals_find(&m->vals, m->node->output[0]);
+    o->folded_softmax = true;
+    return CH_STATUS_OK;
+}
+
+static ch_status op_identity(imp *m)
+{
+    ch_oval *v;
+    CH_TRY(input(m, 0, true, &v));
+    return alias_out(m, v);
+}
+
+static ch_status op_cast(imp *m)
+{
+    ch_oval *v;
+    int64_t to = 0;
+    CH_TRY(input(m, 0, true, &v));
+    CH_TRY(attr_int(m, "to", 0, &to));
+    const bool to_float = to == ONNX__TENSOR_PROTO__DATA_TYPE__FLOAT;
+    if (v->kind == CH_OVAL_TENSOR && to_float) return alias_out(m, v);
+    if (v->kind != CH_OVAL_CONST && v->kind != CH_OVAL_PARAM)
+        return bad(m, "casts of tensors to type %lld are not supported", (long long)to);
+    CH_TRY(const_in(m, 0, true, &v));
+    ch_oval c = *v;
+    c.is_float = to_float || to == ONNX__TENSOR_PROTO__DATA_TYPE__DOUBLE;
+    for (int i = 0; i < c.n; i++) c.f[i] = c.is_float ? c.f[i] : (double)c.i[i];
+    return alias_out(m, &c);
+}
+
+static ch_status op_constant(imp *m)
+{
+    ch_oval *o;
+    CH_TRY(define(m, 0, CH_OVAL_CONST, &o));
+    const Onnx__AttributeProto *a = m->node->n_attribute == 1 ? m->node->attribute[0] : NULL;
+    if (a && a->name && strcmp(a->name, "value") == 0 && a->t) {
+        char what[120];
+        snprintf(what, sizeof what, "the value of Constant '%s'", sh(m, 0, m->node->name));
+        ch_err e;
+        if (ch_onnx_tensor_const(a->t, what, o, &e) != CH_STATUS_OK) return ch_fail(m->err, CH_STATUS_BAD_INPUT, "%s: %s", m->file, e.msg);
+        return CH_STATUS_OK;
+    }
+    if (a && a->name && (strcmp(a->name, "value_int") == 0 || strcmp(a->name, "value_float") == 0)) {
+        o->n = 1;
+        o->is_float = a->type == ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__FLOAT;
+        o->f[0] = o->is_float ? a->f : (double)a->i;
+        o->i[0] = o->is_float ? 0 : a->i;
+        return CH_STATUS_OK;
+    }
+    if (a && a->name && strcmp(a->name, "value_ints") == 0 && a->n_ints <= CH_ONNX_CONST_MAX) {
+        o->rank = 1;
+        o->n = (int)a->n_ints;
+        for (int i = 0; i < o->n; i++) o->f[i] = (double)(o->i[i] = a->ints[i]);
+        return CH_STATUS_OK;
+    }
+    return bad(m, "only a tensor, int, float or ints value of at most %d numbers is supported", CH_ONNX_CONST_MAX);
+}
+
+/* ---- shape arithmetic, folded ---- */
+
+static ch_status op_shape(imp *m)
+{
+    ch_oval *v, *o;
+    int64_t start = 0, end = 0;
+    CH_TRY(input(m, 0, true, &v));
+    CH_TRY(tensor_in(m, 0, &(int){ 0 }));
+    const ch_gtensor *x = &m->g->tensors[v->tensor];
+    const int64_t dims[4] = { CH_ONNX_BATCH, x->dims[0], x->dims[1], x->dims[2] };
+    const int r = x->rank + 1;
+    CH_TRY(attr_int(m, "start", 0, &start));
+    CH_TRY(attr_int(m, "end", r, &end));
+    start = start < 0 ? start + r : start;
+    end = end < 0 ? end + r : end;
+    start = start < 0 ? 0 : start > r ? r : start;
+    end = end < start ? start : end > r ? r : end;
+    CH_TRY(define(m, 0, CH_OVAL_CONST, &o));
+    o->rank = 1;
+    o->n = (int)(end - start);
+    for (int i = 0; i < o->n; i++) o->f[i] = (double)(o->i[i] = dims[start + i]);
+    return CH_STATUS_OK;
+}
+
+static ch_status op_gather(imp *m)
+{
+    ch_oval *d, *idx, *o;
+    int64_t axis = 0;
+    CH_TRY(const_in(m, 0, true, &d));
+    CH_TRY(const_in(m, 1, true, &idx));
+    CH_TRY(attr_int(m, "axis", 0, &axis));
+    if (d->rank != 1 || axis != 0 || idx->is_float)
+        return bad(m, "only indexing a shape vector is supported");
+    CH_TRY(define(m, 0, CH_OVAL_CONST, &o));
+    o->rank = idx->rank;
+    o->n = idx->n;
+    for (int i = 0; i < idx->n; i++) {
+        int64_t k = idx->i[i] < 0 ? idx->i[i] + d->n : idx->i[i];
+        if (k < 0 || k >= d->n) return bad(m, "index %lld outside a vector of %d", (long long)idx->i[i], d->n);
+        o->i[i] = d->i[k];
+        o->f[i] = d->f[k];
+    }
+    o->is_float = d->is_float;
+    return CH_STATUS_OK;
+}
+
+/* Unsqueeze and Squeeze of constants between a scalar and a one-element vector. */
+static ch_status op_squeeze(imp *m)
+{
+    ch_oval *d, *axes;
+    const bool un = strcmp(m->node->op_type, "Unsqueeze") == 0;
+    CH_TRY(const_in(m, 0, true, &d));
+    CH_TRY(const_in(m, 1, un, &axes));
+    const bool axis0 = !axes || (axes->n == 1 && (axes->i[0] == 0 || axes->i[0] == -1));
+    if (!axis0 || (un ? d->rank != 0 : d->n != 1))
+        return bad(m, "only %s of a constant scalar at axis 0 is supported", un ? "unsqueezing" : "squeezing");
+    ch_oval c = *d;
+    c.rank = un;
+    return alias_out(m, &c);
+}
+
+static ch_status op_concat(imp *m)
+{
+    const Onnx__NodeProto *n = m->node;
+    if (n->n_input < 1 || n->n_input > 4096) return bad(m, "%zu inputs", n->n_input);
+    ch_oval *first;
+    int64_t axis = 0;
+    CH_TRY(input(m, 0, true, &first));
+    CH_TRY(attr_int(m, "axis", 0, &axis));
+    if (first->kind == CH_OVAL_TENSOR) {
+        int *xs = malloc(sizeof(int) * n->n_input);
+        CH_CHECK_ALLOC(m->err, xs);
+        ch_status st = CH_STATUS_OK;
+        for (size_t i = 0; i < n->n_input && st == CH_STATUS_OK; i++) st = tensor_in(m, i, &xs[i]);
+        const int rank = m->g->tensors[first->tensor].rank;
+        if (st == CH_STATUS_OK && !(axis == 1 || axis == -rank))
+            st = bad(m, "axis %lld: tensors are concatenated along channels (axis 1) only", (long long)axis);
+        char buf[CH_NODE_NAME_MAX];
+        if (st == CH_STATUS_OK)
+            st = tensor_out(m, ch_graph_concat(m->g, node_name(m, buf, sizeof buf), xs, (int)n->n_input));
+        free(xs);
+        return st;
+    }
+    ch_oval c = { .kind = CH_OVAL_CONST, .rank = 1 };
+    for (size_t i = 0; i < n->n_input; i++) {
+        ch_oval *v;
+        CH_TRY(const_in(m, i, true, &v));
+        if (v->rank != 1 || v->is_float || c.n + v->n > CH_ONNX_CONST_MAX)
+            return bad(m, "only the concatenation of short integer vectors (a shape) is folded");
+        for (int k = 0; k < v->n; k++, c.n++) {
+            c.i[c.n] = v->i[k];
+            c.f[c.n] = v->f[k];
+        }
+    }
+    return alias_out(m, &c);
+}
+
+/* ---- the walk ---- */
+
+typedef struct op_entry {
+    const char *name;
+    ch_status (*fn)(imp *m);
+} op_entry;
+
+static const op_entry ops[] = {
+    { "Conv", op_conv }, { "BatchNormalization", op_batchnorm }, { "Relu", op_activation },
+    { "LeakyRelu", op_activation }, { "Clip", op_activation }, { "Sigmoid", op_activation },
+    { "Tanh", op_activation }, { "MaxPool", op_pool }, { "AveragePool", op_pool },
+    { "GlobalAveragePool", op_global_pool }, { "ReduceMean", op_reduce_mean }, { "Flatten", op_flatten },
+    { "Reshape", op_reshape }, { "Gemm", op_gemm }, { "MatMul", op_matmul }, { "Transpose", op_transpose },
+    { "Add", op_binary }, { "Mul", op_binary }, { "Concat", op_concat }, { "Dropout", op_dropout },
+    { "Pad", op_pad }, { "LogSoftmax", op_softmax }, { "Softmax", op_softmax }, { "Identity", op_identity },
+    { "Cast", op_cast }, { "Constant", op_constant }, { "Shape", op_shape }, { "Gather", op_gather },
+    { "Unsqueeze", op_squeeze }, { "Squeeze", op_squeeze },
+};
+
+static ch_status import_node(imp *m, const Onnx__NodeProto *n)
+{
+    m->node = n;
+    if (n->domain && n->domain[0] && strcmp(n->domain, "ai.onnx") != 0)
+        return bad(m, "operator domain '%s' is not supported (only ONNX's own operators)", sh(m, 0, n->domain));
+    for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++)
+        if (n->op_type && strcmp(n->op_type, ops[i].name) == 0) return ops[i].fn(m);
+    return bad(m, "operator '%s' is not supported; cohort imports Conv, BatchNormalization, Relu, LeakyRelu, Clip, "
+               "Sigmoid, Tanh, MaxPool, AveragePool, GlobalAveragePool, ReduceMean, Flatten, Gemm, MatMul, Add, "
+               "Mul, Concat, Dropout, a final (Log)Softmax and shape arithmetic", sh(m, 0, n->op_type));
+}
+
+static ch_status check_opset(imp *m, const Onnx__ModelProto *mp)
+{
+    m->opset = -1;
+    for (size_t i = 0; i < mp->n_opset_import; i++) {
+        const Onnx__OperatorSetIdProto *o = mp->opset_import[i];
+        if (!o->domain || !o->domain[0] || strcmp(o->domain, "ai.onnx") == 0) m->opset = (int)(o->has_version ? o->version : -1);
+    }
+    if (m->opset < OPSET_MIN || m->opset > OPSET_MAX)
+        return bad(m, "ONNX opset %d: cohort imports opsets %d to %d (torch.onnx.export(..., opset_version=%d))",
+                   m->opset, OPSET_MIN, OPSET_MAX, OPSET_MAX);
+    return CH_STATUS_OK;
+}
+
+/* The data input: the one graph input that is no initializer, (batch, c, h, w) float. */
+static ch_status add_input(imp *m)
+{
+    const Onnx__GraphProto *gp = m->gp;
+    const Onnx__ValueInfoProto *in = NULL;
+    for (size_t i = 0; i < gp->n_input; i++) {
+        const ch_oval *v = ch_ovals_find(&m->vals, gp->input[i]->name);
+        if (v && v->kind == CH_OVAL_PARAM) continue;
+        if (in) return bad(m, "the model has several inputs ('%s', '%s'); cohort feeds one batch of images",
+                           sh(m, 0, in->name), sh(m, 1, gp->input[i]->name));
+        in = gp->input[i];
+    }
+    if (!in || !in->name) return bad(m, "the model has no input");
+    const Onnx__TypeProto *t = in->type;
+    const Onnx__TensorShapeProto *s = t && t->value_case == ONNX__TYPE_PROTO__VALUE_TENSOR_TYPE && t->tensor_type
+                                          ? t->tensor_type->shape : NULL;
+    if (!s || t->tensor_type->elem_type != ONNX__TENSOR_PROTO__DATA_TYPE__FLOAT || s->n_dim != 4)
+        return bad(m, "input '%s' is not a float tensor of shape (batch, c, h, w)", sh(m, 0, in->name));
+    int d[3];
+    for (int i = 0; i < 3; i++) {
+        const Onnx__TensorShapeProto__Dimension *x = s->dim[i + 1];
+        if (x->value_case != ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_VALUE || x->dim_value < 1 ||
+            x->dim_value > 65536)
+            return bad(m, "input '%s': dimension %d is not a number 1..65536", sh(m, 0, in->name), i + 1);
+        d[i] = (int)x->dim_value;
+    }
+    ch_oval *v;
+    ch_err e;
+    if (!(v = ch_ovals_add(&m->vals, in->name, CH_OVAL_TENSOR, &e))) return bad(m, "%s", e.msg);
+    char buf[CH_NODE_NAME_MAX];
+    const bool usable = strlen(in->name) < sizeof buf && !strpbrk(in->name, " \t\n\r");
+    v->tensor = ch_graph_input(m->g, usable ? in->name : "input", d[0], d[1], d[2]);
+    if (v->tensor < 0) return (ch_graph_status(m->g, &e), bad(m, "%s", e.msg));
+    return CH_STATUS_OK;
+}
+
+static ch_status import_graph(imp *m)
+{
+    const Onnx__GraphProto *gp = m->gp;
+    ch_err e;
+    if (gp->n_node > MAX_NODES) return bad(m, "%zu nodes, more than %d", gp->n_node, MAX_NODES);
+    if (gp->n_sparse_initializer) return bad(m, "sparse initializers are not supported");
+    for (size_t i = 0; i < gp->n_initializer; i++) {
+        ch_oval *v = ch_ovals_add(&m->vals, gp->initializer[i]->name, CH_OVAL_PARAM, &e);
+        if (!v) return bad(m, "initializer: %s", e.msg);
+        v->init = gp->initializer[i];
+    }
+    if (gp->n_output != 1 || !gp->output[0]->name)
+        return bad(m, "the model has %zu outputs; cohort trains one (the logits)", gp->n_output);
+    m->output = gp->output[0]->name;
+    CH_TRY(add_input(m));
+    for (size_t i = 0; i < gp->n_node; i++) CH_TRY(import_node(m, gp->node[i]));
+    m->node = NULL;
+    const ch_oval *out = ch_ovals_find(&m->vals, m->output);
+    if (!out || out->kind != CH_OVAL_TENSOR)
+        return bad(m, "output '%s' is made by no node, or is no tensor computed from the input", sh(m, 0, m->output));
+    if (ch_graph_output(m->g, out->tensor) != CH_STATUS_OK) return (ch_graph_status(m->g, &e), bad(m, "%s", e.msg));
+    for (size_t i = 0; i < m->vals.n; i++)
+        if (m->vals.v[i].kind == CH_OVAL_PARAM && m->vals.v[i].uses == 0)
+            return bad(m, "initializer '%s' is read by no node cohort imports", sh(m, 0, m->vals.v[i].name));
+    return CH_STATUS_OK;
+}
+
+/* The graph's name: the file's, without folders and .onnx. */
+static void name_of(const char *path, char *name, size_t len)
+{
+    const char *b = strrchr(path, '/');
+    b = b ? b + 1 : path;
+    size_t k = 0;
+    for (; b[k] && k + 1 < len; k++) name[k] = b[k] > ' ' && b[k] < 127 ? b[k] : '_';
+    name[k] = 0;
+    if (k > 5 && strcmp(name + k - 5, ".onnx") == 0) name[k - 5] = 0;
+    if (!name[0]) snprintf(name, len, "onnx");
+}
+
+ch_status ch_graph_load_onnx(const char *path, ch_graph **out, ch_err *err)
+{
+    *out = NULL;
+    uint8_t *buf;
+    size_t len;
+    CH_TRY(ch_file_read(path, max_file, &buf, &len, err));
+    Onnx__ModelProto *mp = onnx__model_proto__unpack(NULL, len, buf);
+    free(buf);
+    if (!mp || !mp->graph) {
+        if (mp) onnx__model_proto__free_unpacked(mp, NULL);
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: not an ONNX model (the protobuf does not parse: truncated or "
+                       "another kind of file)", path);
+    }
+    imp m = { .file = path, .gp = mp->graph, .err = err };
+    char name[64];
+    name_of(path, name, sizeof name);
+    ch_status st = check_opset(&m, mp);
+    if (st == CH_STATUS_OK) st = ch_graph_create(name, &m.g, err);
+    if (st == CH_STATUS_OK) st = import_graph(&m);
+    ch_ovals_free(&m.vals);
+    onnx__model_proto__free_unpacked(mp, NULL);
+    if (st != CH_STATUS_OK) {
+        ch_graph_free(m.g);
+        return st;
+    }
+    *out = m.g;
+    return CH_STATUS_OK;
+}

@@ -1,0 +1,61 @@
+/* What the ONNX importer knows about each named value of a file: a tensor of the graph being
+ * built, a small constant (shape arithmetic, Clip bounds, dropout ratios), a weight initializer,
+ * or an output nobody may read (BatchNorm's running statistics, a dropout mask). Values are found
+ * by name through a hash table, so a file of many nodes costs linear time. */
+#ifndef CH_GRAPH_ONNX_VALUES_H
+#define CH_GRAPH_ONNX_VALUES_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/status.h"
+#include "onnx.pb-c.h"
+
+/* The batch dimension inside folded shape arithmetic: Shape(x)[0], whatever it will be. */
+#define CH_ONNX_BATCH INT64_MIN
+enum { CH_ONNX_CONST_MAX = 64 };
+
+typedef enum ch_oval_kind {
+    CH_OVAL_TENSOR,     /* a graph tensor: .tensor */
+    CH_OVAL_CONST,      /* .n numbers in .i (integers) or .f (floats); .rank 0 or 1 */
+    CH_OVAL_PARAM,      /* an initializer: .init */
+    CH_OVAL_PARAM_T,    /* Transpose(initializer, perm (1, 0)): a Linear weight used by MatMul */
+    CH_OVAL_DEAD,       /* an output cohort does not compute: .why says which */
+} ch_oval_kind;
+
+typedef struct ch_oval {
+    const char *name;   /* the file's string */
+    ch_oval_kind kind;
+    int tensor;
+    bool is_float, folded_softmax;
+    int rank, n;
+    int64_t i[CH_ONNX_CONST_MAX];
+    double f[CH_ONNX_CONST_MAX];
+    const Onnx__TensorProto *init;
+    int uses;           /* how many nodes read an initializer */
+    const char *why;
+} ch_oval;
+
+typedef struct ch_ovals {
+    ch_oval *v;
+    size_t n, cap;
+    int32_t *slot;      /* open addressing: index into v, -1 empty */
+    size_t nslots;
+} ch_ovals;
+
+void ch_ovals_free(ch_ovals *t);
+ch_oval *ch_ovals_find(const ch_ovals *t, const char *name);
+/* A new value named name; NULL with err set when the name is taken or memory is out. */
+ch_oval *ch_ovals_add(ch_ovals *t, const char *name, ch_oval_kind kind, ch_err *err);
+
+/* An initializer or a Constant's tensor: its element count (dims bounded, no external data).
+ * what names it in messages. */
+ch_status ch_onnx_tensor_count(const Onnx__TensorProto *t, const char *what, size_t *count, ch_err *err);
+/* Its values as floats (FLOAT tensors only) in a new buffer the caller frees. */
+ch_status ch_onnx_tensor_floats(const Onnx__TensorProto *t, const char *what, float **out, size_t *count,
+                                ch_err *err);
+/* A small constant (at most CH_ONNX_CONST_MAX numbers of an integer, float or bool type) into v. */
+ch_status ch_onnx_tensor_const(const Onnx__TensorProto *t, const char *what, ch_oval *v, ch_err *err);
+
+#endif
