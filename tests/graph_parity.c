@@ -1,7 +1,8 @@
 /* Graphs against PyTorch (graph_parity.sh drives it).
  *
  *   graph_parity step DIR MODEL DEVICES [sync-bn]
- *       The model of graph_models.c from DIR/MODEL.init.safetensors (PyTorch's initial weights),
+ *       The model of graph_models.c from DIR/MODEL.init.safetensors (PyTorch's initial weights), or
+ *       with MODEL onnx:M, the graph and weights of DIR/M.onnx (PyTorch's export of the same model),
  *       one SGD step (lr 0.05, momentum 0.9, weight decay 1e-4) on DIR/data's 32 training images
  *       in one batch on DEVICES (over every MPI rank when started by mpirun): the parameters and
  *       BatchNorm buffers must be PyTorch's (DIR/MODEL.after.safetensors, computed in double) within
@@ -89,7 +90,11 @@ static int step(const char *dir, const char *model, const char *devices, bool sy
         ch_dataset_load_idx(path, CH_SPLIT_TEST, &test, &err) != CH_STATUS_OK)
         return die(&err);
     ch_graph *g;
-    if (tg_build(model, 0.0, &g, &err) != CH_STATUS_OK) return die(&err);
+    const bool onnx = strncmp(model, "onnx:", 5) == 0;
+    if (onnx) model += 5;
+    snprintf(path, sizeof path, "%s/%s.onnx", dir, model);
+    if ((onnx ? ch_graph_load_onnx(path, &g, &err) : tg_build(model, 0.0, &g, &err)) != CH_STATUS_OK)
+        return die(&err);
     ch_train_config cfg = ch_train_config_default();
     cfg.graph = g;
     cfg.devices = devices;
@@ -104,7 +109,8 @@ static int step(const char *dir, const char *model, const char *devices, bool sy
     ch_graph_free(g);   /* the trainer needs it no longer */
     snprintf(path, sizeof path, "%s/%s.init.safetensors", dir, model);
     ch_epoch_stats s;
-    if (ch_trainer_load_weights(t, path, &err) != CH_STATUS_OK || ch_trainer_run_epoch(t, &s, &err) != CH_STATUS_OK)
+    /* An imported graph starts from its file's weights. */
+    if ((!onnx && ch_trainer_load_weights(t, path, &err) != CH_STATUS_OK) || ch_trainer_run_epoch(t, &s, &err) != CH_STATUS_OK)
         return die(&err);
     int rc = 0;
     if (ch_world_rank() == 0) {
@@ -112,7 +118,7 @@ static int step(const char *dir, const char *model, const char *devices, bool sy
         if (ch_trainer_export(t, path, &err) != CH_STATUS_OK) return die(&err);
         char theirs[4096];
         snprintf(theirs, sizeof theirs, "%s/%s.after.safetensors", dir, model);
-        printf("%s on %s%s, %d rank(s): loss %.6f\n", model, devices, sync_bn ? " with sync-BN" : "",
+        printf("%s%s on %s%s, %d rank(s): loss %.6f\n", onnx ? "onnx:" : "", model, devices, sync_bn ? " with sync-BN" : "",
                ch_world_size(), s.loss);
         rc = compare(path, theirs);
         printf("correct %.0f\n", s.test_acc * (double)ch_dataset_size(test));

@@ -2,8 +2,10 @@
 
   make DATA_ROOT DIR   write DIR/data (32 training and 256 test images of Fashion-MNIST, as IDX) and,
                        for each model of graph_models.py, DIR/M.init.safetensors (its initial
-                       state_dict) and DIR/M.after.safetensors (after one SGD step, lr 0.05,
-                       momentum 0.9, weight decay 1e-4, on the 32 images in one batch)
+                       state_dict), DIR/M.onnx (the same model exported in training mode, as a user
+                       exports it, at opsets 13 to 17 across the models) and DIR/M.after.safetensors
+                       (after one SGD step, lr 0.05, momentum 0.9, weight decay 1e-4, on the 32
+                       images in one batch)
   check DIR M FILE N   load cohort's export FILE into M with load_state_dict(strict=True) and check
                        that PyTorch's eval accuracy on the test images is N correct, as cohort said
 
@@ -24,6 +26,9 @@ from graph_models import LOSS, MODELS  # noqa: E402
 from torch_load import load_file  # noqa: E402  (safetensors as safetensors.torch reads them)
 
 NTRAIN, NTEST = 32, 256
+# Each model is exported at another opset, so that the four cover what cohort imports (13 to 17):
+# opset 13's BatchNormalization has five outputs, 14 on a training_mode attribute.
+OPSET = {"resnet": 13, "mobilenet": 15, "densenet": 16, "lognet": 17}
 DTYPES = {"F32": np.float32, "I64": np.int64}
 
 
@@ -62,6 +67,29 @@ def as_batch(x, y):
             torch.from_numpy(y.astype(np.int64)))
 
 
+def export_onnx(m, path, opset):
+    """The export the issue and the README give users: training mode, no constant folding, the
+    batch dynamic. Exporting runs the model once in training mode, which moves the module's
+    BatchNorm statistics, and the file holds them as moved; it has no num_batches_tracked, which
+    cohort starts at 0. So the module is reset to that too, and checked to equal the file."""
+    import warnings
+
+    import onnx
+    from onnx import numpy_helper
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(m, torch.zeros(2, 1, 28, 28), path, training=torch.onnx.TrainingMode.TRAINING,
+                          do_constant_folding=False, opset_version=opset, input_names=["input"],
+                          output_names=["output"], dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}})
+    for name, b in m.named_buffers():
+        if name.endswith("num_batches_tracked"):
+            b.zero_()
+    state = m.state_dict()
+    for t in onnx.load(path).graph.initializer:
+        if not np.array_equal(numpy_helper.to_array(t), state[t.name].numpy()):
+            sys.exit(f"{path}: initializer {t.name} is not the module's {t.name}")
+
+
 def make(data_root, out):
     data = os.path.join(out, "data")
     os.makedirs(data, exist_ok=True)
@@ -73,6 +101,7 @@ def make(data_root, out):
     for i, (name, make_model) in enumerate(MODELS.items()):
         torch.manual_seed(100 + i)
         m = make_model()
+        export_onnx(m, os.path.join(out, name + ".onnx"), OPSET[name])
         save_file(m.state_dict(), os.path.join(out, name + ".init.safetensors"))
         # The step in double precision: the reference is the exact answer, not float32's rounding
         # of it (cohort's sums differ from PyTorch's in order, both near 1e-7).

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Graphs built with ch_graph_* against PyTorch (graph_models.py / graph_models.c: a ResNet with
+# Graphs built with ch_graph_*, and the same models exported by PyTorch to ONNX and imported, against PyTorch (graph_models.py / graph_models.c: a ResNet with
 # downsample shortcuts, a MobileNet with depthwise convs, ReLU6 and squeeze-excitation, a DenseNet
 # with concat and pools in ceil_mode, a net ending in log_softmax with view):
 #   one SGD step from PyTorch's initial weights gives PyTorch's parameters and BatchNorm buffers
@@ -23,10 +23,12 @@ run() { # label model command...
 }
 
 for m in resnet mobilenet densenet lognet; do
-    run "1 device" "$m" "$bin" step "$tmp" "$m" cpu:0
-    run "2 devices, sync-BN" "$m" "$bin" step "$tmp" "$m" cpu:0,cpu:1 sync-bn
-    if [ $# -gt 0 ]; then
-        run "2 ranks, sync-BN" "$m" "$@" -np 2 "$bin" step "$tmp" "$m" cpu:0 sync-bn
-    fi
+    for form in "" onnx:; do
+        run "${form}1 device" "$m" "$bin" step "$tmp" "$form$m" cpu:0
+        run "${form}2 devices, sync-BN" "$m" "$bin" step "$tmp" "$form$m" cpu:0,cpu:1 sync-bn
+        if [ $# -gt 0 ]; then
+            run "${form}2 ranks, sync-BN" "$m" "$@" -np 2 "$bin" step "$tmp" "$form$m" cpu:0 sync-bn
+        fi
+    done
 done
 echo "graph_parity: all models match PyTorch"
