@@ -10,7 +10,8 @@
  *       DIR/MODEL.cohort.safetensors and prints "correct N": the test images it classifies right.
  *   graph_parity learn DATA MODEL THRESHOLD
  *       3 epochs on 12000 Fashion-MNIST images (DATA/fashion-mnist); test accuracy on 2000 must
- *       reach THRESHOLD. */
+ *       reach THRESHOLD. MODEL: a model of graph_models.c, or onnx:FILE, an exported one from its
+ *       file's weights. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -141,7 +142,9 @@ static int learn(const char *data, const char *model, double threshold)
     ch_dataset_truncate(train, 12000);
     ch_dataset_truncate(test, 2000);
     ch_graph *g;
-    if (tg_build(model, 0.2, &g, &err) != CH_STATUS_OK) return die(&err);
+    const bool onnx = strncmp(model, "onnx:", 5) == 0;
+    if ((onnx ? ch_graph_load_onnx(model + 5, &g, &err) : tg_build(model, 0.2, &g, &err)) != CH_STATUS_OK)
+        return die(&err);
     ch_train_config cfg = ch_train_config_default();
     cfg.graph = g;
     cfg.devices = "cpu:0,cpu:1";

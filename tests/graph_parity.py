@@ -6,6 +6,8 @@
                        exports it, at opsets 13 to 17 across the models) and DIR/M.after.safetensors
                        (after one SGD step, lr 0.05, momentum 0.9, weight decay 1e-4, on the 32
                        images in one batch)
+  export DIR           write DIR/M.onnx for each model as users build it (the MobileNet with its
+                       dropout of 0.2), for the learning test (graph_learn.sh)
   check DIR M FILE N   load cohort's export FILE into M with load_state_dict(strict=True) and check
                        that PyTorch's eval accuracy on the test images is N correct, as cohort said
 
@@ -22,7 +24,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from graph_models import LOSS, MODELS  # noqa: E402
+from graph_models import LOSS, MODELS, MobileNet  # noqa: E402
 from torch_load import load_file  # noqa: E402  (safetensors as safetensors.torch reads them)
 
 NTRAIN, NTEST = 32, 256
@@ -139,6 +141,11 @@ def read_idx_local(data):
 if __name__ == "__main__":
     if sys.argv[1] == "make":
         make(sys.argv[2], sys.argv[3])
+    elif sys.argv[1] == "export":
+        for i, (name, make_model) in enumerate(MODELS.items()):
+            torch.manual_seed(200 + i)
+            m = MobileNet() if name == "mobilenet" else make_model()
+            export_onnx(m, os.path.join(sys.argv[2], name + ".onnx"), OPSET[name])
     elif sys.argv[1] == "check":
         sys.exit(0 if check(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]) else 1)
     else:
