@@ -165,7 +165,8 @@ static ch_status const_in(imp *m, size_t k, bool required, ch_oval **out)
         char what[160];
         snprintf(what, sizeof what, "initializer '%s'", sh(m, 0, v->name));
         ch_oval c = *v;
-        CH_TRY(ch_onnx_tensor_const(v->init, what, &c, m->err));
+        ch_err e;
+        if (ch_onnx_tensor_const(v->init, what, &c, &e) != CH_STATUS_OK) return bad(m, "%s", e.msg);
         c.uses = v->uses + 1; /* read: not an unused initializer */
         *v = c;               /* from now on, the constant it holds */
     }
@@ -294,8 +295,9 @@ static ch_status param(imp *m, size_t k, const char *prefix, const char *suffix,
     float *data;
     size_t count;
     char what[160];
+    ch_err e;
     snprintf(what, sizeof what, "initializer '%s'", sh(m, 0, v->name));
-    CH_TRY(ch_onnx_tensor_floats(t, what, &data, &count, m->err));
+    if (ch_onnx_tensor_floats(t, what, &data, &count, &e) != CH_STATUS_OK) return bad(m, "%s", e.msg);
     for (size_t i = 0; i < count; i++)
         if (!isfinite(data[i])) {
             free(data);
@@ -660,8 +662,7 @@ static ch_status op_constant(imp *m)
         char what[120];
         snprintf(what, sizeof what, "the value of Constant '%s'", sh(m, 0, m->node->name));
         ch_err e;
-        if (ch_onnx_tensor_const(a->t, what, o, &e) != CH_STATUS_OK) return ch_fail(m->err, CH_STATUS_BAD_INPUT, "%s: %s", m->file, e.msg);
-        return CH_STATUS_OK;
+        return ch_onnx_tensor_const(a->t, what, o, &e) == CH_STATUS_OK ? CH_STATUS_OK : bad(m, "%s", e.msg);
     }
     if (a && a->name && (strcmp(a->name, "value_int") == 0 || strcmp(a->name, "value_float") == 0)) {
         o->n = 1;
@@ -866,6 +867,11 @@ static ch_status import_graph(imp *m)
         ch_oval *v = ch_ovals_add(&m->vals, gp->initializer[i]->name, CH_OVAL_PARAM, &e);
         if (!v) return bad(m, "initializer: %s", e.msg);
         v->init = gp->initializer[i];
+        /* Sizes and storage are checked here, before any node looks at a dimension. */
+        size_t count;
+        char what[120];
+        snprintf(what, sizeof what, "initializer '%s'", sh(m, 0, v->name));
+        if (ch_onnx_tensor_count(v->init, what, &count, &e) != CH_STATUS_OK) return bad(m, "%s", e.msg);
     }
     if (gp->n_output != 1 || !gp->output[0]->name)
         return bad(m, "the model has %zu outputs; cohort trains one (the logits)", gp->n_output);

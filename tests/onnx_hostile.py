@@ -1,0 +1,222 @@
+"""Hostile and careless ONNX files for onnx_hostile.sh, each made from a real PyTorch training export
+by one edit (with Debian's python3-onnx), and the line cohort must answer each with:
+
+  python3 onnx_hostile.py DIR    writes DIR/good.onnx, DIR/NAME.onnx for each case, and DIR/cases
+                                 (NAME<TAB>the text cohort's one line must contain)
+"""
+import os
+import sys
+import warnings
+
+import numpy as np
+import onnx
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from onnx import helper, numpy_helper, TensorProto
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 4, 3, padding=1)
+        self.bn1 = nn.BatchNorm2d(4)
+        self.fc = nn.Linear(4 * 14 * 14, 10)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.bn1(self.conv1(x))), 2)
+        return self.fc(x.view(x.size(0), -1))
+
+
+class FixedBatch(Net):
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.bn1(self.conv1(x))), 2)
+        return self.fc(x.view(2, -1))
+
+
+class MidSoftmax(Net):
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.bn1(self.conv1(x))), 2)
+        return self.fc(F.log_softmax(x.view(x.size(0), -1), dim=1))
+
+
+class ColourNet(Net):
+    """For colour images: a model for other data than the run's."""
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 4, 3, padding=1)
+
+
+class Shared(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(1, 1, 3, padding=1)
+        self.fc = nn.Linear(784, 10)
+
+    def forward(self, x):
+        return self.fc(torch.flatten(self.conv(self.conv(x)), 1))
+
+
+def export(m, path, training=True, opset=13, channels=1, fold=None):
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(m, torch.zeros(2, channels, 28, 28), path, opset_version=opset,
+                          training=torch.onnx.TrainingMode.TRAINING if training else torch.onnx.TrainingMode.EVAL,
+                          do_constant_folding=(not training) if fold is None else fold, input_names=["input"], output_names=["output"],
+                          dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}})
+
+
+def edited(src, dst, edit):
+    m = onnx.load(src)
+    edit(m)
+    with open(dst, "wb") as f:
+        f.write(m.SerializeToString())
+
+
+def init(m, name):
+    return next(t for t in m.graph.initializer if t.name == name)
+
+
+def node(m, op):
+    return next(n for n in m.graph.node if n.op_type == op)
+
+
+def main(out):
+    os.makedirs(out, exist_ok=True)
+    good = os.path.join(out, "good.onnx")
+    torch.manual_seed(0)
+    export(Net(), good)
+    p = lambda name: os.path.join(out, name + ".onnx")  # noqa: E731
+    cases = []
+
+    def case(name, needle, edit=None):
+        if edit:
+            edited(good, p(name), edit)
+        cases.append((name, needle))
+
+    raw = open(good, "rb").read()
+    open(p("truncated"), "wb").write(raw[: len(raw) // 2])
+    case("truncated", "not an ONNX model")
+    open(p("empty"), "wb").close()
+    case("empty", "not an ONNX model")
+    open(p("text"), "wb").write(b"this is not a protobuf, just some text\n" * 10)
+    case("text", "not an ONNX model")
+
+    def huge(m):
+        t = init(m, "fc.weight")
+        del t.dims[:]
+        t.dims.extend([1 << 40, 1 << 40])
+    case("huge_dims", "dimension 0 is 1099511627776", huge)
+
+    def overflow(m):
+        t = init(m, "fc.weight")
+        del t.dims[:]
+        t.dims.extend([1 << 30] * 4)
+    case("overflow_dims", "more than 2^31 elements", overflow)
+
+    def cycle(m):
+        relu = node(m, "Relu")
+        bn = node(m, "BatchNormalization")
+        bn.input[0] = relu.output[0]   # BN reads ReLU's output, and ReLU reads BN's
+    case("cycle", "which no earlier node makes", cycle)
+
+    def undefined(m):
+        node(m, "Relu").input[0] = "nowhere"
+    case("undefined", "reads 'nowhere', which no earlier node makes", undefined)
+
+    def unknown(m):
+        relu = node(m, "Relu")
+        relu.op_type = "Erf"
+        relu.name = "/the_erf"
+    case("unknown_op", "node '/the_erf' (Erf): operator 'Erf' is not supported", unknown)
+
+    def custom_domain(m):
+        node(m, "Relu").domain = "com.microsoft"
+    case("custom_domain", "operator domain 'com.microsoft'", custom_domain)
+
+    def wrong_shape(m):
+        t = init(m, "conv1.weight")
+        t.CopyFrom(numpy_helper.from_array(np.zeros((4, 1, 5, 5), np.float32), "conv1.weight"))
+    case("wrong_shape", "initializer 'conv1.weight' has shape (4, 1, 5, 5); the node needs (4, 1, 3, 3)", wrong_shape)
+
+    def wrong_bias(m):
+        t = init(m, "fc.bias")
+        t.CopyFrom(numpy_helper.from_array(np.zeros(7, np.float32), "fc.bias"))
+    case("wrong_bias", "initializer 'fc.bias' has shape (7); the node needs (10)", wrong_bias)
+
+    def short_data(m):
+        t = init(m, "fc.bias")
+        t.raw_data = t.raw_data[:8]
+    case("short_data", "its shape has 10 elements, its data 2", short_data)
+
+    def nan(m):
+        t = init(m, "fc.bias")
+        a = numpy_helper.to_array(t).copy()
+        a[3] = np.nan
+        t.CopyFrom(numpy_helper.from_array(a, "fc.bias"))
+    case("nan_weight", "holds a NaN or an infinity", nan)
+
+    def external(m):
+        t = init(m, "fc.weight")
+        t.ClearField("raw_data")
+        t.data_location = TensorProto.EXTERNAL
+        t.external_data.add(key="location", value="../../etc/passwd")
+    case("external_data", "keeps its data in an external file", external)
+
+    def duplicate(m):
+        m.graph.initializer.append(init(m, "fc.bias"))
+    case("duplicate_init", "value 'fc.bias' is defined twice", duplicate)
+
+    def two_outputs(m):
+        m.graph.output.append(m.graph.output[0])
+    case("two_outputs", "outputs; cohort trains one", two_outputs)
+
+    def opset18(m):
+        m.opset_import[0].version = 18
+    case("opset18", "opset 18: cohort imports opsets 13 to 17", opset18)
+
+    def unused(m):
+        m.graph.initializer.append(numpy_helper.from_array(np.zeros(3, np.float32), "extra.weight"))
+    case("unused_init", "initializer 'extra.weight' is read by no node", unused)
+
+    def renamed(m):
+        init(m, "conv1.bias").name = "conv2.bias"
+        node(m, "Conv").input[2] = "conv2.bias"
+    case("renamed", "initializer 'conv2.bias' should be named 'conv1.bias'", renamed)
+
+    def newline_name(m):
+        relu = node(m, "Relu")
+        relu.op_type = "Gelu"
+        relu.name = "evil\nname"
+    case("newline_name", "node 'evil?name' (Gelu)", newline_name)
+
+    def strided_pad(m):
+        conv = node(m, "Conv")
+        for a in conv.attribute:
+            if a.name == "pads":
+                a.ints[:] = [1, 0, 1, 0]
+    case("asymmetric_pads", "cohort supports equal values for height and width", strided_pad)
+
+    export(Net(), p("eval_export"), training=False)
+    case("eval_export", "an inference export (initializer 'onnx::Conv_")
+    # Eval mode without folding: BatchNormalization with training_mode 0.
+    export(Net(), p("eval_bn"), training=False, opset=15, fold=False)
+    case("eval_bn", "node '/bn1/BatchNormalization' (BatchNormalization): an inference export")
+    export(FixedBatch(), p("fixed_batch"))
+    case("fixed_batch", "reshapes to a batch of 2, fixed when the model was exported")
+    export(MidSoftmax(), p("mid_softmax"))
+    case("mid_softmax", "only as the model's last operation")
+    export(Shared(), p("shared_weights"))
+    case("shared_weights", "initializer 'conv.weight' is read by two nodes")
+
+    export(ColourNet(), p("other_data"), channels=3)
+    case("other_data", "takes 3x28x28 inputs to 10 logits; the data are 1x28x28")
+
+    with open(os.path.join(out, "cases"), "w") as f:
+        for name, needle in cases:
+            f.write(f"{name}\t{needle}\n")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
