@@ -40,6 +40,13 @@ class MidSoftmax(Net):
         return self.fc(F.log_softmax(x.view(x.size(0), -1), dim=1))
 
 
+class NormAfterRelu(Net):
+    """BatchNorm after the ReLU: an eval export cannot fold it into the conv."""
+    def forward(self, x):
+        x = F.max_pool2d(self.bn1(F.relu(self.conv1(x))), 2)
+        return self.fc(x.view(x.size(0), -1))
+
+
 class ColourNet(Net):
     """For colour images: a model for other data than the run's."""
     def __init__(self):
@@ -201,7 +208,7 @@ def main(out):
     export(Net(), p("eval_export"), training=False)
     case("eval_export", "an inference export (initializer 'onnx::Conv_")
     # Eval mode without folding: BatchNormalization with training_mode 0.
-    export(Net(), p("eval_bn"), training=False, opset=15, fold=False)
+    export(NormAfterRelu(), p("eval_bn"), training=False, opset=15, fold=False)
     case("eval_bn", "node '/bn1/BatchNormalization' (BatchNormalization): an inference export")
     export(FixedBatch(), p("fixed_batch"))
     case("fixed_batch", "reshapes to a batch of 2, fixed when the model was exported")

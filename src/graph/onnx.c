@@ -15,6 +15,7 @@
 
 #include "core/file.h"
 #include "graph/graph.h"
+#include "graph/onnx.h"
 #include "graph/onnx_values.h"
 
 /* protobuf-c reads at most 2 GiB, as ONNX's own tools do. */
@@ -907,8 +908,15 @@ ch_status ch_graph_load_onnx(const char *path, ch_graph **out, ch_err *err)
     uint8_t *buf;
     size_t len;
     CH_TRY(ch_file_read(path, max_file, &buf, &len, err));
-    Onnx__ModelProto *mp = onnx__model_proto__unpack(NULL, len, buf);
+    const ch_status st = ch_onnx_import(buf, len, path, out, err);
     free(buf);
+    return st;
+}
+
+ch_status ch_onnx_import(const uint8_t *buf, size_t len, const char *path, ch_graph **out, ch_err *err)
+{
+    *out = NULL;
+    Onnx__ModelProto *mp = onnx__model_proto__unpack(NULL, len, buf);
     if (!mp || !mp->graph) {
         if (mp) onnx__model_proto__free_unpacked(mp, NULL);
         return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: not an ONNX model (the protobuf does not parse: truncated or "
