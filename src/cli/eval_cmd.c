@@ -111,7 +111,21 @@ static void print_result(ch_trainer *t, double loss, double acc, size_t n, const
     fflush(stdout);
 }
 
+static ch_status evaluate_graph(const eval_opts *o, const ch_graph *g, ch_dataset *test, ch_err *err);
+
+/* The model: a checkpoint's graph.json or zoo name; for a bare file, --model (a name or an ONNX
+ * file, whose weights are then replaced by the file's). */
 static ch_status evaluate(const eval_opts *o, ch_dataset *test, ch_err *err)
+{
+    ch_graph *g = NULL;
+    ch_status st = is_file(o->checkpoint) ? (o->model ? ch_cli_model(o->model, &g, err) : CH_STATUS_OK)
+                                          : ch_checkpoint_graph(o->checkpoint, &g, err);
+    if (st == CH_STATUS_OK) st = evaluate_graph(o, g, test, err);
+    ch_graph_free(g);
+    return st;
+}
+
+static ch_status evaluate_graph(const eval_opts *o, const ch_graph *g, ch_dataset *test, ch_err *err)
 {
     char model[64], normalize[256] = "";
     int classes = 0;
@@ -127,7 +141,7 @@ static ch_status evaluate(const eval_opts *o, ch_dataset *test, ch_err *err)
         CH_TRY(ch_checkpoint_peek(o->checkpoint, model, sizeof model, &classes, normalize, sizeof normalize,
                                   &side, err));
         CH_TRY(ch_checkpoint_resolve(o->checkpoint, dir, sizeof dir, err));
-        if (o->model && strcmp(o->model, model) != 0)
+        if (o->model && strcmp(o->model, model) != 0 && !(g && ch_cli_is_onnx(o->model)))
             return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: a checkpoint of %s, not %s", dir, model, o->model);
         if (snprintf(weights, sizeof weights, "%s/model.safetensors", dir) >= (int)sizeof weights)
             return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: path too long", dir);
@@ -148,6 +162,7 @@ static ch_status evaluate(const eval_opts *o, ch_dataset *test, ch_err *err)
     }
     ch_train_config cfg = ch_train_config_default();
     cfg.model = model;
+    cfg.graph = g;
     cfg.devices = o->devices;
     cfg.threads = (int)o->threads;
     cfg.batch_size = (int)o->batch;

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "train/checkpoint.h"
 #include "cli/plot.h"
 #include "comm/world.h"
 #include "core/file.h"
@@ -16,6 +17,7 @@
 
 static const char train_usage[] =
     "usage: cohort train --model NAME --data DIR [options]\n"
+    "       cohort train --resume CHECKPOINT --data DIR [options]   (the checkpoint's model)\n"
     "\n"
     "Train a model of the zoo on an IDX, CIFAR-10 or ImageFolder data set.\n"
     "\n"
@@ -94,6 +96,7 @@ typedef struct train_opts {
     bool resume_latest;
     long train_limit, test_limit;
     bool progress, dry_run;
+    char resumed_model[64];     /* the checkpoint's model, when --resume stands for --model */
 } train_opts;
 
 enum {
@@ -305,8 +308,8 @@ static int parse_train(int argc, char **argv, train_opts *o)
         fprintf(stderr, "cohort train: unexpected argument '%s'\n", argv[optind]);
         return CH_EXIT_USAGE;
     }
-    if (!o->cfg.model || !o->data) {
-        fprintf(stderr, "cohort train: --model and --data are required (see cohort train --help)\n");
+    if ((!o->cfg.model && !o->resume && !o->resume_latest) || !o->data) {
+        fprintf(stderr, "cohort train: --model (or --resume) and --data are required (see cohort train --help)\n");
         return CH_EXIT_USAGE;
     }
     if (o->resume_latest && !o->cfg.checkpoint_dir) {
@@ -470,6 +473,18 @@ static ch_status check_outputs(const train_opts *o, ch_err *err)
     return CH_STATUS_OK;
 }
 
+/* --resume without --model: the checkpoint's model (its graph.json, or a zoo name). */
+static ch_status resumed_model(train_opts *o, ch_graph **g, ch_err *err)
+{
+    const char *path = o->resume ? o->resume : o->cfg.checkpoint_dir;
+    char normalize[256];
+    int classes, side;
+    CH_TRY(ch_checkpoint_peek(path, o->resumed_model, sizeof o->resumed_model, &classes, normalize, sizeof normalize,
+                              &side, err));
+    o->cfg.model = o->resumed_model;
+    return ch_checkpoint_graph(path, g, err);
+}
+
 int ch_cmd_train(int argc, char **argv)
 {
     train_opts o;
@@ -483,7 +498,7 @@ int ch_cmd_train(int argc, char **argv)
     ch_graph *graph = NULL;
     ch_status st = o.log_dir ? open_worker_log(o.log_dir, &log, &err) : CH_STATUS_OK;
     /* An ONNX file is read before the data: a file that will not import fails at once. */
-    if (st == CH_STATUS_OK) st = ch_cli_model(o.cfg.model, &graph, &err);
+    if (st == CH_STATUS_OK) st = o.cfg.model ? ch_cli_model(o.cfg.model, &graph, &err) : resumed_model(&o, &graph, &err);
     o.cfg.graph = graph;
     /* --train-limit and --test-limit read only what they keep. */
     ch_folder_options train_load = o.folder, test_load = o.folder;

@@ -18,6 +18,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "graph/graph_json.h"
 #include "io/json.h"
 #include "train/position.h"
 #include "io/safetensors.h"
@@ -269,9 +270,14 @@ static ch_status write_model_files(const ch_trainer *t, const char *tmp, ch_err 
 static ch_status write_into(const ch_trainer *t, const char *tmp, const ch_ckpt_position *p, ch_err *err)
 {
     CH_TRY(write_model_files(t, tmp, err));
+    char path[PATH_MAX];
+    /* A graph model's description: eval, export and --resume need no original file. */
+    if (t->graph_json) {
+        join(path, sizeof path, tmp, "graph.json");
+        CH_TRY(write_text(path, t->graph_json, err));
+    }
     char *text = trainer_json(t, p);
     if (!text) return CH_SYS_FAIL(err, "building trainer.json");
-    char path[PATH_MAX];
     join(path, sizeof path, tmp, "trainer.json");
     ch_status st = write_text(path, text, err);
     free(text);
@@ -700,6 +706,19 @@ static ch_status stage_file(const ch_model *m, const ch_optim *opt, const char *
     return st;
 }
 
+/* The checkpoint of a graph model holds the same graph as the trainer's (by fingerprint). */
+static ch_status check_graph(const ch_trainer *t, const char *dir, ch_err *err)
+{
+    ch_graph *g = NULL;
+    CH_TRY(ch_checkpoint_graph(dir, &g, err));
+    const uint64_t print = g ? ch_graph_fingerprint(g) : 0;
+    ch_graph_free(g);
+    if (print != t->graph_print)
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: the checkpoint's model (%s) is not this run's %s", dir,
+                       print ? "its graph.json" : "a model of the zoo", t->graph_print ? "graph" : "zoo model");
+    return CH_STATUS_OK;
+}
+
 /* Rank 0: read and check; then every rank learns whether it worked. */
 static ch_status stage_on_root(ch_trainer *t, const char *dir, const char *weights, staged *s, ch_err *err)
 {
@@ -712,6 +731,7 @@ static ch_status stage_on_root(ch_trainer *t, const char *dir, const char *weigh
             st = stage_file(m, NULL, weights, false, allow, s, err);
         } else {
             st = read_trainer_json(t, dir, s, err);
+            if (st == CH_STATUS_OK) st = check_graph(t, dir, err);
             join(path, sizeof path, dir, "model.safetensors");
             if (st == CH_STATUS_OK) st = stage_file(m, NULL, path, false, allow, s, err);
             join(path, sizeof path, dir, "optimizer.safetensors");
@@ -829,6 +849,21 @@ ch_status ch_checkpoint_peek(const char *path, char *model, size_t len, int *cla
     return st;
 }
 
+ch_status ch_checkpoint_graph(const char *path, ch_graph **out, ch_err *err)
+{
+    char dir[PATH_MAX], file[PATH_MAX];
+    *out = NULL;
+    CH_TRY(ch_checkpoint_resolve(path, dir, sizeof dir, err));
+    join(file, sizeof file, dir, "graph.json");
+    if (access(file, F_OK) != 0) return CH_STATUS_OK;
+    uint8_t *text = NULL;
+    size_t n = 0;
+    CH_TRY(ch_file_read(file, 16 << 20, &text, &n, err));
+    const ch_status st = ch_graph_from_json((const char *)text, n, file, out, err);
+    free(text);
+    return st;
+}
+
 /* The architecture a checkpoint directory was written for, built (unplanned) to check its files. */
 static ch_status model_of(const char *dir, ch_model **out, char *name, size_t len, ch_err *err)
 {
@@ -852,10 +887,14 @@ static ch_status model_of(const char *dir, ch_model **out, char *name, size_t le
         else
             dims[i] = (int)d;
     }
+    ch_graph *g = NULL;
+    if (st == CH_STATUS_OK) st = ch_checkpoint_graph(dir, &g, err);
     if (st == CH_STATUS_OK) {
         snprintf(name, len, "%s", m->valuestring);
-        st = ch_model_create(name, (ch_shape3){ dims[0], dims[1], dims[2] }, (int)c, out, err);
+        const ch_shape3 in3 = { dims[0], dims[1], dims[2] };
+        st = g ? ch_model_create_graph(g, in3, (int)c, out, err) : ch_model_create(name, in3, (int)c, out, err);
     }
+    ch_graph_free(g);
     cJSON_Delete(j);
     return st;
 }

@@ -45,6 +45,9 @@ ch_status ch_checkpoint_export_dir(const char *path, const char *file, ch_err *e
 ch_status ch_checkpoint_resolve(const char *path, char *out, size_t len, ch_err *err);
 /* Read the model name, class count and input normalization ("" for none) a checkpoint was written
  * for (for cohort eval). */
+/* The graph a checkpoint (a directory, or one with latest) keeps in graph.json, rebuilt; *out is
+ * NULL for a model of the zoo. The caller frees it. */
+ch_status ch_checkpoint_graph(const char *path, ch_graph **out, ch_err *err);
 ch_status ch_checkpoint_peek(const char *path, char *model, size_t len, int *classes, char *normalize,
                              size_t nlen, int *image_side, ch_err *err);
 

@@ -23,6 +23,7 @@
 #include "data/folder.h"
 #include "data/loader.h"
 #include "graph/graph.h"
+#include "graph/graph_json.h"
 
 ch_train_config ch_train_config_default(void)
 {
@@ -426,6 +427,11 @@ ch_status ch_trainer_create(const ch_train_config *cfg, const ch_dataset *train,
     if (cfg->normalize) {
         snprintf(t->normalize, sizeof t->normalize, "%s", cfg->normalize);
         t->cfg.normalize = t->normalize;
+    }
+    /* The graph is the caller's only while this runs: checkpoints keep it as graph.json. */
+    if (cfg->graph && !(t->graph_json = ch_graph_to_json(cfg->graph))) {
+        free(t);
+        return CH_SYS_FAIL(err, "graph.json of the model");
     }
     t->pos = (ch_ckpt_position){ .train_loss = -1, .train_acc = -1, .test_loss = -1, .test_acc = -1 };
     t->train = train;
@@ -854,5 +860,6 @@ void ch_trainer_free(ch_trainer *t)
     ch_loader_free(t->loader);
     free(t->plan);
     ch_checkpoint_unlock(t->ckpt_lock);
+    free(t->graph_json);
     free(t);
 }

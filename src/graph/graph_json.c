@@ -1,0 +1,323 @@
+/* A graph as JSON (graph.json in checkpoints), so that eval, export and --resume rebuild an
+ * imported or hand-built model without its original file or code. Reading replays the builder
+ * calls, so a hand-edited or hostile file meets every check a builder call makes; tensor ids in
+ * the file are only references to earlier entries. Starting values are not written: a
+ * checkpoint's weights are in its model.safetensors. */
+#include "graph/graph_json.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "io/json.h"
+
+enum { FORMAT = 1, MAX_NODES = 1 << 16 };
+
+static void add_num(cJSON *o, const char *k, double v) { cJSON_AddNumberToObject(o, k, v); }
+
+static void put_args(cJSON *o, const ch_gnode *nd)
+{
+    switch (nd->op) {
+    case CH_GOP_CONV2D:
+        add_num(o, "out_channels", nd->conv.out_channels);
+        add_num(o, "kernel", nd->conv.kernel);
+        add_num(o, "stride", nd->conv.stride ? nd->conv.stride : 1);
+        add_num(o, "padding", nd->conv.padding);
+        add_num(o, "dilation", nd->conv.dilation ? nd->conv.dilation : 1);
+        add_num(o, "groups", nd->conv.groups ? nd->conv.groups : 1);
+        cJSON_AddBoolToObject(o, "bias", !nd->conv.no_bias);
+        break;
+    case CH_GOP_BATCHNORM2D:
+        add_num(o, "eps", nd->bn.eps);
+        add_num(o, "momentum", nd->bn.momentum);
+        break;
+    case CH_GOP_ACT:
+        add_num(o, "alpha", nd->act.alpha);
+        /* JSON has no infinity: an open bound is left out. */
+        if (isfinite(nd->act.lo)) add_num(o, "min", nd->act.lo);
+        if (isfinite(nd->act.hi)) add_num(o, "max", nd->act.hi);
+        break;
+    case CH_GOP_MAX_POOL2D:
+    case CH_GOP_AVG_POOL2D:
+        add_num(o, "kernel", nd->pool.kernel);
+        add_num(o, "stride", nd->pool.stride ? nd->pool.stride : nd->pool.kernel);
+        add_num(o, "padding", nd->pool.padding);
+        cJSON_AddBoolToObject(o, "ceil_mode", nd->pool.ceil_mode);
+        cJSON_AddBoolToObject(o, "exclude_pad", nd->pool.exclude_pad);
+        break;
+    case CH_GOP_MEAN_HW: cJSON_AddBoolToObject(o, "keepdim", nd->keepdim); break;
+    case CH_GOP_LINEAR:
+        add_num(o, "features", nd->features);
+        cJSON_AddBoolToObject(o, "bias", nd->bias);
+        break;
+    case CH_GOP_DROPOUT: add_num(o, "p", nd->p); break;
+    default: break;
+    }
+}
+
+static const char *act_kind(ch_act_kind k)
+{
+    switch (k) {
+    case CH_ACT_LEAKY_RELU: return "leaky_relu";
+    case CH_ACT_CLIP: return "clip";
+    case CH_ACT_SIGMOID: return "sigmoid";
+    case CH_ACT_TANH: return "tanh";
+    }
+    return "?";
+}
+
+char *ch_graph_to_json(const ch_graph *g)
+{
+    cJSON *j = cJSON_CreateObject();
+    if (!j) return NULL;
+    add_num(j, "format_version", FORMAT);
+    cJSON_AddStringToObject(j, "name", g->name);
+    cJSON *in = cJSON_AddObjectToObject(j, "input");
+    cJSON_AddStringToObject(in, "name", g->input_name);
+    add_num(in, "id", g->input);
+    const ch_gtensor *x = &g->tensors[g->input];
+    cJSON_AddItemToObject(in, "shape", cJSON_CreateIntArray(x->dims, 3));
+    cJSON *nodes = cJSON_AddArrayToObject(j, "nodes");
+    for (int i = 0; i < g->nnodes; i++) {
+        const ch_gnode *nd = &g->nodes[i];
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddItemToArray(nodes, o);
+        cJSON_AddStringToObject(o, "name", nd->name);
+        cJSON_AddStringToObject(o, "op", nd->op == CH_GOP_ACT ? act_kind(nd->act.kind) : ch_gop_name(nd->op));
+        cJSON_AddItemToObject(o, "in", cJSON_CreateIntArray(nd->in, nd->nin));
+        add_num(o, "out", nd->out);
+        put_args(o, nd);
+    }
+    add_num(j, "output", g->output);
+    char *text = cJSON_Print(j);
+    cJSON_Delete(j);
+    return text;
+}
+
+/* ---- reading ---- */
+
+typedef struct reader {
+    const char *path;
+    const cJSON *node;
+    int index;
+    ch_err *err;
+} reader;
+
+static const cJSON *get(const cJSON *o, const char *k) { return cJSON_GetObjectItemCaseSensitive(o, k); }
+
+static ch_status num(reader *r, const char *k, double lo, double hi, double def, double *out)
+{
+    const cJSON *v = get(r->node, k);
+    if (!v) return (*out = def, CH_STATUS_OK);
+    if (!cJSON_IsNumber(v) || !(v->valuedouble >= lo && v->valuedouble <= hi))
+        return ch_fail(r->err, CH_STATUS_BAD_INPUT, "%s: node %d: '%s' is not a number in %g..%g", r->path, r->index,
+                       k, lo, hi);
+    *out = v->valuedouble;
+    return CH_STATUS_OK;
+}
+
+static ch_status whole(reader *r, const char *k, int lo, int hi, int def, int *out)
+{
+    double d = 0;
+    CH_TRY(num(r, k, lo, hi, def, &d));
+    if (d != floor(d))
+        return ch_fail(r->err, CH_STATUS_BAD_INPUT, "%s: node %d: '%s' is not a whole number", r->path, r->index, k);
+    *out = (int)d;
+    return CH_STATUS_OK;
+}
+
+static ch_status flag(reader *r, const char *k, bool *out)
+{
+    const cJSON *v = get(r->node, k);
+    if (!v) return (*out = false, CH_STATUS_OK);
+    if (!cJSON_IsBool(v)) return ch_fail(r->err, CH_STATUS_BAD_INPUT, "%s: node %d: '%s' is not true or false",
+                                         r->path, r->index, k);
+    *out = cJSON_IsTrue(v);
+    return CH_STATUS_OK;
+}
+
+/* Replay one node's builder call; *t receives the new tensor (or -1 with the graph's error). */
+static ch_status replay(reader *r, ch_graph *g, const char *op, const char *name, const int *in, int nin, int *t)
+{
+    const int x = in[0];
+    bool b = false;
+    int k = 0, s = 0, p = 0, d = 0, gr = 0, f = 0;
+    double a = 0, lo = 0, hi = 0;
+    if (strcmp(op, "conv2d") == 0) {
+        CH_TRY(whole(r, "out_channels", 1, 1 << 16, 0, &f));
+        CH_TRY(whole(r, "kernel", 1, 1 << 12, 0, &k));
+        CH_TRY(whole(r, "stride", 1, 1 << 12, 1, &s));
+        CH_TRY(whole(r, "padding", 0, 1 << 12, 0, &p));
+        CH_TRY(whole(r, "dilation", 1, 1 << 12, 1, &d));
+        CH_TRY(whole(r, "groups", 1, 1 << 16, 1, &gr));
+        CH_TRY(flag(r, "bias", &b));
+        *t = ch_graph_conv2d(g, name, x, &(ch_conv2d_args){ .out_channels = f, .kernel = k, .stride = s,
+                                                            .padding = p, .dilation = d, .groups = gr, .no_bias = !b });
+    } else if (strcmp(op, "batchnorm2d") == 0) {
+        CH_TRY(num(r, "eps", 1e-12, 1, 1e-5, &a));
+        CH_TRY(num(r, "momentum", 0, 1, 0.1, &lo));
+        *t = ch_graph_batchnorm2d(g, name, x, &(ch_batchnorm_args){ .eps = a, .momentum = lo });
+    } else if (strcmp(op, "relu") == 0) {
+        *t = ch_graph_relu(g, name, x);
+    } else if (strcmp(op, "leaky_relu") == 0) {
+        CH_TRY(num(r, "alpha", -1e6, 1e6, 0.01, &a));
+        *t = ch_graph_leaky_relu(g, name, x, a);
+    } else if (strcmp(op, "clip") == 0) {
+        CH_TRY(num(r, "min", -1e30, 1e30, -INFINITY, &lo));
+        CH_TRY(num(r, "max", -1e30, 1e30, INFINITY, &hi));
+        *t = ch_graph_clip(g, name, x, lo, hi);
+    } else if (strcmp(op, "sigmoid") == 0) {
+        *t = ch_graph_sigmoid(g, name, x);
+    } else if (strcmp(op, "tanh") == 0) {
+        *t = ch_graph_tanh(g, name, x);
+    } else if (strcmp(op, "max_pool2d") == 0 || strcmp(op, "avg_pool2d") == 0) {
+        bool ceil = false;
+        CH_TRY(whole(r, "kernel", 1, 1 << 12, 0, &k));
+        CH_TRY(whole(r, "stride", 1, 1 << 12, k, &s));
+        CH_TRY(whole(r, "padding", 0, 1 << 12, 0, &p));
+        CH_TRY(flag(r, "ceil_mode", &ceil));
+        CH_TRY(flag(r, "exclude_pad", &b));
+        const ch_pool2d_args pa = { .kernel = k, .stride = s, .padding = p, .ceil_mode = ceil, .exclude_pad = b };
+        *t = op[0] == 'm' ? ch_graph_max_pool2d(g, name, x, &pa) : ch_graph_avg_pool2d(g, name, x, &pa);
+    } else if (strcmp(op, "global_avg_pool") == 0) {
+        *t = ch_graph_global_avg_pool(g, name, x);
+    } else if (strcmp(op, "mean") == 0) {
+        CH_TRY(flag(r, "keepdim", &b));
+        *t = ch_graph_mean_hw(g, name, x, b);
+    } else if (strcmp(op, "flatten") == 0) {
+        *t = ch_graph_flatten(g, name, x);
+    } else if (strcmp(op, "linear") == 0) {
+        CH_TRY(whole(r, "features", 1, 1 << 20, 0, &f));
+        CH_TRY(flag(r, "bias", &b));
+        *t = ch_graph_linear(g, name, x, f, b);
+    } else if (strcmp(op, "dropout") == 0) {
+        CH_TRY(num(r, "p", 0, 0.999999, 0.5, &a));
+        *t = ch_graph_dropout(g, name, x, a);
+    } else if ((strcmp(op, "add") == 0 || strcmp(op, "mul") == 0) && nin == 2) {
+        *t = op[0] == 'a' ? ch_graph_add(g, name, in[0], in[1]) : ch_graph_mul(g, name, in[0], in[1]);
+    } else if (strcmp(op, "concat") == 0) {
+        *t = ch_graph_concat(g, name, in, nin);
+    } else {
+        return ch_fail(r->err, CH_STATUS_BAD_INPUT, "%s: node %d: unknown op '%.40s' (or a wrong number of inputs)",
+                       r->path, r->index, op);
+    }
+    if (*t < 0) {
+        ch_err e;
+        ch_graph_status(g, &e);
+        return ch_fail(r->err, CH_STATUS_BAD_INPUT, "%s: %s", r->path, e.msg);
+    }
+    return CH_STATUS_OK;
+}
+
+/* Node i's input ids, each one an earlier tensor of the file (map: file id -> graph id). */
+static ch_status inputs(reader *r, const int *map, int nmap, int **out, int *nin)
+{
+    const cJSON *in = get(r->node, "in");
+    const int n = cJSON_IsArray(in) ? cJSON_GetArraySize(in) : 0;
+    if (n < 1 || n > 4096)
+        return ch_fail(r->err, CH_STATUS_BAD_INPUT, "%s: node %d: 'in' is not a list of 1 to 4096 tensor ids", r->path,
+                       r->index);
+    int *ids = malloc(sizeof(int) * (size_t)n);
+    CH_CHECK_ALLOC(r->err, ids);
+    for (int i = 0; i < n; i++) {
+        const cJSON *v = cJSON_GetArrayItem(in, i);
+        const double d = cJSON_IsNumber(v) ? v->valuedouble : -1;
+        if (!(d >= 0 && d < nmap && d == floor(d)) || map[(int)d] < 0) {
+            free(ids);
+            return ch_fail(r->err, CH_STATUS_BAD_INPUT, "%s: node %d reads tensor %g, which no earlier entry makes",
+                           r->path, r->index, d);
+        }
+        ids[i] = map[(int)d];
+    }
+    *out = ids;
+    *nin = n;
+    return CH_STATUS_OK;
+}
+
+static ch_status read_nodes(reader *r, const cJSON *j, ch_graph *g, int *map, int nmap)
+{
+    const cJSON *nodes = get(j, "nodes");
+    if (!cJSON_IsArray(nodes) || cJSON_GetArraySize(nodes) > MAX_NODES)
+        return ch_fail(r->err, CH_STATUS_BAD_INPUT, "%s: 'nodes' is not a list of at most %d", r->path, MAX_NODES);
+    r->index = 0;
+    for (const cJSON *nd = nodes->child; nd; nd = nd->next, r->index++) {
+        r->node = nd;
+        const cJSON *name = get(nd, "name"), *op = get(nd, "op");
+        double out = -1;
+        if (!cJSON_IsString(name) || !cJSON_IsString(op))
+            return ch_fail(r->err, CH_STATUS_BAD_INPUT, "%s: node %d has no name or op", r->path, r->index);
+        CH_TRY(num(r, "out", 0, nmap - 1, -1, &out));
+        if (out != floor(out) || out < 0 || map[(int)out] >= 0)
+            return ch_fail(r->err, CH_STATUS_BAD_INPUT, "%s: node %d: 'out' is no new tensor id", r->path, r->index);
+        int *in = NULL, nin = 0, t = -1;
+        CH_TRY(inputs(r, map, nmap, &in, &nin));
+        const ch_status st = replay(r, g, op->valuestring, name->valuestring, in, nin, &t);
+        free(in);
+        CH_TRY(st);
+        map[(int)out] = t;
+    }
+    return CH_STATUS_OK;
+}
+
+static ch_status read_graph(const cJSON *j, const char *path, ch_graph *g, ch_err *err)
+{
+    reader r = { .path = path, .err = err, .index = -1 };
+    const cJSON *in = get(j, "input"), *shape = get(in, "shape"), *iname = get(in, "name");
+    const cJSON *nodes = get(j, "nodes");
+    const int nmap = (cJSON_IsArray(nodes) ? cJSON_GetArraySize(nodes) : 0) + 1;
+    uint64_t id = 0, out = 0;
+    int dims[3] = { 0, 0, 0 };
+    if (!cJSON_IsString(iname) || !cJSON_IsArray(shape) || cJSON_GetArraySize(shape) != 3)
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: no input name and shape", path);
+    for (int i = 0; i < 3; i++) {
+        const cJSON *v = cJSON_GetArrayItem(shape, i);
+        if (!cJSON_IsNumber(v) || !(v->valuedouble >= 1 && v->valuedouble <= 65536) || v->valuedouble != floor(v->valuedouble))
+            return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: input dimension %d is not a whole number 1..65536", path, i);
+        dims[i] = (int)v->valuedouble;
+    }
+    CH_TRY(ch_json_whole(path, in, "id", 0, nmap - 1, &id, err));
+    CH_TRY(ch_json_whole(path, j, "output", 0, nmap - 1, &out, err));
+    int *map = malloc(sizeof(int) * (size_t)nmap);
+    CH_CHECK_ALLOC(err, map);
+    for (int i = 0; i < nmap; i++) map[i] = -1;
+    map[id] = ch_graph_input(g, iname->valuestring, dims[0], dims[1], dims[2]);
+    ch_status st = CH_STATUS_OK;
+    if (map[id] < 0) {
+        ch_err e;
+        ch_graph_status(g, &e);
+        st = ch_fail(err, CH_STATUS_BAD_INPUT, "%s: %s", path, e.msg);
+    }
+    if (st == CH_STATUS_OK) st = read_nodes(&r, j, g, map, nmap);
+    if (st == CH_STATUS_OK && (map[out] < 0 || ch_graph_output(g, map[out]) != CH_STATUS_OK)) {
+        ch_err e = { .msg = "the output is no tensor of the graph" };
+        ch_graph_status(g, &e);
+        st = ch_fail(err, CH_STATUS_BAD_INPUT, "%s: %s", path, e.msg);
+    }
+    free(map);
+    return st;
+}
+
+ch_status ch_graph_from_json(const char *text, size_t len, const char *path, ch_graph **out, ch_err *err)
+{
+    *out = NULL;
+    cJSON *j = cJSON_ParseWithLength(text, len);
+    if (!j) return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: not JSON", path);
+    const char *dup = ch_json_duplicate_key(j);
+    const cJSON *name = get(j, "name"), *fv = get(j, "format_version");
+    ch_status st = CH_STATUS_OK;
+    if (dup) st = ch_fail(err, CH_STATUS_BAD_INPUT, "%s: key '%.60s' appears twice", path, dup);
+    else if (!cJSON_IsNumber(fv) || fv->valuedouble != FORMAT)
+        st = ch_fail(err, CH_STATUS_BAD_INPUT, "%s: format_version is not %d", path, FORMAT);
+    else if (!cJSON_IsString(name)) st = ch_fail(err, CH_STATUS_BAD_INPUT, "%s: no graph name", path);
+    ch_graph *g = NULL;
+    if (st == CH_STATUS_OK) st = ch_graph_create(name->valuestring, &g, err);
+    if (st == CH_STATUS_OK) st = read_graph(j, path, g, err);
+    cJSON_Delete(j);
+    if (st != CH_STATUS_OK) {
+        ch_graph_free(g);
+        return st;
+    }
+    *out = g;
+    return CH_STATUS_OK;
+}
