@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "graph/graph.h"
 #include "comm/world.h"
 #include "core/clock.h"
 #include "core/rng.h"
@@ -13,7 +14,7 @@
 #include "train/trainer.h"
 
 static const char bench_usage[] =
-    "usage: cohort bench train --model NAME [-b/--batch-size B] [--threads T] [--devices LIST]\n"
+    "usage: cohort bench train --model NAME|FILE.onnx [-b/--batch-size B] [--threads T] [--devices LIST]\n"
     "                          [--steps N] [--warmup W] [--eval] [--skip-sync]\n"
     "       cohort bench allreduce [--devices LIST|D] [--min-bytes B] [--max-bytes B]  (also mpirun)\n"
     "       cohort bench loader --data DIR [-j N] [--image-size N] [-b B] [--limit N]\n"
@@ -27,12 +28,22 @@ static const char bench_usage[] =
     "between ranks (those devices on each rank, default 1).\n";
 
 /* Random pixels and labels: throughput does not depend on the values. */
-static ch_dataset *synthetic(size_t n)
+/* n random images of the model's input shape (MNIST's for the zoo, the graph's for a file). */
+static ch_dataset *synthetic(size_t n, const ch_graph *g)
 {
     ch_dataset *d = calloc(1, sizeof *d);
     if (!d) return NULL;
     *d = (ch_dataset){ .n = n, .c = 1, .h = 28, .w = 28, .classes = 10 };
-    d->images = malloc(n * 784);
+    if (g) {
+        const ch_gtensor *x = &g->tensors[g->input], *y = &g->tensors[g->output];
+        *d = (ch_dataset){ .n = n, .c = x->dims[0], .h = x->dims[1], .w = x->dims[2], .classes = y->dims[0] };
+    }
+    const size_t per = (size_t)d->c * (size_t)d->h * (size_t)d->w;
+    if (d->classes > 65535 || per > ((size_t)1 << 31) / n) {
+        free(d);
+        return NULL;
+    }
+    d->images = malloc(n * per);
     d->labels = malloc(n * sizeof *d->labels);
     if (!d->images || !d->labels) {
         ch_dataset_free(d);
@@ -40,8 +51,8 @@ static ch_dataset *synthetic(size_t n)
     }
     ch_rng r;
     ch_rng_init(&r, 1, CH_RNG_STREAM_TEST, 0);
-    for (size_t i = 0; i < n * 784; i++) d->images[i] = (uint8_t)ch_rng_u32(&r);
-    for (size_t i = 0; i < n; i++) d->labels[i] = (uint16_t)ch_rng_below(&r, 10);
+    for (size_t i = 0; i < n * per; i++) d->images[i] = (uint8_t)ch_rng_u32(&r);
+    for (size_t i = 0; i < n; i++) d->labels[i] = (uint16_t)ch_rng_below(&r, (uint32_t)d->classes);
     return d;
 }
 
@@ -123,14 +134,20 @@ int ch_cmd_bench(int argc, char **argv)
         default: fprintf(stderr, "cohort bench: unknown or incomplete option\n"); return CH_EXIT_USAGE;
         }
     }
-    ch_dataset *d = synthetic((size_t)cfg.batch_size);
+    ch_err err;
+    ch_graph *g = NULL;
+    if (ch_cli_model(cfg.model ? cfg.model : "lenet", &g, &err) != CH_STATUS_OK)
+        return ch_exit_for("bench", CH_STATUS_BAD_INPUT, &err);
+    cfg.graph = g;
+    ch_dataset *d = synthetic((size_t)cfg.batch_size, g);
     if (!d) {
-        fprintf(stderr, "cohort bench: out of memory\n");
+        fprintf(stderr, "cohort bench: out of memory for the synthetic batch\n");
+        ch_graph_free(g);
         return CH_EXIT_FAIL;
     }
-    ch_trainer *t;
-    ch_err err;
+    ch_trainer *t = NULL;
     ch_status st = ch_trainer_create(&cfg, d, NULL, &t, &err);
+    ch_graph_free(g);
     int rc = st == CH_STATUS_OK ? CH_EXIT_OK : ch_exit_for("bench", st, &err);
     if (rc == CH_EXIT_OK) {
         for (int i = 0; i < cfg.batch_size; i++) t->perm[i] = (uint32_t)i;
