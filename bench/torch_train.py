@@ -3,6 +3,7 @@ compares cohort against. Same model, batch, threads and synthetic 1x28x28 inputs
 `cohort bench train`.
 
 usage: torch_train.py MODEL BATCH THREADS STEPS WARMUP train|eval
+MODEL onnx:NAME is tests/graph_models.py's NAME (what cohort trains from its ONNX export).
 """
 import os
 import sys
@@ -14,13 +15,17 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "scripts"))
 from torch_reference import MODELS  # noqa: E402
 
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+import graph_models  # noqa: E402
+
 
 def main():
     model_name, batch, threads, steps, warmup, mode = sys.argv[1:7]
     batch, threads, steps, warmup = int(batch), int(threads), int(steps), int(warmup)
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    model = MODELS[model_name]()
+    model = (graph_models.MobileNet() if model_name == "onnx:mobilenet" else
+             graph_models.MODELS[model_name[5:]]() if model_name.startswith("onnx:") else MODELS[model_name]())
     x = torch.rand(batch, 1, 28, 28)
     y = torch.randint(0, 10, (batch,))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
