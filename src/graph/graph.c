@@ -68,28 +68,33 @@ ch_status ch_graph_status(const ch_graph *g, ch_err *err)
 
 const char *ch_graph_name(const ch_graph *g) { return g->name; }
 
-ch_status ch_graph_add_initial(ch_graph *g, const char *tensor, const float *data, size_t count, ch_err *err)
+ch_status ch_graph_take_initial(ch_graph *g, const char *tensor, float *data, size_t count, ch_err *err)
 {
+    ch_status st = CH_STATUS_OK;
     if (strlen(tensor) >= CH_NAME_MAX)
-        return ch_fail(err, CH_STATUS_BAD_INPUT, "tensor name '%.60s...' is longer than %d characters", tensor,
-                       CH_NAME_MAX - 1);
-    for (int i = 0; i < g->ninits; i++)
+        st = ch_fail(err, CH_STATUS_BAD_INPUT, "tensor name '%.60s...' is longer than %d characters", tensor,
+                     CH_NAME_MAX - 1);
+    for (int i = 0; st == CH_STATUS_OK && i < g->ninits; i++)
         if (strcmp(g->inits[i].name, tensor) == 0)
-            return ch_fail(err, CH_STATUS_BAD_INPUT, "two starting values for tensor '%s'", tensor);
-    if (g->ninits == g->init_cap) {
+            st = ch_fail(err, CH_STATUS_BAD_INPUT, "two starting values for tensor '%s'", tensor);
+    if (st == CH_STATUS_OK && g->ninits == g->init_cap) {
         const int cap = g->init_cap ? 2 * g->init_cap : 16;
         ch_ginit *n = realloc(g->inits, sizeof *n * (size_t)cap);
-        CH_CHECK_ALLOC(err, n);
-        g->inits = n;
-        g->init_cap = cap;
+        if (n) {
+            g->inits = n;
+            g->init_cap = cap;
+        } else {
+            st = CH_SYS_FAIL(err, "realloc of starting values");
+        }
     }
-    ch_ginit *v = &g->inits[g->ninits];
-    v->data = malloc(sizeof(float) * (count ? count : 1));
-    CH_CHECK_ALLOC(err, v->data);
-    memcpy(v->data, data, sizeof(float) * count);
+    if (st != CH_STATUS_OK) {
+        free(data);
+        return st;
+    }
+    ch_ginit *v = &g->inits[g->ninits++];
+    v->data = data;
     v->count = count;
     snprintf(v->name, sizeof v->name, "%s", tensor);
-    g->ninits++;
     return CH_STATUS_OK;
 }
 int ch_graph_node_count(const ch_graph *g) { return g->nnodes; }
@@ -470,42 +475,4 @@ ch_status ch_graph_output(ch_graph *g, int x)
                      g->nodes[t->producer].name, t->dims[0], t->dims[1], t->dims[2]), g->st);
     g->output = x;
     return CH_STATUS_OK;
-}
-
-/* FNV-1a over explicit fields (never over structs: their padding is not the graph). */
-static void mix(uint64_t *h, const void *p, size_t n)
-{
-    const unsigned char *b = p;
-    for (size_t i = 0; i < n; i++) {
-        *h ^= b[i];
-        *h *= 0x100000001b3ull;
-    }
-}
-
-static void mix_int(uint64_t *h, long long v) { mix(h, &v, sizeof v); }
-static void mix_double(uint64_t *h, double v) { mix(h, &v, sizeof v); }
-
-uint64_t ch_graph_fingerprint(const ch_graph *g)
-{
-    uint64_t h = 0xcbf29ce484222325ull;
-    mix(&h, g->input_name, strlen(g->input_name) + 1);
-    mix_int(&h, g->input);
-    mix_int(&h, g->output);
-    for (int t = 0; t < g->ntensors; t++)
-        for (int i = 0; i < 3; i++) mix_int(&h, g->tensors[t].dims[i] * 4 + g->tensors[t].rank);
-    for (int i = 0; i < g->nnodes; i++) {
-        const ch_gnode *nd = &g->nodes[i];
-        mix(&h, nd->name, strlen(nd->name) + 1);
-        mix_int(&h, nd->op);
-        for (int j = 0; j < nd->nin; j++) mix_int(&h, nd->in[j]);
-        const ch_conv2d_args *c = &nd->conv;
-        const int ints[] = { c->out_channels, c->kernel, c->stride, c->padding, c->dilation, c->groups,
-                             c->no_bias, nd->pool.kernel, nd->pool.stride, nd->pool.padding,
-                             nd->pool.ceil_mode, nd->pool.exclude_pad, (int)nd->act.kind,
-                             nd->features, nd->bias, nd->keepdim };
-        for (size_t k = 0; k < sizeof ints / sizeof ints[0]; k++) mix_int(&h, ints[k]);
-        const double reals[] = { nd->bn.eps, nd->bn.momentum, nd->act.alpha, nd->act.lo, nd->act.hi, nd->p };
-        for (size_t k = 0; k < sizeof reals / sizeof reals[0]; k++) mix_double(&h, reals[k]);
-    }
-    return h;
 }

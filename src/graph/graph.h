@@ -63,9 +63,9 @@ struct ch_graph {
     ch_err err;
 };
 
-/* Record tensor's starting values (copied): a model made from the graph starts from them when
- * its init is "file". */
-ch_status ch_graph_add_initial(ch_graph *g, const char *tensor, const float *data, size_t count, ch_err *err);
+/* Record tensor's starting values, taking data (malloc'd; freed here on failure too): a model
+ * made from the graph starts from them when its init is "file". */
+ch_status ch_graph_take_initial(ch_graph *g, const char *tensor, float *data, size_t count, ch_err *err);
 
 /* The per-sample shape of tensor t as a layer sees it: rank 1 is (features, 1, 1). */
 ch_shape3 ch_graph_shape(const ch_graph *g, int t);
@@ -75,9 +75,6 @@ ch_status ch_graph_node_layer(const ch_graph *g, int i, ch_layer **out, ch_err *
  * nodes' layers, named by the nodes' names, so the model's tensors get the PyTorch names. Checks
  * the graph first: an output, every node on a path to it. */
 ch_status ch_graph_compile(const ch_graph *g, ch_layer **out, ch_err *err);
-/* A hash of everything that defines the computation (nodes, names, arguments, edges, shapes):
- * ranks compare it before they train together. */
-uint64_t ch_graph_fingerprint(const ch_graph *g);
 /* "conv2d", "batchnorm2d", ...: what the builder and error messages call op. */
 const char *ch_gop_name(ch_gop op);
 

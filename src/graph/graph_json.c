@@ -95,6 +95,22 @@ char *ch_graph_to_json(const ch_graph *g)
     return text;
 }
 
+uint64_t ch_graph_text_fingerprint(const char *json)
+{
+    uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a */
+    for (const unsigned char *c = (const unsigned char *)json; *c; c++) h = (h ^ *c) * 0x100000001b3ull;
+    return h;
+}
+
+ch_status ch_graph_fingerprint(const ch_graph *g, uint64_t *out, ch_err *err)
+{
+    char *text = ch_graph_to_json(g);
+    CH_CHECK_ALLOC(err, text);
+    *out = ch_graph_text_fingerprint(text);
+    free(text);
+    return CH_STATUS_OK;
+}
+
 /* ---- reading ---- */
 
 typedef struct reader {

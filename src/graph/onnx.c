@@ -145,13 +145,20 @@ static ch_status input(imp *m, size_t k, bool required, ch_oval **out)
     return CH_STATUS_OK;
 }
 
+/* Input k, which must be a tensor computed from the model's input. */
+static ch_status tensor_val(imp *m, size_t k, ch_oval **out)
+{
+    CH_TRY(input(m, k, true, out));
+    if ((*out)->kind != CH_OVAL_TENSOR)
+        return bad(m, "input '%s' is a constant or an initializer; cohort supports it only as a tensor computed "
+                   "from the model's input", sh(m, 0, (*out)->name));
+    return CH_STATUS_OK;
+}
+
 static ch_status tensor_in(imp *m, size_t k, int *t)
 {
     ch_oval *v;
-    CH_TRY(input(m, k, true, &v));
-    if (v->kind != CH_OVAL_TENSOR)
-        return bad(m, "input '%s' is a constant or an initializer; cohort supports it only as a tensor computed "
-                   "from the model's input", sh(m, 0, v->name));
+    CH_TRY(tensor_val(m, k, &v));
     *t = v->tensor;
     return CH_STATUS_OK;
 }
@@ -304,9 +311,7 @@ static ch_status param(imp *m, size_t k, const char *prefix, const char *suffix,
             free(data);
             return bad(m, "initializer '%s' holds a NaN or an infinity at %zu", sh(m, 0, v->name), i);
         }
-    const ch_status st = ch_graph_add_initial(m->g, v->name, data, count, m->err);
-    free(data);
-    return st;
+    return ch_graph_take_initial(m->g, v->name, data, count, m->err);
 }
 
 /* The weight input k (an initializer, maybe transposed) and its module path. */
@@ -459,8 +464,7 @@ static ch_status op_flatten(imp *m)
     ch_oval *v;
     int64_t axis = 0;
     char buf[CH_NODE_NAME_MAX];
-    CH_TRY(input(m, 0, true, &v));
-    CH_TRY(tensor_in(m, 0, &(int){ 0 }));
+    CH_TRY(tensor_val(m, 0, &v));
     CH_TRY(attr_int(m, "axis", 1, &axis));
     if (axis != 1) return bad(m, "axis %lld: only flattening all but the batch dimension (axis 1) is supported",
                               (long long)axis);
@@ -474,8 +478,7 @@ static ch_status op_reshape(imp *m)
     ch_oval *v, *s;
     int64_t allowzero = 0;
     char buf[CH_NODE_NAME_MAX];
-    CH_TRY(input(m, 0, true, &v));
-    CH_TRY(tensor_in(m, 0, &(int){ 0 }));
+    CH_TRY(tensor_val(m, 0, &v));
     CH_TRY(const_in(m, 1, true, &s));
     CH_TRY(attr_int(m, "allowzero", 0, &allowzero));
     const ch_gtensor *x = &m->g->tensors[v->tensor];
@@ -600,8 +603,7 @@ static ch_status op_dropout(imp *m)
 static ch_status op_pad(imp *m)
 {
     ch_oval *v, *pads;
-    CH_TRY(input(m, 0, true, &v));
-    CH_TRY(tensor_in(m, 0, &(int){ 0 }));
+    CH_TRY(tensor_val(m, 0, &v));
     CH_TRY(const_in(m, 1, true, &pads));
     for (int i = 0; i < pads->n; i++)
         if (pads->i[i] != 0)
@@ -616,8 +618,7 @@ static ch_status op_softmax(imp *m)
 {
     ch_oval *v, *o;
     int64_t axis = 0;
-    CH_TRY(input(m, 0, true, &v));
-    CH_TRY(tensor_in(m, 0, &(int){ 0 }));
+    CH_TRY(tensor_val(m, 0, &v));
     CH_TRY(attr_int(m, "axis", m->opset >= 13 ? -1 : 1, &axis));
     if (features_of(m->g, v->tensor) < 0 || (axis != 1 && axis != -1 && !(axis == -3 && m->g->tensors[v->tensor].rank == 3)))
         return bad(m, "only a softmax over the classes of (batch, classes) logits is supported");
@@ -687,8 +688,7 @@ static ch_status op_shape(imp *m)
 {
     ch_oval *v, *o;
     int64_t start = 0, end = 0;
-    CH_TRY(input(m, 0, true, &v));
-    CH_TRY(tensor_in(m, 0, &(int){ 0 }));
+    CH_TRY(tensor_val(m, 0, &v));
     const ch_gtensor *x = &m->g->tensors[v->tensor];
     const int64_t dims[4] = { CH_ONNX_BATCH, x->dims[0], x->dims[1], x->dims[2] };
     const int r = x->rank + 1;

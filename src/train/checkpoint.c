@@ -710,9 +710,11 @@ static ch_status stage_file(const ch_model *m, const ch_optim *opt, const char *
 static ch_status check_graph(const ch_trainer *t, const char *dir, ch_err *err)
 {
     ch_graph *g = NULL;
+    uint64_t print = 0;
     CH_TRY(ch_checkpoint_graph(dir, &g, err));
-    const uint64_t print = g ? ch_graph_fingerprint(g) : 0;
+    const ch_status st = g ? ch_graph_fingerprint(g, &print, err) : CH_STATUS_OK;
     ch_graph_free(g);
+    CH_TRY(st);
     if (print != t->graph_print)
         return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: the checkpoint's model (%s) is not this run's %s", dir,
                        print ? "its graph.json" : "a model of the zoo", t->graph_print ? "graph" : "zoo model");

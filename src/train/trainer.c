@@ -410,7 +410,6 @@ ch_status ch_trainer_create(const ch_train_config *cfg, const ch_dataset *train,
     t->ckpt_lock = -1;
     t->cfg = *cfg;
     snprintf(t->model_name, sizeof t->model_name, "%s", cfg->graph ? ch_graph_name(cfg->graph) : cfg->model);
-    t->graph_print = cfg->graph ? ch_graph_fingerprint(cfg->graph) : 0;
     /* Without a choice, an imported model starts from its file's weights, as fine-tuning does. */
     const bool has_values = cfg->graph && cfg->graph->ninits > 0;
     snprintf(t->init, sizeof t->init, "%s", cfg->init ? cfg->init : has_values ? "file" : "default");
@@ -433,6 +432,7 @@ ch_status ch_trainer_create(const ch_train_config *cfg, const ch_dataset *train,
         free(t);
         return CH_SYS_FAIL(err, "graph.json of the model");
     }
+    t->graph_print = t->graph_json ? ch_graph_text_fingerprint(t->graph_json) : 0;
     t->pos = (ch_ckpt_position){ .train_loss = -1, .train_acc = -1, .test_loss = -1, .test_acc = -1 };
     t->train = train;
     t->test = test;
