@@ -17,6 +17,7 @@
 #include "core/rng.h"
 #include "data/augment.h"
 #include "data/dataset.h"
+#include "models/zoo.h"
 #include "nn/model.h"
 #include "train/trainer.h"
 
@@ -127,7 +128,7 @@ static void per_slice_reference(const ch_dataset *d, const uint32_t *idx, int n,
 {
     ch_err err;
     ch_model *m;
-    if (ch_model_create("resnet18", (ch_shape3){ 1, d->h, d->w }, 10, &m, &err) != CH_STATUS_OK ||
+    if (ch_zoo_model("resnet18", (ch_shape3){ 1, d->h, d->w }, 10, &m, &err) != CH_STATUS_OK ||
         ch_model_init_params(m, "default", 7, &err) != CH_STATUS_OK ||
         ch_model_plan(m, ch_kernels_cpu(), n, 2, &err) != CH_STATUS_OK)
         fail_msg("%s", err.msg);

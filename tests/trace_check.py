@@ -56,9 +56,10 @@ def main():
             for cat in ("data", "forward", "backward", "optimizer"):
                 if not any(e["cat"] == cat for e in by_thread[(pid, 2 * d)]):
                     fail(f"rank {pid} device {d}: no {cat} span")
-            layers = [e for e in by_thread[(pid, 2 * d)] if e["cat"] == "backward" and e["name"] != "backward"]
-            if not layers:
-                fail(f"rank {pid} device {d}: no per-layer backward spans")
+            for cat, whole in (("forward", "forward + loss"), ("backward", "backward")):
+                nodes = [e for e in by_thread[(pid, 2 * d)] if e["cat"] == cat and e["name"] != whole]
+                if not any(e["name"].endswith(" Conv2d") for e in nodes):
+                    fail(f"rank {pid} device {d}: no per-node {cat} spans")
             back = [(e["ts"], e["ts"] + e["dur"]) for e in by_thread[(pid, 2 * d)] if e["name"] == "backward"]
             sync = [(e["ts"], e["ts"] + e["dur"]) for (p, t), lst in by_thread.items()
                     if p == pid and t % 1000 == 2 * d + 1 for e in lst if e["cat"] == "sync"]

@@ -32,8 +32,7 @@ static double layer_flops(const ch_layer *l)
         strcmp(l->ops->kind, "AdaptiveAvgPool2d") == 0)
         return (double)shape_size(l->in);
     if (strcmp(l->ops->kind, "BatchNorm2d") == 0) return 2.0 * out;
-    if (strcmp(l->ops->kind, "Residual") == 0 || strcmp(l->ops->kind, "BasicBlock") == 0)
-        return 2.0 * out;   /* the add and the ReLU */
+    if (strcmp(l->ops->kind, "Add") == 0 || strcmp(l->ops->kind, "Mul") == 0) return out;
     if (strcmp(l->ops->kind, "ReLU") == 0 || strcmp(l->ops->kind, "Dropout") == 0) return out;
     return 0;
 }

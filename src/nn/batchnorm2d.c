@@ -146,6 +146,8 @@ static const ch_layer_ops bn_ops = {
     .free_impl = bn_free, .y_unread_by_backward = true,
 };
 
+bool ch_layer_is_batchnorm(const ch_layer *l) { return l->ops == &bn_ops; }
+
 ch_status ch_batchnorm2d_create(const char *name, ch_shape3 in, ch_layer **out, ch_err *err)
 {
     return ch_batchnorm2d_create_opts(name, in, 1e-5, 0.1, out, err);

@@ -89,7 +89,6 @@ ch_status ch_layer_plan_tree(ch_layer *l, ch_plan *pl, ch_err *err)
 {
     for (int i = 0; i < l->nchildren; i++) CH_TRY(ch_layer_plan_tree(l->children[i], pl, err));
     CH_TRY(l->ops->plan(l, pl, err));
-    /* After l's plan: a Sequential changes what its nested Sequentials need (it runs their leaves). */
     l->scratch_need = l->scratch_own + ch_layer_children_need(l);
     return CH_STATUS_OK;
 }

@@ -65,10 +65,10 @@ typedef struct ch_run {
     struct ch_trace_track *trace;   /* record each child's backward as a span; NULL: no trace */
     /* Backward scratch, used as a stack: a layer's backward takes its scratch_own elements from
      * the bottom and runs its children with the rest (ch_run_above). Gradient temporaries live
-     * only while their layer's backward runs, so one stack as deep as the deepest nesting
-     * replaces a set of buffers per layer (resnet18 batch 256: ~0.9 GB less). Forward may use
-     * the stack too, for values that are dead once the layer's forward returns (a residual
-     * block's inner activation, recomputed in backward); nothing lives there between calls. */
+     * only while their layer's backward runs, so one stack replaces a set of buffers per layer
+     * (resnet18 batch 256: ~0.9 GB less). Forward may use the stack too, for values that are
+     * dead once the layer's forward returns (a residual block's inner activation, remade in
+     * backward: graph/exec.c); nothing lives there between calls. */
     ch_real *scratch;
     size_t scratch_len;
 } ch_run;
@@ -102,8 +102,6 @@ typedef struct ch_layer_ops {
     void (*free_impl)(ch_layer *l);
     /* backward never reads l->y, so a following in-place layer may overwrite it. */
     bool y_unread_by_backward;
-    /* forward and backward work with y == x (the layer may borrow its input's buffer). */
-    bool in_place;
     /* backward may write over dy: the caller passes a gradient it does not need afterwards. */
     bool overwrites_dy;
     /* Take over the ReLU that follows: apply it to y in forward and its backward to dy in backward
@@ -207,6 +205,10 @@ ch_status ch_concat_create(const char *name, const ch_shape3 *ins, int n, ch_lay
 ch_status ch_global_avgpool_create(const char *name, ch_shape3 in, ch_layer **out, ch_err *err);
 ch_status ch_relu_create(const char *name, ch_shape3 in, ch_layer **out, ch_err *err);
 bool ch_layer_is_relu(const ch_layer *l);
+bool ch_layer_is_batchnorm(const ch_layer *l);
+/* An add of two inputs of the output's shape (a residual sum): it may write over either input
+ * (forward reads each element once; backward reads neither). */
+bool ch_layer_is_plain_add(const ch_layer *l);
 ch_status ch_flatten_create(const char *name, ch_shape3 in, ch_layer **out, ch_err *err);
 ch_status ch_batchnorm2d_create(const char *name, ch_shape3 in, ch_layer **out, ch_err *err);
 /* With the given epsilon and momentum (PyTorch's: the weight of the batch statistic). */
@@ -217,16 +219,5 @@ ch_status ch_batchnorm2d_create_opts(const char *name, ch_shape3 in, double eps,
 void ch_batchnorm2d_reapply(const ch_layer *l, const ch_run *r, int n, const ch_real *x, ch_real *y);
 ch_status ch_dropout_create(const char *name, ch_shape3 in, double p, uint32_t id,
                             ch_layer **out, ch_err *err);
-/* Reference program D's residual block: conv3x3-BN-ReLU-conv3x3-BN (+ 1x1 conv shortcut), add, ReLU. */
-ch_status ch_residual_create(const char *name, ch_shape3 in, int out_channels, bool use_1x1conv,
-                             int stride, ch_layer **out, ch_err *err);
-/* torchvision's BasicBlock: conv3x3 (stride, no bias)-BN-ReLU-conv3x3 (no bias)-BN, plus a
- * downsample (1x1 conv with the stride, no bias, then BN) when the shape changes; add, ReLU. */
-ch_status ch_basicblock_create(const char *name, ch_shape3 in, int out_channels, int stride,
-                               ch_layer **out, ch_err *err);
-/* A container whose children run in order; y is the last child's. */
-ch_status ch_sequential_create(const char *name, ch_shape3 in, ch_layer **out, ch_err *err);
-/* Append to a sequential, checking that child->in matches the current output shape. */
-ch_status ch_sequential_append(ch_layer *seq, ch_layer *child, ch_err *err);
 
 #endif

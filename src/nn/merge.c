@@ -31,15 +31,32 @@ static void bcast_forward(ch_layer *l, const ch_run *r, int n, const ch_real *co
 static void bcast_backward(ch_layer *l, const ch_run *r, int n, const ch_real *const *xs,
                            const ch_real *dy, ch_real *const *dxs)
 {
-    r->k->bcast_backward(&r->kc, l->impl, n, xs[0], xs[1], dy, dxs[0], dxs[1]);
+    const ch_bcast_desc *d = l->impl;
+    if (d->op == CH_BCAST_ADD && same_dims(d->a, d->out) && same_dims(d->b, d->out)) {
+        /* Both gradients are dy: copies, not a reduction per element. */
+        const size_t len = ch_shape3_size(l->out);
+        for (int i = 0; i < 2; i++)
+            if (dxs[i] && dxs[i] != dy) r->k->copy_rows(&r->kc, n, len, dy, len, dxs[i], len);
+        return;
+    }
+    r->k->bcast_backward(&r->kc, d, n, xs[0], xs[1], dy, dxs[0], dxs[1]);
 }
 
+/* Neither backward reads y (mul's reads its inputs): a ReLU after them may run in place. */
 static const ch_layer_ops add_ops = {
     .kind = "Add", .plan = own_plan, .forward_multi = bcast_forward, .backward_multi = bcast_backward,
+    .y_unread_by_backward = true,
 };
 static const ch_layer_ops mul_ops = {
     .kind = "Mul", .plan = own_plan, .forward_multi = bcast_forward, .backward_multi = bcast_backward,
+    .y_unread_by_backward = true,
 };
+
+bool ch_layer_is_plain_add(const ch_layer *l)
+{
+    const ch_bcast_desc *d = l->impl;
+    return l->ops == &add_ops && same_dims(d->a, d->out) && same_dims(d->b, d->out);
+}
 
 /* A shell with n input shapes (copied). */
 static ch_status multi_alloc(const ch_layer_ops *ops, const char *name, const ch_shape3 *ins, int n,

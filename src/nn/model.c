@@ -8,7 +8,6 @@
 
 #include "core/rng.h"
 #include "graph/graph.h"
-#include "models/zoo.h"
 
 /* Walk the tree in module order, calling visit on every layer with its dotted path. */
 typedef void (*visit_fn)(ch_model *m, ch_layer *l, const char *path);
@@ -95,14 +94,6 @@ ch_status ch_model_create_from(const char *arch, ch_layer *root, int classes, ch
     walk(m, root, "", bind_tensors);
     *out = m;
     return CH_STATUS_OK;
-}
-
-ch_status ch_model_create(const char *arch, ch_shape3 input, int classes, ch_model **out,
-                          ch_err *err)
-{
-    ch_layer *root;
-    CH_TRY(ch_zoo_build(arch, input, classes, &root, err));
-    return ch_model_create_from(arch, root, classes, out, err);
 }
 
 ch_status ch_model_create_graph(const ch_graph *g, ch_shape3 input, int classes, ch_model **out,

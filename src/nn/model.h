@@ -35,12 +35,10 @@ typedef struct ch_model {
     size_t saved_bytes;             /* kept from forward for backward besides outputs, planned */
 } ch_model;
 
-/* Build a zoo architecture for inputs of shape `input` and `classes` outputs, allocate the flat
- * buffers and bind the layers. Parameters are zero until ch_model_init_params. */
-ch_status ch_model_create(const char *arch, ch_shape3 input, int classes, ch_model **out,
-                          ch_err *err);
-/* Build a graph's model (include/cohort.h's ch_graph) for inputs of shape `input` and `classes`
- * outputs, which must be the graph's: a mismatch names both. */
+/* Build a graph's model (include/cohort.h's ch_graph; the zoo's are graphs too, models/zoo.h) for
+ * inputs of shape `input` and `classes` outputs, which must be the graph's: a mismatch names both.
+ * Allocates the flat buffers and binds the layers; parameters are zero until
+ * ch_model_init_params. */
 ch_status ch_model_create_graph(const ch_graph *g, ch_shape3 input, int classes, ch_model **out,
                                 ch_err *err);
 /* Build around an existing tree (takes ownership of root, also on failure). */

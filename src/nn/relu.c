@@ -22,7 +22,6 @@ static void relu_backward(ch_layer *l, const ch_run *r, int n, const ch_real *x,
 
 static const ch_layer_ops relu_ops = {
     .kind = "ReLU", .plan = own_output_plan, .forward = relu_forward, .backward = relu_backward,
-    .in_place = true,
 };
 
 bool ch_layer_is_relu(const ch_layer *l) { return l->ops == &relu_ops; }

@@ -20,6 +20,7 @@
 
 #include "graph/graph_json.h"
 #include "io/json.h"
+#include "models/zoo.h"
 #include "train/position.h"
 #include "io/safetensors.h"
 
@@ -894,7 +895,7 @@ static ch_status model_of(const char *dir, ch_model **out, char *name, size_t le
     if (st == CH_STATUS_OK) {
         snprintf(name, len, "%s", m->valuestring);
         const ch_shape3 in3 = { dims[0], dims[1], dims[2] };
-        st = g ? ch_model_create_graph(g, in3, (int)c, out, err) : ch_model_create(name, in3, (int)c, out, err);
+        st = g ? ch_model_create_graph(g, in3, (int)c, out, err) : ch_zoo_model(name, in3, (int)c, out, err);
     }
     ch_graph_free(g);
     cJSON_Delete(j);

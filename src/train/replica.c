@@ -50,12 +50,9 @@ static ch_status build(ch_replica *rp, const ch_replica_spec *s, ch_err *err)
 {
     /* oneDNN's GEMM threads by the calling thread's OpenMP setting: this thread's share. */
     omp_set_num_threads(rp->nthreads);
-    if (s->graph)
-        CH_TRY(ch_model_create_graph(s->graph, s->input, s->classes, &rp->model, err));
-    else
-        CH_TRY(ch_model_create(s->model, s->input, s->classes, &rp->model, err));
+    CH_TRY(ch_model_create_graph(s->graph, s->input, s->classes, &rp->model, err));
     CH_TRY(ch_model_init_params(rp->model, s->init, s->seed, err));
-    if (s->graph && strcmp(s->init, "file") == 0) CH_TRY(ch_model_load_initial(rp->model, s->graph, err));
+    if (strcmp(s->init, "file") == 0) CH_TRY(ch_model_load_initial(rp->model, s->graph, err));
     CH_TRY(ch_model_plan(rp->model, s->k, s->max_slice, rp->nthreads, err));
     CH_TRY(ch_optim_init(&rp->opt, rp->model->nparams, &s->optim, err));
     CH_TRY(alloc_buffers(rp, s, err));
@@ -157,6 +154,7 @@ static ch_status step_traced(ch_replica *rp, const ch_replica_spec *s, const ch_
     r.sync_bn = s->sync_bn && many ? &rp->ctl_comm : NULL;
     r.comm_status = &comm_st;
     r.comm_err = &err;
+    r.trace = tr;   /* a span per graph node, in forward and backward */
     t0 = tr ? ch_trace_now() : 0;
     const ch_real *logits = ch_model_forward(m, &r, sl->n, rp->x);
     if (comm_st != CH_STATUS_OK) return fail_collective(rp, comm_st, &err);
@@ -182,7 +180,6 @@ static ch_status step_traced(ch_replica *rp, const ch_replica_spec *s, const ch_
         r.grads_ready = ch_gradsync_ready;
         r.grads_user = rp->sync;
     }
-    r.trace = tr;
     t0 = tr ? ch_trace_now() : 0;
     ch_model_backward(m, &r, sl->n, rp->x, rp->dlogits);
     if (tr) ch_trace_span(tr, "backward", "backward", t0, -1);

@@ -28,8 +28,8 @@ typedef struct ch_fault {
 
 /* What every replica is built from (shared, read-only). */
 typedef struct ch_replica_spec {
-    const char *model, *init;
-    const ch_graph *graph;  /* the user's graph (borrowed), or NULL: model names the zoo's */
+    const char *init;
+    const ch_graph *graph;  /* the model's (borrowed): the user's, or the trainer's of a zoo name */
     uint64_t seed;
     ch_shape3 input;
     int classes;

@@ -24,6 +24,7 @@
 #include "data/loader.h"
 #include "graph/graph.h"
 #include "graph/graph_json.h"
+#include "models/zoo.h"
 
 ch_train_config ch_train_config_default(void)
 {
@@ -359,9 +360,11 @@ static ch_status setup(ch_trainer *t, ch_err *err)
     ch_device_list_format(&t->devices, t->devices_text, sizeof t->devices_text);
     t->nreplicas = t->devices.count;
     CH_TRY(join_ranks(t, err));
+    if (!t->cfg.graph)
+        CH_TRY(ch_zoo_graph(t->model_name, (ch_shape3){ d->c, d->h, d->w }, d->classes, &t->zoo_graph, err));
     const int D = t->nreplicas, B = t->cfg.batch_size, R = t->procs * D;
     t->spec = (ch_replica_spec){
-        .model = t->model_name, .graph = t->cfg.graph, .init = t->init, .seed = t->cfg.seed,
+        .graph = t->cfg.graph ? t->cfg.graph : t->zoo_graph, .init = t->init, .seed = t->cfg.seed,
         .input = { d->c, d->h, d->w }, .classes = d->classes, .max_slice = (B + R - 1) / R,
         .nglobal = R,
         .nan_check = t->cfg.nan_check, .sync_bn = t->cfg.sync_bn,
@@ -861,5 +864,6 @@ void ch_trainer_free(ch_trainer *t)
     free(t->plan);
     ch_checkpoint_unlock(t->ckpt_lock);
     free(t->graph_json);
+    ch_graph_free(t->zoo_graph);
     free(t);
 }

@@ -22,6 +22,7 @@ struct ch_trainer {
     char model_name[64], init[64];
     uint64_t graph_print;       /* cfg.graph's fingerprint (0: a zoo model) */
     char *graph_json;           /* cfg.graph as JSON, for checkpoints' graph.json (owned; NULL: zoo) */
+    ch_graph *zoo_graph;        /* cfg.model's graph (owned; NULL: cfg.graph is the model) */
     char checkpoint_dir[4096];  /* cfg.checkpoint_dir points here */
     int ckpt_lock;              /* rank 0: the checkpoint folder's lock (-1: none) */
     char trace_path[4096];      /* cfg.trace points here */
