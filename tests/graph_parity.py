@@ -1,7 +1,8 @@
 """PyTorch's side of the graph parity test (graph_parity.sh runs it with Debian's python3-torch).
 
   make DATA_ROOT DIR   write DIR/data (32 training and 256 test images of Fashion-MNIST, as IDX) and,
-                       for each model of graph_models.py, DIR/M.init.safetensors (its initial
+                       for each model of graph_models.py and of ZOO (below; no ONNX file for
+                       those), DIR/M.init.safetensors (its initial
                        state_dict), DIR/M.onnx (the same model exported in training mode, as a user
                        exports it, at opsets 13 to 17 across the models) and DIR/M.after.safetensors
                        (after one SGD step, lr 0.05, momentum 0.9, weight decay 1e-4, on the 32
@@ -24,10 +25,20 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "scripts"))
 from graph_models import LOSS, MODELS, MobileNet  # noqa: E402
+from torch_reference import MODELS as ZOO_MODELS  # noqa: E402
 from torch_load import load_file  # noqa: E402  (safetensors as safetensors.torch reads them)
 
 NTRAIN, NTEST = 32, 256
+# Zoo models checked the same way (their graphs are built by cohort from the name, with the
+# reference programs' PyTorch modules on this side): d2l's ResNet-18 exercises every memory pass of
+# the graph executor (remade BatchNorm outputs, in-place sums, gradients over values).
+ZOO = {"resnet18": ZOO_MODELS["resnet18"]}
+
+
+def model_of(name):
+    return MODELS[name]() if name in MODELS else ZOO[name]()
 # Each model is exported at another opset, so that the four cover what cohort imports (13 to 17):
 # opset 13's BatchNormalization has five outputs, 14 on a training_mode attribute.
 OPSET = {"resnet": 13, "mobilenet": 15, "densenet": 16, "lognet": 17}
@@ -92,6 +103,31 @@ def export_onnx(m, path, opset):
             sys.exit(f"{path}: initializer {t.name} is not the module's {t.name}")
 
 
+def sgd_step(m, x, y, loss_fn):
+    opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
+    loss = loss_fn(m(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    return loss
+
+
+def write_tolerance(m, x, y, path):
+    """Twice PyTorch's own float32 distance from the exact (double) step, measured as graph_parity.c
+    measures cohort's (each tensor against its largest value, at least 0.05), and at least 1e-4:
+    a deep net's float32 rounding is no bug, a wrong term moves a tensor by its whole size."""
+    import copy
+    after = {}
+    for dt in (torch.float64, torch.float32):
+        mm = copy.deepcopy(m).to(dt).train()
+        sgd_step(mm, x.to(dt), y, torch.nn.functional.cross_entropy)
+        after[dt] = {k: v.double() for k, v in mm.state_dict().items() if v.is_floating_point()}
+    worst = max(float((after[torch.float32][k] - v).abs().max()) / max(float(v.abs().max()), 0.05)
+                for k, v in after[torch.float64].items())
+    with open(path, "w") as f:
+        f.write(f"{max(2 * worst, 1e-4):.6g}\n")
+
+
 def make(data_root, out):
     data = os.path.join(out, "data")
     os.makedirs(data, exist_ok=True)
@@ -100,26 +136,25 @@ def make(data_root, out):
     write_idx(data, "train", xt, yt)
     write_idx(data, "t10k", xv, yv)
     x, y = as_batch(xt, yt)
-    for i, (name, make_model) in enumerate(MODELS.items()):
+    for i, (name, make_model) in enumerate(list(MODELS.items()) + list(ZOO.items())):
         torch.manual_seed(100 + i)
         m = make_model()
-        export_onnx(m, os.path.join(out, name + ".onnx"), OPSET[name])
+        if name in MODELS:
+            export_onnx(m, os.path.join(out, name + ".onnx"), OPSET[name])
         save_file(m.state_dict(), os.path.join(out, name + ".init.safetensors"))
+        if name in ZOO:
+            write_tolerance(m, x, y, os.path.join(out, name + ".tol"))
         # The step in double precision: the reference is the exact answer, not float32's rounding
         # of it (cohort's sums differ from PyTorch's in order, both near 1e-7).
         m.double().train()
         x = x.double()
-        opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
-        loss = LOSS[name](m(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+        loss = sgd_step(m, x, y, LOSS.get(name, torch.nn.functional.cross_entropy))
         save_file(m.state_dict(), os.path.join(out, name + ".after.safetensors"))
         print(f"{name}: loss {loss.item():.6f}, {sum(p.numel() for p in m.parameters())} parameters")
 
 
 def check(out, name, path, correct):
-    m = MODELS[name]()
+    m = model_of(name)
     m.load_state_dict(load_file(path), strict=True)
     m.eval()
     xv, yv = read_idx_local(os.path.join(out, "data"))

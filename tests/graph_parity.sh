@@ -31,4 +31,11 @@ for m in resnet mobilenet densenet lognet; do
         fi
     done
 done
+# The zoo's d2l ResNet-18 (reference program D), built by cohort from its name.
+run "zoo, 1 device" resnet18 "$bin" step "$tmp" zoo:resnet18 cpu:0
+if [ $# -gt 0 ]; then
+    run "zoo, 2 ranks, sync-BN" resnet18 "$@" -np 2 "$bin" step "$tmp" zoo:resnet18 cpu:0 sync-bn
+else
+    run "zoo, 2 devices, sync-BN" resnet18 "$bin" step "$tmp" zoo:resnet18 cpu:0,cpu:1 sync-bn
+fi
 echo "graph_parity: all models match PyTorch"
