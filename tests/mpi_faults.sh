@@ -62,6 +62,19 @@ expect "--threads 'x'" 15 -- "${mpirun[@]}" -np 1 "$cohort" "${T[@]}" : -np 1 "$
 # A rank running another command.
 expect "disagrees with rank 0 on the command" 15 -- \
     "${mpirun[@]}" -np 1 "$cohort" "${T[@]}" : -np 1 "$cohort" eval --checkpoint "$tmp/none" --data "$data/mnist"
+# Ranks whose copies of one ONNX file differ (hosts with other versions of net.onnx: the same
+# --model, another graph) refuse to train together, by the graph's fingerprint.
+if /usr/bin/python3 -c 'import torch, onnx' 2>/dev/null; then
+    mkdir -p "$tmp/onnx" "$tmp/host0" "$tmp/host1"
+    /usr/bin/python3 "$(dirname "$0")/graph_parity.py" export "$tmp/onnx" >/dev/null 2>&1
+    cp "$tmp/onnx/resnet.onnx" "$tmp/host0/net.onnx"
+    cp "$tmp/onnx/lognet.onnx" "$tmp/host1/net.onnx"
+    O=(train --model net.onnx --data "$data/fashion-mnist" --epochs 1 --train-limit 256 --test-limit 64 -b 64 --no-progress)
+    expect "rank 1 disagrees with rank 0 on the model's graph" 30 -- \
+        "${mpirun[@]}" -np 1 -wdir "$tmp/host0" "$cohort" "${O[@]}" : -np 1 -wdir "$tmp/host1" "$cohort" "${O[@]}"
+else
+    check "python3-torch and python3-onnx to export the ONNX files" 1
+fi
 # A rank that cannot read its data names itself and the file.
 expect "rank 1 of 2 ($(hostname)): " 30 -- \
     "${mpirun[@]}" -np 1 "$cohort" "${T[@]}" : -np 1 "$cohort" "${T[@]}" --data "$tmp/nowhere"
