@@ -170,10 +170,9 @@ ch_status ch_batchnorm2d_create_opts(const char *name, ch_shape3 in, double eps,
     b->eps = eps;
     b->momentum = momentum;
     const int64_t c[1] = { in.c };
-    ch_layer_add_param(l, "weight", 1, c, CH_ROLE_ONES, 0);
-    ch_layer_add_param(l, "bias", 1, c, CH_ROLE_ZEROS, 0);
-    ch_layer_add_buffer(l, "running_mean", 1, c, CH_ROLE_ZEROS);
-    ch_layer_add_buffer(l, "running_var", 1, c, CH_ROLE_ONES);
-    *out = l;
-    return CH_STATUS_OK;
+    ch_status st = ch_layer_add_param(l, "weight", 1, c, CH_ROLE_ONES, 0, err);
+    if (st == CH_STATUS_OK) st = ch_layer_add_param(l, "bias", 1, c, CH_ROLE_ZEROS, 0, err);
+    if (st == CH_STATUS_OK) st = ch_layer_add_buffer(l, "running_mean", 1, c, CH_ROLE_ZEROS, err);
+    if (st == CH_STATUS_OK) st = ch_layer_add_buffer(l, "running_var", 1, c, CH_ROLE_ONES, err);
+    return ch_layer_finish(l, st, out);
 }

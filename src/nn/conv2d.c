@@ -77,11 +77,11 @@ ch_status ch_conv2d_create_opts(const char *name, ch_shape3 in, const ch_conv2d_
                            .dilation = D };
     c->bias = o->bias;
     const int fan_in = in.c / G * k * k;
-    ch_layer_add_param(l, "weight", 4, (int64_t[]){ o->out_channels, in.c / G, k, k },
-                       CH_ROLE_WEIGHT, fan_in);
-    if (o->bias) ch_layer_add_param(l, "bias", 1, (int64_t[]){ o->out_channels }, CH_ROLE_BIAS, fan_in);
-    *out = l;
-    return CH_STATUS_OK;
+    ch_status st = ch_layer_add_param(l, "weight", 4, (int64_t[]){ o->out_channels, in.c / G, k, k },
+                                      CH_ROLE_WEIGHT, fan_in, err);
+    if (st == CH_STATUS_OK && o->bias)
+        st = ch_layer_add_param(l, "bias", 1, (int64_t[]){ o->out_channels }, CH_ROLE_BIAS, fan_in, err);
+    return ch_layer_finish(l, st, out);
 }
 
 ch_status ch_conv2d_create(const char *name, ch_shape3 in, int out_channels, int kernel,

@@ -25,6 +25,11 @@ void ch_layer_free(ch_layer *l)
     if (l->ops->free_impl) l->ops->free_impl(l);
     free(l->impl);
     if (l->y_owned) free(l->y);
+    free(l->params);
+    free(l->buffers);
+    free(l->p);
+    free(l->g);
+    free(l->b);
     free(l);
 }
 
@@ -44,18 +49,43 @@ static void fill_spec(ch_tensor_spec *s, const char *suffix, int ndim, const int
     s->fan_in = fan_in;
 }
 
-void ch_layer_add_param(ch_layer *l, const char *suffix, int ndim, const int64_t *dims,
-                        ch_init_role role, int fan_in)
+/* Grow *a (n elements of size sz) by one; false when it cannot. */
+static bool grow(void *a, int n, size_t sz)
 {
-    CH_ASSERT(l->nparams < CH_LAYER_MAX_TENSORS);
-    fill_spec(&l->params[l->nparams++], suffix, ndim, dims, role, fan_in);
+    void *p = realloc(*(void **)a, sz * (size_t)(n + 1));
+    if (p) *(void **)a = p;
+    return p != NULL;
 }
 
-void ch_layer_add_buffer(ch_layer *l, const char *suffix, int ndim, const int64_t *dims,
-                         ch_init_role role)
+ch_status ch_layer_add_param(ch_layer *l, const char *suffix, int ndim, const int64_t *dims,
+                             ch_init_role role, int fan_in, ch_err *err)
 {
-    CH_ASSERT(l->nbuffers < CH_LAYER_MAX_TENSORS);
+    if (!grow(&l->params, l->nparams, sizeof *l->params) || !grow(&l->p, l->nparams, sizeof *l->p) ||
+        !grow(&l->g, l->nparams, sizeof *l->g))
+        return CH_SYS_FAIL(err, "realloc of a layer's parameter specs");
+    l->p[l->nparams] = l->g[l->nparams] = NULL;
+    fill_spec(&l->params[l->nparams++], suffix, ndim, dims, role, fan_in);
+    return CH_STATUS_OK;
+}
+
+ch_status ch_layer_add_buffer(ch_layer *l, const char *suffix, int ndim, const int64_t *dims,
+                              ch_init_role role, ch_err *err)
+{
+    if (!grow(&l->buffers, l->nbuffers, sizeof *l->buffers) || !grow(&l->b, l->nbuffers, sizeof *l->b))
+        return CH_SYS_FAIL(err, "realloc of a layer's buffer specs");
+    l->b[l->nbuffers] = NULL;
     fill_spec(&l->buffers[l->nbuffers++], suffix, ndim, dims, role, 0);
+    return CH_STATUS_OK;
+}
+
+ch_status ch_layer_finish(ch_layer *l, ch_status st, ch_layer **out)
+{
+    if (st != CH_STATUS_OK) {
+        ch_layer_free(l);
+        return st;
+    }
+    *out = l;
+    return CH_STATUS_OK;
 }
 
 ch_status ch_layer_add_child(ch_layer *l, ch_layer *child, ch_err *err)

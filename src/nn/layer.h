@@ -114,17 +114,15 @@ typedef struct ch_layer_ops {
                            const ch_real *dy, ch_real *const *dxs);
 } ch_layer_ops;
 
-enum { CH_LAYER_MAX_TENSORS = 2 };
-
 struct ch_layer {
     const ch_layer_ops *ops;
     char name[CH_NAME_MAX];        /* module name inside the parent: "0", "conv1", "fc" */
     ch_shape3 in, out;
     int nin;                       /* inputs of a multi-input layer (ins, owned); 0 otherwise */
     ch_shape3 *ins;
-    int nparams, nbuffers;
-    ch_tensor_spec params[CH_LAYER_MAX_TENSORS], buffers[CH_LAYER_MAX_TENSORS];
-    ch_real *p[CH_LAYER_MAX_TENSORS], *g[CH_LAYER_MAX_TENSORS], *b[CH_LAYER_MAX_TENSORS];
+    int nparams, nbuffers;         /* any number; params, p, g and buffers, b are owned arrays */
+    ch_tensor_spec *params, *buffers;
+    ch_real **p, **g, **b;         /* bound to the model's flat buffers */
     int64_t *num_batches_tracked;  /* BatchNorm only; bound by the model */
     ch_real *y;                    /* output activations; owned when y_owned */
     bool y_owned;
@@ -145,11 +143,13 @@ void ch_run_comm_failed(const ch_run *r, ch_status st, const ch_err *err);
 ch_layer *ch_layer_alloc(const ch_layer_ops *ops, const char *name, ch_shape3 in, ch_shape3 out);
 /* Free a layer, its children, its y and its impl. NULL is a no-op. */
 void ch_layer_free(ch_layer *l);
-/* Add a parameter / buffer spec. */
-void ch_layer_add_param(ch_layer *l, const char *suffix, int ndim, const int64_t *dims,
-                        ch_init_role role, int fan_in);
-void ch_layer_add_buffer(ch_layer *l, const char *suffix, int ndim, const int64_t *dims,
-                         ch_init_role role);
+/* Add a parameter / buffer spec (SYSTEM when the arrays cannot grow; the layer stays whole). */
+ch_status ch_layer_add_param(ch_layer *l, const char *suffix, int ndim, const int64_t *dims,
+                             ch_init_role role, int fan_in, ch_err *err);
+ch_status ch_layer_add_buffer(ch_layer *l, const char *suffix, int ndim, const int64_t *dims,
+                              ch_init_role role, ch_err *err);
+/* A constructor's last step: *out = l when st is OK, else l is freed; returns st. */
+ch_status ch_layer_finish(ch_layer *l, ch_status st, ch_layer **out);
 /* Append a child (takes ownership; frees it on failure). */
 ch_status ch_layer_add_child(ch_layer *l, ch_layer *child, ch_err *err);
 /* Allocate l->y for max_batch samples. */

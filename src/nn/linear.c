@@ -55,8 +55,8 @@ ch_status ch_linear_create_opts(const char *name, ch_shape3 in, int out_features
                        in.c, in.h, in.w);
     ch_layer *l = ch_layer_alloc(&linear_ops, name, in, (ch_shape3){ out_features, 1, 1 });
     CH_CHECK_ALLOC(err, l);
-    ch_layer_add_param(l, "weight", 2, (int64_t[]){ out_features, in.c }, CH_ROLE_WEIGHT, in.c);
-    if (bias) ch_layer_add_param(l, "bias", 1, (int64_t[]){ out_features }, CH_ROLE_BIAS, in.c);
-    *out = l;
-    return CH_STATUS_OK;
+    ch_status st = ch_layer_add_param(l, "weight", 2, (int64_t[]){ out_features, in.c }, CH_ROLE_WEIGHT, in.c, err);
+    if (st == CH_STATUS_OK && bias)
+        st = ch_layer_add_param(l, "bias", 1, (int64_t[]){ out_features }, CH_ROLE_BIAS, in.c, err);
+    return ch_layer_finish(l, st, out);
 }

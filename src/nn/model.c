@@ -34,8 +34,10 @@ static void count_tensors(ch_model *m, ch_layer *l, const char *path)
         l->buffers[i].offset = m->nbuffers;
         m->nbuffers += l->buffers[i].count;
     }
-    m->ncounters += l->nbuffers > 0;
-    m->ntensors += l->nparams + l->nbuffers + (l->nbuffers > 0);
+    /* PyTorch's BatchNorm counts its batches; no other module has a counter. */
+    const bool counts = ch_layer_is_batchnorm(l);
+    m->ncounters += counts;
+    m->ntensors += l->nparams + l->nbuffers + counts;
 }
 
 static void add_ref(ch_model *m, const char *path, const char *suffix, ch_tensor_kind kind,
@@ -61,7 +63,7 @@ static void bind_tensors(ch_model *m, ch_layer *l, const char *path)
         l->b[i] = m->buffers + l->buffers[i].offset;
         add_ref(m, path, l->buffers[i].suffix, CH_TENSOR_BUFFER, &l->buffers[i], l->b[i], NULL);
     }
-    if (l->nbuffers > 0) {
+    if (ch_layer_is_batchnorm(l)) {
         l->num_batches_tracked = &m->counters[m->ncounters++];
         add_ref(m, path, "num_batches_tracked", CH_TENSOR_COUNTER, NULL, NULL,
                 l->num_batches_tracked);
