@@ -31,7 +31,7 @@ typedef struct xnode {
     ch_layer *l;          /* borrowed: a child of the graph layer */
     bool relu_fused;      /* its layer does the ReLU after it (its y is read by its backward) */
     int nin, *in, out;    /* tensor ids (in borrowed from the description's copy below) */
-    size_t *dx_off;       /* per input: where backward writes its gradient (scratch offset) */
+    size_t *dx_off;       /* per input read again: the temporary its gradient goes to (offset) */
     bool *dx_add;         /* per input: into a temporary, added to the tensor's gradient after */
 } xnode;
 
@@ -59,6 +59,7 @@ typedef struct graph_impl {
     ch_real **dxs;        /* scratch for one node's input gradients */
     const ch_real **xs;   /* one node's inputs */
     int maxin;
+    int *readers;         /* tensor (by alias) -> nodes that read it once ReLUs are fused (planned) */
     recompute *rc;        /* outputs remade in backward instead of kept */
     int nrc;
 } graph_impl;
@@ -167,9 +168,9 @@ static int only_reader(const graph_impl *gi, int t)
 /* May node x write the gradient of its input t over t's own values? A BatchNorm may (its kernel
  * allows dx to alias x) when it is t's one reader and t's maker does not read them in backward:
  * a convolution's output then holds its own gradient, as in PyTorch's in-place tricks. */
-static bool grad_over_values(const graph_impl *gi, const int *cnt, const xnode *x, int t)
+static bool grad_over_values(const graph_impl *gi, const xnode *x, int t)
 {
-    if (!ch_layer_is_batchnorm(x->l) || t == gi->input || t == gi->output || cnt[t] != 1) return false;
+    if (!ch_layer_is_batchnorm(x->l) || t == gi->input || t == gi->output || gi->readers[t] != 1) return false;
     const xnode *p = &gi->nodes[gi->producer[t]];
     return p->l->ops->y_unread_by_backward && !p->relu_fused && p->l->y_owned;
 }
@@ -184,12 +185,12 @@ static bool takes_dy(const graph_impl *gi, const xnode *x, int j)
 }
 
 /* Where the first gradient written for input j of node x goes; true when it takes x's dy block. */
-static ch_status place_first_grad(graph_impl *gi, blocks *b, const int *cnt, xnode *x, int j, int max_batch,
+static ch_status place_first_grad(graph_impl *gi, blocks *b, xnode *x, int j, int max_batch,
                                   bool *took_dy, ch_err *err)
 {
     const int t = gi->alias[x->in[j]];
     if (t == gi->input) return CH_STATUS_OK;   /* the caller's dx */
-    if (grad_over_values(gi, cnt, x, t)) {
+    if (grad_over_values(gi, x, t)) {
         gi->grad_where[t] = GRAD_OVER_VALUES;
         return CH_STATUS_OK;
     }
@@ -208,13 +209,7 @@ static ch_status plan_backward(ch_layer *l, int max_batch, ch_err *err)
     graph_impl *gi = l->impl;
     blocks b = { 0 };
     bool *held = calloc((size_t)gi->ntensors, sizeof *held);
-    int *cnt = malloc(sizeof *cnt * (size_t)gi->ntensors);
-    if (!held || !cnt) {
-        free(held);
-        free(cnt);
-        return CH_SYS_FAIL(err, "allocation of the backward plan");
-    }
-    count_readers(gi, cnt);
+    CH_CHECK_ALLOC(err, held);
     ch_status st = CH_STATUS_OK;
     for (int i = gi->nnodes - 1; i >= 0 && st == CH_STATUS_OK; i--) {
         xnode *x = &gi->nodes[i];
@@ -230,7 +225,7 @@ static ch_status plan_backward(ch_layer *l, int max_batch, ch_err *err)
             x->dx_add[j] = held[t];
             /* Written already by a later node: a temporary, added on after this node. */
             if (held[t]) st = block_take(&b, tsize(gi, t) * (size_t)max_batch, &x->dx_off[j], err);
-            else st = place_first_grad(gi, &b, cnt, x, j, max_batch, &took_dy, err);
+            else st = place_first_grad(gi, &b, x, j, max_batch, &took_dy, err);
             held[t] = true;
         }
         /* This node's temporaries, then its output's gradient (the caller's for the output), are
@@ -245,7 +240,6 @@ static ch_status plan_backward(ch_layer *l, int max_batch, ch_err *err)
     if (b.top > l->scratch_own) l->scratch_own = b.top;
     free(b.s);
     free(held);
-    free(cnt);
     return st;
 }
 
@@ -359,6 +353,7 @@ static void graph_free_impl(ch_layer *l)
     free(gi->dxs);
     free(gi->xs);
     free(gi->rc);
+    free(gi->readers);
 }
 
 ch_status ch_graph_compile(const ch_graph *g, ch_layer **out, ch_err *err)
@@ -411,46 +406,41 @@ static ch_status fuse_relus(graph_impl *gi, ch_err *err)
 
 /* May a node write over tensor t (by alias), its input? Only when it is t's one reader and t's
  * maker never reads t again (see the top of the file). */
-static bool overwritable(const graph_impl *gi, const int *cnt, int t)
+static bool overwritable(const graph_impl *gi, int t)
 {
-    if (t == gi->input || t == gi->output || cnt[t] != 1) return false;
+    if (t == gi->input || t == gi->output || gi->readers[t] != 1) return false;
     const xnode *p = &gi->nodes[gi->producer[t]];
     return p->l->ops->y_unread_by_backward && !p->relu_fused && p->l->y;
 }
 
 /* ReLUs and residual sums in place (see the top of the file). */
-static ch_status run_in_place(graph_impl *gi, ch_err *err)
+static void run_in_place(graph_impl *gi)
 {
-    int *cnt = malloc(sizeof *cnt * (size_t)gi->ntensors);
-    CH_CHECK_ALLOC(err, cnt);
-    count_readers(gi, cnt);
     for (int i = 0; i < gi->nnodes; i++) {
         xnode *x = &gi->nodes[i];
         if (x->l->absorbed) continue;
         const int ncand = ch_layer_is_relu(x->l) ? 1 : ch_layer_is_plain_add(x->l) ? 2 : 0;
         for (int j = 0; j < ncand; j++) {
             const int t = gi->alias[x->in[j]];
-            if (!overwritable(gi, cnt, t)) continue;
+            if (!overwritable(gi, t)) continue;
             ch_layer_borrow_output(x->l, gi->nodes[gi->producer[t]].l->y);
             break;
         }
     }
-    free(cnt);
-    return CH_STATUS_OK;
 }
 
 /* Does node b make a BatchNorm output that can be remade instead of kept? Fills rc when it does. */
-static bool find_recompute(const graph_impl *gi, const int *cnt, const bool *remade, int b, recompute *rc)
+static bool find_recompute(const graph_impl *gi, const bool *remade, int b, recompute *rc)
 {
     const xnode *bn = &gi->nodes[b];
     if (bn->l->absorbed || !ch_layer_is_batchnorm(bn->l) || remade[gi->alias[bn->in[0]]]) return false;
     int t = gi->alias[bn->out], relu = -1;
-    if (t == gi->output || cnt[t] != 1) return false;
+    if (t == gi->output || gi->readers[t] != 1) return false;
     int reader = only_reader(gi, t);
     if (ch_layer_is_relu(gi->nodes[reader].l) && gi->nodes[reader].l->y == bn->l->y) {
         relu = reader;
         t = gi->alias[gi->nodes[relu].out];
-        if (t == gi->output || cnt[t] != 1) return false;
+        if (t == gi->output || gi->readers[t] != 1) return false;
         reader = only_reader(gi, t);
     }
     /* A reader that writes over the values would leave nothing to remake them over. */
@@ -462,24 +452,20 @@ static bool find_recompute(const graph_impl *gi, const int *cnt, const bool *rem
 /* BatchNorm outputs remade in backward (see the top of the file): their buffers are freed. */
 static ch_status plan_recompute(graph_impl *gi, ch_err *err)
 {
-    int *cnt = malloc(sizeof *cnt * (size_t)gi->ntensors);
     bool *remade = calloc((size_t)gi->ntensors, sizeof *remade);
     gi->rc = calloc((size_t)gi->nnodes, sizeof *gi->rc);
-    if (!cnt || !remade || !gi->rc) {
-        free(cnt);
+    if (!remade || !gi->rc) {
         free(remade);
         return CH_SYS_FAIL(err, "allocation of the recompute plan");
     }
-    count_readers(gi, cnt);
     for (int i = 0; i < gi->nnodes; i++) {
         recompute rc;
-        if (!find_recompute(gi, cnt, remade, i, &rc)) continue;
+        if (!find_recompute(gi, remade, i, &rc)) continue;
         remade[gi->alias[gi->nodes[i].out]] = remade[rc.tensor] = true;
         ch_layer_borrow_output(gi->nodes[i].l, NULL);
         if (rc.relu >= 0) gi->nodes[rc.relu].l->y = NULL;
         gi->rc[gi->nrc++] = rc;
     }
-    free(cnt);
     free(remade);
     return CH_STATUS_OK;
 }
@@ -489,7 +475,11 @@ static ch_status graph_plan(ch_layer *l, ch_plan *pl, ch_err *err)
     graph_impl *gi = l->impl;
     CH_TRY(fuse_relus(gi, err));
     gi->output = gi->alias[gi->output];
-    CH_TRY(run_in_place(gi, err));
+    /* The later passes change where values live, not who reads them: counted once. */
+    gi->readers = malloc(sizeof *gi->readers * (size_t)gi->ntensors);
+    CH_CHECK_ALLOC(err, gi->readers);
+    count_readers(gi, gi->readers);
+    run_in_place(gi);
     CH_TRY(plan_recompute(gi, err));
     CH_TRY(plan_forward(l, pl->max_batch, err));
     CH_TRY(plan_backward(l, pl->max_batch, err));

@@ -18,11 +18,17 @@ static bool same_dims(const int a[3], const int b[3])
     return a[0] == b[0] && a[1] == b[1] && a[2] == b[2];
 }
 
+/* Both operands of the output's shape (a residual sum): a plain elementwise add. */
+static bool plain_add(const ch_bcast_desc *d)
+{
+    return d->op == CH_BCAST_ADD && same_dims(d->a, d->out) && same_dims(d->b, d->out);
+}
+
 static void bcast_forward(ch_layer *l, const ch_run *r, int n, const ch_real *const *xs)
 {
     const ch_bcast_desc *d = l->impl;
     /* Equal shapes: the plain sum (a residual block's) without index arithmetic. */
-    if (d->op == CH_BCAST_ADD && same_dims(d->a, d->out) && same_dims(d->b, d->out))
+    if (plain_add(d))
         r->k->add(&r->kc, ch_shape3_size(l->out) * (size_t)n, xs[0], xs[1], l->y);
     else
         r->k->bcast_forward(&r->kc, d, n, xs[0], xs[1], l->y);
@@ -32,7 +38,7 @@ static void bcast_backward(ch_layer *l, const ch_run *r, int n, const ch_real *c
                            const ch_real *dy, ch_real *const *dxs)
 {
     const ch_bcast_desc *d = l->impl;
-    if (d->op == CH_BCAST_ADD && same_dims(d->a, d->out) && same_dims(d->b, d->out)) {
+    if (plain_add(d)) {
         /* Both gradients are dy: copies, not a reduction per element. */
         const size_t len = ch_shape3_size(l->out);
         for (int i = 0; i < 2; i++)
@@ -54,8 +60,7 @@ static const ch_layer_ops mul_ops = {
 
 bool ch_layer_is_plain_add(const ch_layer *l)
 {
-    const ch_bcast_desc *d = l->impl;
-    return l->ops == &add_ops && same_dims(d->a, d->out) && same_dims(d->b, d->out);
+    return l->ops == &add_ops && plain_add(l->impl);
 }
 
 /* A shell with n input shapes (copied). */
