@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Checkpoints end to end, on a subset of real Fashion-MNIST:
 #  - 2 epochs straight == 1 epoch, stop, --resume for 1 more: bit-identical model and optimizer
-#    files (1 device and 2 devices); also after a SIGKILL mid-epoch, from the last step checkpoint;
+#    files (1 device, 2 devices and 2 ranks); also after a SIGKILL mid-epoch, from the last step
+#    checkpoint;
 #  - a save killed at any stage leaves `latest` naming a complete checkpoint, and resuming from it
 #    still ends bit-identical;
 #  - trained on 2 devices (and on 2 MPI ranks), evaluated on 1 device: the accuracy of that epoch;
@@ -105,6 +106,13 @@ if [ ${#mpirun[@]} -gt 0 ]; then
     "${mpirun[@]}" -np 2 "$cohort" eval --checkpoint "$tmp/two" --data "$data" --test-limit 1000 >"$tmp/e6.out"
     [ "$(acc_of_eval "$tmp/e6.out")" = "$(acc_of_epoch 2 "$tmp/two.out")" ] && grep -q ' x 2 ranks$' "$tmp/e6.out"
     rc=$?; ok "2 devices trained, 2 ranks evaluated: $(acc_of_eval "$tmp/e6.out")" $rc
+    # 2 ranks: 2 epochs straight == 1 epoch + --resume, bit for bit (every rank's replicas take the
+    # checkpoint's state and optimizer step count, not only rank 0's).
+    "${mpirun[@]}" -np 2 "$cohort" "${A[@]}" --epochs 2 --checkpoint-dir "$tmp/mstraight" >/dev/null
+    "${mpirun[@]}" -np 2 "$cohort" "${A[@]}" --epochs 1 --checkpoint-dir "$tmp/msplit" >/dev/null
+    "${mpirun[@]}" -np 2 "$cohort" "${A[@]}" --epochs 2 --checkpoint-dir "$tmp/msplit" --resume >/dev/null
+    same "$tmp/mstraight/epoch-0002" "$tmp/msplit/epoch-0002"
+    rc=$?; ok "[2 ranks] 2 epochs == 1 + resume 1: bit-identical" $rc
     # Resumed on another shape of job (2 ranks -> 1 process, 3 devices): it goes on from the same
     # state and position as a resume on 1 device does, so epoch 2 reports the same figures up to
     # the order of float sums (a lost momentum buffer or position would not).

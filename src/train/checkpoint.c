@@ -171,54 +171,54 @@ static int optimizer_tensors(const ch_model *m, const ch_optim *o, ch_st_tensor 
     return n;
 }
 
-static char *trainer_json(const ch_trainer *t, const ch_ckpt_position *p)
+static char *trainer_json(const ch_ckpt_run *run, const ch_ckpt_position *p)
 {
     cJSON *j = cJSON_CreateObject();
     if (!j) return NULL;
-    const ch_model *m = t->replicas[0].model;
+    const ch_model *m = run->model;
     cJSON_AddNumberToObject(j, "format_version", CH_CHECKPOINT_FORMAT);
     cJSON_AddStringToObject(j, "written_by", "cohort " CH_VERSION);
-    cJSON_AddStringToObject(j, "model", t->model_name);
+    cJSON_AddStringToObject(j, "model", run->model_name);
     const double in[3] = { m->input.c, m->input.h, m->input.w };
     cJSON_AddItemToObject(j, "input", cJSON_CreateDoubleArray(in, 3));
     cJSON_AddNumberToObject(j, "classes", m->classes);
     cJSON *cfg = cJSON_AddObjectToObject(j, "config");
-    cJSON_AddStringToObject(cfg, "init", t->init);
-    cJSON_AddNumberToObject(cfg, "batch_size", t->cfg.batch_size);
-    cJSON_AddNumberToObject(cfg, "lr", t->cfg.lr);
-    cJSON_AddNumberToObject(cfg, "momentum", t->cfg.momentum);
-    cJSON_AddNumberToObject(cfg, "weight_decay", t->spec.optim.weight_decay);
-    cJSON_AddNumberToObject(cfg, "dampening", t->spec.optim.dampening);
-    cJSON_AddNumberToObject(cfg, "beta1", t->spec.optim.beta1);
-    cJSON_AddNumberToObject(cfg, "beta2", t->spec.optim.beta2);
-    cJSON_AddNumberToObject(cfg, "eps", t->spec.optim.eps);
-    cJSON_AddBoolToObject(cfg, "nesterov", t->cfg.nesterov);
-    cJSON_AddBoolToObject(cfg, "sync_bn", t->cfg.sync_bn);
+    cJSON_AddStringToObject(cfg, "init", run->init);
+    cJSON_AddNumberToObject(cfg, "batch_size", run->cfg->batch_size);
+    cJSON_AddNumberToObject(cfg, "lr", run->cfg->lr);
+    cJSON_AddNumberToObject(cfg, "momentum", run->cfg->momentum);
+    cJSON_AddNumberToObject(cfg, "weight_decay", run->optim->weight_decay);
+    cJSON_AddNumberToObject(cfg, "dampening", run->optim->dampening);
+    cJSON_AddNumberToObject(cfg, "beta1", run->optim->beta1);
+    cJSON_AddNumberToObject(cfg, "beta2", run->optim->beta2);
+    cJSON_AddNumberToObject(cfg, "eps", run->optim->eps);
+    cJSON_AddBoolToObject(cfg, "nesterov", run->cfg->nesterov);
+    cJSON_AddBoolToObject(cfg, "sync_bn", run->cfg->sync_bn);
     /* Evaluation must see the inputs the way training saw them. */
-    if (t->normalize[0]) cJSON_AddStringToObject(cfg, "normalize", t->normalize);
+    if (run->normalize[0]) cJSON_AddStringToObject(cfg, "normalize", run->normalize);
     else cJSON_AddNullToObject(cfg, "normalize");
-    cJSON_AddNumberToObject(j, "seed", (double)t->cfg.seed);
+    cJSON_AddNumberToObject(j, "seed", (double)run->cfg->seed);
     cJSON_AddNumberToObject(j, "epoch", p->epoch);
     cJSON_AddNumberToObject(j, "step_in_epoch", p->step_in_epoch);
     cJSON_AddNumberToObject(j, "global_step", (double)p->global_step);
-    cJSON_AddStringToObject(j, "optimizer", ch_optim_kind_name(t->spec.optim.kind));
-    cJSON_AddNumberToObject(j, "optimizer_steps", (double)t->replicas[0].opt.steps);
+    cJSON_AddStringToObject(j, "optimizer", ch_optim_kind_name(run->optim->kind));
+    cJSON_AddNumberToObject(j, "optimizer_steps", (double)run->opt->steps);
     /* The epoch order and every random stream are Philox keyed by (seed, stream, counter); the
      * counters derive from the epoch and global step, so this is the whole RNG state. */
     cJSON *rng = cJSON_AddObjectToObject(j, "rng");
     cJSON_AddStringToObject(rng, "generator", "philox4x32-10");
-    cJSON_AddNumberToObject(rng, "seed", (double)t->cfg.seed);
+    cJSON_AddNumberToObject(rng, "seed", (double)run->cfg->seed);
     cJSON_AddStringToObject(rng, "keys", "shuffle: (seed, epoch); dropout: (seed, layer, global_step, sample)");
     cJSON *order = cJSON_AddObjectToObject(j, "data_order");
     cJSON_AddNumberToObject(order, "epoch", p->epoch);
     cJSON_AddNumberToObject(order, "samples_seen", (double)p->seen_in_epoch);
-    cJSON_AddNumberToObject(order, "train_samples", (double)t->train->n);
+    cJSON_AddNumberToObject(order, "train_samples", (double)run->train_samples);
     cJSON_AddItemToObject(order, "loss_sum", ch_position_metric_item(p->loss_sum));
     cJSON_AddNumberToObject(order, "correct", p->hits);
     cJSON *sched = cJSON_AddObjectToObject(j, "schedule");
-    cJSON_AddStringToObject(sched, "kind", ch_schedule_kind_name(t->sched.kind));
-    cJSON_AddNumberToObject(sched, "base_lr", t->sched.lr);
-    cJSON_AddNumberToObject(sched, "warmup_epochs", t->sched.warmup_epochs);
+    cJSON_AddStringToObject(sched, "kind", ch_schedule_kind_name(run->sched->kind));
+    cJSON_AddNumberToObject(sched, "base_lr", run->sched->lr);
+    cJSON_AddNumberToObject(sched, "warmup_epochs", run->sched->warmup_epochs);
     cJSON_AddNumberToObject(sched, "epoch", p->epoch);
     cJSON_AddNumberToObject(sched, "step_in_epoch", p->step_in_epoch);
     cJSON_AddNumberToObject(sched, "position", (double)p->global_step);
@@ -227,11 +227,11 @@ static char *trainer_json(const ch_trainer *t, const ch_ckpt_position *p)
     cJSON_AddNumberToObject(last, "train_acc", p->train_acc);
     cJSON_AddItemToObject(last, "test_loss", ch_position_metric_item(p->test_loss));
     cJSON_AddNumberToObject(last, "test_acc", p->test_acc);
-    cJSON_AddNumberToObject(j, "world_size", t->procs);
+    cJSON_AddNumberToObject(j, "world_size", run->world_size);
     cJSON *devs = cJSON_AddArrayToObject(j, "devices");
-    for (int i = 0; i < t->devices.count; i++) {
+    for (int i = 0; i < run->devices->count; i++) {
         char d[16];
-        snprintf(d, sizeof d, "cpu:%d", t->devices.dev[i].index);
+        snprintf(d, sizeof d, "cpu:%d", run->devices->dev[i].index);
         cJSON_AddItemToArray(devs, cJSON_CreateString(d));
     }
     char *text = cJSON_Print(j);
@@ -241,10 +241,9 @@ static char *trainer_json(const ch_trainer *t, const ch_ckpt_position *p)
 
 /* ---- saving ------------------------------------------------------------------------------- */
 
-static ch_status write_model_files(const ch_trainer *t, const char *tmp, ch_err *err)
+static ch_status write_model_files(const ch_ckpt_run *run, const char *tmp, ch_err *err)
 {
-    const ch_replica *rp = &t->replicas[0];
-    const ch_model *m = rp->model;
+    const ch_model *m = run->model;
     const size_t nvals = m->nparams * CH_OPTIM_MAX_STATE + m->nbuffers + 1;
     ch_st_tensor *ts = calloc((size_t)m->ntensors * CH_OPTIM_MAX_STATE + 1, sizeof *ts);
     float *vals = malloc(sizeof(float) * nvals);
@@ -258,7 +257,7 @@ static ch_status write_model_files(const ch_trainer *t, const char *tmp, ch_err 
     }
     crash_point("model");
     if (st == CH_STATUS_OK) {
-        const int n = optimizer_tensors(m, &rp->opt, ts, vals);
+        const int n = optimizer_tensors(m, run->opt, ts, vals);
         join(path, sizeof path, tmp, "optimizer.safetensors");
         st = ch_st_write(path, ts, n, meta, 2, err);
     }
@@ -268,16 +267,16 @@ static ch_status write_model_files(const ch_trainer *t, const char *tmp, ch_err 
     return st;
 }
 
-static ch_status write_into(const ch_trainer *t, const char *tmp, const ch_ckpt_position *p, ch_err *err)
+static ch_status write_into(const ch_ckpt_run *run, const char *tmp, const ch_ckpt_position *p, ch_err *err)
 {
-    CH_TRY(write_model_files(t, tmp, err));
+    CH_TRY(write_model_files(run, tmp, err));
     char path[PATH_MAX];
     /* A graph model's description: eval, export and --resume need no original file. */
-    if (t->graph_json) {
+    if (run->graph_json) {
         join(path, sizeof path, tmp, "graph.json");
-        CH_TRY(write_text(path, t->graph_json, err));
+        CH_TRY(write_text(path, run->graph_json, err));
     }
-    char *text = trainer_json(t, p);
+    char *text = trainer_json(run, p);
     if (!text) return CH_SYS_FAIL(err, "building trainer.json");
     join(path, sizeof path, tmp, "trainer.json");
     ch_status st = write_text(path, text, err);
@@ -418,10 +417,9 @@ void ch_checkpoint_unlock(int fd)
     if (fd >= 0) close(fd);
 }
 
-ch_status ch_checkpoint_save(ch_trainer *t, const char *dir, const char *name,
+ch_status ch_checkpoint_save(const ch_ckpt_run *run, const char *dir, const char *name,
                              const ch_ckpt_position *pos, ch_err *err)
 {
-    if (t->proc != 0) return CH_STATUS_OK;
     CH_TRY(ch_checkpoint_prepare(dir, err));
     char tmp[PATH_MAX], dst[PATH_MAX], old[PATH_MAX];
     CH_ASSERT(snprintf(tmp, sizeof tmp, "%s/" MARK "tmp-%s-%ld", dir, name, (long)getpid()) < (int)sizeof tmp);
@@ -430,7 +428,7 @@ ch_status ch_checkpoint_save(ch_trainer *t, const char *dir, const char *name,
     remove_tree(tmp);
     if (mkdir(tmp, 0777) != 0)
         return ch_fail(err, CH_STATUS_SYSTEM, "%s: cannot create (%s)", tmp, strerror(errno));
-    ch_status st = write_into(t, tmp, pos, err);
+    ch_status st = write_into(run, tmp, pos, err);
     if (st != CH_STATUS_OK) {
         remove_tree(tmp);
         return st;
@@ -449,11 +447,11 @@ ch_status ch_checkpoint_save(ch_trainer *t, const char *dir, const char *name,
     CH_TRY(point_latest(dir, name, err));
     crash_point("latest");
     if (had) remove_tree(old);
-    prune(dir, t->cfg.keep, name);
+    prune(dir, run->cfg->keep, name);
     return CH_STATUS_OK;
 }
 
-static ch_status export_model(const ch_model *m, const char *model_name, const char *file, ch_err *err)
+ch_status ch_checkpoint_export(const ch_model *m, const char *model_name, const char *file, ch_err *err)
 {
     CH_TRY(check_length(file, err));
     ch_st_tensor *ts = calloc((size_t)m->ntensors + 1, sizeof *ts);
@@ -473,11 +471,7 @@ static ch_status export_model(const ch_model *m, const char *model_name, const c
     return st;
 }
 
-ch_status ch_checkpoint_export(const ch_trainer *t, const char *file, ch_err *err)
-{
-    if (t->proc != 0) return CH_STATUS_OK;
-    return export_model(t->replicas[0].model, t->model_name, file, err);
-}
+ch_status ch_checkpoint_check_path(const char *path, ch_err *err) { return check_length(path, err); }
 
 /* ---- loading ------------------------------------------------------------------------------ */
 
@@ -508,16 +502,9 @@ ch_status ch_checkpoint_resolve(const char *path, char *out, size_t len, ch_err 
     return CH_STATUS_OK;
 }
 
-/* Everything read from the files, checked, before anything is copied into a model. */
-typedef struct staged {
-    ch_real *params, *buffers, *state[CH_OPTIM_MAX_STATE];
-    double *counters;
-    bool has_state;         /* the optimizer file holds state (empty: a fresh optimizer) */
-    double opt_steps;
-    ch_ckpt_position pos;
-} staged;
+typedef ch_ckpt_staged staged;
 
-static void staged_free(staged *s)
+void ch_checkpoint_staged_free(ch_ckpt_staged *s)
 {
     free(s->params);
     free(s->buffers);
@@ -538,14 +525,14 @@ static cJSON *read_trainer_doc(const char *dir, char *path, size_t len, ch_err *
     return j;
 }
 
-static ch_status read_trainer_json(const ch_trainer *t, const char *dir, staged *s, ch_err *err)
+static ch_status read_trainer_json(const ch_ckpt_run *run, const char *dir, staged *s, ch_err *err)
 {
     char path[PATH_MAX];
     join(path, sizeof path, dir, "trainer.json");
-    const ch_ckpt_expect e = { .model = t->model_name, .classes = t->replicas[0].model->classes,
-                               .seed = t->cfg.seed, .train_samples = t->train->n,
-                               .batch_size = t->cfg.batch_size,
-                               .optimizer = ch_optim_kind_name(t->spec.optim.kind) };
+    const ch_ckpt_expect e = { .model = run->model_name, .classes = run->model->classes,
+                               .seed = run->cfg->seed, .train_samples = run->train_samples,
+                               .batch_size = run->cfg->batch_size,
+                               .optimizer = ch_optim_kind_name(run->optim->kind) };
     uint8_t *text = NULL;
     size_t n = 0;
     CH_TRY(ch_file_read(path, 1 << 20, &text, &n, err));
@@ -682,8 +669,9 @@ static ch_status stage_optimizer(const ch_model *m, const ch_optim *o, const cha
     return CH_STATUS_OK;
 }
 
-static ch_status stage_alloc(const ch_model *m, staged *s, ch_err *err)
+ch_status ch_checkpoint_stage_alloc(const ch_ckpt_run *run, ch_ckpt_staged *s, ch_err *err)
 {
+    const ch_model *m = run->model;
     s->params = calloc(m->nparams + 1, sizeof(ch_real));
     for (int i = 0; i < CH_OPTIM_MAX_STATE; i++) {
         s->state[i] = calloc(m->nparams + 1, sizeof(ch_real));
@@ -707,8 +695,8 @@ static ch_status stage_file(const ch_model *m, const ch_optim *opt, const char *
     return st;
 }
 
-/* The checkpoint of a graph model holds the same graph as the trainer's (by fingerprint). */
-static ch_status check_graph(const ch_trainer *t, const char *dir, ch_err *err)
+/* The checkpoint of a graph model holds the same graph as the run's (by fingerprint). */
+static ch_status check_graph(const ch_ckpt_run *run, const char *dir, ch_err *err)
 {
     ch_graph *g = NULL;
     uint64_t print = 0;
@@ -716,117 +704,33 @@ static ch_status check_graph(const ch_trainer *t, const char *dir, ch_err *err)
     const ch_status st = g ? ch_graph_fingerprint(g, &print, err) : CH_STATUS_OK;
     ch_graph_free(g);
     CH_TRY(st);
-    if (print != t->graph_print)
+    if (print != run->graph_print)
         return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: the checkpoint's model (%s) is not this run's %s", dir,
-                       print ? "its graph.json" : "a model of the zoo", t->graph_print ? "graph" : "zoo model");
+                       print ? "its graph.json" : "a model of the zoo", run->graph_print ? "graph" : "zoo model");
     return CH_STATUS_OK;
 }
 
-/* Rank 0: read and check; then every rank learns whether it worked. */
-static ch_status stage_on_root(ch_trainer *t, const char *dir, const char *weights, staged *s, ch_err *err)
+ch_status ch_checkpoint_stage(const ch_ckpt_run *run, const char *dir, const char *weights,
+                              ch_ckpt_staged *s, ch_err *err)
 {
-    const ch_model *m = t->replicas[0].model;
-    const bool allow = t->cfg.allow_nonfinite;
-    ch_status st = stage_alloc(m, s, err);
-    if (st == CH_STATUS_OK && t->proc == 0) {
-        char path[PATH_MAX];
-        if (weights) {
-            st = stage_file(m, NULL, weights, false, allow, s, err);
-        } else {
-            st = read_trainer_json(t, dir, s, err);
-            if (st == CH_STATUS_OK) st = check_graph(t, dir, err);
-            join(path, sizeof path, dir, "model.safetensors");
-            if (st == CH_STATUS_OK) st = stage_file(m, NULL, path, false, allow, s, err);
-            join(path, sizeof path, dir, "optimizer.safetensors");
-            if (st == CH_STATUS_OK) st = stage_file(m, &t->replicas[0].opt, path, true, allow, s, err);
-        }
-    }
-    if (t->procs == 1) return st;
-    double failed[1] = { st != CH_STATUS_OK };
-    snprintf(t->main_comm.what, sizeof t->main_comm.what, "loading a checkpoint");
-    ch_err e2;
-    CH_TRY(ch_comm_allreduce_sum_f64(&t->main_comm, failed, 1, &e2));
-    if (failed[0] > 0 && st == CH_STATUS_OK)
-        return ch_fail(err, CH_STATUS_BAD_INPUT, "rank 0 could not load the checkpoint");
-    return st;
+    const bool allow = run->cfg->allow_nonfinite;
+    if (weights) return stage_file(run->model, NULL, weights, false, allow, s, err);
+    char path[PATH_MAX];
+    CH_TRY(read_trainer_json(run, dir, s, err));
+    CH_TRY(check_graph(run, dir, err));
+    join(path, sizeof path, dir, "model.safetensors");
+    CH_TRY(stage_file(run->model, NULL, path, false, allow, s, err));
+    join(path, sizeof path, dir, "optimizer.safetensors");
+    return stage_file(run->model, run->opt, path, true, allow, s, err);
 }
 
-/* Rank 0's staged scalars to every rank (zeros elsewhere, then a sum). */
-static ch_status share_scalars(ch_trainer *t, staged *s, ch_err *err)
-{
-    if (t->procs == 1) return CH_STATUS_OK;
-    ch_ckpt_position *p = &s->pos;
-    double v[13] = { p->epoch, p->step_in_epoch, (double)p->seen_in_epoch, (double)p->global_step,
-                     p->loss_sum, p->hits, p->train_loss, p->train_acc, p->test_loss, p->test_acc,
-                     s->opt_steps, s->has_state, 0 };
-    if (t->proc != 0) memset(v, 0, sizeof v);
-    CH_TRY(ch_comm_allreduce_sum_f64(&t->main_comm, v, 13, err));
-    *p = (ch_ckpt_position){ (int)v[0], (int)v[1], (uint64_t)v[2], (uint64_t)v[3], v[4], v[5],
-                             v[6], v[7], v[8], v[9] };
-    s->opt_steps = v[10];
-    s->has_state = v[11] > 0;
-    return CH_STATUS_OK;
-}
-
-/* The staged state_dict into m. */
-static void apply_model(ch_model *m, const staged *s)
+void ch_checkpoint_apply(const ch_ckpt_staged *s, ch_model *m, ch_optim *opt)
 {
     memcpy(m->params, s->params, sizeof(ch_real) * m->nparams);
     memcpy(m->buffers, s->buffers, sizeof(ch_real) * m->nbuffers);
     for (int i = 0; i < m->ncounters; i++) m->counters[i] = (int64_t)s->counters[i];
-}
-
-static void apply_on_root(ch_trainer *t, const staged *s, bool weights_only)
-{
-    if (t->proc != 0) return;
-    ch_replica *rp = &t->replicas[0];
-    ch_model *m = rp->model;
-    apply_model(m, s);
-    if (weights_only) return;
-    for (int i = 0; s->has_state && i < rp->opt.nstate; i++)
-        memcpy(rp->opt.state[i], s->state[i], sizeof(ch_real) * m->nparams);
-}
-
-static void job_share(void *arg, int r)
-{
-    ch_trainer *t = arg;
-    ch_replica_share_state(&t->replicas[r]);
-}
-
-static ch_status load(ch_trainer *t, const char *dir, const char *weights, ch_ckpt_position *pos, ch_err *err)
-{
-    staged s = { 0 };
-    ch_status st = stage_on_root(t, dir, weights, &s, err);
-    if (st == CH_STATUS_OK) st = share_scalars(t, &s, err);
-    if (st == CH_STATUS_OK) {
-        apply_on_root(t, &s, weights != NULL);
-        for (int r = 0; r < t->nreplicas; r++) {
-            /* Without state in the file the optimizer starts afresh, as on a first step. */
-            t->replicas[r].opt.steps = weights || !s.has_state ? 0 : (long)s.opt_steps;
-        }
-        ch_crew_run(t->crew, job_share, t);
-        for (int r = 0; r < t->nreplicas && st == CH_STATUS_OK; r++)
-            if (t->replicas[r].status != CH_STATUS_OK) {
-                st = t->replicas[r].status;
-                if (err) *err = t->replicas[r].err;
-            }
-    }
-    if (st == CH_STATUS_OK && pos) *pos = s.pos;
-    staged_free(&s);
-    return st;
-}
-
-ch_status ch_checkpoint_load(ch_trainer *t, const char *path, ch_ckpt_position *pos, ch_err *err)
-{
-    char dir[PATH_MAX];
-    CH_TRY(ch_checkpoint_resolve(path, dir, sizeof dir, err));
-    return load(t, dir, NULL, pos, err);
-}
-
-ch_status ch_checkpoint_load_weights(ch_trainer *t, const char *file, ch_err *err)
-{
-    CH_TRY(check_length(file, err));
-    return load(t, NULL, file, NULL, err);
+    for (int i = 0; opt && s->has_state && i < opt->nstate; i++)
+        memcpy(opt->state[i], s->state[i], sizeof(ch_real) * m->nparams);
 }
 
 ch_status ch_checkpoint_peek(const char *path, char *model, size_t len, int *classes, char *normalize,
@@ -910,14 +814,15 @@ ch_status ch_checkpoint_export_dir(const char *path, const char *file, ch_err *e
     CH_TRY(model_of(dir, &m, name, sizeof name, err));
     staged s = { 0 };
     join(weights, sizeof weights, dir, "model.safetensors");
-    ch_status st = stage_alloc(m, &s, err);
+    const ch_ckpt_run run = { .model = m };
+    ch_status st = ch_checkpoint_stage_alloc(&run, &s, err);
     /* Export copies what is there: a diverged run's weights are still the user's to inspect. */
     if (st == CH_STATUS_OK) st = stage_file(m, NULL, weights, false, true, &s, err);
     if (st == CH_STATUS_OK) {
-        apply_model(m, &s);
-        st = export_model(m, name, file, err);
+        ch_checkpoint_apply(&s, m, NULL);
+        st = ch_checkpoint_export(m, name, file, err);
     }
-    staged_free(&s);
+    ch_checkpoint_staged_free(&s);
     ch_model_free(m);
     return st;
 }

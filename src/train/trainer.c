@@ -628,7 +628,7 @@ static ch_status save_step_checkpoint(ch_trainer *t, int steps_done, size_t seen
     p.hits = sums[1];
     char name[64];
     snprintf(name, sizeof name, "step-%08llu", (unsigned long long)t->step);
-    return ch_checkpoint_save(t, t->cfg.checkpoint_dir, name, &p, err);
+    return ch_trainer_save_checkpoint(t, name, &p, err);
 }
 
 static ch_status save_epoch_checkpoint(ch_trainer *t, ch_err *err)
@@ -641,7 +641,7 @@ static ch_status save_epoch_checkpoint(ch_trainer *t, ch_err *err)
     p.loss_sum = p.hits = 0;
     char name[64];
     snprintf(name, sizeof name, "epoch-%04d", t->epoch);
-    return ch_checkpoint_save(t, t->cfg.checkpoint_dir, name, &p, err);
+    return ch_trainer_save_checkpoint(t, name, &p, err);
 }
 
 static bool step_checkpoint_due(const ch_trainer *t, size_t seen)
@@ -755,7 +755,7 @@ ch_status ch_trainer_resume(ch_trainer *t, const char *path, ch_err *err)
 {
     CH_TRY(check_usable(t, err));
     ch_ckpt_position p;
-    ch_status st = ch_checkpoint_load(t, path, &p, err);
+    ch_status st = ch_trainer_load_checkpoint(t, path, NULL, &p, err);
     if (st != CH_STATUS_OK) {
         /* Checks fail before anything is copied; only a failed exchange leaves replicas apart. */
         for (int r = 0; r < t->nreplicas; r++)
@@ -773,12 +773,13 @@ ch_status ch_trainer_resume(ch_trainer *t, const char *path, ch_err *err)
 ch_status ch_trainer_load_weights(ch_trainer *t, const char *file, ch_err *err)
 {
     CH_TRY(check_usable(t, err));
-    return ch_checkpoint_load_weights(t, file, err);
+    return ch_trainer_load_checkpoint(t, NULL, file, NULL, err);
 }
 
 ch_status ch_trainer_export(const ch_trainer *t, const char *file, ch_err *err)
 {
-    return ch_checkpoint_export(t, file, err);
+    if (t->proc != 0) return CH_STATUS_OK;
+    return ch_checkpoint_export(t->replicas[0].model, t->model_name, file, err);
 }
 
 int ch_trainer_epochs_done(const ch_trainer *t) { return t->epoch; }

@@ -76,4 +76,14 @@ ch_status ch_trainer_step(ch_trainer *t, const uint32_t *idx, int n, double *los
  * processes, r is the global replica index (process x D + device) and R all replicas of the job. */
 void ch_trainer_slice(int n, int nreplicas, int r, int *offset, int *count);
 
+/* trainer_ckpt.c: the trainer's side of checkpoints. */
+/* Checkpoint DIR/name of the run at pos into cfg.checkpoint_dir (rank 0 writes; others return). */
+ch_status ch_trainer_save_checkpoint(ch_trainer *t, const char *name, const ch_ckpt_position *pos,
+                                     ch_err *err);
+/* Collective: the checkpoint at path (a directory, or one with latest) or, with weights given,
+ * only that weights file, read and checked on rank 0, then in every replica of every rank; pos
+ * (may be NULL) gets where the run stood. */
+ch_status ch_trainer_load_checkpoint(ch_trainer *t, const char *path, const char *weights,
+                                     ch_ckpt_position *pos, ch_err *err);
+
 #endif

@@ -1,0 +1,101 @@
+/* The trainer's side of checkpoints: what of a run checkpoint.c may see (ch_ckpt_run, filled here
+ * so that checkpoint.c never reads the trainer's struct), the save on rank 0, and the collective
+ * load: rank 0 reads and checks, every rank learns whether that worked and where the run stood,
+ * then every replica takes global replica 0's state. */
+#include "train/checkpoint.h"
+#include "train/trainer.h"
+
+#include <limits.h>
+#include <stdio.h>
+#include <string.h>
+
+static ch_ckpt_run run_of(ch_trainer *t)
+{
+    ch_replica *rp = &t->replicas[0];
+    return (ch_ckpt_run){ .model = rp->model, .opt = &rp->opt, .model_name = t->model_name, .init = t->init,
+                          .normalize = t->normalize, .graph_json = t->graph_json,
+                          .graph_print = t->graph_print, .cfg = &t->cfg, .optim = &t->spec.optim,
+                          .sched = &t->sched, .train_samples = t->train->n, .world_size = t->procs,
+                          .devices = &t->devices };
+}
+
+ch_status ch_trainer_save_checkpoint(ch_trainer *t, const char *name, const ch_ckpt_position *pos,
+                                     ch_err *err)
+{
+    if (t->proc != 0) return CH_STATUS_OK;
+    const ch_ckpt_run run = run_of(t);
+    return ch_checkpoint_save(&run, t->cfg.checkpoint_dir, name, pos, err);
+}
+
+/* Rank 0 stages; then every rank learns whether that worked (a failure on rank 0 is every rank's). */
+static ch_status stage_on_root(ch_trainer *t, const ch_ckpt_run *run, const char *dir, const char *weights,
+                               ch_ckpt_staged *s, ch_err *err)
+{
+    ch_status st = ch_checkpoint_stage_alloc(run, s, err);
+    if (st == CH_STATUS_OK && t->proc == 0) st = ch_checkpoint_stage(run, dir, weights, s, err);
+    if (t->procs == 1) return st;
+    double failed[1] = { st != CH_STATUS_OK };
+    snprintf(t->main_comm.what, sizeof t->main_comm.what, "loading a checkpoint");
+    ch_err e2;
+    CH_TRY(ch_comm_allreduce_sum_f64(&t->main_comm, failed, 1, &e2));
+    if (failed[0] > 0 && st == CH_STATUS_OK)
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "rank 0 could not load the checkpoint");
+    return st;
+}
+
+/* Rank 0's staged scalars to every rank (zeros elsewhere, then a sum). */
+static ch_status share_scalars(ch_trainer *t, ch_ckpt_staged *s, ch_err *err)
+{
+    if (t->procs == 1) return CH_STATUS_OK;
+    ch_ckpt_position *p = &s->pos;
+    double v[12] = { p->epoch, p->step_in_epoch, (double)p->seen_in_epoch, (double)p->global_step,
+                     p->loss_sum, p->hits, p->train_loss, p->train_acc, p->test_loss, p->test_acc,
+                     s->opt_steps, s->has_state };
+    if (t->proc != 0) memset(v, 0, sizeof v);
+    CH_TRY(ch_comm_allreduce_sum_f64(&t->main_comm, v, 12, err));
+    *p = (ch_ckpt_position){ (int)v[0], (int)v[1], (uint64_t)v[2], (uint64_t)v[3], v[4], v[5],
+                             v[6], v[7], v[8], v[9] };
+    s->opt_steps = v[10];
+    s->has_state = v[11] > 0;
+    return CH_STATUS_OK;
+}
+
+static void job_share(void *arg, int r)
+{
+    ch_trainer *t = arg;
+    ch_replica_share_state(&t->replicas[r]);
+}
+
+/* Global replica 0 (rank 0's replica 0) to every replica; the first failure is returned. */
+static ch_status share_with_replicas(ch_trainer *t, ch_err *err)
+{
+    ch_crew_run(t->crew, job_share, t);
+    for (int r = 0; r < t->nreplicas; r++)
+        if (t->replicas[r].status != CH_STATUS_OK) {
+            if (err) *err = t->replicas[r].err;
+            return t->replicas[r].status;
+        }
+    return CH_STATUS_OK;
+}
+
+ch_status ch_trainer_load_checkpoint(ch_trainer *t, const char *path, const char *weights,
+                                     ch_ckpt_position *pos, ch_err *err)
+{
+    char dir[PATH_MAX];
+    if (weights) CH_TRY(ch_checkpoint_check_path(weights, err));
+    else CH_TRY(ch_checkpoint_resolve(path, dir, sizeof dir, err));
+    const ch_ckpt_run run = run_of(t);
+    ch_ckpt_staged s = { 0 };
+    ch_status st = stage_on_root(t, &run, weights ? NULL : dir, weights, &s, err);
+    if (st == CH_STATUS_OK) st = share_scalars(t, &s, err);
+    if (st == CH_STATUS_OK) {
+        if (t->proc == 0) ch_checkpoint_apply(&s, run.model, weights ? NULL : run.opt);
+        /* Without state in the file the optimizer starts afresh, as on a first step. */
+        for (int r = 0; r < t->nreplicas; r++)
+            t->replicas[r].opt.steps = weights || !s.has_state ? 0 : (long)s.opt_steps;
+        st = share_with_replicas(t, err);
+    }
+    if (st == CH_STATUS_OK && pos) *pos = s.pos;
+    ch_checkpoint_staged_free(&s);
+    return st;
+}
