@@ -128,7 +128,7 @@ const char *const *ch_model_names(void);
  * Every builder function returns the new tensor's id, or -1 once anything went wrong; the first
  * error is kept (naming the node) and every later call returns -1, so a builder checks once, at
  * the end, with ch_graph_status (ch_trainer_create checks too). Shapes are per sample: (c, h, w)
- * after convolutions and pooling, (features) after flatten, linear or mean without keepdim.
+ * after convolutions, pooling and view, (features) after flatten, linear or mean without keepdim.
  * Weights start at PyTorch's default initialization (cfg.init). */
 typedef struct ch_graph ch_graph;
 
@@ -157,14 +157,21 @@ const char *ch_graph_name(const ch_graph *g);
 /* The samples' shape (one input per graph). */
 int ch_graph_input(ch_graph *g, const char *name, int c, int h, int w);
 int ch_graph_conv2d(ch_graph *g, const char *name, int x, const ch_conv2d_args *a);
-/* a: NULL for the defaults. */
+/* a: NULL for the defaults. x: (c, h, w), or (features) as BatchNorm1d's (N, C) case. */
 int ch_graph_batchnorm2d(ch_graph *g, const char *name, int x, const ch_batchnorm_args *a);
+/* BatchNorm1d of a (features) input (the same node as batchnorm2d; the state_dict is the same). */
+int ch_graph_batchnorm1d(ch_graph *g, const char *name, int x, const ch_batchnorm_args *a);
 int ch_graph_relu(ch_graph *g, const char *name, int x);
 int ch_graph_leaky_relu(ch_graph *g, const char *name, int x, double negative_slope);
 int ch_graph_relu6(ch_graph *g, const char *name, int x);
 int ch_graph_clip(ch_graph *g, const char *name, int x, double min, double max);
 int ch_graph_sigmoid(ch_graph *g, const char *name, int x);
 int ch_graph_tanh(ch_graph *g, const char *name, int x);
+/* PyTorch's nn.Hardsigmoid (relu6(x + 3) / 6) and nn.Hardswish (x * hardsigmoid(x)). */
+int ch_graph_hardsigmoid(ch_graph *g, const char *name, int x);
+int ch_graph_hardswish(ch_graph *g, const char *name, int x);
+/* x * scale + shift with constant numbers (x * 0.5, x / 6, x + 3, 1 - x in PyTorch code). */
+int ch_graph_affine(ch_graph *g, const char *name, int x, double scale, double shift);
 int ch_graph_max_pool2d(ch_graph *g, const char *name, int x, const ch_pool2d_args *a);
 int ch_graph_avg_pool2d(ch_graph *g, const char *name, int x, const ch_pool2d_args *a);
 /* AdaptiveAvgPool2d(1): (c, h, w) -> (c, 1, 1). */
@@ -173,6 +180,9 @@ int ch_graph_global_avg_pool(ch_graph *g, const char *name, int x);
 int ch_graph_mean_hw(ch_graph *g, const char *name, int x, bool keepdim);
 /* (c, h, w) -> (c*h*w). */
 int ch_graph_flatten(ch_graph *g, const char *name, int x);
+/* x.view(x.size(0), c, h, w): the same values as shape (c, h, w), e.g. (features) -> (features, 1, 1)
+ * for a squeeze-excitation gate computed by linear layers. */
+int ch_graph_view(ch_graph *g, const char *name, int x, int c, int h, int w);
 /* x: (features), or (c, 1, 1). */
 int ch_graph_linear(ch_graph *g, const char *name, int x, int out_features, bool bias);
 int ch_graph_dropout(ch_graph *g, const char *name, int x, double p);

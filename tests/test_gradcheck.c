@@ -271,6 +271,9 @@ static void activation_gradients(void **state)
         { "clip -0.5..0.5", { .kind = CH_ACT_CLIP, .lo = -0.5f, .hi = 0.5f } },
         { "sigmoid", { .kind = CH_ACT_SIGMOID } },
         { "tanh", { .kind = CH_ACT_TANH } },
+        { "hardsigmoid", { .kind = CH_ACT_HARDSIGMOID } },
+        { "hardswish", { .kind = CH_ACT_HARDSWISH } },
+        { "affine -1.5, 0.25", { .kind = CH_ACT_AFFINE, .alpha = -1.5f, .beta = 0.25f } },
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         check_layer(cases[i].what, MAKE(ch_activation_create, "a", (ch_shape3){ 2, 3, 5 }, &cases[i].a), 4);
@@ -339,7 +342,27 @@ static void build_flat(ch_graph *g)
     ch_graph_output(g, ch_graph_linear(g, "out", h, 3, true));
 }
 
-static void check_graph(const char *what, void (*build)(ch_graph *), int n, bool xent)
+/* The hard activations over all their pieces (inputs spread to [-3.5, 4.5] by an affine node), a
+ * view to another (c, h, w), BatchNorm1d over features and a view of them into a channel gate. */
+static void build_head(ch_graph *g)
+{
+    int x = ch_graph_input(g, "x", 2, 4, 4);
+    int a = ch_graph_affine(g, "spread", x, 4, 0.5);
+    int h = ch_graph_hardswish(g, "hswish", a);
+    int s = ch_graph_hardsigmoid(g, "hsig", ch_graph_affine(g, "spread2", a, 1.2, -0.3));
+    int y = ch_graph_mul(g, "mul", h, s);                           /* (2, 4, 4) */
+    int v = ch_graph_view(g, "view", y, 8, 2, 2);
+    v = conv(g, "pw", v, 3, 1, 0, 1);                               /* (3, 2, 2) */
+    int f = ch_graph_flatten(g, "flat", y);                         /* (32) */
+    f = ch_graph_linear(g, "fc1", f, 3, true);
+    f = ch_graph_batchnorm1d(g, "bn", f, NULL);
+    int gate = ch_graph_view(g, "gate", ch_graph_sigmoid(g, "sig", f), 3, 1, 1);
+    int z = ch_graph_mul(g, "apply", v, gate);                      /* (3, 2, 2) * (3, 1, 1) */
+    z = ch_graph_flatten(g, "flat2", z);
+    ch_graph_output(g, ch_graph_linear(g, "out", z, 4, true));
+}
+
+static void check_graph_inputs(const char *what, void (*build)(ch_graph *), int n, bool xent, int inputs)
 {
     ch_graph *g;
     ch_err err;
@@ -353,8 +376,13 @@ static void check_graph(const char *what, void (*build)(ch_graph *), int n, bool
     ch_graph_free(g);
     probe p;
     probe_init(&p, m, n, xent, 41);
-    check(&p, what, 3, 6);
+    check(&p, what, 3, inputs);
     probe_free(&p);
+}
+
+static void check_graph(const char *what, void (*build)(ch_graph *), int n, bool xent)
+{
+    check_graph_inputs(what, build, n, xent, 6);
 }
 
 static void graph_gradients(void **state)
@@ -364,6 +392,8 @@ static void graph_gradients(void **state)
     check_graph("graph se-gate xent", build_se, 3, true);
     check_graph("graph dense", build_dense, 3, false);
     check_graph("graph flat broadcast", build_flat, 3, false);
+    /* Every input element: each piece of the hard activations is checked. */
+    check_graph_inputs("graph hard activations, views, batchnorm1d", build_head, 3, false, 96);
 }
 
 /* Residual blocks as graphs, so the executor's memory passes run: bn1's output remade in backward,

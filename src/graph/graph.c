@@ -19,10 +19,17 @@ static const char *const gop_names[] = {
     [CH_GOP_ACT] = "activation", [CH_GOP_MAX_POOL2D] = "max_pool2d", [CH_GOP_AVG_POOL2D] = "avg_pool2d",
     [CH_GOP_GLOBAL_AVG_POOL] = "global_avg_pool", [CH_GOP_MEAN_HW] = "mean", [CH_GOP_FLATTEN] = "flatten",
     [CH_GOP_LINEAR] = "linear", [CH_GOP_DROPOUT] = "dropout", [CH_GOP_ADD] = "add", [CH_GOP_MUL] = "mul",
-    [CH_GOP_CONCAT] = "concat",
+    [CH_GOP_CONCAT] = "concat", [CH_GOP_VIEW] = "view",
 };
 
 const char *ch_gop_name(ch_gop op) { return gop_names[op]; }
+
+static const char *act_name(const ch_act *a);
+
+const char *ch_gnode_op_name(const ch_gnode *nd)
+{
+    return nd->op == CH_GOP_ACT ? act_name(&nd->act) : ch_gop_name(nd->op);
+}
 
 static const char *act_name(const ch_act *a)
 {
@@ -31,6 +38,9 @@ static const char *act_name(const ch_act *a)
     case CH_ACT_CLIP: return "clip";
     case CH_ACT_SIGMOID: return "sigmoid";
     case CH_ACT_TANH: return "tanh";
+    case CH_ACT_HARDSIGMOID: return "hardsigmoid";
+    case CH_ACT_HARDSWISH: return "hardswish";
+    case CH_ACT_AFFINE: return "affine";
     }
     return "activation";
 }
@@ -201,6 +211,8 @@ static ch_status node_layer(const ch_graph *g, const ch_gnode *nd, ch_layer **ou
     case CH_GOP_GLOBAL_AVG_POOL:
     case CH_GOP_MEAN_HW: return ch_global_avgpool_create(nd->name, x, out, err);
     case CH_GOP_FLATTEN: return ch_flatten_create(nd->name, x, out, err);
+    case CH_GOP_VIEW:
+        return ch_view_create(nd->name, x, (ch_shape3){ nd->view[0], nd->view[1], nd->view[2] }, out, err);
     case CH_GOP_LINEAR: return ch_linear_create_opts(nd->name, x, nd->features, nd->bias, out, err);
     case CH_GOP_DROPOUT: return ch_dropout_create(nd->name, x, nd->p, (uint32_t)(nd - g->nodes), out, err);
     case CH_GOP_ADD:
@@ -241,6 +253,7 @@ static int out_rank(const ch_graph *g, const ch_gnode *nd)
     switch (nd->op) {
     case CH_GOP_FLATTEN:
     case CH_GOP_LINEAR: return 1;
+    case CH_GOP_VIEW: return 3;
     case CH_GOP_MEAN_HW: return nd->keepdim ? 3 : 1;
     case CH_GOP_ADD:
     case CH_GOP_MUL: return x->rank > g->tensors[nd->in[1]].rank ? x->rank : g->tensors[nd->in[1]].rank;
@@ -251,7 +264,7 @@ static int out_rank(const ch_graph *g, const ch_gnode *nd)
 /* Ops that need (c, h, w) inputs. */
 static bool needs_rank3(ch_gop op)
 {
-    return op == CH_GOP_CONV2D || op == CH_GOP_BATCHNORM2D || op == CH_GOP_MAX_POOL2D ||
+    return op == CH_GOP_CONV2D || op == CH_GOP_MAX_POOL2D ||
            op == CH_GOP_AVG_POOL2D || op == CH_GOP_GLOBAL_AVG_POOL || op == CH_GOP_MEAN_HW;
 }
 
@@ -261,7 +274,7 @@ static int add_node(ch_graph *g, const char *name, ch_gnode *nd, const int *in, 
     if (!g || g->st != CH_STATUS_OK) return -1;
     if (!check_name(g, name)) return -1;
     snprintf(nd->name, sizeof nd->name, "%s", name);
-    const char *what = nd->op == CH_GOP_ACT ? act_name(&nd->act) : ch_gop_name(nd->op);
+    const char *what = ch_gnode_op_name(nd);
     if (g->output >= 0)
         return fail(g, CH_STATUS_BAD_INPUT, "node '%s' (%s) added after the output was marked", nd->name, what);
     if (g->nnodes >= MAX_NODES) return fail(g, CH_STATUS_BAD_INPUT, "more than %d nodes", MAX_NODES);
@@ -342,6 +355,14 @@ int ch_graph_batchnorm2d(ch_graph *g, const char *name, int x, const ch_batchnor
     return add_node(g, name, &nd, &x, 1);
 }
 
+int ch_graph_batchnorm1d(ch_graph *g, const char *name, int x, const ch_batchnorm_args *a)
+{
+    if (g && g->st == CH_STATUS_OK && x >= 0 && x < g->ntensors && g->tensors[x].rank != 1)
+        return fail(g, CH_STATUS_BAD_INPUT, "node '%s' (batchnorm1d): needs a (features) input, got %dx%dx%d",
+                    name ? name : "", g->tensors[x].dims[0], g->tensors[x].dims[1], g->tensors[x].dims[2]);
+    return ch_graph_batchnorm2d(g, name, x, a);
+}
+
 int ch_graph_relu(ch_graph *g, const char *name, int x)
 {
     ch_gnode nd = node_of(CH_GOP_RELU);
@@ -375,6 +396,25 @@ int ch_graph_sigmoid(ch_graph *g, const char *name, int x)
 int ch_graph_tanh(ch_graph *g, const char *name, int x)
 {
     return act(g, name, x, (ch_act){ .kind = CH_ACT_TANH });
+}
+
+int ch_graph_hardsigmoid(ch_graph *g, const char *name, int x)
+{
+    return act(g, name, x, (ch_act){ .kind = CH_ACT_HARDSIGMOID });
+}
+
+int ch_graph_hardswish(ch_graph *g, const char *name, int x)
+{
+    return act(g, name, x, (ch_act){ .kind = CH_ACT_HARDSWISH });
+}
+
+int ch_graph_affine(ch_graph *g, const char *name, int x, double scale, double shift)
+{
+    /* As float, the precision of the tensors it scales: a bound keeps the float finite. */
+    if (!(fabs(scale) <= 1e30 && fabs(shift) <= 1e30))
+        return g ? fail(g, CH_STATUS_BAD_INPUT, "node '%s' (affine): scale %g, shift %g (each finite, up to 1e30)",
+                        name ? name : "", scale, shift) : -1;
+    return act(g, name, x, (ch_act){ .kind = CH_ACT_AFFINE, .alpha = (float)scale, .beta = (float)shift });
 }
 
 static int pool(ch_graph *g, const char *name, int x, ch_gop op, const ch_pool2d_args *a)
@@ -415,6 +455,17 @@ int ch_graph_mean_hw(ch_graph *g, const char *name, int x, bool keepdim)
 int ch_graph_flatten(ch_graph *g, const char *name, int x)
 {
     ch_gnode nd = node_of(CH_GOP_FLATTEN);
+    return add_node(g, name, &nd, &x, 1);
+}
+
+int ch_graph_view(ch_graph *g, const char *name, int x, int c, int h, int w)
+{
+    ch_gnode nd = node_of(CH_GOP_VIEW);
+    if (c < 1 || h < 1 || w < 1 || c > MAX_DIM * 16 || h > MAX_DIM || w > MAX_DIM)
+        return g ? fail(g, CH_STATUS_BAD_INPUT, "node '%s' (view): shape %dx%dx%d", name ? name : "", c, h, w) : -1;
+    nd.view[0] = c;
+    nd.view[1] = h;
+    nd.view[2] = w;
     return add_node(g, name, &nd, &x, 1);
 }
 

@@ -14,7 +14,7 @@
 typedef enum ch_gop {
     CH_GOP_CONV2D, CH_GOP_BATCHNORM2D, CH_GOP_RELU, CH_GOP_ACT, CH_GOP_MAX_POOL2D,
     CH_GOP_AVG_POOL2D, CH_GOP_GLOBAL_AVG_POOL, CH_GOP_MEAN_HW, CH_GOP_FLATTEN, CH_GOP_LINEAR,
-    CH_GOP_DROPOUT, CH_GOP_ADD, CH_GOP_MUL, CH_GOP_CONCAT,
+    CH_GOP_DROPOUT, CH_GOP_ADD, CH_GOP_MUL, CH_GOP_CONCAT, CH_GOP_VIEW,
 } ch_gop;
 
 typedef enum ch_dtype { CH_DTYPE_F32 = 0 } ch_dtype;
@@ -41,6 +41,7 @@ typedef struct ch_gnode {
     bool bias;          /* linear */
     bool keepdim;       /* mean_hw */
     double p;           /* dropout */
+    int view[3];        /* view: the per-sample shape (c, h, w) */
 } ch_gnode;
 
 /* A tensor's starting values (an imported file's weights), by state_dict name. */
@@ -77,5 +78,7 @@ ch_status ch_graph_node_layer(const ch_graph *g, int i, ch_layer **out, ch_err *
 ch_status ch_graph_compile(const ch_graph *g, ch_layer **out, ch_err *err);
 /* "conv2d", "batchnorm2d", ...: what the builder and error messages call op. */
 const char *ch_gop_name(ch_gop op);
+/* The same, with activations by kind ("sigmoid", "hardswish", ...): a node's op in graph.json. */
+const char *ch_gnode_op_name(const ch_gnode *nd);
 
 #endif

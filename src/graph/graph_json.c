@@ -33,6 +33,11 @@ static void put_args(cJSON *o, const ch_gnode *nd)
         add_num(o, "momentum", nd->bn.momentum);
         break;
     case CH_GOP_ACT:
+        if (nd->act.kind == CH_ACT_AFFINE) {
+            add_num(o, "scale", nd->act.alpha);
+            add_num(o, "shift", nd->act.beta);
+            break;
+        }
         add_num(o, "alpha", nd->act.alpha);
         /* JSON has no infinity: an open bound is left out. */
         if (isfinite(nd->act.lo)) add_num(o, "min", nd->act.lo);
@@ -52,19 +57,9 @@ static void put_args(cJSON *o, const ch_gnode *nd)
         cJSON_AddBoolToObject(o, "bias", nd->bias);
         break;
     case CH_GOP_DROPOUT: add_num(o, "p", nd->p); break;
+    case CH_GOP_VIEW: cJSON_AddItemToObject(o, "shape", cJSON_CreateIntArray(nd->view, 3)); break;
     default: break;
     }
-}
-
-static const char *act_kind(ch_act_kind k)
-{
-    switch (k) {
-    case CH_ACT_LEAKY_RELU: return "leaky_relu";
-    case CH_ACT_CLIP: return "clip";
-    case CH_ACT_SIGMOID: return "sigmoid";
-    case CH_ACT_TANH: return "tanh";
-    }
-    return "?";
 }
 
 char *ch_graph_to_json(const ch_graph *g)
@@ -84,7 +79,7 @@ char *ch_graph_to_json(const ch_graph *g)
         cJSON *o = cJSON_CreateObject();
         cJSON_AddItemToArray(nodes, o);
         cJSON_AddStringToObject(o, "name", nd->name);
-        cJSON_AddStringToObject(o, "op", nd->op == CH_GOP_ACT ? act_kind(nd->act.kind) : ch_gop_name(nd->op));
+        cJSON_AddStringToObject(o, "op", ch_gnode_op_name(nd));
         cJSON_AddItemToObject(o, "in", cJSON_CreateIntArray(nd->in, nd->nin));
         add_num(o, "out", nd->out);
         put_args(o, nd);
@@ -153,6 +148,23 @@ static ch_status flag(reader *r, const char *k, bool *out)
     return CH_STATUS_OK;
 }
 
+/* Three whole numbers 1..2^20 under key k (a view's shape). */
+static ch_status shape3(reader *r, const char *k, int out[3])
+{
+    const cJSON *v = get(r->node, k);
+    if (!cJSON_IsArray(v) || cJSON_GetArraySize(v) != 3)
+        return ch_fail(r->err, CH_STATUS_BAD_INPUT, "%s: node %d: '%s' is not a list of 3 numbers", r->path, r->index, k);
+    for (int i = 0; i < 3; i++) {
+        const cJSON *d = cJSON_GetArrayItem(v, i);
+        if (!cJSON_IsNumber(d) || !(d->valuedouble >= 1 && d->valuedouble <= (1 << 20)) ||
+            d->valuedouble != floor(d->valuedouble))
+            return ch_fail(r->err, CH_STATUS_BAD_INPUT, "%s: node %d: '%s' dimension %d is not a whole number 1..2^20",
+                           r->path, r->index, k, i);
+        out[i] = (int)d->valuedouble;
+    }
+    return CH_STATUS_OK;
+}
+
 /* Replay one node's builder call; *t receives the new tensor (or -1 with the graph's error). */
 static ch_status replay(reader *r, ch_graph *g, const char *op, const char *name, const int *in, int nin, int *t)
 {
@@ -187,6 +199,14 @@ static ch_status replay(reader *r, ch_graph *g, const char *op, const char *name
         *t = ch_graph_sigmoid(g, name, x);
     } else if (strcmp(op, "tanh") == 0) {
         *t = ch_graph_tanh(g, name, x);
+    } else if (strcmp(op, "hardsigmoid") == 0) {
+        *t = ch_graph_hardsigmoid(g, name, x);
+    } else if (strcmp(op, "hardswish") == 0) {
+        *t = ch_graph_hardswish(g, name, x);
+    } else if (strcmp(op, "affine") == 0) {
+        CH_TRY(num(r, "scale", -1e30, 1e30, 1, &a));
+        CH_TRY(num(r, "shift", -1e30, 1e30, 0, &lo));
+        *t = ch_graph_affine(g, name, x, a, lo);
     } else if (strcmp(op, "max_pool2d") == 0 || strcmp(op, "avg_pool2d") == 0) {
         bool ceil = false;
         CH_TRY(whole(r, "kernel", 1, 1 << 12, 0, &k));
@@ -203,6 +223,10 @@ static ch_status replay(reader *r, ch_graph *g, const char *op, const char *name
         *t = ch_graph_mean_hw(g, name, x, b);
     } else if (strcmp(op, "flatten") == 0) {
         *t = ch_graph_flatten(g, name, x);
+    } else if (strcmp(op, "view") == 0) {
+        int v[3];
+        CH_TRY(shape3(r, "shape", v));
+        *t = ch_graph_view(g, name, x, v[0], v[1], v[2]);
     } else if (strcmp(op, "linear") == 0) {
         CH_TRY(whole(r, "features", 1, 1 << 20, 0, &f));
         CH_TRY(flag(r, "bias", &b));

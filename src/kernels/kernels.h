@@ -55,11 +55,15 @@ typedef enum ch_act_kind {
     CH_ACT_CLIP,         /* min(max(x, lo), hi): ReLU6 is clip(0, 6) */
     CH_ACT_SIGMOID,
     CH_ACT_TANH,
+    CH_ACT_HARDSIGMOID,  /* min(max(x / 6 + 1/2, 0), 1), PyTorch's */
+    CH_ACT_HARDSWISH,    /* x * hardsigmoid(x) */
+    CH_ACT_AFFINE,       /* alpha * x + beta (constants: x * 0.5, x / 6, x + 3) */
 } ch_act_kind;
 
 typedef struct ch_act {
     ch_act_kind kind;
     float alpha, lo, hi;
+    float beta;          /* affine */
 } ch_act;
 
 /* Two operands of per-sample shapes a and b combined into y of shape out (all (c, h, w)); each

@@ -1,5 +1,6 @@
-/* Activations besides ReLU: leaky ReLU, clip (ReLU6 = clip(0, 6)), sigmoid and tanh. Backward reads
- * x (leaky ReLU, clip) or y (sigmoid, tanh); both stay alive, as the layer before owns x. */
+/* Activations besides ReLU: leaky ReLU, clip (ReLU6 = clip(0, 6)), sigmoid, tanh, hardsigmoid,
+ * hardswish, and an affine map by constants. Backward reads x (leaky ReLU, clip, the hard ones) or y
+ * (sigmoid, tanh); both stay alive, as the layer before owns x. */
 #include "nn/layer.h"
 
 #include <math.h>
@@ -25,15 +26,19 @@ static void act_backward(ch_layer *l, const ch_run *r, int n, const ch_real *x, 
 #define ACT_OPS(kind_name) { .kind = kind_name, .plan = act_plan, .forward = act_forward, \
                              .backward = act_backward }
 static const ch_layer_ops act_ops[] = { ACT_OPS("LeakyReLU"), ACT_OPS("Clip"), ACT_OPS("Sigmoid"),
-                                        ACT_OPS("Tanh") };
+                                        ACT_OPS("Tanh"), ACT_OPS("Hardsigmoid"), ACT_OPS("Hardswish"),
+                                        ACT_OPS("Affine") };
 
 ch_status ch_activation_create(const char *name, ch_shape3 in, const ch_act *a, ch_layer **out,
                                ch_err *err)
 {
-    if (a->kind < CH_ACT_LEAKY_RELU || a->kind > CH_ACT_TANH)
+    if (a->kind < CH_ACT_LEAKY_RELU || a->kind > CH_ACT_AFFINE)
         return ch_fail(err, CH_STATUS_BAD_INPUT, "activation %s: unknown kind %d", name, (int)a->kind);
     if (a->kind == CH_ACT_LEAKY_RELU && !isfinite(a->alpha))
         return ch_fail(err, CH_STATUS_BAD_INPUT, "leaky_relu %s: alpha %g is not finite", name, a->alpha);
+    if (a->kind == CH_ACT_AFFINE && !(isfinite(a->alpha) && isfinite(a->beta)))
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "affine %s: scale %g or shift %g is not finite", name, a->alpha,
+                       a->beta);
     if (a->kind == CH_ACT_CLIP && !(a->lo <= a->hi))
         return ch_fail(err, CH_STATUS_BAD_INPUT, "clip %s: min %g above max %g (or NaN)", name, a->lo,
                        a->hi);

@@ -192,7 +192,7 @@ ch_status ch_maxpool2d_create_opts(const char *name, ch_shape3 in, const ch_pool
                                    ch_layer **out, ch_err *err);
 ch_status ch_avgpool2d_create_opts(const char *name, ch_shape3 in, const ch_pool2d_opts *o,
                                    ch_layer **out, ch_err *err);
-/* Leaky ReLU, clip (ReLU6), sigmoid, tanh. */
+/* Leaky ReLU, clip (ReLU6), sigmoid, tanh, hardsigmoid, hardswish, affine by constants. */
 ch_status ch_activation_create(const char *name, ch_shape3 in, const ch_act *a, ch_layer **out,
                                ch_err *err);
 /* a + b and a * b with broadcasting: dims a and b of each operand aligned as ch_bcast_desc says
@@ -210,6 +210,8 @@ bool ch_layer_is_batchnorm(const ch_layer *l);
  * (forward reads each element once; backward reads neither). */
 bool ch_layer_is_plain_add(const ch_layer *l);
 ch_status ch_flatten_create(const char *name, ch_shape3 in, ch_layer **out, ch_err *err);
+/* The input's values as per-sample shape `shape` (as many values). */
+ch_status ch_view_create(const char *name, ch_shape3 in, ch_shape3 shape, ch_layer **out, ch_err *err);
 ch_status ch_batchnorm2d_create(const char *name, ch_shape3 in, ch_layer **out, ch_err *err);
 /* With the given epsilon and momentum (PyTorch's: the weight of the batch statistic). */
 ch_status ch_batchnorm2d_create_opts(const char *name, ch_shape3 in, double eps, double momentum,

@@ -1,4 +1,4 @@
-/* ReLU and Flatten: layers without parameters. */
+/* ReLU, Flatten and View: layers without parameters. */
 #include "nn/layer.h"
 
 #include <string.h>
@@ -56,6 +56,21 @@ static const ch_layer_ops flatten_ops = {
 ch_status ch_flatten_create(const char *name, ch_shape3 in, ch_layer **out, ch_err *err)
 {
     *out = ch_layer_alloc(&flatten_ops, name, in, (ch_shape3){ (int)ch_shape3_size(in), 1, 1 });
+    CH_CHECK_ALLOC(err, *out);
+    return CH_STATUS_OK;
+}
+
+/* x.view(n, c, h, w): the same values in the same order, so the same copies as Flatten. */
+static const ch_layer_ops view_ops = {
+    .kind = "View", .plan = own_output_plan, .forward = flatten_forward, .backward = flatten_backward,
+};
+
+ch_status ch_view_create(const char *name, ch_shape3 in, ch_shape3 shape, ch_layer **out, ch_err *err)
+{
+    if (ch_shape3_size(shape) != ch_shape3_size(in))
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "view %s: %dx%dx%d holds %zu values, the input %zu", name, shape.c,
+                       shape.h, shape.w, ch_shape3_size(shape), ch_shape3_size(in));
+    *out = ch_layer_alloc(&view_ops, name, in, shape);
     CH_CHECK_ALLOC(err, *out);
     return CH_STATUS_OK;
 }

@@ -99,6 +99,9 @@ static ch_real act_value(const ch_act *a, ch_real x)
     case CH_ACT_CLIP: return x < (ch_real)a->lo ? (ch_real)a->lo : x > (ch_real)a->hi ? (ch_real)a->hi : x;
     case CH_ACT_SIGMOID: return (ch_real)(1 / (1 + exp(-(double)x)));
     case CH_ACT_TANH: return (ch_real)tanh((double)x);
+    case CH_ACT_HARDSIGMOID: return x <= -3 ? 0 : x >= 3 ? 1 : (ch_real)((double)x / 6 + 0.5);
+    case CH_ACT_HARDSWISH: return x <= -3 ? 0 : x >= 3 ? x : (ch_real)((double)x * ((double)x + 3) / 6);
+    case CH_ACT_AFFINE: return (ch_real)((double)a->alpha * x + a->beta);
     }
     return x;
 }
@@ -110,6 +113,10 @@ static ch_real act_slope(const ch_act *a, ch_real x, ch_real y)
     case CH_ACT_CLIP: return x < (ch_real)a->lo || x > (ch_real)a->hi ? 0 : 1;
     case CH_ACT_SIGMOID: return y * (1 - y);
     case CH_ACT_TANH: return 1 - y * y;
+    /* PyTorch's: open interval for hardsigmoid, (-3, 3] for hardswish's middle piece. */
+    case CH_ACT_HARDSIGMOID: return x > -3 && x < 3 ? (ch_real)(1.0 / 6) : 0;
+    case CH_ACT_HARDSWISH: return x < -3 ? 0 : x <= 3 ? (ch_real)((double)x / 3 + 0.5) : 1;
+    case CH_ACT_AFFINE: return (ch_real)a->alpha;
     }
     return 1;
 }
