@@ -140,6 +140,45 @@ static void lognet(ch_graph *g)
     ch_graph_output(g, ch_graph_linear(g, "fc2", x, 10, false));
 }
 
+/* SENet's gate: pool, view(b, c), Linear, ReLU, Linear, Hardsigmoid, view(b, c, 1, 1), x * gate. */
+static int se_gate(ch_graph *g, int x, int c, int r)
+{
+    int s = ch_graph_global_avg_pool(g, "se.pool", x);
+    s = ch_graph_flatten(g, "se.view1", s);
+    s = ch_graph_linear(g, "se.fc1", s, r, true);
+    s = ch_graph_relu(g, "se.relu", s);
+    s = ch_graph_linear(g, "se.fc2", s, c, true);
+    s = ch_graph_hardsigmoid(g, "se.gate", s);
+    s = ch_graph_view(g, "se.view2", s, c, 1, 1);
+    return ch_graph_mul(g, "se.mul", x, s);
+}
+
+static void headnet(ch_graph *g, double dropout)
+{
+    int x = ch_graph_input(g, "x", 1, 28, 28);
+    x = conv(g, "conv1", x, 8, 3, 2, 1, 1, false);
+    x = ch_graph_batchnorm2d(g, "bn1", x, NULL);
+    x = ch_graph_hardswish(g, "act1", x);
+    x = conv(g, "conv2", x, 16, 3, 2, 1, 1, true);
+    /* x * F.relu6(x + 3) / 6 */
+    int h = ch_graph_affine(g, "hs.add", x, 1, 3);
+    h = ch_graph_relu6(g, "hs.relu6", h);
+    x = ch_graph_mul(g, "hs.mul", x, h);
+    x = ch_graph_affine(g, "hs.div", x, 1.0 / 6, 0);
+    x = se_gate(g, x, 16, 4);
+    /* x + 0.5 * (conv3(x) - 0.25) */
+    int y = conv(g, "conv3", x, 16, 3, 1, 1, 1, true);
+    y = ch_graph_affine(g, "res.sub", y, 1, -0.25);
+    y = ch_graph_affine(g, "res.scale", y, 0.5, 0);
+    x = ch_graph_add(g, "res.add", x, y);
+    x = ch_graph_flatten(g, "view", x);
+    x = ch_graph_linear(g, "fc1", x, 32, true);
+    x = ch_graph_batchnorm1d(g, "bn_fc", x, NULL);
+    x = ch_graph_relu(g, "relu", x);
+    x = ch_graph_dropout(g, "drop", x, dropout);
+    ch_graph_output(g, ch_graph_linear(g, "fc2", x, 10, true));
+}
+
 ch_status tg_build(const char *name, double dropout, ch_graph **out, ch_err *err)
 {
     ch_graph *g;
@@ -149,6 +188,7 @@ ch_status tg_build(const char *name, double dropout, ch_graph **out, ch_err *err
     else if (strcmp(name, "mobilenet") == 0) mobilenet(g, dropout);
     else if (strcmp(name, "densenet") == 0) densenet(g);
     else if (strcmp(name, "lognet") == 0) lognet(g);
+    else if (strcmp(name, "headnet") == 0) headnet(g, dropout);
     else {
         ch_graph_free(g);
         snprintf(err->msg, sizeof err->msg, "unknown test model '%s'", name);

@@ -8,9 +8,13 @@ test (graph_parity.py) and its C twin (graph_models.c builds the same graphs wit
              count_include_pad=False, a transition
   lognet     dilated conv, tanh, grouped conv, leaky ReLU, avg pool 3/2 with ceil_mode (a last, partial window), x.view(n, -1),
              sigmoid, Linear without bias, log_softmax
+  headnet    what users write around a CNN: Hardswish, hard swish written out (x * F.relu6(x + 3) / 6),
+             a squeeze-excitation gate as SENet's code has it (Linear layers, view(b, c, 1, 1),
+             Hardsigmoid, expand_as), a scaled residual (x + 0.5 * (conv(x) - 0.25)), view(-1, N),
+             BatchNorm1d and dropout in the head
 
-All take 1x28x28 images (Fashion-MNIST) to 10 classes. dropout: the mobilenet's rate (0 for parity:
-PyTorch's and cohort's masks differ).
+All take 1x28x28 images (Fashion-MNIST) to 10 classes. dropout: the mobilenet's and headnet's rate
+(0 for parity: PyTorch's and cohort's masks differ).
 """
 import os
 import sys
@@ -123,7 +127,44 @@ class LogNet(nn.Module):
         return F.log_softmax(self.fc2(torch.sigmoid(self.fc1(x))), dim=1)
 
 
-MODELS = {"resnet": ResNet, "mobilenet": lambda: MobileNet(0.0), "densenet": DenseNet, "lognet": LogNet}
+class SEGate(nn.Module):
+    def __init__(self, c, r):
+        super().__init__()
+        self.fc1 = nn.Linear(c, r)
+        self.fc2 = nn.Linear(r, c)
+        self.gate = nn.Hardsigmoid()
+
+    def forward(self, x):
+        b, c, _, _ = x.size()
+        y = F.adaptive_avg_pool2d(x, 1).view(b, c)
+        y = self.gate(self.fc2(F.relu(self.fc1(y)))).view(b, c, 1, 1)
+        return x * y.expand_as(x)
+
+
+class HeadNet(nn.Module):
+    def __init__(self, dropout=0.2):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 8, 3, 2, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(8)
+        self.act1 = nn.Hardswish()
+        self.conv2 = nn.Conv2d(8, 16, 3, 2, 1)
+        self.se = SEGate(16, 4)
+        self.conv3 = nn.Conv2d(16, 16, 3, 1, 1)
+        self.fc1 = nn.Linear(16 * 7 * 7, 32)
+        self.bn_fc = nn.BatchNorm1d(32)
+        self.drop = nn.Dropout(dropout)
+        self.fc2 = nn.Linear(32, 10)
+
+    def forward(self, x):
+        x = self.conv2(self.act1(self.bn1(self.conv1(x))))
+        x = self.se(x * F.relu6(x + 3) / 6)
+        x = x + 0.5 * (self.conv3(x) - 0.25)
+        x = x.view(-1, 16 * 7 * 7)
+        return self.fc2(self.drop(F.relu(self.bn_fc(self.fc1(x)))))
+
+
+MODELS = {"resnet": ResNet, "mobilenet": lambda: MobileNet(0.0), "densenet": DenseNet, "lognet": LogNet,
+          "headnet": lambda: HeadNet(0.0)}
 # The loss each model is trained with in PyTorch: lognet's output is already log-probabilities.
 LOSS = {"resnet": F.cross_entropy, "mobilenet": F.cross_entropy, "densenet": F.cross_entropy,
-        "lognet": F.nll_loss}
+        "lognet": F.nll_loss, "headnet": F.cross_entropy}

@@ -22,7 +22,7 @@ run() { # label model command...
     "$py" "$here/graph_parity.py" check "$tmp" "$model" "$tmp/$model.cohort.safetensors" "$correct"
 }
 
-for m in resnet mobilenet densenet lognet; do
+for m in resnet mobilenet densenet lognet headnet; do
     for form in "" onnx:; do
         run "${form}1 device" "$m" "$bin" step "$tmp" "$form$m" cpu:0
         run "${form}2 devices, sync-BN" "$m" "$bin" step "$tmp" "$form$m" cpu:0,cpu:1 sync-bn

@@ -54,6 +54,34 @@ class ColourNet(Net):
         self.conv1 = nn.Conv2d(3, 4, 3, padding=1)
 
 
+class ExpandIntoConv(Net):
+    """y.expand_as(x) read by a convolution: only a broadcasting Add or Mul may read an Expand."""
+    def __init__(self):
+        super().__init__()
+        self.conv2 = nn.Conv2d(4, 4, 1)
+
+    def forward(self, x):
+        x = F.relu(self.bn1(self.conv1(x)))
+        x = F.max_pool2d(self.conv2(x.mean((2, 3), keepdim=True).expand_as(x)), 2)
+        return self.fc(x.view(x.size(0), -1))
+
+
+class WideExpand(Net):
+    """s.expand_as(x) + s: the sum's own broadcast is (4, 1, 1), the Expand's (4, 28, 28)."""
+    def forward(self, x):
+        x = F.relu(self.bn1(self.conv1(x)))
+        s = x.mean((2, 3), keepdim=True)
+        x = F.max_pool2d(x * (s.expand_as(x) + s), 2)
+        return self.fc(x.view(x.size(0), -1))
+
+
+class ThreeDims(Net):
+    """x.view(n, c, -1): a (batch, c, h*w) tensor, which cohort has no shape for."""
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.bn1(self.conv1(x))), 2)
+        return self.fc(x.view(x.size(0), 4, -1).view(x.size(0), -1))
+
+
 class Shared(nn.Module):
     def __init__(self):
         super().__init__()
@@ -216,6 +244,43 @@ def main(out):
     case("mid_softmax", "only as the model's last operation")
     export(Shared(), p("shared_weights"))
     case("shared_weights", "initializer 'conv.weight' is read by two nodes")
+
+    def constant(m, name, value):
+        m.graph.node.insert(0, helper.make_node("Constant", [], [name], value=numpy_helper.from_array(value)))
+
+    def vector_mul(m):
+        constant(m, "four", np.ones(4, np.float32))
+        relu = node(m, "Relu")
+        relu.op_type, relu.name = "Mul", "/scale"
+        relu.input.append("four")
+    case("vector_mul", "node '/scale' (Mul): input 'four' is a constant of 4 numbers", vector_mul)
+
+    def reciprocal(m):
+        constant(m, "one", np.array(1, np.float32))
+        relu = node(m, "Relu")
+        x = relu.input[0]
+        relu.op_type = "Div"
+        relu.input[:] = ["one", x]
+    case("reciprocal", "a number divided by a tensor", reciprocal)
+
+    def tensor_sub(m):
+        relu = node(m, "Relu")
+        relu.op_type = "Sub"
+        relu.input.append(relu.input[0])
+    case("tensor_sub", "Sub of two tensors is not supported", tensor_sub)
+
+    def hardsigmoid(m):
+        relu = node(m, "Relu")
+        relu.op_type = "HardSigmoid"
+        relu.attribute.append(helper.make_attribute("alpha", 0.2))
+    case("hardsigmoid_alpha", "only PyTorch's hardsigmoid (alpha 1/6, beta 0.5)", hardsigmoid)
+
+    export(ExpandIntoConv(), p("expand_into_conv"), opset=14)
+    case("expand_into_conv", "(Conv): reads '/Expand_output_0', the output of an Expand")
+    export(WideExpand(), p("wide_expand"), opset=14)
+    case("wide_expand", "an Expand to 4x28x28 is wider than the broadcast of its Add")
+    export(ThreeDims(), p("three_dims"), opset=14)
+    case("three_dims", "to 3 dimensions: cohort reshapes to (batch, features) or (batch, c, h, w) only")
 
     export(ColourNet(), p("other_data"), channels=3)
     case("other_data", "takes 3x28x28 inputs to 10 logits; the data are 1x28x28")

@@ -286,14 +286,15 @@ static void assert_same_node(const ch_gnode *a, const ch_gnode *b)
     assert_int_equal(a->features, b->features);
     assert_int_equal(a->bias, b->bias);
     assert_int_equal(a->keepdim, b->keepdim);
+    assert_memory_equal(a->view, b->view, sizeof a->view);
 }
 
-/* Every op and argument survives graph.json: the four parity models (which use them all, with
+/* Every op and argument survives graph.json: the five parity models (which use them all, with
  * dropout) read back to the same nodes, and to the same JSON. */
 static void json_keeps_every_op(void **state)
 {
     (void)state;
-    static const char *const models[] = { "resnet", "mobilenet", "densenet", "lognet" };
+    static const char *const models[] = { "resnet", "mobilenet", "densenet", "lognet", "headnet" };
     for (size_t i = 0; i < sizeof models / sizeof *models; i++) {
         ch_err err;
         ch_graph *g, *back;

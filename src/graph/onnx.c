@@ -152,6 +152,9 @@ static ch_status tensor_val(imp *m, size_t k, ch_oval **out)
     if ((*out)->kind != CH_OVAL_TENSOR)
         return bad(m, "input '%s' is a constant or an initializer; cohort supports it only as a tensor computed "
                    "from the model's input", sh(m, 0, (*out)->name));
+    if ((*out)->expanded)
+        return bad(m, "reads '%s', the output of an Expand: cohort supports Expand only into an Add or Mul, which "
+                   "broadcast", sh(m, 0, (*out)->name));
     return CH_STATUS_OK;
 }
 
@@ -374,7 +377,7 @@ static ch_status op_batchnorm(imp *m)
     if (m->opset >= 14) CH_TRY(attr_int(m, "training_mode", 0, &training));
     if (!training) return inference_export(m, m->node->n_input > 3 ? m->node->input[3] : "?");
     CH_TRY(weight_of(m, 1, &w, prefix));
-    if (m->g->tensors[x].rank != 3) return bad(m, "needs a (batch, c, h, w) input");
+    /* A (batch, features) input is BatchNorm1d's; a (batch, c, length) one has no cohort shape. */
     const int64_t c[1] = { m->g->tensors[x].dims[0] };
     static const char *const names[4] = { "weight", "bias", "running_mean", "running_var" };
     for (size_t i = 0; i < 4; i++) CH_TRY(param(m, i + 1, prefix, names[i], c, 1, NULL));
@@ -398,6 +401,16 @@ static ch_status op_activation(imp *m)
     if (strcmp(op, "Relu") == 0) return tensor_out(m, ch_graph_relu(m->g, name, x));
     if (strcmp(op, "Sigmoid") == 0) return tensor_out(m, ch_graph_sigmoid(m->g, name, x));
     if (strcmp(op, "Tanh") == 0) return tensor_out(m, ch_graph_tanh(m->g, name, x));
+    if (strcmp(op, "HardSwish") == 0) return tensor_out(m, ch_graph_hardswish(m->g, name, x));
+    if (strcmp(op, "HardSigmoid") == 0) {
+        double alpha = 0, beta = 0;
+        CH_TRY(attr_float(m, "alpha", 0.2, &alpha));
+        CH_TRY(attr_float(m, "beta", 0.5, &beta));
+        if ((float)alpha != (float)(1.0 / 6) || beta != 0.5)
+            return bad(m, "alpha %g, beta %g: only PyTorch's hardsigmoid (alpha 1/6, beta 0.5) is supported", alpha,
+                       beta);
+        return tensor_out(m, ch_graph_hardsigmoid(m->g, name, x));
+    }
     if (strcmp(op, "LeakyRelu") == 0) {
         double alpha = 0;
         CH_TRY(attr_float(m, "alpha", 0.01, &alpha));
@@ -472,7 +485,8 @@ static ch_status op_flatten(imp *m)
     return tensor_out(m, ch_graph_flatten(m->g, node_name(m, buf, sizeof buf), v->tensor));
 }
 
-/* Reshape with the batch symbolic: to (batch, c*h*w) is flatten; to the same shape, nothing. */
+/* Reshape with the batch symbolic: to (batch, c*h*w) is flatten; to the same shape, nothing; to
+ * another (batch, c, h, w), a view. */
 static ch_status op_reshape(imp *m)
 {
     ch_oval *v, *s;
@@ -513,8 +527,11 @@ static ch_status op_reshape(imp *m)
         return tensor_out(m, ch_graph_flatten(m->g, node_name(m, buf, sizeof buf), v->tensor));
     }
     if (s->n == in_rank && x->rank == 3 && t[1] == in[1] && t[2] == in[2] && t[3] == in[3]) return alias_out(m, v);
-    return bad(m, "reshape of a (%d, %d, %d) sample to %d dimensions: cohort reshapes to (batch, features) only",
-               x->dims[0], x->dims[1], x->dims[2], s->n);
+    if (s->n == 4)
+        return tensor_out(m, ch_graph_view(m->g, node_name(m, buf, sizeof buf), v->tensor, (int)t[1], (int)t[2],
+                                           (int)t[3]));
+    return bad(m, "reshape of a (%d, %d, %d) sample to %d dimensions: cohort reshapes to (batch, features) or "
+               "(batch, c, h, w) only", x->dims[0], x->dims[1], x->dims[2], s->n);
 }
 
 static ch_status op_gemm(imp *m)
@@ -576,15 +593,114 @@ static ch_status op_transpose(imp *m)
     return CH_STATUS_OK;
 }
 
+/* Input k of an elementwise op: a tensor (maybe an Expand's output) or a single constant number. */
+static ch_status operand(imp *m, size_t k, ch_oval **out)
+{
+    CH_TRY(input(m, k, true, out));
+    if ((*out)->kind == CH_OVAL_TENSOR) return CH_STATUS_OK;
+    CH_TRY(const_in(m, k, true, out));
+    if ((*out)->n != 1)
+        return bad(m, "input '%s' is a constant of %d numbers: cohort combines tensors with tensors or with single "
+                   "numbers", sh(m, 0, (*out)->name), (*out)->n);
+    return CH_STATUS_OK;
+}
+
+/* A tensor and a number: x + c, c + x, x * c, c * x, x - c, c - x, x / c as one affine node. */
+static ch_status op_with_number(imp *m, const ch_oval *a, const ch_oval *b)
+{
+    const bool x_first = a->kind == CH_OVAL_TENSOR;
+    const ch_oval *x = x_first ? a : b, *c = x_first ? b : a;
+    const double v = c->is_float ? c->f[0] : (double)c->i[0];
+    const char *op = m->node->op_type;
+    double scale = 1, shift = 0;
+    if (x->expanded)
+        return bad(m, "reads '%s', the output of an Expand, with a number: only tensors broadcast", sh(m, 0, x->name));
+    if (strcmp(op, "Add") == 0) shift = v;
+    else if (strcmp(op, "Mul") == 0) scale = v;
+    else if (strcmp(op, "Sub") == 0) scale = x_first ? 1 : -1, shift = x_first ? -v : v;
+    else if (x_first && v != 0) scale = 1 / v;
+    else return bad(m, "%s: only a tensor divided by a nonzero number is supported", x_first ? "division by 0" : "a number divided by a tensor");
+    if (!isfinite(scale) || !isfinite(shift)) return bad(m, "constant %g is not finite", v);
+    char buf[CH_NODE_NAME_MAX];
+    return tensor_out(m, ch_graph_affine(m->g, node_name(m, buf, sizeof buf), x->tensor, scale, shift));
+}
+
+/* An operand's dims aligned right as (c, h, w): an expanded one's as the Expand made them. */
+static void aligned(const ch_graph *g, const ch_oval *v, int d[3])
+{
+    const ch_gtensor *t = &g->tensors[v->tensor];
+    for (int i = 0; i < 3; i++)
+        d[i] = v->expanded ? v->edims[i] : t->rank == 1 ? (i == 2 ? t->dims[0] : 1) : t->dims[i];
+}
+
+/* Add or Mul of an Expand's output: the broadcast inside the op must give the Expand's shape, or
+ * dropping the Expand would change the result. */
+static ch_status check_expanded(imp *m, const ch_oval *a, const ch_oval *b, int t)
+{
+    if (!a->expanded && !b->expanded) return CH_STATUS_OK;
+    int da[3], db[3], got[3];
+    aligned(m->g, a, da);
+    aligned(m->g, b, db);
+    const ch_oval r = { .kind = CH_OVAL_TENSOR, .tensor = t };
+    aligned(m->g, &r, got);
+    for (int i = 0; i < 3; i++)
+        if (got[i] != (da[i] == 1 ? db[i] : da[i]))
+            return bad(m, "an Expand to %dx%dx%d is wider than the broadcast of its %s: not supported",
+                       (a->expanded ? a : b)->edims[0], (a->expanded ? a : b)->edims[1],
+                       (a->expanded ? a : b)->edims[2], m->node->op_type);
+    return CH_STATUS_OK;
+}
+
 static ch_status op_binary(imp *m)
 {
-    int a = 0, b = 0;
+    ch_oval *a, *b;
+    CH_TRY(operand(m, 0, &a));
+    CH_TRY(operand(m, 1, &b));
+    const char *op = m->node->op_type;
+    if (a->kind != CH_OVAL_TENSOR && b->kind != CH_OVAL_TENSOR)
+        return bad(m, "both inputs are constants: cohort computes nothing from constants alone");
+    if (a->kind != CH_OVAL_TENSOR || b->kind != CH_OVAL_TENSOR) return op_with_number(m, a, b);
+    if (strcmp(op, "Add") != 0 && strcmp(op, "Mul") != 0)
+        return bad(m, "%s of two tensors is not supported (Add and Mul are)", sh(m, 0, op));
     char buf[CH_NODE_NAME_MAX];
-    CH_TRY(tensor_in(m, 0, &a));
-    CH_TRY(tensor_in(m, 1, &b));
     const char *name = node_name(m, buf, sizeof buf);
-    return tensor_out(m, strcmp(m->node->op_type, "Add") == 0 ? ch_graph_add(m->g, name, a, b)
-                                                              : ch_graph_mul(m->g, name, a, b));
+    const int t = op[0] == 'A' ? ch_graph_add(m->g, name, a->tensor, b->tensor)
+                               : ch_graph_mul(m->g, name, a->tensor, b->tensor);
+    if (t >= 0) CH_TRY(check_expanded(m, a, b, t));
+    return tensor_out(m, t);
+}
+
+/* y.expand_as(x), y.expand(n, c, h, w): kept as a mark on y for the Add or Mul that reads it. */
+static ch_status op_expand(imp *m)
+{
+    ch_oval *v, *s;
+    CH_TRY(tensor_val(m, 0, &v));
+    CH_TRY(const_in(m, 1, true, &s));
+    if (s->is_float || s->rank != 1 || s->n < 2 || s->n > 4)
+        return bad(m, "the target shape must be 2 to 4 integers (batch first)");
+    if (s->i[0] != CH_ONNX_BATCH && s->i[0] != 1)
+        return bad(m, "expands to a batch of %lld, fixed when the model was exported: write y.expand_as(x)",
+                   (long long)s->i[0]);
+    int have[3], want[3] = { 1, 1, 1 };
+    aligned(m->g, v, have);
+    for (int i = 1; i < s->n; i++) {
+        const int64_t d = s->i[i];
+        if (d < 1 || d > (1 << 20)) return bad(m, "target dimension %d is %lld", i, d == CH_ONNX_BATCH ? -2LL : (long long)d);
+        want[3 - s->n + i] = (int)d;
+    }
+    bool same = true;
+    for (int i = 0; i < 3; i++) {
+        if (have[i] != want[i] && have[i] != 1 && want[i] != 1)
+            return bad(m, "cannot expand dimension %d of size %d to %d", i + 1, have[i], want[i]);
+        want[i] = have[i] == 1 ? want[i] : have[i];
+        same = same && want[i] == have[i];
+    }
+    CH_TRY(alias_out(m, v));
+    if (same) return CH_STATUS_OK;
+    ch_oval *o = ch_ovals_find(&m->vals, m->node->output[0]);
+    o->expanded = true;
+    memcpy(o->edims, want, sizeof want);
+    return CH_STATUS_OK;
 }
 
 static ch_status op_dropout(imp *m)
@@ -791,7 +907,9 @@ static const op_entry ops[] = {
     { "Tanh", op_activation }, { "MaxPool", op_pool }, { "AveragePool", op_pool },
     { "GlobalAveragePool", op_global_pool }, { "ReduceMean", op_reduce_mean }, { "Flatten", op_flatten },
     { "Reshape", op_reshape }, { "Gemm", op_gemm }, { "MatMul", op_matmul }, { "Transpose", op_transpose },
-    { "Add", op_binary }, { "Mul", op_binary }, { "Concat", op_concat }, { "Dropout", op_dropout },
+    { "Add", op_binary }, { "Mul", op_binary }, { "Sub", op_binary }, { "Div", op_binary },
+    { "Expand", op_expand }, { "HardSigmoid", op_activation }, { "HardSwish", op_activation },
+    { "Concat", op_concat }, { "Dropout", op_dropout },
     { "Pad", op_pad }, { "LogSoftmax", op_softmax }, { "Softmax", op_softmax }, { "Identity", op_identity },
     { "Cast", op_cast }, { "Constant", op_constant }, { "Shape", op_shape }, { "Gather", op_gather },
     { "Unsqueeze", op_squeeze }, { "Squeeze", op_squeeze },
@@ -805,8 +923,9 @@ static ch_status import_node(imp *m, const Onnx__NodeProto *n)
     for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++)
         if (n->op_type && strcmp(n->op_type, ops[i].name) == 0) return ops[i].fn(m);
     return bad(m, "operator '%s' is not supported; cohort imports Conv, BatchNormalization, Relu, LeakyRelu, Clip, "
-               "Sigmoid, Tanh, MaxPool, AveragePool, GlobalAveragePool, ReduceMean, Flatten, Gemm, MatMul, Add, "
-               "Mul, Concat, Dropout, a final (Log)Softmax and shape arithmetic", sh(m, 0, n->op_type));
+               "Sigmoid, Tanh, HardSigmoid, HardSwish, MaxPool, AveragePool, GlobalAveragePool, ReduceMean, Flatten, "
+               "Reshape, Gemm, MatMul, Add, Mul (of tensors or by numbers), Sub and Div by numbers, Expand into Add "
+               "or Mul, Concat, Dropout, a final (Log)Softmax and shape arithmetic", sh(m, 0, n->op_type));
 }
 
 static ch_status check_opset(imp *m, const Onnx__ModelProto *mp)
@@ -881,7 +1000,7 @@ static ch_status import_graph(imp *m)
     for (size_t i = 0; i < gp->n_node; i++) CH_TRY(import_node(m, gp->node[i]));
     m->node = NULL;
     const ch_oval *out = ch_ovals_find(&m->vals, m->output);
-    if (!out || out->kind != CH_OVAL_TENSOR)
+    if (!out || out->kind != CH_OVAL_TENSOR || out->expanded)
         return bad(m, "output '%s' is made by no node, or is no tensor computed from the input", sh(m, 0, m->output));
     if (ch_graph_output(m->g, out->tensor) != CH_STATUS_OK) return (ch_graph_status(m->g, &e), bad(m, "%s", e.msg));
     for (size_t i = 0; i < m->vals.n; i++)

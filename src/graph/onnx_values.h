@@ -17,7 +17,7 @@
 enum { CH_ONNX_CONST_MAX = 64 };
 
 typedef enum ch_oval_kind {
-    CH_OVAL_TENSOR,     /* a graph tensor: .tensor */
+    CH_OVAL_TENSOR,     /* a graph tensor: .tensor (maybe .expanded) */
     CH_OVAL_CONST,      /* .n numbers in .i (integers) or .f (floats); .rank 0 or 1 */
     CH_OVAL_PARAM,      /* an initializer: .init */
     CH_OVAL_PARAM_T,    /* Transpose(initializer, perm (1, 0)): a Linear weight used by MatMul */
@@ -34,6 +34,10 @@ typedef struct ch_oval {
     double f[CH_ONNX_CONST_MAX];
     const Onnx__TensorProto *init;
     int uses;           /* how many nodes read an initializer */
+    /* A tensor that an Expand broadcasts to dims (aligned right, as (c, h, w)); only a broadcasting
+     * Add or Mul may read it, where the broadcast happens anyway. */
+    bool expanded;
+    int edims[3];
     const char *why;
 } ch_oval;
 
