@@ -171,6 +171,11 @@ static void headnet(ch_graph *g, double dropout)
     y = ch_graph_affine(g, "res.sub", y, 1, -0.25);
     y = ch_graph_affine(g, "res.scale", y, 0.5, 0);
     x = ch_graph_add(g, "res.add", x, y);
+    /* a = sigmoid(att(x.mean((2, 3), keepdim=True).squeeze(-1).squeeze(-1))); x * a[..., None, None] */
+    int a = ch_graph_mean_hw(g, "att.mean", x, true);
+    a = ch_graph_flatten(g, "att.squeeze", a);
+    a = ch_graph_sigmoid(g, "att.gate", ch_graph_linear(g, "att", a, 16, true));
+    x = ch_graph_mul(g, "att.mul", x, ch_graph_view(g, "att.unsqueeze", a, 16, 1, 1));
     x = ch_graph_flatten(g, "view", x);
     x = ch_graph_linear(g, "fc1", x, 32, true);
     x = ch_graph_batchnorm1d(g, "bn_fc", x, NULL);

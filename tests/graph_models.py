@@ -10,8 +10,9 @@ test (graph_parity.py) and its C twin (graph_models.c builds the same graphs wit
              sigmoid, Linear without bias, log_softmax
   headnet    what users write around a CNN: Hardswish, hard swish written out (x * F.relu6(x + 3) / 6),
              a squeeze-excitation gate as SENet's code has it (Linear layers, view(b, c, 1, 1),
-             Hardsigmoid, expand_as), a scaled residual (x + 0.5 * (conv(x) - 0.25)), view(-1, N),
-             BatchNorm1d and dropout in the head
+             Hardsigmoid, expand_as), a scaled residual (x + 0.5 * (conv(x) - 0.25)), a channel
+             attention through squeeze(-1) and unsqueeze(-1) twice, view(-1, N), BatchNorm1d and dropout
+             in the head
 
 All take 1x28x28 images (Fashion-MNIST) to 10 classes. dropout: the mobilenet's and headnet's rate
 (0 for parity: PyTorch's and cohort's masks differ).
@@ -150,6 +151,7 @@ class HeadNet(nn.Module):
         self.conv2 = nn.Conv2d(8, 16, 3, 2, 1)
         self.se = SEGate(16, 4)
         self.conv3 = nn.Conv2d(16, 16, 3, 1, 1)
+        self.att = nn.Linear(16, 16)
         self.fc1 = nn.Linear(16 * 7 * 7, 32)
         self.bn_fc = nn.BatchNorm1d(32)
         self.drop = nn.Dropout(dropout)
@@ -159,6 +161,8 @@ class HeadNet(nn.Module):
         x = self.conv2(self.act1(self.bn1(self.conv1(x))))
         x = self.se(x * F.relu6(x + 3) / 6)
         x = x + 0.5 * (self.conv3(x) - 0.25)
+        a = torch.sigmoid(self.att(x.mean((2, 3), keepdim=True).squeeze(-1).squeeze(-1)))
+        x = x * a.unsqueeze(-1).unsqueeze(-1)
         x = x.view(-1, 16 * 7 * 7)
         return self.fc2(self.drop(F.relu(self.bn_fc(self.fc1(x)))))
 

@@ -82,6 +82,14 @@ class ThreeDims(Net):
         return self.fc(x.view(x.size(0), 4, -1).view(x.size(0), -1))
 
 
+class HalfUnsqueeze(Net):
+    """sigmoid of a (batch, c, 1) tensor: a shape cohort has no tensor for, between two unsqueezes."""
+    def forward(self, x):
+        x = F.relu(self.bn1(self.conv1(x)))
+        x = F.max_pool2d(x * torch.sigmoid(x.mean((2, 3)).unsqueeze(-1)).unsqueeze(-1), 2)
+        return self.fc(x.view(x.size(0), -1))
+
+
 class Shared(nn.Module):
     def __init__(self):
         super().__init__()
@@ -281,6 +289,9 @@ def main(out):
     case("wide_expand", "an Expand to 4x28x28 is wider than the broadcast of its Add")
     export(ThreeDims(), p("three_dims"), opset=14)
     case("three_dims", "to 3 dimensions: cohort reshapes to (batch, features) or (batch, c, h, w) only")
+
+    export(HalfUnsqueeze(), p("half_unsqueeze"), opset=13)
+    case("half_unsqueeze", "(Sigmoid): reads '/Unsqueeze_output_0', a (batch, 4, 1) tensor")
 
     export(ColourNet(), p("other_data"), channels=3)
     case("other_data", "takes 3x28x28 inputs to 10 logits; the data are 1x28x28")

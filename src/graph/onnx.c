@@ -155,6 +155,9 @@ static ch_status tensor_val(imp *m, size_t k, ch_oval **out)
     if ((*out)->expanded)
         return bad(m, "reads '%s', the output of an Expand: cohort supports Expand only into an Add or Mul, which "
                    "broadcast", sh(m, 0, (*out)->name));
+    if ((*out)->pending)
+        return bad(m, "reads '%s', a (batch, %d, %d) tensor: cohort has (batch, features) and (batch, c, h, w) "
+                   "tensors only", sh(m, 0, (*out)->name), (*out)->pdims[0], (*out)->pdims[1]);
     return CH_STATUS_OK;
 }
 
@@ -597,7 +600,7 @@ static ch_status op_transpose(imp *m)
 static ch_status operand(imp *m, size_t k, ch_oval **out)
 {
     CH_TRY(input(m, k, true, out));
-    if ((*out)->kind == CH_OVAL_TENSOR) return CH_STATUS_OK;
+    if ((*out)->kind == CH_OVAL_TENSOR) return (*out)->pending ? tensor_val(m, k, out) : CH_STATUS_OK;
     CH_TRY(const_in(m, k, true, out));
     if ((*out)->n != 1)
         return bad(m, "input '%s' is a constant of %d numbers: cohort combines tensors with tensors or with single "
@@ -843,11 +846,80 @@ static ch_status op_gather(imp *m)
     return CH_STATUS_OK;
 }
 
-/* Unsqueeze and Squeeze of constants between a scalar and a one-element vector. */
+/* The per-sample shape of tensor value v as ONNX sees it (without the batch); its rank. */
+static int sample_shape(const imp *m, const ch_oval *v, int *d)
+{
+    const ch_gtensor *t = &m->g->tensors[v->tensor];
+    if (v->pending) return (d[0] = v->pdims[0], d[1] = v->pdims[1], 2);
+    for (int i = 0; i < t->rank; i++) d[i] = t->dims[i];
+    return t->rank;
+}
+
+/* Output 0 holds v's values as per-sample shape d (rank r): the same tensor, a flatten or a view
+ * in the graph, or a pending (batch, a, b) shape. */
+static ch_status reshaped_out(imp *m, const ch_oval *v, const int *d, int r)
+{
+    const ch_gtensor *t = &m->g->tensors[v->tensor];
+    char buf[CH_NODE_NAME_MAX];
+    if (r == 2) {
+        CH_TRY(alias_out(m, v));
+        ch_oval *o = ch_ovals_find(&m->vals, m->node->output[0]);
+        o->pending = true;
+        o->pdims[0] = d[0];
+        o->pdims[1] = d[1];
+        return CH_STATUS_OK;
+    }
+    ch_oval plain = *v;
+    plain.pending = false;
+    if (r == 1 && t->rank == 1) return alias_out(m, &plain);
+    if (r == 1) return tensor_out(m, ch_graph_flatten(m->g, node_name(m, buf, sizeof buf), v->tensor));
+    if (r == 3 && t->rank == 3 && d[0] == t->dims[0] && d[1] == t->dims[1] && d[2] == t->dims[2])
+        return alias_out(m, &plain);
+    if (r == 3) return tensor_out(m, ch_graph_view(m->g, node_name(m, buf, sizeof buf), v->tensor, d[0], d[1], d[2]));
+    return bad(m, "makes a (batch%s) tensor: cohort has (batch, features) and (batch, c, h, w) tensors only",
+               r == 0 ? "" : ", ...");
+}
+
+/* Squeeze and Unsqueeze of a tensor (y.unsqueeze(-1).unsqueeze(-1), y[:, :, None, None],
+ * x.squeeze(-1), x.squeeze()): the same values in another shape. The batch stays. */
+static ch_status squeeze_tensor(imp *m, ch_oval *v, bool un)
+{
+    ch_oval *axes;
+    int d[4], r = sample_shape(m, v, d);
+    CH_TRY(const_in(m, 1, un, &axes));
+    if (axes && (axes->is_float || axes->n < 1 || axes->n > 3))
+        return bad(m, "axes must be 1 to 3 integers");
+    const int rank = r + 1, out_rank = un ? rank + axes->n : rank; /* with the batch */
+    bool at[8] = { false };
+    for (int i = 0; axes && i < axes->n; i++) {
+        const int64_t a = axes->i[i] < 0 ? axes->i[i] + out_rank : axes->i[i];
+        if (a < 1 || a >= out_rank || at[a])
+            return bad(m, "axis %lld: only axes after the batch, each once, are supported", (long long)axes->i[i]);
+        at[a] = true;
+    }
+    int o[8], k = 0;
+    if (un) {
+        for (int a = 1, j = 0; a < out_rank; a++) o[k++] = at[a] ? 1 : d[j++];
+    } else {
+        for (int a = 1; a < rank; a++) {
+            const bool drop = axes ? at[a] : d[a - 1] == 1;
+            if (drop && d[a - 1] != 1) return bad(m, "axis %d has size %d, not 1", a, d[a - 1]);
+            if (!drop) o[k++] = d[a - 1];
+        }
+    }
+    if (k > 3) return bad(m, "makes a tensor of %d dimensions: cohort has (batch, features) and (batch, c, h, w) only",
+                          k + 1);
+    return reshaped_out(m, v, o, k);
+}
+
+/* Unsqueeze and Squeeze: of tensors, a reshape; of constants, between a scalar and a one-element
+ * vector. */
 static ch_status op_squeeze(imp *m)
 {
     ch_oval *d, *axes;
     const bool un = strcmp(m->node->op_type, "Unsqueeze") == 0;
+    CH_TRY(input(m, 0, true, &d));
+    if (d->kind == CH_OVAL_TENSOR && !d->expanded) return squeeze_tensor(m, d, un);
     CH_TRY(const_in(m, 0, true, &d));
     CH_TRY(const_in(m, 1, un, &axes));
     const bool axis0 = !axes || (axes->n == 1 && (axes->i[0] == 0 || axes->i[0] == -1));
@@ -1000,7 +1072,7 @@ static ch_status import_graph(imp *m)
     for (size_t i = 0; i < gp->n_node; i++) CH_TRY(import_node(m, gp->node[i]));
     m->node = NULL;
     const ch_oval *out = ch_ovals_find(&m->vals, m->output);
-    if (!out || out->kind != CH_OVAL_TENSOR || out->expanded)
+    if (!out || out->kind != CH_OVAL_TENSOR || out->expanded || out->pending)
         return bad(m, "output '%s' is made by no node, or is no tensor computed from the input", sh(m, 0, m->output));
     if (ch_graph_output(m->g, out->tensor) != CH_STATUS_OK) return (ch_graph_status(m->g, &e), bad(m, "%s", e.msg));
     for (size_t i = 0; i < m->vals.n; i++)

@@ -38,6 +38,10 @@ typedef struct ch_oval {
      * Add or Mul may read it, where the broadcast happens anyway. */
     bool expanded;
     int edims[3];
+    /* A tensor whose ONNX shape is (batch, pdims[0], pdims[1]), as between two Unsqueezes: the
+     * graph tensor holds its values; only Squeeze and Unsqueeze may read it. */
+    bool pending;
+    int pdims[2];
     const char *why;
 } ch_oval;
 
