@@ -2,8 +2,10 @@
 compares cohort against. Same model, batch, threads and synthetic 1x28x28 inputs as
 `cohort bench train`.
 
-usage: torch_train.py MODEL BATCH THREADS STEPS WARMUP train|eval
+usage: torch_train.py MODEL BATCH THREADS STEPS WARMUP train|eval [fp32|bf16]
 MODEL onnx:NAME is tests/graph_models.py's NAME (what cohort trains from its ONNX export).
+bf16: the one line PyTorch users add, torch.autocast('cpu', dtype=torch.bfloat16) around the
+forward pass and the loss.
 """
 import os
 import sys
@@ -21,6 +23,8 @@ import graph_models  # noqa: E402
 
 def main():
     model_name, batch, threads, steps, warmup, mode = sys.argv[1:7]
+    precision = sys.argv[7] if len(sys.argv) > 7 else "fp32"
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16")
     batch, threads, steps, warmup = int(batch), int(threads), int(steps), int(warmup)
     torch.set_num_threads(threads)
     torch.manual_seed(0)
@@ -35,14 +39,16 @@ def main():
         if i == warmup:
             t0 = time.perf_counter()
         if mode == "eval":
-            with torch.no_grad():
+            with torch.no_grad(), autocast:
                 model(x)
         else:
             opt.zero_grad()
-            F.cross_entropy(model(x), y).backward()
+            with autocast:
+                loss = F.cross_entropy(model(x), y)
+            loss.backward()
             opt.step()
     el = time.perf_counter() - t0
-    print(f"model={model_name} batch={batch} threads={threads} mode={mode} steps={steps} "
+    print(f"model={model_name} batch={batch} threads={threads} mode={mode} precision={precision} steps={steps} "
           f"time={el:.3f} img/s={steps * batch / el:.1f}")
 
 

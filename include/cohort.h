@@ -296,6 +296,8 @@ typedef struct ch_train_config {
     bool nan_check;           /* stop with CH_STATUS_NUMERIC on a non-finite loss */
     const char *devices;      /* device list (ch_device_list_parse); NULL: "cpu:0" */
     bool sync_bn;             /* BatchNorm statistics over the global batch, not per device */
+    const char *precision;    /* "fp32" (default). "bf16" is refused: on a CPU without native bf16
+                               * it would run slower than fp32, and its kernels are not built yet */
     double bucket_mb;         /* gradient sync bucket size in MiB; 0: 25 */
     double timeout_s;         /* the longest any exchange between ranks may take before the job
                                * is ended with a message naming it (default 300) */

@@ -8,7 +8,9 @@
  * numeric estimate is far above that. Layers are checked under the linear functional
  * L = sum(y * R) for a fixed random R; models under the softmax cross-entropy of random labels and
  * under the mean squared error against a random target.
- * Inputs are random and continuous, so no ReLU or max-pool kink lies within eps of a probe. */
+ * Inputs are random and continuous, so no ReLU or max-pool kink lies within eps of a probe.
+ * The models live on the backend COHORT_BACKEND names (cpu when unset); CI runs this test on the
+ * scramble backend too, whose memory reads as garbage to any code that bypasses the backend. */
 #include "test_util.h"
 
 #include <math.h>
@@ -22,15 +24,42 @@
 #include "nn/model.h"
 
 static const double eps = 1e-6, tol = 1e-4, zero_floor = 1e-7;
+static ch_backend *be;    /* every model's, made in main */
 
 typedef struct probe {
     ch_model *m;
     ch_run run;
     int n;
-    ch_real *x, *dx, *R, *dout;
-    int32_t *labels;      /* softmax cross-entropy of these labels */
+    ch_real *x, *dx, *R, *dout;   /* backend memory */
+    ch_real *Rh, *yh;     /* host: R as drawn; y for sum(y * R) */
+    int32_t *labels;      /* softmax cross-entropy of these labels (backend memory) */
     bool mse;             /* else, with mse: mean squared error against R; else sum(y * R) */
 } probe;
+
+static ch_real get1(const ch_real *dev)
+{
+    ch_real v;
+    ch_backend_download(be, &v, dev, sizeof v);
+    return v;
+}
+
+static void set1(ch_real *dev, ch_real v) { ch_backend_upload(be, dev, &v, sizeof v); }
+
+static void *dev_alloc(size_t bytes)
+{
+    void *p = ch_backend_alloc(be, bytes);
+    assert_non_null(p);
+    return p;
+}
+
+static void upload_uniform(ch_real *dev, size_t n, double lo, double hi, uint64_t seed)
+{
+    ch_real *h = malloc(sizeof(ch_real) * (n ? n : 1));
+    assert_non_null(h);
+    tu_fill_uniform(h, n, lo, hi, seed);
+    ch_backend_upload(be, dev, h, sizeof(ch_real) * n);
+    free(h);
+}
 
 static double loss_of(probe *p)
 {
@@ -42,8 +71,9 @@ static double loss_of(probe *p)
         return loss / len;
     }
     if (!p->labels) {
+        ch_backend_download(be, p->yh, y, sizeof(ch_real) * len);
         double s = 0;
-        for (size_t i = 0; i < len; i++) s += (double)y[i] * p->R[i];
+        for (size_t i = 0; i < len; i++) s += (double)p->yh[i] * p->Rh[i];
         return s;
     }
     int64_t correct;
@@ -65,19 +95,19 @@ static void analytic(probe *p)
         p->run.k->softmax_xent(&p->run.kc, p->n, p->m->classes, y, p->labels, 1.0 / p->n, p->dout,
                                &loss, &correct);
     } else {
-        memcpy(p->dout, p->R, sizeof(ch_real) * len);
+        ch_backend_copy(be, p->dout, p->R, sizeof(ch_real) * len);
     }
     p->m->root->ops->backward(p->m->root, &p->run, p->n, p->x, p->dout, p->dx);
 }
 
 static double numeric(probe *p, ch_real *v)
 {
-    const ch_real saved = *v;
-    *v = saved + eps;
+    const ch_real saved = get1(v);
+    set1(v, saved + eps);
     const double lp = loss_of(p);
-    *v = saved - eps;
+    set1(v, saved - eps);
     const double lm = loss_of(p);
-    *v = saved;
+    set1(v, saved);
     return (lp - lm) / (2 * eps);
 }
 
@@ -95,7 +125,7 @@ static void check(probe *p, const char *what, int per_tensor, int inputs)
     analytic(p);
     ch_real *grads = malloc(sizeof(ch_real) * (p->m->nparams ? p->m->nparams : 1));
     assert_non_null(grads);
-    memcpy(grads, p->m->grads, sizeof(ch_real) * p->m->nparams);
+    ch_backend_download(be, grads, p->m->grads, sizeof(ch_real) * p->m->nparams);
     double worst = 0;
     char worst_at[256] = "";
     for (int t = 0; t < p->m->ntensors; t++) {
@@ -117,11 +147,11 @@ static void check(probe *p, const char *what, int per_tensor, int inputs)
     for (int j = 0; j < inputs; j++) {
         const size_t i = (xlen - 1) * (size_t)j / (size_t)(inputs > 1 ? inputs - 1 : 1);
         const double num = numeric(p, &p->x[i]);
-        const double r = rel(p->dx[i], num);
+        const double dxi = get1(&p->dx[i]);
+        const double r = rel(dxi, num);
         if (r > worst) {
             worst = r;
-            snprintf(worst_at, sizeof worst_at, "input[%zu]: analytic %.9g numeric %.9g", i,
-                     (double)p->dx[i], num);
+            snprintf(worst_at, sizeof worst_at, "input[%zu]: analytic %.9g numeric %.9g", i, dxi, num);
         }
     }
     print_message("%-28s max relative error %.2e %s\n", what, worst, worst_at);
@@ -139,32 +169,40 @@ static void probe_init(probe *p, ch_model *m, int n, bool xent, uint64_t seed)
     /* Give BatchNorm non-trivial affine parameters so their gradients are exercised. */
     for (int t = 0; t < m->ntensors; t++)
         if (m->tensors[t].kind == CH_TENSOR_PARAM && m->tensors[t].spec->role >= CH_ROLE_ONES)
-            tu_fill_uniform(m->tensors[t].data, m->tensors[t].spec->count, 0.5, 1.5, seed + (uint64_t)t);
-    assert_int_equal(ch_model_plan(m, ch_kernels_cpu(), n, 2, &err), CH_STATUS_OK);
-    p->run = ch_model_run(m, ch_kernels_cpu(), true);
+            upload_uniform(m->tensors[t].data, m->tensors[t].spec->count, 0.5, 1.5, seed + (uint64_t)t);
+    assert_int_equal(ch_model_plan(m, n, 2, &err), CH_STATUS_OK);
+    p->run = ch_model_run(m, true);
     p->run.seed = 7;
     p->run.step = 3;
     const size_t xl = ch_shape3_size(m->input) * (size_t)n, yl = ch_shape3_size(m->root->out) * (size_t)n;
-    p->x = malloc(sizeof(ch_real) * xl);
-    p->dx = malloc(sizeof(ch_real) * xl);
-    p->R = malloc(sizeof(ch_real) * yl);
-    p->dout = malloc(sizeof(ch_real) * yl);
-    assert_true(p->x && p->dx && p->R && p->dout);
-    tu_fill_uniform(p->x, xl, -1, 1, seed + 100);
-    tu_fill_uniform(p->R, yl, -1, 1, seed + 200);
+    p->x = dev_alloc(sizeof(ch_real) * xl);
+    p->dx = dev_alloc(sizeof(ch_real) * xl);
+    p->R = dev_alloc(sizeof(ch_real) * yl);
+    p->dout = dev_alloc(sizeof(ch_real) * yl);
+    p->Rh = malloc(sizeof(ch_real) * yl);
+    p->yh = malloc(sizeof(ch_real) * yl);
+    assert_true(p->Rh && p->yh);
+    upload_uniform(p->x, xl, -1, 1, seed + 100);
+    tu_fill_uniform(p->Rh, yl, -1, 1, seed + 200);
+    ch_backend_upload(be, p->R, p->Rh, sizeof(ch_real) * yl);
     if (xent) {
-        p->labels = malloc(sizeof(int32_t) * (size_t)n);
-        assert_non_null(p->labels);
+        int32_t *h = malloc(sizeof(int32_t) * (size_t)n);
+        assert_non_null(h);
         ch_rng r;
         ch_rng_init(&r, seed, CH_RNG_STREAM_TEST, 0);
-        for (int i = 0; i < n; i++) p->labels[i] = (int32_t)ch_rng_below(&r, (uint32_t)m->classes);
+        for (int i = 0; i < n; i++) h[i] = (int32_t)ch_rng_below(&r, (uint32_t)m->classes);
+        p->labels = dev_alloc(sizeof(int32_t) * (size_t)n);
+        ch_backend_upload(be, p->labels, h, sizeof(int32_t) * (size_t)n);
+        free(h);
     }
 }
 
 static void probe_free(probe *p)
 {
     ch_model_free(p->m);
-    free(p->x), free(p->dx), free(p->R), free(p->dout), free(p->labels);
+    ch_backend_release(be, p->x), ch_backend_release(be, p->dx), ch_backend_release(be, p->R);
+    ch_backend_release(be, p->dout), ch_backend_release(be, p->labels);
+    free(p->Rh), free(p->yh);
 }
 
 /* Wrap one layer in a model and check it. */
@@ -173,7 +211,7 @@ static void check_layer(const char *what, ch_layer *l, int n)
     assert_non_null(l);
     ch_model *m;
     ch_err err;
-    assert_int_equal(ch_model_create_from("layer", l, 0, &m, &err), CH_STATUS_OK);
+    assert_int_equal(ch_model_create_from("layer", l, 0, be, &m, &err), CH_STATUS_OK);
     probe p;
     probe_init(&p, m, n, false, 11);
     check(&p, what, 4, 6);
@@ -372,7 +410,7 @@ static void check_graph_inputs(const char *what, void (*build)(ch_graph *), int 
     ch_layer *root;
     if (ch_graph_compile(g, &root, &err) != CH_STATUS_OK) fail_msg("%s", err.msg);
     ch_model *m;
-    assert_int_equal(ch_model_create_from(what, root, (int)ch_shape3_size(root->out), &m, &err), CH_STATUS_OK);
+    assert_int_equal(ch_model_create_from(what, root, (int)ch_shape3_size(root->out), be, &m, &err), CH_STATUS_OK);
     ch_graph_free(g);
     probe p;
     probe_init(&p, m, n, xent, 41);
@@ -436,7 +474,7 @@ static void check_model(const char *arch, ch_shape3 in, int n, int per_tensor, i
 {
     ch_model *m;
     ch_err err;
-    assert_int_equal(ch_zoo_model(arch, in, 10, &m, &err), CH_STATUS_OK);
+    assert_int_equal(ch_zoo_model(arch, in, 10, be, &m, &err), CH_STATUS_OK);
     probe p;
     probe_init(&p, m, n, true, 21);
     check(&p, arch, per_tensor, inputs);
@@ -449,7 +487,7 @@ static void mse_loss_gradients(void **state)
     (void)state;
     ch_model *m;
     ch_err err;
-    assert_int_equal(ch_zoo_model("mlp", (ch_shape3){ 1, 28, 28 }, 5, &m, &err), CH_STATUS_OK);
+    assert_int_equal(ch_zoo_model("mlp", (ch_shape3){ 1, 28, 28 }, 5, be, &m, &err), CH_STATUS_OK);
     probe p;
     probe_init(&p, m, 4, false, 31);
     p.mse = true;
@@ -484,5 +522,13 @@ int main(void)
         cmocka_unit_test(mse_loss_gradients),
         cmocka_unit_test(model_gradients),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    ch_err err;
+    if (ch_backend_create(ch_backend_default_name(), 2, &be, &err) != CH_STATUS_OK) {
+        fprintf(stderr, "%s\n", err.msg);
+        return 1;
+    }
+    print_message("backend: %s\n", be->ops->name);
+    const int failed = cmocka_run_group_tests(tests, NULL, NULL);
+    ch_backend_free(be);
+    return failed;
 }

@@ -151,9 +151,9 @@ static void compile_checks(void **state)
     /* The data must be what the graph takes. */
     g = small_net(0);
     ch_model *m;
-    assert_int_equal(ch_model_create_graph(g, (ch_shape3){ 1, 6, 6 }, 10, &m, &err), CH_STATUS_BAD_INPUT);
+    assert_int_equal(ch_model_create_graph(g, (ch_shape3){ 1, 6, 6 }, 10, ch_backend_host(), &m, &err), CH_STATUS_BAD_INPUT);
     assert_non_null(strstr(err.msg, "graph t takes 2x6x6 inputs to 10 logits; the data are 1x6x6 in 10 classes"));
-    assert_int_equal(ch_model_create_graph(g, (ch_shape3){ 2, 6, 6 }, 10, &m, &err), CH_STATUS_OK);
+    assert_int_equal(ch_model_create_graph(g, (ch_shape3){ 2, 6, 6 }, 10, ch_backend_host(), &m, &err), CH_STATUS_OK);
     assert_non_null(ch_model_find(m, "conv.weight"));
     assert_non_null(ch_model_find(m, "fc.bias"));
     assert_int_equal(m->ntensors, 4);
@@ -168,8 +168,8 @@ static void gradient_blocks_are_reused(void **state)
     ch_err err;
     ch_graph *g = small_net(12);
     ch_model *m;
-    assert_int_equal(ch_model_create_graph(g, (ch_shape3){ 2, 6, 6 }, 10, &m, &err), CH_STATUS_OK);
-    assert_int_equal(ch_model_plan(m, ch_kernels_cpu(), 4, 1, &err), CH_STATUS_OK);
+    assert_int_equal(ch_model_create_graph(g, (ch_shape3){ 2, 6, 6 }, 10, ch_backend_host(), &m, &err), CH_STATUS_OK);
+    assert_int_equal(ch_model_plan(m, 4, 1, &err), CH_STATUS_OK);
     const size_t act = 8 * 6 * 6 * 4;   /* one activation gradient of the batch */
     print_message("chain of 14 nodes: %zu elements of gradient blocks (%zu per tensor)\n", m->root->scratch_own, act);
     assert_true(m->root->scratch_own <= 2 * act + 288 * 4);
@@ -191,12 +191,12 @@ static void relu_fusion_only_for_the_one_reader(void **state)
     cat = ch_graph_flatten(g, "flatten", cat);
     ch_graph_output(g, ch_graph_linear(g, "fc", cat, 3, true));
     ch_model *m;
-    assert_int_equal(ch_model_create_graph(g, (ch_shape3){ 1, 5, 5 }, 3, &m, &err), CH_STATUS_OK);
+    assert_int_equal(ch_model_create_graph(g, (ch_shape3){ 1, 5, 5 }, 3, ch_backend_host(), &m, &err), CH_STATUS_OK);
     assert_int_equal(ch_model_init_params(m, "default", 1, &err), CH_STATUS_OK);
-    assert_int_equal(ch_model_plan(m, ch_kernels_cpu(), 2, 1, &err), CH_STATUS_OK);
+    assert_int_equal(ch_model_plan(m, 2, 1, &err), CH_STATUS_OK);
     ch_real xs[50];
     tu_fill_uniform(xs, 50, -1, 1, 5);
-    ch_run run = ch_model_run(m, ch_kernels_cpu(), true);
+    ch_run run = ch_model_run(m, true);
     ch_model_forward(m, &run, 2, xs);
     const ch_layer *catl = m->root->children[2];
     assert_string_equal(catl->name, "cat");
@@ -229,11 +229,11 @@ static void broadcasting_follows_pytorch(void **state)
     b = ch_graph_flatten(g, "flatten", b);
     ch_graph_output(g, ch_graph_linear(g, "fc", b, 2, true));
     ch_model *m;
-    assert_int_equal(ch_model_create_graph(g, (ch_shape3){ 3, 3, 3 }, 2, &m, &err), CH_STATUS_OK);
-    assert_int_equal(ch_model_plan(m, ch_kernels_cpu(), 2, 1, &err), CH_STATUS_OK);
+    assert_int_equal(ch_model_create_graph(g, (ch_shape3){ 3, 3, 3 }, 2, ch_backend_host(), &m, &err), CH_STATUS_OK);
+    assert_int_equal(ch_model_plan(m, 2, 1, &err), CH_STATUS_OK);
     ch_real xs[54];
     tu_fill_uniform(xs, 54, -1, 1, 9);
-    ch_run run = ch_model_run(m, ch_kernels_cpu(), false);
+    ch_run run = ch_model_run(m, false);
     ch_model_forward(m, &run, 2, xs);
     const ch_real *out = m->root->children[4]->y;   /* b = k + v * (x * v) */
     assert_string_equal(m->root->children[4]->name, "b");

@@ -16,7 +16,7 @@ static ch_model *make(const char *arch, ch_shape3 in)
 {
     ch_model *m;
     ch_err err;
-    if (ch_zoo_model(arch, in, 10, &m, &err) != CH_STATUS_OK) fail_msg("%s", err.msg);
+    if (ch_zoo_model(arch, in, 10, ch_backend_host(), &m, &err) != CH_STATUS_OK) fail_msg("%s", err.msg);
     return m;
 }
 
@@ -32,7 +32,7 @@ static void resnet18_backward_scratch_is_three_largest_activations(void **state)
     ch_model *m = make("resnet18", (ch_shape3){ 1, 28, 28 });
     ch_err err;
     enum { B = 8 };
-    assert_int_equal(ch_model_plan(m, ch_kernels_cpu(), B, 1, &err), CH_STATUS_OK);
+    assert_int_equal(ch_model_plan(m, B, 1, &err), CH_STATUS_OK);
     assert_int_equal(m->scratch_len, (size_t)3 * 64 * 28 * 28 * B);
     ch_model_free(m);
 }
@@ -129,9 +129,9 @@ static void unknown_models_and_impossible_inputs_are_refused(void **state)
     (void)state;
     ch_model *m = NULL;
     ch_err err;
-    assert_int_equal(ch_zoo_model("vgg", (ch_shape3){ 1, 28, 28 }, 10, &m, &err), CH_STATUS_BAD_INPUT);
+    assert_int_equal(ch_zoo_model("vgg", (ch_shape3){ 1, 28, 28 }, 10, ch_backend_host(), &m, &err), CH_STATUS_BAD_INPUT);
     assert_non_null(strstr(err.msg, "unknown model 'vgg'"));
-    assert_int_equal(ch_zoo_model("lenet", (ch_shape3){ 1, 8, 8 }, 10, &m, &err), CH_STATUS_BAD_INPUT);
+    assert_int_equal(ch_zoo_model("lenet", (ch_shape3){ 1, 8, 8 }, 10, ch_backend_host(), &m, &err), CH_STATUS_BAD_INPUT);
     assert_non_null(strstr(err.msg, "lenet cannot take 1x8x8"));
     assert_null(m);
 }
@@ -149,7 +149,7 @@ static void sgd_follows_pytorch_update_rule(void **state)
         c.momentum = mom;
         c.weight_decay = wd;
         c.nesterov = nesterov;
-        assert_int_equal(ch_optim_init(&o, N, &c, &err), CH_STATUS_OK);
+        assert_int_equal(ch_optim_init(&o, N, &c, ch_backend_host(), &err), CH_STATUS_OK);
         ch_real p[N] = { 1, -2, 0.5, 3 }, g[N];
         double ep[N] = { 1, -2, 0.5, 3 }, buf[N] = { 0 };
         for (int step = 0; step < 5; step++) {
@@ -223,7 +223,7 @@ static void batchnorm_running_statistics_follow_pytorch(void **state)
      * wrote the gradient over it (the parameters are unchanged at lr 0): forward again, in
      * evaluation mode, which leaves the statistics be. */
     ch_model *m = t->replicas[0].model;
-    const ch_run run = ch_model_run(m, ch_kernels_cpu(), false);
+    const ch_run run = ch_model_run(m, false);
     ch_model_forward(m, &run, 16, t->replicas[0].x);
     const ch_layer *conv = m->root->children[0];
     assert_string_equal(conv->name, "0");

@@ -58,15 +58,23 @@ static ch_trainer *make(const char *model, const ch_dataset *train, const ch_dat
     return t;
 }
 
-/* Rank 0's bits, everywhere. */
-static void check_same_on_all_ranks(const ch_real *x, size_t n, const char *what)
+/* A host copy of n values of m's memory (the backend COHORT_BACKEND names); the caller frees it. */
+static ch_real *down(const ch_model *m, const ch_real *dev, size_t n)
 {
-    ch_real *mine = malloc(sizeof(ch_real) * n);
-    CHECK(mine != NULL, "malloc");
-    memcpy(mine, x, sizeof(ch_real) * n);
+    ch_real *h = malloc(sizeof(ch_real) * (n ? n : 1));
+    CHECK(h != NULL, "malloc");
+    ch_backend_download(m->be, h, dev, sizeof(ch_real) * n);
+    return h;
+}
+
+/* Rank 0's bits, everywhere (x is n values of m's memory). */
+static void check_same_on_all_ranks(const ch_model *m, const ch_real *x, size_t n, const char *what)
+{
+    ch_real *here = down(m, x, n), *mine = down(m, x, n);
     MPI_Bcast(mine, (int)(n * sizeof(ch_real)), MPI_BYTE, 0, MPI_COMM_WORLD);
-    CHECK(memcmp(mine, x, sizeof(ch_real) * n) == 0, "%s differ from rank 0's", what);
+    CHECK(memcmp(mine, here, sizeof(ch_real) * n) == 0, "%s differ from rank 0's", what);
     free(mine);
+    free(here);
 }
 
 static void test_gradient(const char *model, const char *devices, int n)
@@ -82,12 +90,16 @@ static void test_gradient(const char *model, const char *devices, int n)
     CHECK(ch_trainer_step(job, idx, n, &l1, &c1, &err) == CH_STATUS_OK, "%s", err.msg);
     CHECK(ch_trainer_step(one, idx, n, &l2, &c2, &err) == CH_STATUS_OK, "%s", err.msg);
     const ch_model *m = job->replicas[0].model;
-    const double e = tu_grad_error(m, m->grads, one->replicas[0].model->grads);
+    const ch_model *m1 = one->replicas[0].model;
+    ch_real *gj = down(m, m->grads, m->nparams), *g1 = down(m1, m1->grads, m->nparams);
+    const double e = tu_grad_error(m, gj, g1);
+    free(gj);
+    free(g1);
     if (rank == 0)
         printf("gradient %-9s %d ranks x [%s], batch %2d: %.3g relative to one process\n", model,
                size, devices, n, e);
     CHECK(e <= 1e-5, "%s gradient differs from one process by %.3g (> 1e-5)", model, e);
-    check_same_on_all_ranks(m->grads, m->nparams, "synced gradients");
+    check_same_on_all_ranks(m, m->grads, m->nparams, "synced gradients");
     ch_trainer_free(job);
     ch_trainer_free(one);
     ch_dataset_free(d);
@@ -149,7 +161,7 @@ static void test_epoch(const char *root)
     CHECK(e <= 1e-4, "after one epoch the parameters differ from one process by %.3g (> 1e-4)", e);
     CHECK(sj.train_images == n, "epoch reports %zu images, expected %zu", sj.train_images, n);
     const ch_model *m = job->replicas[0].model;
-    check_same_on_all_ranks(m->params, m->nparams, "parameters after an epoch");
+    check_same_on_all_ranks(m, m->params, m->nparams, "parameters after an epoch");
     free(pj);
     free(po);
     free(counts);

@@ -44,7 +44,7 @@ static void optimizers_match_pytorch(void **state)
             ch_err err;
             assert_int_equal(ch_optim_kind_parse(kind, &c.kind, &err), CH_STATUS_OK);
             c.nesterov = nesterov != 0;
-            assert_int_equal(ch_optim_init(&o, N, &c, &err), CH_STATUS_OK);
+            assert_int_equal(ch_optim_init(&o, N, &c, ch_backend_host(), &err), CH_STATUS_OK);
             for (int i = 0; i < N; i++) p[i] = (ch_real)P0[i];
             configs++;
             continue;
@@ -77,7 +77,7 @@ static void state_names_are_pytorchs(void **state)
         c.momentum = want[w].k == CH_OPTIM_SGD ? 0.9 : 0;
         ch_optim o;
         ch_err err;
-        assert_int_equal(ch_optim_init(&o, 3, &c, &err), CH_STATUS_OK);
+        assert_int_equal(ch_optim_init(&o, 3, &c, ch_backend_host(), &err), CH_STATUS_OK);
         assert_int_equal(o.nstate, want[w].n);
         for (int i = 0; i < o.nstate; i++) assert_string_equal(ch_optim_state_name(&o, i), want[w].names[i]);
         ch_optim_free(&o);

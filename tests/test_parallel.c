@@ -49,14 +49,43 @@ static void step_once(ch_trainer *t, int n, double *loss)
     if (ch_trainer_step(t, idx, n, loss, &correct, &err) != CH_STATUS_OK) fail_msg("%s", err.msg);
 }
 
+/* A host copy of n values of m's memory (the trainer's backend: COHORT_BACKEND, so that this test
+ * also runs on the scramble backend); the caller frees it. */
+static ch_real *down(const ch_model *m, const ch_real *dev, size_t n)
+{
+    ch_real *h = malloc(sizeof(ch_real) * (n ? n : 1));
+    assert_non_null(h);
+    ch_backend_download(m->be, h, dev, sizeof(ch_real) * n);
+    return h;
+}
+
+static void assert_same_values(const ch_model *a, const ch_real *da, const ch_model *b, const ch_real *db,
+                               size_t n)
+{
+    ch_real *ha = down(a, da, n), *hb = down(b, db, n);
+    assert_memory_equal(ha, hb, sizeof(ch_real) * n);
+    free(ha);
+    free(hb);
+}
+
+/* tu_grad_error of two models' gradients, each in its own memory. */
+static double grad_error(const ch_model *ref, const ch_model *a, const ch_model *b)
+{
+    ch_real *ha = down(a, a->grads, ref->nparams), *hb = down(b, b->grads, ref->nparams);
+    const double e = tu_grad_error(ref, ha, hb);
+    free(ha);
+    free(hb);
+    return e;
+}
+
 static void assert_replicas_identical(const ch_trainer *t)
 {
     const ch_model *m0 = t->replicas[0].model;
     for (int r = 1; r < t->nreplicas; r++) {
         const ch_model *m = t->replicas[r].model;
-        assert_memory_equal(m->params, m0->params, sizeof(ch_real) * m0->nparams);
-        assert_memory_equal(m->grads, m0->grads, sizeof(ch_real) * m0->nparams);
-        if (m0->nbuffers) assert_memory_equal(m->buffers, m0->buffers, sizeof(ch_real) * m0->nbuffers);
+        assert_same_values(m, m->params, m0, m0->params, m0->nparams);
+        assert_same_values(m, m->grads, m0, m0->grads, m0->nparams);
+        if (m0->nbuffers) assert_same_values(m, m->buffers, m0, m0->buffers, m0->nbuffers);
         if (m0->ncounters)
             assert_memory_equal(m->counters, m0->counters, sizeof(int64_t) * (size_t)m0->ncounters);
     }
@@ -80,15 +109,18 @@ static void check_equivalence(const char *model, int size, bool sync_bn, double 
             double ld;
             step_once(many, n, &ld);
             assert_replicas_identical(many);
-            const double e = tu_grad_error(m1, many->replicas[0].model->grads, m1->grads);
+            const double e = grad_error(m1, many->replicas[0].model, m1);
             worst = fmax(worst, e);
             if (e > tol || fabs(ld - l1) > 1e-5 * fabs(l1))
                 fail_msg("%s batch %d on %d devices: gradient error %.3g, loss %.9g vs %.9g", model,
                          n, D, e, ld, l1);
             if (sync_bn && m1->nbuffers) {
                 /* Running statistics come from the global batch's statistics, as on one device. */
-                const double eb = tu_max_norm_err(many->replicas[0].model->buffers, m1->buffers,
-                                                  m1->nbuffers);
+                const ch_model *mm = many->replicas[0].model;
+                ch_real *hb = down(mm, mm->buffers, m1->nbuffers), *h1 = down(m1, m1->buffers, m1->nbuffers);
+                const double eb = tu_max_norm_err(hb, h1, m1->nbuffers);
+                free(hb);
+                free(h1);
                 if (eb > 1e-5) fail_msg("%s batch %d on %d devices: running stats error %.3g", model, n, D, eb);
             }
             ch_trainer_free(many);
@@ -128,9 +160,9 @@ static void per_slice_reference(const ch_dataset *d, const uint32_t *idx, int n,
 {
     ch_err err;
     ch_model *m;
-    if (ch_zoo_model("resnet18", (ch_shape3){ 1, d->h, d->w }, 10, &m, &err) != CH_STATUS_OK ||
+    if (ch_zoo_model("resnet18", (ch_shape3){ 1, d->h, d->w }, 10, ch_backend_host(), &m, &err) != CH_STATUS_OK ||
         ch_model_init_params(m, "default", 7, &err) != CH_STATUS_OK ||
-        ch_model_plan(m, ch_kernels_cpu(), n, 2, &err) != CH_STATUS_OK)
+        ch_model_plan(m, n, 2, &err) != CH_STATUS_OK)
         fail_msg("%s", err.msg);
     ch_real *start = malloc(sizeof(ch_real) * m->nbuffers);
     ch_real *x = malloc(sizeof(ch_real) * (size_t)n * d->h * d->w), *dl = malloc(sizeof(ch_real) * (size_t)n * 10);
@@ -144,7 +176,7 @@ static void per_slice_reference(const ch_dataset *d, const uint32_t *idx, int n,
         ch_trainer_slice(n, D, r, &off, &cnt);
         memcpy(m->buffers, start, sizeof(ch_real) * m->nbuffers);
         assert_int_equal(ch_augment_gather(&(ch_augment){ 0 }, d, idx + off, cnt, false, 0, 0, x, y, &err), CH_STATUS_OK);
-        ch_run run = ch_model_run(m, ch_kernels_cpu(), true);
+        ch_run run = ch_model_run(m, true);
         run.global_n = n;
         run.sample_offset = (uint64_t)off;
         const ch_real *logits = ch_model_forward(m, &run, cnt, x);
@@ -181,14 +213,19 @@ static void resnet18_per_replica_bn_matches_per_slice_reference(void **state)
         assert_true(g && b);
         ch_model *ref;
         per_slice_reference(d, idx, n, D, g, b, &ref);
-        const double e = tu_grad_error(ref, mt->grads, g);
-        const double eb = tu_max_norm_err(mt->buffers, b, mt->nbuffers);
+        ch_real *hg = down(mt, mt->grads, mt->nparams), *hb = down(mt, mt->buffers, mt->nbuffers);
+        const double e = tu_grad_error(ref, hg, g);
+        const double eb = tu_max_norm_err(hb, b, mt->nbuffers);
+        free(hb);
         if (e > 1e-5 || eb > 1e-5)
             fail_msg("per-replica BN on %d devices: gradient error %.3g, running stats error %.3g", D, e, eb);
         /* And it is not the sync-BN answer: the slices' statistics differ from the batch's. */
         ch_trainer *one = make("resnet18", d, "cpu:0", n, 0, false);
         step_once(one, n, &l);
-        assert_true(tu_grad_error(ref, mt->grads, one->replicas[0].model->grads) > 1e-3);
+        ch_real *h1 = down(one->replicas[0].model, one->replicas[0].model->grads, mt->nparams);
+        assert_true(tu_grad_error(ref, hg, h1) > 1e-3);
+        free(h1);
+        free(hg);
         ch_trainer_free(one);
         ch_model_free(ref);
         free(g);
@@ -223,7 +260,7 @@ static void replicas_stay_bit_identical(void **state)
         assert_int_equal(t->step, 20);
         assert_replicas_identical(t);
         const ch_replica *a = &t->replicas[0], *b = &t->replicas[1];
-        assert_memory_equal(a->opt.state[0], b->opt.state[0], sizeof(ch_real) * a->opt.n);
+        assert_same_values(a->model, a->opt.state[0], b->model, b->opt.state[0], a->opt.n);
         /* Learning happened (the parameters moved away from their start and the data is easy). */
         assert_true(s.test_acc > 0.3);
         ch_trainer_free(t);

@@ -15,7 +15,7 @@
 
 static const char bench_usage[] =
     "usage: cohort bench train --model NAME|FILE.onnx [-b/--batch-size B] [--threads T] [--devices LIST]\n"
-    "                          [--steps N] [--warmup W] [--eval] [--skip-sync]\n"
+    "                          [--steps N] [--warmup W] [--eval] [--skip-sync] [--precision fp32|bf16]\n"
     "       cohort bench allreduce [--devices LIST|D] [--min-bytes B] [--max-bytes B]  (also mpirun)\n"
     "       cohort bench loader --data DIR [-j N] [--image-size N] [-b B] [--limit N]\n"
     "train: times N training steps (or forward-only evaluation batches with --eval) on synthetic\n"
@@ -110,6 +110,7 @@ int ch_cmd_bench(int argc, char **argv)
         { "warmup", required_argument, NULL, 'w' }, { "eval", no_argument, NULL, 'e' },
         { "devices", required_argument, NULL, 'd' }, { "sync-bn", no_argument, NULL, 'y' },
         { "skip-sync", no_argument, NULL, 'k' }, { "help", no_argument, NULL, 'h' },
+        { "precision", required_argument, NULL, 'p' },
         { NULL, 0, NULL, 0 },
     };
     ch_train_config cfg = ch_train_config_default();
@@ -131,6 +132,7 @@ int ch_cmd_bench(int argc, char **argv)
         case 'd': cfg.devices = optarg; break;
         case 'y': cfg.sync_bn = true; break;
         case 'k': skip_sync = true; break;
+        case 'p': cfg.precision = optarg; break;
         default: fprintf(stderr, "cohort bench: unknown or incomplete option\n"); return CH_EXIT_USAGE;
         }
     }

@@ -91,6 +91,8 @@ static const char train_page[] =
     "                          ranks on the host)\n"
     "    --sync-bn             BatchNorm statistics over the whole global batch (default: each\n"
     "                          device's own slice, as PyTorch DDP)\n"
+    "    --precision P         fp32 (default). bf16 is refused: without native bf16 (cohort info\n"
+    "                          says) it is slower than fp32, and its kernels are not built yet\n"
     "    --bucket-mb M         gradient sync bucket size in MiB (default 25)\n"
     "    --timeout SECONDS     end the job when an exchange between ranks takes longer: a stuck\n"
     "                          or lost rank (default 300)\n"

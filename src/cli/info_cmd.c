@@ -9,6 +9,7 @@
 #include <mpi.h>
 #endif
 #include "core/real.h"
+#include "kernels/cpu/cpu.h"
 
 #ifndef CH_REAL_DOUBLE
 #include <dnnl.h>
@@ -34,6 +35,10 @@ int ch_cmd_info(int argc, char **argv)
            v->patch, _OPENMP);
     printf("oneDNN cpu: %s\n", v->cpu_runtime == DNNL_RUNTIME_OMP ? "OpenMP runtime" : "other runtime");
     printf("cpu:        %s\n", cpu);
+    char isa[32];
+    const bool bf16 = ch_cpu_bf16_native(isa, sizeof isa);
+    printf("bf16:       %s (oneDNN's effective ISA: %s)\n", bf16 ? "native" : "not native: --precision bf16 is refused", isa);
+    printf("backends:   cpu (COHORT_BACKEND=scramble: the test backend whose memory is stored scrambled)\n");
     printf("threads:    %d by default (--threads T to change)\n", ch_cpu_count());
 #ifdef CH_HAVE_MPI
     printf("mpi:        Open MPI %d.%d.%d; this process is rank %d of %d on %s%s\n",

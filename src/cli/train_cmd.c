@@ -64,6 +64,7 @@ static const char train_usage[] =
     "                        (default: all cores; each device gets at least one)\n"
     "  --sync-bn             BatchNorm batch statistics over the whole global batch\n"
     "                        (default: each device's own slice, as PyTorch DDP)\n"
+    "  --precision P         fp32 (default); bf16 is refused (see cohort info)\n"
     "  --bucket-mb M         gradient sync bucket size in MiB (default 25)\n"
     "  --timeout SECONDS     end the job when an exchange between ranks takes longer\n"
     "                        (a stuck or lost rank; default 300)\n"
@@ -107,6 +108,7 @@ enum {
     OPT_TRACE_STEPS, OPT_OPTIMIZER, OPT_DAMPENING, OPT_BETAS, OPT_EPS, OPT_SCHEDULE, OPT_STEP_SIZE,
     OPT_GAMMA, OPT_MILESTONES, OPT_T_MAX, OPT_ETA_MIN, OPT_WARMUP, OPT_SCALE_LR, OPT_DATASET,
     OPT_RANDOM_CROP, OPT_RANDOM_FLIP, OPT_NORMALIZE, OPT_IMAGE_SIZE, OPT_SKIP_BAD, OPT_ALLOW_NONFINITE,
+    OPT_PRECISION,
 };
 
 static const struct option train_long[] = {
@@ -124,6 +126,7 @@ static const struct option train_long[] = {
     { "threads", required_argument, NULL, OPT_THREADS },
     { "devices", required_argument, NULL, OPT_DEVICES },
     { "sync-bn", no_argument, NULL, OPT_SYNC_BN },
+    { "precision", required_argument, NULL, OPT_PRECISION },
     { "bucket-mb", required_argument, NULL, OPT_BUCKET_MB },
     { "timeout", required_argument, NULL, OPT_TIMEOUT },
     { "log-dir", required_argument, NULL, OPT_LOG_DIR },
@@ -212,6 +215,7 @@ static int parse_one(int c, const char *arg, train_opts *o)
         return -1;
     case OPT_DEVICES: cfg->devices = arg; return -1;
     case OPT_SYNC_BN: cfg->sync_bn = true; return -1;
+    case OPT_PRECISION: cfg->precision = arg; return -1;
     case OPT_BUCKET_MB:
         return ch_arg_double("train", "bucket-mb", arg, 0.001, 4096, &cfg->bucket_mb) ? -1 : CH_EXIT_USAGE;
     case OPT_TIMEOUT:

@@ -76,6 +76,22 @@ typedef struct ch_bcast_desc {
     int out[3], a[3], b[3];
 } ch_bcast_desc;
 
+/* One optimizer step's rule and scalars (optim.c fills it from the configuration and the step
+ * count; the kernel only runs the elementwise loop). */
+typedef enum ch_update_rule { CH_UPDATE_SGD, CH_UPDATE_ADAM, CH_UPDATE_ADAGRAD } ch_update_rule;
+
+typedef struct ch_optim_update {
+    ch_update_rule rule;
+    ch_real lr, wd;
+    /* SGD */
+    ch_real momentum, damp;     /* damp = 1 - dampening; momentum 0: no state */
+    bool first, nesterov;
+    /* Adam(W) */
+    bool decoupled;
+    ch_real b1, b2, eps, decay, step_size, bc2_sqrt;
+    /* Adagrad: lr is the decayed clr, eps as above */
+} ch_optim_update;
+
 typedef struct ch_kernels {
     const char *name;
 
@@ -156,6 +172,14 @@ typedef struct ch_kernels {
     void (*copy_rows)(const ch_kctx *kc, int rows, size_t len, const ch_real *src,
                       size_t src_stride, ch_real *dst, size_t dst_stride);
 
+    /* y[j] = sum over i < rows of x[i * len + j], in the order of i (a Linear layer's bias
+     * gradient); rows may be 0. */
+    void (*col_sum)(const ch_kctx *kc, int rows, size_t len, const ch_real *x, ch_real *y);
+    /* One optimizer update of n parameters p from gradients g and state s0, s1 (optim.h's rules;
+     * the scalars of this step in u). */
+    void (*optim_update)(const ch_kctx *kc, const struct ch_optim_update *u, size_t n, ch_real *p,
+                         const ch_real *g, ch_real *s0, ch_real *s1);
+
     /* Softmax cross-entropy over logits (n, k): returns the summed loss and the number of correct
      * argmax predictions; dlogits = (softmax - onehot) * scale (skipped when dlogits is NULL). */
     void (*softmax_xent)(const ch_kctx *kc, int n, int k, const ch_real *logits,
@@ -169,6 +193,7 @@ typedef struct ch_kernels {
 } ch_kernels;
 
 /* The CPU backend (oneDNN GEMM, OpenMP threads) and the naive reference used by the tests. */
+extern const ch_kernels ch_cpu_kernel_table;
 const ch_kernels *ch_kernels_cpu(void);
 const ch_kernels *ch_kernels_ref(void);
 

@@ -168,11 +168,12 @@ ch_status ch_zoo_graph(const char *name, ch_shape3 in, int classes, ch_graph **o
     return CH_STATUS_OK;
 }
 
-ch_status ch_zoo_model(const char *name, ch_shape3 in, int classes, ch_model **out, ch_err *err)
+ch_status ch_zoo_model(const char *name, ch_shape3 in, int classes, const ch_backend *be, ch_model **out,
+                       ch_err *err)
 {
     ch_graph *g;
     CH_TRY(ch_zoo_graph(name, in, classes, &g, err));
-    const ch_status st = ch_model_create_graph(g, in, classes, out, err);
+    const ch_status st = ch_model_create_graph(g, in, classes, be, out, err);
     ch_graph_free(g);
     return st;
 }

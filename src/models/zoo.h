@@ -11,6 +11,7 @@
 ch_status ch_zoo_graph(const char *arch, ch_shape3 in, int classes, ch_graph **out, ch_err *err);
 /* The model of that graph (ch_model_create_graph), for code that has a zoo name only: a
  * checkpoint's, a test's. */
-ch_status ch_zoo_model(const char *name, ch_shape3 in, int classes, ch_model **out, ch_err *err);
+ch_status ch_zoo_model(const char *name, ch_shape3 in, int classes, const ch_backend *be, ch_model **out,
+                       ch_err *err);
 
 #endif

@@ -13,7 +13,7 @@ static ch_status conv_plan(ch_layer *l, ch_plan *pl, ch_err *err)
     conv_impl *c = l->impl;
     size_t need = pl->k->conv2d_workspace(&c->d, pl->max_batch, pl->nthreads);
     if (need > pl->ws_need) pl->ws_need = need;
-    return ch_layer_alloc_output(l, pl->max_batch, err);
+    return ch_layer_alloc_output(l, pl, err);
 }
 
 static void conv_forward(ch_layer *l, const ch_run *r, int n, const ch_real *x)

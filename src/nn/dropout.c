@@ -11,23 +11,30 @@
 typedef struct dropout_impl {
     double p;
     uint32_t id;
-    ch_real *mask;   /* 0 or 1/(1-p) per element, planned for the largest batch */
+    ch_real *mask;   /* 0 or 1/(1-p) per element (replica memory), planned for the largest batch */
+    ch_real *host;   /* the same drawn on the host, then uploaded */
+    ch_bcast_desc mul; /* y = x * mask, elementwise over a sample */
+    bool identity;   /* the last forward copied (evaluation or p = 0) */
 } dropout_impl;
 
 static ch_status dropout_plan(ch_layer *l, ch_plan *pl, ch_err *err)
 {
     dropout_impl *d = l->impl;
     const size_t len = ch_shape3_size(l->in) * (size_t)pl->max_batch;
-    d->mask = malloc(sizeof(ch_real) * len);
-    CH_CHECK_ALLOC(err, d->mask);
+    d->mask = ch_layer_alloc_saved(l, pl, len, sizeof(ch_real), err);
+    if (!d->mask) return CH_STATUS_SYSTEM;
+    d->host = malloc(sizeof(ch_real) * (len ? len : 1));
+    CH_CHECK_ALLOC(err, d->host);
     pl->saved_bytes += sizeof(ch_real) * len;
-    return ch_layer_alloc_output(l, pl->max_batch, err);
+    return ch_layer_alloc_output(l, pl, err);
 }
 
 static void dropout_free(ch_layer *l)
 {
     dropout_impl *d = l->impl;
-    if (d) free(d->mask);
+    if (!d) return;
+    ch_layer_release(l, d->mask);
+    free(d->host);
 }
 
 static void dropout_forward(ch_layer *l, const ch_run *r, int n, const ch_real *x)
@@ -35,10 +42,11 @@ static void dropout_forward(ch_layer *l, const ch_run *r, int n, const ch_real *
     dropout_impl *d = l->impl;
     const size_t per = ch_shape3_size(l->in), len = per * (size_t)n;
     if (!r->training || d->p == 0) {
-        for (size_t i = 0; i < len; i++) d->mask[i] = 1;
-        memcpy(l->y, x, sizeof(ch_real) * len);
+        ch_backend_copy(r->be, l->y, x, sizeof(ch_real) * len);
+        d->identity = true;
         return;
     }
+    d->identity = false;
     const ch_real keep = (ch_real)(1.0 / (1.0 - d->p));
     const uint32_t threshold = (uint32_t)(d->p * 4294967296.0);
     for (int s = 0; s < n; s++) {
@@ -48,21 +56,21 @@ static void dropout_forward(ch_layer *l, const ch_run *r, int n, const ch_real *
                     (r->step << 32) ^ (sample * ((per + 3) / 4)));
         for (size_t e = 0; e < per; e++) {
             const size_t i = (size_t)s * per + e;
-            d->mask[i] = ch_rng_u32(&rng) >= threshold ? keep : 0;
-            l->y[i] = x[i] * d->mask[i];
+            d->host[i] = ch_rng_u32(&rng) >= threshold ? keep : 0;
         }
     }
+    ch_backend_upload(r->be, d->mask, d->host, sizeof(ch_real) * len);
+    r->k->bcast_forward(&r->kc, &d->mul, n, x, d->mask, l->y);
 }
 
 static void dropout_backward(ch_layer *l, const ch_run *r, int n, const ch_real *x,
                              const ch_real *dy, ch_real *dx)
 {
-    (void)r;
     (void)x;
     dropout_impl *d = l->impl;
     if (!dx) return;
-    const size_t len = ch_shape3_size(l->in) * (size_t)n;
-    for (size_t i = 0; i < len; i++) dx[i] = dy[i] * d->mask[i];
+    if (d->identity) ch_backend_copy(r->be, dx, dy, sizeof(ch_real) * ch_shape3_size(l->in) * (size_t)n);
+    else r->k->bcast_forward(&r->kc, &d->mul, n, dy, d->mask, dx);
 }
 
 static const ch_layer_ops dropout_ops = {
@@ -84,6 +92,8 @@ ch_status ch_dropout_create(const char *name, ch_shape3 in, double p, uint32_t i
     }
     d->p = p;
     d->id = id;
+    const int per = (int)ch_shape3_size(in);
+    d->mul = (ch_bcast_desc){ .op = CH_BCAST_MUL, .out = { 1, 1, per }, .a = { 1, 1, per }, .b = { 1, 1, per } };
     l->impl = d;
     *out = l;
     return CH_STATUS_OK;

@@ -1,6 +1,7 @@
 /* Generic layer plumbing: allocation, specs, children, planning, freeing. */
 #include "nn/layer.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,7 +25,7 @@ void ch_layer_free(ch_layer *l)
     free(l->ins);
     if (l->ops->free_impl) l->ops->free_impl(l);
     free(l->impl);
-    if (l->y_owned) free(l->y);
+    if (l->y_owned) ch_backend_release(l->be, l->y);
     free(l->params);
     free(l->buffers);
     free(l->p);
@@ -100,17 +101,31 @@ ch_status ch_layer_add_child(ch_layer *l, ch_layer *child, ch_err *err)
     return CH_STATUS_OK;
 }
 
-ch_status ch_layer_alloc_output(ch_layer *l, int max_batch, ch_err *err)
+ch_status ch_layer_alloc_output(ch_layer *l, const ch_plan *pl, ch_err *err)
 {
-    l->y = malloc(sizeof(ch_real) * ch_shape3_size(l->out) * (size_t)max_batch);
-    CH_CHECK_ALLOC(err, l->y);
+    l->y = ch_layer_alloc_saved(l, pl, ch_shape3_size(l->out) * (size_t)pl->max_batch,
+                                sizeof(ch_real), err);
+    if (!l->y) return CH_STATUS_SYSTEM;
     l->y_owned = true;
     return CH_STATUS_OK;
 }
 
+void *ch_layer_alloc_saved(ch_layer *l, const ch_plan *pl, size_t count, size_t size, ch_err *err)
+{
+    l->be = pl->be;
+    void *p = count <= SIZE_MAX / size ? ch_backend_alloc(pl->be, count * size) : NULL;
+    if (!p) ch_fail(err, CH_STATUS_SYSTEM, "allocation of %s's activations (%zu values) failed", l->name, count);
+    return p;
+}
+
+void ch_layer_release(const ch_layer *l, void *p)
+{
+    if (p && l->be) ch_backend_release(l->be, p);
+}
+
 void ch_layer_borrow_output(ch_layer *l, ch_real *buf)
 {
-    if (l->y_owned) free(l->y);
+    if (l->y_owned) ch_backend_release(l->be, l->y);
     l->y = buf;
     l->y_owned = false;
 }

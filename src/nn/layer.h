@@ -11,7 +11,7 @@
 #include <stdint.h>
 
 #include "core/status.h"
-#include "kernels/kernels.h"
+#include "kernels/backend.h"
 
 typedef struct ch_shape3 {
     int c, h, w;
@@ -50,6 +50,7 @@ typedef void (*ch_grads_ready_fn)(void *user, size_t offset, size_t count);
 
 /* What a replica's layers run with: its kernels, threads, workspace and step identity. */
 typedef struct ch_run {
+    const ch_backend *be;   /* the replica's memory operations; k is be->k */
     const ch_kernels *k;
     ch_kctx kc;
     bool training;
@@ -77,6 +78,7 @@ typedef struct ch_layer ch_layer;
 
 /* Planning input and output: what a layer sizes its memory for. */
 typedef struct ch_plan {
+    const ch_backend *be;   /* where the layers' outputs and saved values live */
     const ch_kernels *k;
     int max_batch;
     int nthreads;
@@ -124,7 +126,8 @@ struct ch_layer {
     ch_tensor_spec *params, *buffers;
     ch_real **p, **g, **b;         /* bound to the model's flat buffers */
     int64_t *num_batches_tracked;  /* BatchNorm only; bound by the model */
-    ch_real *y;                    /* output activations; owned when y_owned */
+    const ch_backend *be;          /* whose memory y and the impl's saved values are (planned) */
+    ch_real *y;                    /* output activations (replica memory); owned when y_owned */
     bool y_owned;
     bool absorbed;                 /* a ReLU whose work the layer before it does: not run */
     size_t scratch_own;            /* backward scratch this layer takes (elements), planned */
@@ -152,8 +155,12 @@ ch_status ch_layer_add_buffer(ch_layer *l, const char *suffix, int ndim, const i
 ch_status ch_layer_finish(ch_layer *l, ch_status st, ch_layer **out);
 /* Append a child (takes ownership; frees it on failure). */
 ch_status ch_layer_add_child(ch_layer *l, ch_layer *child, ch_err *err);
-/* Allocate l->y for max_batch samples. */
-ch_status ch_layer_alloc_output(ch_layer *l, int max_batch, ch_err *err);
+/* Allocate l->y for pl->max_batch samples in pl->be's memory (and remember the backend). */
+ch_status ch_layer_alloc_output(ch_layer *l, const ch_plan *pl, ch_err *err);
+/* Replica memory of count elements of size each for l's impl (pl->be's); NULL and an error on
+ * failure. Freed with ch_layer_release. */
+void *ch_layer_alloc_saved(ch_layer *l, const ch_plan *pl, size_t count, size_t size, ch_err *err);
+void ch_layer_release(const ch_layer *l, void *p);
 /* Make l write its output into buf (owned by the caller) instead of its own y, which is freed:
  * for a parent that knows l's output is consumed at once and not read by l's backward. */
 void ch_layer_borrow_output(ch_layer *l, ch_real *buf);

@@ -5,15 +5,15 @@
 
 static ch_status linear_plan(ch_layer *l, ch_plan *pl, ch_err *err)
 {
-    return ch_layer_alloc_output(l, pl->max_batch, err);
+    return ch_layer_alloc_output(l, pl, err);
 }
 
 static void linear_forward(ch_layer *l, const ch_run *r, int n, const ch_real *x)
 {
     const int in = l->in.c, out = l->out.c;
-    const ch_real *b = l->nparams > 1 ? l->p[1] : NULL;
-    for (int i = 0; i < n; i++)
-        for (int o = 0; o < out; o++) l->y[(size_t)i * out + o] = b ? b[o] : 0;
+    /* y = b in every row (or 0), then the product is added */
+    if (l->nparams > 1) r->k->copy_rows(&r->kc, n, (size_t)out, l->p[1], 0, l->y, (size_t)out);
+    else ch_backend_zero(r->be, l->y, sizeof(ch_real) * (size_t)n * out);
     /* y (n, out) += x (n, in) * W^T (in, out) */
     r->k->gemm(&r->kc, false, true, n, out, in, 1, x, in, l->p[0], in, 1, l->y, out);
 }
@@ -24,12 +24,8 @@ static void linear_backward(ch_layer *l, const ch_run *r, int n, const ch_real *
     const int in = l->in.c, out = l->out.c;
     /* dW (out, in) = dy^T (out, n) * x (n, in) */
     r->k->gemm(&r->kc, true, false, out, in, n, 1, dy, out, x, in, 0, l->g[0], in);
-    /* db[o] = sum_i dy[i][o], samples in order; the inner loop runs along a row of dy, so it
-     * vectorises over o. */
-    ch_real *db = l->nparams > 1 ? l->g[1] : NULL;
-    for (int o = 0; db && o < out; o++) db[o] = 0;
-    for (int i = 0; db && i < n; i++)
-        for (int o = 0; o < out; o++) db[o] += dy[(size_t)i * out + o];
+    /* db[o] = sum_i dy[i][o], samples in order */
+    if (l->nparams > 1) r->k->col_sum(&r->kc, n, (size_t)out, dy, l->g[1]);
     ch_run_grads_ready(r, l);
     /* dx (n, in) = dy (n, out) * W (out, in) */
     if (dx) r->k->gemm(&r->kc, false, false, n, in, out, 1, dy, out, l->p[0], in, 0, dx, in);

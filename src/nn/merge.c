@@ -8,7 +8,7 @@
 
 static ch_status own_plan(ch_layer *l, ch_plan *pl, ch_err *err)
 {
-    return ch_layer_alloc_output(l, pl->max_batch, err);
+    return ch_layer_alloc_output(l, pl, err);
 }
 
 /* ---- a op b ---- */

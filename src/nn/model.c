@@ -2,6 +2,7 @@
 #include "nn/model.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -70,8 +71,14 @@ static void bind_tensors(ch_model *m, ch_layer *l, const char *path)
     }
 }
 
-ch_status ch_model_create_from(const char *arch, ch_layer *root, int classes, ch_model **out,
-                               ch_err *err)
+/* Replica memory for count values (at least one). */
+static ch_real *alloc_reals(const ch_backend *be, size_t count)
+{
+    return count <= SIZE_MAX / sizeof(ch_real) ? ch_backend_alloc(be, sizeof(ch_real) * (count ? count : 1)) : NULL;
+}
+
+ch_status ch_model_create_from(const char *arch, ch_layer *root, int classes, const ch_backend *be,
+                               ch_model **out, ch_err *err)
 {
     ch_model *m = calloc(1, sizeof *m);
     if (!m) {
@@ -79,13 +86,14 @@ ch_status ch_model_create_from(const char *arch, ch_layer *root, int classes, ch
         return CH_SYS_FAIL(err, "calloc of model");
     }
     snprintf(m->arch, sizeof m->arch, "%s", arch);
+    m->be = be;
     m->root = root;
     m->input = root->in;
     m->classes = classes;
     walk(m, root, "", count_tensors);
-    m->params = calloc(m->nparams ? m->nparams : 1, sizeof(ch_real));
-    m->grads = calloc(m->nparams ? m->nparams : 1, sizeof(ch_real));
-    m->buffers = calloc(m->nbuffers ? m->nbuffers : 1, sizeof(ch_real));
+    m->params = alloc_reals(be, m->nparams);
+    m->grads = alloc_reals(be, m->nparams);
+    m->buffers = alloc_reals(be, m->nbuffers);
     m->counters = calloc((size_t)m->ncounters + 1, sizeof(int64_t));
     m->tensors = calloc((size_t)m->ntensors + 1, sizeof(ch_tensor_ref));
     if (!m->params || !m->grads || !m->buffers || !m->counters || !m->tensors) {
@@ -98,8 +106,8 @@ ch_status ch_model_create_from(const char *arch, ch_layer *root, int classes, ch
     return CH_STATUS_OK;
 }
 
-ch_status ch_model_create_graph(const ch_graph *g, ch_shape3 input, int classes, ch_model **out,
-                                ch_err *err)
+ch_status ch_model_create_graph(const ch_graph *g, ch_shape3 input, int classes,
+                                const ch_backend *be, ch_model **out, ch_err *err)
 {
     ch_layer *root;
     CH_TRY(ch_graph_compile(g, &root, err));
@@ -112,7 +120,7 @@ ch_status ch_model_create_graph(const ch_graph *g, ch_shape3 input, int classes,
         ch_layer_free(root);
         return st;
     }
-    return ch_model_create_from(ch_graph_name(g), root, classes, out, err);
+    return ch_model_create_from(ch_graph_name(g), root, classes, be, out, err);
 }
 
 static ch_status parse_init(const char *init, double *normal_std, ch_err *err)
@@ -151,10 +159,21 @@ static void init_tensor(ch_real *data, const ch_tensor_spec *s, double normal_st
     }
 }
 
+/* The largest parameter or buffer tensor (values): the size of a host staging copy. */
+static size_t largest_tensor(const ch_model *m)
+{
+    size_t most = 1;
+    for (int i = 0; i < m->ntensors; i++)
+        if (m->tensors[i].spec && m->tensors[i].spec->count > most) most = m->tensors[i].spec->count;
+    return most;
+}
+
 ch_status ch_model_init_params(ch_model *m, const char *init, uint64_t seed, ch_err *err)
 {
     double normal_std;
     CH_TRY(parse_init(init, &normal_std, err));
+    ch_real *host = malloc(sizeof(ch_real) * largest_tensor(m));
+    CH_CHECK_ALLOC(err, host);
     for (int i = 0; i < m->ntensors; i++) {
         const ch_tensor_ref *t = &m->tensors[i];
         if (t->kind == CH_TENSOR_COUNTER) {
@@ -164,8 +183,10 @@ ch_status ch_model_init_params(ch_model *m, const char *init, uint64_t seed, ch_
         /* Each tensor draws from its own counter range: adding a layer does not reshuffle others. */
         ch_rng rng;
         ch_rng_init(&rng, seed, CH_RNG_STREAM_INIT, (uint64_t)i << 40);
-        init_tensor(t->data, t->spec, normal_std, &rng);
+        init_tensor(host, t->spec, normal_std, &rng);
+        ch_backend_upload(m->be, t->data, host, sizeof(ch_real) * t->spec->count);
     }
+    free(host);
     return CH_STATUS_OK;
 }
 
@@ -182,7 +203,7 @@ ch_status ch_model_load_initial(ch_model *m, const ch_graph *g, ch_err *err)
         if (t->spec->count != v->count)
             return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: the file's tensor '%s' has %zu values, the model's %zu",
                            m->arch, v->name, v->count, t->spec->count);
-        for (size_t j = 0; j < v->count; j++) t->data[j] = (ch_real)v->data[j];
+        CH_TRY(ch_model_write_tensor(m, t, v->data, err));
     }
     /* The graph's names are distinct, so each matched a different tensor: any left over has no
      * value in the file, and a model half random is never meant. */
@@ -192,25 +213,24 @@ ch_status ch_model_load_initial(ch_model *m, const ch_graph *g, ch_err *err)
     return CH_STATUS_OK;
 }
 
-static ch_status plan(ch_model *m, const ch_kernels *k, int max_batch, int nthreads, ch_err *err)
+static ch_status plan(ch_model *m, int max_batch, int nthreads, ch_err *err)
 {
-    ch_plan pl = { .k = k, .max_batch = max_batch, .nthreads = nthreads };
+    ch_plan pl = { .be = m->be, .k = m->be->k, .max_batch = max_batch, .nthreads = nthreads };
     CH_TRY(ch_layer_plan_tree(m->root, &pl, err));
     m->ws_len = pl.ws_need;
     m->saved_bytes = pl.saved_bytes;
-    m->ws = malloc(sizeof(ch_real) * (m->ws_len ? m->ws_len : 1));
+    m->ws = alloc_reals(m->be, m->ws_len);
     CH_CHECK_ALLOC(err, m->ws);
     m->scratch_len = m->root->scratch_need;
-    m->scratch = malloc(sizeof(ch_real) * (m->scratch_len ? m->scratch_len : 1));
+    m->scratch = alloc_reals(m->be, m->scratch_len);
     CH_CHECK_ALLOC(err, m->scratch);
     return CH_STATUS_OK;
 }
 
-ch_status ch_model_plan(ch_model *m, const ch_kernels *k, int max_batch, int nthreads,
-                        ch_err *err)
+ch_status ch_model_plan(ch_model *m, int max_batch, int nthreads, ch_err *err)
 {
     CH_ASSERT(m->max_batch == 0);
-    ch_status st = plan(m, k, max_batch, nthreads, err);
+    ch_status st = plan(m, max_batch, nthreads, err);
     if (st == CH_STATUS_SYSTEM) {
         /* Planning fails on the system only when an allocation does, and the memory a slice
          * needs grows with it: the batch the user chose is what to change. */
@@ -226,9 +246,9 @@ ch_status ch_model_plan(ch_model *m, const ch_kernels *k, int max_batch, int nth
     return CH_STATUS_OK;
 }
 
-ch_run ch_model_run(const ch_model *m, const ch_kernels *k, bool training)
+ch_run ch_model_run(const ch_model *m, bool training)
 {
-    return (ch_run){ .k = k, .kc = { .nthreads = m->nthreads, .ws = m->ws, .ws_len = m->ws_len },
+    return (ch_run){ .be = m->be, .k = m->be->k, .kc = { .nthreads = m->nthreads, .ws = m->ws, .ws_len = m->ws_len },
                      .training = training, .scratch = m->scratch, .scratch_len = m->scratch_len };
 }
 
@@ -253,16 +273,57 @@ const ch_tensor_ref *ch_model_find(const ch_model *m, const char *name)
     return NULL;
 }
 
+ch_status ch_model_write_tensor(ch_model *m, const ch_tensor_ref *t, const float *values, ch_err *err)
+{
+    return ch_model_upload_floats(m, t->data, values, t->spec->count, err);
+}
+
+/* float and ch_real are the same type except in the double-precision test build, which converts
+ * through a host copy. */
+ch_status ch_model_download_floats(const ch_model *m, float *out, const ch_real *dev, size_t n,
+                                   ch_err *err)
+{
+#ifdef CH_REAL_DOUBLE
+    ch_real *host = malloc(sizeof(ch_real) * (n ? n : 1));
+    CH_CHECK_ALLOC(err, host);
+    ch_backend_download(m->be, host, dev, sizeof(ch_real) * n);
+    for (size_t i = 0; i < n; i++) out[i] = (float)host[i];
+    free(host);
+#else
+    (void)err;
+    ch_backend_download(m->be, out, dev, sizeof(ch_real) * n);
+#endif
+    return CH_STATUS_OK;
+}
+
+ch_status ch_model_upload_floats(const ch_model *m, ch_real *dev, const float *values, size_t n,
+                                 ch_err *err)
+{
+#ifdef CH_REAL_DOUBLE
+    ch_real *host = malloc(sizeof(ch_real) * (n ? n : 1));
+    CH_CHECK_ALLOC(err, host);
+    for (size_t i = 0; i < n; i++) host[i] = values[i];
+    ch_backend_upload(m->be, dev, host, sizeof(ch_real) * n);
+    free(host);
+#else
+    (void)err;
+    ch_backend_upload(m->be, dev, values, sizeof(ch_real) * n);
+#endif
+    return CH_STATUS_OK;
+}
+
 void ch_model_free(ch_model *m)
 {
     if (!m) return;
     ch_layer_free(m->root);
-    free(m->params);
-    free(m->grads);
-    free(m->buffers);
+    if (m->be) {
+        ch_backend_release(m->be, m->params);
+        ch_backend_release(m->be, m->grads);
+        ch_backend_release(m->be, m->buffers);
+        ch_backend_release(m->be, m->ws);
+        ch_backend_release(m->be, m->scratch);
+    }
     free(m->counters);
     free(m->tensors);
-    free(m->ws);
-    free(m->scratch);
     free(m);
 }

@@ -13,7 +13,7 @@ typedef struct ch_tensor_ref {
     char name[CH_NAME_MAX];
     ch_tensor_kind kind;
     const ch_tensor_spec *spec;     /* shape; NULL for counters (a scalar) */
-    ch_real *data;                  /* params/buffers */
+    ch_real *data;                  /* params/buffers (replica memory) */
     int64_t *counter;               /* counters */
 } ch_tensor_ref;
 
@@ -24,7 +24,8 @@ typedef struct ch_model {
     ch_layer *root;
     size_t nparams, nbuffers;
     int ncounters, ntensors;
-    ch_real *params, *grads, *buffers;
+    const ch_backend *be;           /* whose memory the flat buffers and activations are */
+    ch_real *params, *grads, *buffers;  /* replica memory: through be only */
     int64_t *counters;
     ch_tensor_ref *tensors;
     int max_batch, nthreads;        /* as planned */
@@ -39,21 +40,21 @@ typedef struct ch_model {
  * inputs of shape `input` and `classes` outputs, which must be the graph's: a mismatch names both.
  * Allocates the flat buffers and binds the layers; parameters are zero until
  * ch_model_init_params. */
-ch_status ch_model_create_graph(const ch_graph *g, ch_shape3 input, int classes, ch_model **out,
-                                ch_err *err);
-/* Build around an existing tree (takes ownership of root, also on failure). */
-ch_status ch_model_create_from(const char *arch, ch_layer *root, int classes, ch_model **out,
-                               ch_err *err);
+ch_status ch_model_create_graph(const ch_graph *g, ch_shape3 input, int classes,
+                                const ch_backend *be, ch_model **out, ch_err *err);
+/* Build around an existing tree (takes ownership of root, also on failure). be (borrowed) holds
+ * every buffer of the model and runs its kernels. */
+ch_status ch_model_create_from(const char *arch, ch_layer *root, int classes, const ch_backend *be,
+                               ch_model **out, ch_err *err);
 /* init: "default" (PyTorch's) or "normal:STD" (weights N(0, STD), biases 0). */
 ch_status ch_model_init_params(ch_model *m, const char *init, uint64_t seed, ch_err *err);
 /* Set every parameter and buffer from the graph's starting values (an imported file's weights):
  * each must be there, of the model's size. */
 ch_status ch_model_load_initial(ch_model *m, const ch_graph *g, ch_err *err);
 /* Allocate activations and workspace for up to max_batch samples with nthreads threads. */
-ch_status ch_model_plan(ch_model *m, const ch_kernels *k, int max_batch, int nthreads,
-                        ch_err *err);
-/* A run context for this model's workspace. */
-ch_run ch_model_run(const ch_model *m, const ch_kernels *k, bool training);
+ch_status ch_model_plan(ch_model *m, int max_batch, int nthreads, ch_err *err);
+/* A run context for this model's backend and workspace. */
+ch_run ch_model_run(const ch_model *m, bool training);
 /* x: (n, input) -> logits (n, classes), returned (owned by the model, valid until the next call). */
 const ch_real *ch_model_forward(ch_model *m, const ch_run *r, int n, const ch_real *x);
 /* Writes m->grads from dlogits (n, classes); call after ch_model_forward on the same x.
@@ -61,6 +62,13 @@ const ch_real *ch_model_forward(ch_model *m, const ch_run *r, int n, const ch_re
  * backward needs a new forward. */
 void ch_model_backward(ch_model *m, const ch_run *r, int n, const ch_real *x,
                        const ch_real *dlogits);
+/* Set a parameter or buffer from host floats (spec->count of them). */
+ch_status ch_model_write_tensor(ch_model *m, const ch_tensor_ref *t, const float *values, ch_err *err);
+/* n values of replica memory dev to host floats, and back. */
+ch_status ch_model_download_floats(const ch_model *m, float *out, const ch_real *dev, size_t n,
+                                   ch_err *err);
+ch_status ch_model_upload_floats(const ch_model *m, ch_real *dev, const float *values, size_t n,
+                                 ch_err *err);
 /* The tensor with this PyTorch name, or NULL. */
 const ch_tensor_ref *ch_model_find(const ch_model *m, const char *name);
 void ch_model_free(ch_model *m);

@@ -11,15 +11,15 @@ typedef struct pool_impl {
 
 static ch_status pool_plan(ch_layer *l, ch_plan *pl, ch_err *err)
 {
-    return ch_layer_alloc_output(l, pl->max_batch, err);
+    return ch_layer_alloc_output(l, pl, err);
 }
 
 static ch_status maxpool_plan(ch_layer *l, ch_plan *pl, ch_err *err)
 {
     pool_impl *p = l->impl;
     const size_t len = ch_shape3_size(l->out) * (size_t)pl->max_batch;
-    p->argmax = malloc(sizeof(int32_t) * len);
-    CH_CHECK_ALLOC(err, p->argmax);
+    p->argmax = ch_layer_alloc_saved(l, pl, len, sizeof(int32_t), err);
+    if (!p->argmax) return CH_STATUS_SYSTEM;
     pl->saved_bytes += sizeof(int32_t) * len;
     return pool_plan(l, pl, err);
 }
@@ -27,7 +27,7 @@ static ch_status maxpool_plan(ch_layer *l, ch_plan *pl, ch_err *err)
 static void maxpool_free(ch_layer *l)
 {
     pool_impl *p = l->impl;
-    if (p) free(p->argmax);
+    if (p) ch_layer_release(l, p->argmax);
 }
 
 static void maxpool_forward(ch_layer *l, const ch_run *r, int n, const ch_real *x)

@@ -1,11 +1,9 @@
 /* ReLU, Flatten and View: layers without parameters. */
 #include "nn/layer.h"
 
-#include <string.h>
-
 static ch_status own_output_plan(ch_layer *l, ch_plan *pl, ch_err *err)
 {
-    return ch_layer_alloc_output(l, pl->max_batch, err);
+    return ch_layer_alloc_output(l, pl, err);
 }
 
 static void relu_forward(ch_layer *l, const ch_run *r, int n, const ch_real *x)
@@ -36,16 +34,14 @@ ch_status ch_relu_create(const char *name, ch_shape3 in, ch_layer **out, ch_err 
 /* Flatten copies: the values are few (a classifier head) and a copy keeps y owned by the layer. */
 static void flatten_forward(ch_layer *l, const ch_run *r, int n, const ch_real *x)
 {
-    (void)r;
-    memcpy(l->y, x, sizeof(ch_real) * ch_shape3_size(l->out) * (size_t)n);
+    ch_backend_copy(r->be, l->y, x, sizeof(ch_real) * ch_shape3_size(l->out) * (size_t)n);
 }
 
 static void flatten_backward(ch_layer *l, const ch_run *r, int n, const ch_real *x,
                              const ch_real *dy, ch_real *dx)
 {
-    (void)r;
     (void)x;
-    if (dx) memcpy(dx, dy, sizeof(ch_real) * ch_shape3_size(l->out) * (size_t)n);
+    if (dx) ch_backend_copy(r->be, dx, dy, sizeof(ch_real) * ch_shape3_size(l->out) * (size_t)n);
 }
 
 static const ch_layer_ops flatten_ops = {

@@ -2,6 +2,7 @@
 #include "optim/optim.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -38,17 +39,23 @@ static ch_status check_config(const ch_optim_config *c, ch_err *err)
     return CH_STATUS_OK;
 }
 
-ch_status ch_optim_init(ch_optim *o, size_t n, const ch_optim_config *c, ch_err *err)
+ch_status ch_optim_init(ch_optim *o, size_t n, const ch_optim_config *c, const ch_backend *be,
+                        ch_err *err)
 {
-    *o = (ch_optim){ .c = *c, .n = n };
+    *o = (ch_optim){ .c = *c, .n = n, .be = be };
     CH_TRY(check_config(c, err));
     o->nstate = c->kind == CH_OPTIM_SGD ? (c->momentum != 0) : c->kind == CH_OPTIM_ADAGRAD ? 1 : 2;
     for (int i = 0; i < o->nstate; i++) {
-        o->state[i] = calloc(n ? n : 1, sizeof(ch_real));
+        o->state[i] = n <= SIZE_MAX / sizeof(ch_real) ? ch_backend_alloc(be, sizeof(ch_real) * n) : NULL;
         CH_CHECK_ALLOC(err, o->state[i]);
     }
-    if (c->kind == CH_OPTIM_ADAGRAD)
-        for (size_t i = 0; i < n; i++) o->state[0][i] = (ch_real)c->initial_accumulator;
+    if (c->kind == CH_OPTIM_ADAGRAD && n) {
+        ch_real *host = malloc(sizeof(ch_real) * n);
+        CH_CHECK_ALLOC(err, host);
+        for (size_t i = 0; i < n; i++) host[i] = (ch_real)c->initial_accumulator;
+        ch_backend_upload(be, o->state[0], host, sizeof(ch_real) * n);
+        free(host);
+    }
     return CH_STATUS_OK;
 }
 
@@ -61,66 +68,44 @@ const char *ch_optim_state_name(const ch_optim *o, int i)
     }
 }
 
-static void sgd_step(ch_optim *o, ch_real lr, ch_real *p, const ch_real *grad, int nthreads)
+/* The step's scalars, as PyTorch computes them (in double where it does). */
+static ch_optim_update update_of(const ch_optim *o, double lr)
 {
-    const ch_real wd = (ch_real)o->c.weight_decay, mom = (ch_real)o->c.momentum;
-    const ch_real damp = (ch_real)(1 - o->c.dampening);
-    const bool first = o->steps == 0, nesterov = o->c.nesterov;
-    ch_real *buf = o->state[0];
-#pragma omp parallel for num_threads(nthreads) schedule(static)
-    for (size_t i = 0; i < o->n; i++) {
-        ch_real g = grad[i] + wd * p[i];
-        if (buf) {
-            const ch_real b = first ? g : mom * buf[i] + damp * g;
-            buf[i] = b;
-            g = nesterov ? g + mom * b : b;
-        }
-        p[i] -= lr * g;
+    const ch_optim_config *c = &o->c;
+    ch_optim_update u = { .lr = (ch_real)lr, .wd = (ch_real)c->weight_decay, .eps = (ch_real)c->eps };
+    switch (c->kind) {
+    case CH_OPTIM_SGD:
+        u.rule = CH_UPDATE_SGD;
+        u.momentum = (ch_real)c->momentum;
+        u.damp = (ch_real)(1 - c->dampening);
+        u.first = o->steps == 0;
+        u.nesterov = c->nesterov;
+        break;
+    case CH_OPTIM_ADAM:
+    case CH_OPTIM_ADAMW: {
+        const double t = (double)o->steps + 1;
+        u.rule = CH_UPDATE_ADAM;
+        u.decoupled = c->kind == CH_OPTIM_ADAMW;
+        u.b1 = (ch_real)c->beta1;
+        u.b2 = (ch_real)c->beta2;
+        u.decay = (ch_real)(1 - (double)(ch_real)lr * c->weight_decay);
+        u.step_size = (ch_real)((double)(ch_real)lr / (1 - pow(c->beta1, t)));
+        u.bc2_sqrt = (ch_real)sqrt(1 - pow(c->beta2, t));
+        break;
     }
-}
-
-static void adam_step(ch_optim *o, ch_real lr, ch_real *p, const ch_real *grad, int nthreads)
-{
-    const bool decoupled = o->c.kind == CH_OPTIM_ADAMW;
-    const ch_real b1 = (ch_real)o->c.beta1, b2 = (ch_real)o->c.beta2, eps = (ch_real)o->c.eps;
-    const ch_real wd = (ch_real)o->c.weight_decay, decay = (ch_real)(1 - (double)lr * o->c.weight_decay);
-    const double t = (double)o->steps + 1;
-    const ch_real step_size = (ch_real)((double)lr / (1 - pow(o->c.beta1, t)));
-    const ch_real bc2_sqrt = (ch_real)sqrt(1 - pow(o->c.beta2, t));
-    ch_real *m1 = o->state[0], *m2 = o->state[1];
-#pragma omp parallel for num_threads(nthreads) schedule(static)
-    for (size_t i = 0; i < o->n; i++) {
-        ch_real g = grad[i];
-        if (decoupled) p[i] *= decay;
-        else g += wd * p[i];
-        m1[i] = m1[i] * b1 + (1 - b1) * g;
-        m2[i] = m2[i] * b2 + (1 - b2) * g * g;
-        const ch_real denom = sqrt(m2[i]) / bc2_sqrt + eps;
-        p[i] -= step_size * (m1[i] / denom);
+    case CH_OPTIM_ADAGRAD:
+        u.rule = CH_UPDATE_ADAGRAD;
+        u.lr = (ch_real)((double)(ch_real)lr / (1 + (double)o->steps * c->lr_decay));
+        break;
     }
-}
-
-static void adagrad_step(ch_optim *o, ch_real lr, ch_real *p, const ch_real *grad, int nthreads)
-{
-    const ch_real wd = (ch_real)o->c.weight_decay, eps = (ch_real)o->c.eps;
-    const ch_real clr = (ch_real)((double)lr / (1 + (double)o->steps * o->c.lr_decay));
-    ch_real *sum = o->state[0];
-#pragma omp parallel for num_threads(nthreads) schedule(static)
-    for (size_t i = 0; i < o->n; i++) {
-        const ch_real g = grad[i] + wd * p[i];
-        sum[i] += g * g;
-        p[i] -= clr * (g / (sqrt(sum[i]) + eps));
-    }
+    return u;
 }
 
 void ch_optim_step(ch_optim *o, double lr, ch_real *params, const ch_real *grads, int nthreads)
 {
-    switch (o->c.kind) {
-    case CH_OPTIM_SGD: sgd_step(o, (ch_real)lr, params, grads, nthreads); break;
-    case CH_OPTIM_ADAM:
-    case CH_OPTIM_ADAMW: adam_step(o, (ch_real)lr, params, grads, nthreads); break;
-    case CH_OPTIM_ADAGRAD: adagrad_step(o, (ch_real)lr, params, grads, nthreads); break;
-    }
+    const ch_optim_update u = update_of(o, lr);
+    const ch_kctx kc = { .nthreads = nthreads };
+    o->be->k->optim_update(&kc, &u, o->n, params, grads, o->state[0], o->state[1]);
     o->steps++;
 }
 
@@ -128,7 +113,7 @@ void ch_optim_free(ch_optim *o)
 {
     if (!o) return;
     for (int i = 0; i < CH_OPTIM_MAX_STATE; i++) {
-        free(o->state[i]);
+        if (o->be) ch_backend_release(o->be, o->state[i]);
         o->state[i] = NULL;
     }
 }

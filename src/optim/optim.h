@@ -16,6 +16,7 @@
 
 #include "core/real.h"
 #include "core/status.h"
+#include "kernels/backend.h"
 
 typedef enum ch_optim_kind { CH_OPTIM_SGD, CH_OPTIM_ADAM, CH_OPTIM_ADAMW, CH_OPTIM_ADAGRAD } ch_optim_kind;
 
@@ -34,7 +35,8 @@ typedef struct ch_optim {
     ch_optim_config c;
     size_t n;
     int nstate;
-    ch_real *state[CH_OPTIM_MAX_STATE];  /* owned; n each */
+    const ch_backend *be;       /* whose memory the state is, and whose kernel updates */
+    ch_real *state[CH_OPTIM_MAX_STATE];  /* owned (replica memory); n each */
     long steps;                 /* updates done (PyTorch's state "step") */
 } ch_optim;
 
@@ -43,10 +45,13 @@ ch_status ch_optim_kind_parse(const char *name, ch_optim_kind *out, ch_err *err)
 const char *ch_optim_kind_name(ch_optim_kind k);
 /* PyTorch's defaults for kind (betas 0.9/0.999, eps 1e-8, Adagrad eps 1e-10, ...). */
 ch_optim_config ch_optim_defaults(ch_optim_kind kind);
-ch_status ch_optim_init(ch_optim *o, size_t n, const ch_optim_config *c, ch_err *err);
+/* State for n parameters in be's memory (borrowed; it must outlive o). */
+ch_status ch_optim_init(ch_optim *o, size_t n, const ch_optim_config *c, const ch_backend *be,
+                        ch_err *err);
 /* Name of state buffer i ("momentum_buffer", "exp_avg", "exp_avg_sq", "sum"). */
 const char *ch_optim_state_name(const ch_optim *o, int i);
-/* One update of params (n) from grads (n) with learning rate lr. */
+/* One update of params (n) from grads (n), both in the backend's memory, with learning rate lr:
+ * the scalars of the step here, the elementwise loop in the backend's optim_update kernel. */
 void ch_optim_step(ch_optim *o, double lr, ch_real *params, const ch_real *grads, int nthreads);
 void ch_optim_free(ch_optim *o);
 

@@ -124,12 +124,13 @@ static void shape_of(const ch_tensor_ref *r, ch_st_tensor *t)
 }
 
 /* The state_dict as float32 (params, buffers) and int64 (num_batches_tracked); vals is filled with
- * the float copies and must hold nparams + nbuffers floats. */
-static int model_tensors(const ch_model *m, ch_st_tensor *out, float *vals)
+ * the float copies and must hold nparams + nbuffers floats. -1 (and err) when they cannot be had. */
+static int model_tensors(const ch_model *m, ch_st_tensor *out, float *vals, ch_err *err)
 {
     const size_t P = m->nparams;
-    for (size_t i = 0; i < P; i++) vals[i] = (float)m->params[i];
-    for (size_t i = 0; i < m->nbuffers; i++) vals[P + i] = (float)m->buffers[i];
+    if (ch_model_download_floats(m, vals, m->params, P, err) != CH_STATUS_OK ||
+        ch_model_download_floats(m, vals + P, m->buffers, m->nbuffers, err) != CH_STATUS_OK)
+        return -1;
     for (int k = 0; k < m->ntensors; k++) {
         const ch_tensor_ref *r = &m->tensors[k];
         ch_st_tensor *t = &out[k];
@@ -152,12 +153,13 @@ static int model_tensors(const ch_model *m, ch_st_tensor *out, float *vals)
 
 /* Every state buffer of the optimizer per parameter ("0.weight.exp_avg", ...); vals holds
  * nstate x nparams floats. */
-static int optimizer_tensors(const ch_model *m, const ch_optim *o, ch_st_tensor *out, float *vals)
+static int optimizer_tensors(const ch_model *m, const ch_optim *o, ch_st_tensor *out, float *vals,
+                             ch_err *err)
 {
     int n = 0;
     for (int s = 0; s < o->nstate; s++) {
         float *v = vals + (size_t)s * m->nparams;
-        for (size_t i = 0; i < m->nparams; i++) v[i] = (float)o->state[s][i];
+        if (ch_model_download_floats(m, v, o->state[s], m->nparams, err) != CH_STATUS_OK) return -1;
         for (int k = 0; k < m->ntensors; k++) {
             const ch_tensor_ref *r = &m->tensors[k];
             if (r->kind != CH_TENSOR_PARAM) continue;
@@ -251,15 +253,15 @@ static ch_status write_model_files(const ch_ckpt_run *run, const char *tmp, ch_e
     char path[PATH_MAX];
     static const char *const meta[][2] = { { "format", "pt" }, { "writer", "cohort " CH_VERSION } };
     if (st == CH_STATUS_OK) {
-        const int n = model_tensors(m, ts, vals);
+        const int n = model_tensors(m, ts, vals, err);
         join(path, sizeof path, tmp, "model.safetensors");
-        st = ch_st_write(path, ts, n, meta, 2, err);
+        st = n < 0 ? CH_STATUS_SYSTEM : ch_st_write(path, ts, n, meta, 2, err);
     }
     crash_point("model");
     if (st == CH_STATUS_OK) {
-        const int n = optimizer_tensors(m, run->opt, ts, vals);
+        const int n = optimizer_tensors(m, run->opt, ts, vals, err);
         join(path, sizeof path, tmp, "optimizer.safetensors");
-        st = ch_st_write(path, ts, n, meta, 2, err);
+        st = n < 0 ? CH_STATUS_SYSTEM : ch_st_write(path, ts, n, meta, 2, err);
     }
     crash_point("optimizer");
     free(ts);
@@ -462,7 +464,8 @@ ch_status ch_checkpoint_export(const ch_model *m, const char *model_name, const 
     ch_out out = { 0 };
     if (st == CH_STATUS_OK) st = ch_out_open(&out, file, "--out", err);
     if (st == CH_STATUS_OK) {
-        st = ch_st_write_to(out.f, file, ts, model_tensors(m, ts, vals), meta, 3, err);
+        const int n = model_tensors(m, ts, vals, err);
+        st = n < 0 ? CH_STATUS_SYSTEM : ch_st_write_to(out.f, file, ts, n, meta, 3, err);
         if (st == CH_STATUS_OK) st = ch_out_commit(&out, err);
         else ch_out_abandon(&out);
     }
@@ -726,11 +729,12 @@ ch_status ch_checkpoint_stage(const ch_ckpt_run *run, const char *dir, const cha
 
 void ch_checkpoint_apply(const ch_ckpt_staged *s, ch_model *m, ch_optim *opt)
 {
-    memcpy(m->params, s->params, sizeof(ch_real) * m->nparams);
-    memcpy(m->buffers, s->buffers, sizeof(ch_real) * m->nbuffers);
+    /* The staged values are host ch_real, checked already: they go up as they are. */
+    ch_backend_upload(m->be, m->params, s->params, sizeof(ch_real) * m->nparams);
+    ch_backend_upload(m->be, m->buffers, s->buffers, sizeof(ch_real) * m->nbuffers);
     for (int i = 0; i < m->ncounters; i++) m->counters[i] = (int64_t)s->counters[i];
     for (int i = 0; opt && s->has_state && i < opt->nstate; i++)
-        memcpy(opt->state[i], s->state[i], sizeof(ch_real) * m->nparams);
+        ch_backend_upload(m->be, opt->state[i], s->state[i], sizeof(ch_real) * m->nparams);
 }
 
 ch_status ch_checkpoint_peek(const char *path, char *model, size_t len, int *classes, char *normalize,
@@ -799,7 +803,7 @@ static ch_status model_of(const char *dir, ch_model **out, char *name, size_t le
     if (st == CH_STATUS_OK) {
         snprintf(name, len, "%s", m->valuestring);
         const ch_shape3 in3 = { dims[0], dims[1], dims[2] };
-        st = g ? ch_model_create_graph(g, in3, (int)c, out, err) : ch_zoo_model(name, in3, (int)c, out, err);
+        st = g ? ch_model_create_graph(g, in3, (int)c, ch_backend_host(), out, err) : ch_zoo_model(name, in3, (int)c, ch_backend_host(), out, err);
     }
     ch_graph_free(g);
     cJSON_Delete(j);

@@ -18,7 +18,9 @@ typedef struct bucket {
 
 struct ch_gradsync {
     ch_comm *comm;
-    ch_real *grads;
+    const ch_backend *be;
+    ch_real *grads;         /* replica memory */
+    ch_real *mirror;        /* where the sums run when grads are not host memory (else NULL) */
     int nbuckets;
     bucket *buckets;        /* in sync order: buckets[0] holds the last parameters */
     int *queue;
@@ -67,6 +69,22 @@ static void record_failure(ch_gradsync *s, ch_status st, const ch_err *e)
     }
 }
 
+/* Where bucket b's sum runs: the gradients themselves, or their host mirror (downloaded first). */
+static ch_real *sum_base(ch_gradsync *s, const bucket *b)
+{
+    if (!s->mirror) return s->grads;
+    ch_backend_download(s->be, s->mirror + b->lo, s->grads + b->lo, sizeof(ch_real) * (b->hi - b->lo));
+    return s->mirror;
+}
+
+/* Bucket bi's sum is complete: back to replica memory from the mirror. */
+static void sum_done(ch_gradsync *s, int bi)
+{
+    const bucket *b = &s->buckets[bi];
+    if (s->mirror && s->status == CH_STATUS_OK)
+        ch_backend_upload(s->be, s->grads + b->lo, s->mirror + b->lo, sizeof(ch_real) * (b->hi - b->lo));
+}
+
 /* Call with mu held: the next queued bucket's sum is started (nonblocking where the communicator
  * can: MPI between processes), and joins the in-flight list unless it completed at once. */
 static void start_next(ch_gradsync *s)
@@ -85,10 +103,11 @@ static void start_next(ch_gradsync *s)
     ch_err e;
     ch_status st = CH_STATUS_OK;
     if (failed) req->done = true;
-    else st = ch_comm_iallreduce_sum(s->comm, s->grads + b->lo, b->hi - b->lo, req, &e);
+    else st = ch_comm_iallreduce_sum(s->comm, sum_base(s, b) + b->lo, b->hi - b->lo, req, &e);
     pthread_mutex_lock(&s->mu);
     record_failure(s, st, &e);
     if (st != CH_STATUS_OK || req->done) {
+        sum_done(s, bi);
         trace_bucket(s, bi);
         s->done++;
         pthread_cond_signal(&s->finished);
@@ -108,6 +127,7 @@ static bool test_oldest(ch_gradsync *s)
     pthread_mutex_lock(&s->mu);
     record_failure(s, st, &e);
     if (!done && st == CH_STATUS_OK) return false;
+    sum_done(s, s->inflight[s->out_head % s->nbuckets]);
     trace_bucket(s, s->inflight[s->out_head % s->nbuckets]);
     s->out_head++;
     s->done++;
@@ -173,9 +193,18 @@ ch_status ch_gradsync_create(ch_comm *comm, ch_model *m, size_t bucket_elems, ch
     ch_gradsync *s = calloc(1, sizeof *s);
     CH_CHECK_ALLOC(err, s);
     s->comm = comm;
+    s->be = m->be;
     s->grads = m->grads;
+    if (!m->be->ops->host_visible) {
+        s->mirror = malloc(sizeof(ch_real) * (m->nparams + 1));
+        if (!s->mirror) {
+            free(s);
+            return CH_SYS_FAIL(err, "allocation of a gradient mirror");
+        }
+    }
     if (pthread_mutex_init(&s->mu, NULL) != 0 || pthread_cond_init(&s->work, NULL) != 0 ||
         pthread_cond_init(&s->finished, NULL) != 0) {
+        free(s->mirror);
         free(s);
         return CH_SYS_FAIL(err, "gradsync mutex/cond init");
     }
@@ -265,5 +294,6 @@ void ch_gradsync_free(ch_gradsync *s)
     free(s->queue);
     free(s->reqs);
     free(s->inflight);
+    free(s->mirror);
     free(s);
 }

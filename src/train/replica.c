@@ -36,25 +36,80 @@ static ch_status alloc_buffers(ch_replica *rp, const ch_replica_spec *s, ch_err 
     size_t x_bytes = sizeof(ch_real) * per * b;
     /* The injected fault is a request no machine can satisfy: the real failure path. */
     if (s->fault.kind == CH_FAULT_ALLOC && s->fault.replica == rp->global_index) x_bytes = SIZE_MAX / 2;
-    rp->x = malloc(x_bytes);
-    rp->labels = malloc(sizeof(int32_t) * b);
-    rp->dlogits = malloc(sizeof(ch_real) * (size_t)s->classes * b);
+    const ch_backend *be = rp->be;
+    rp->x = ch_backend_alloc(be, x_bytes);
+    rp->labels = ch_backend_alloc(be, sizeof(int32_t) * b);
+    rp->dlogits = ch_backend_alloc(be, sizeof(ch_real) * (size_t)s->classes * b);
     rp->class_hits = calloc((size_t)s->classes, sizeof(int64_t));
     rp->class_counts = calloc((size_t)s->classes, sizeof(int64_t));
     if (!rp->x || !rp->labels || !rp->dlogits || !rp->class_hits || !rp->class_counts)
         return CH_SYS_FAIL(err, "allocation of replica batch buffers");
+    if (be->ops->host_visible) return CH_STATUS_OK;
+    const ch_model *m = rp->model;
+    rp->x_host = malloc(x_bytes);
+    rp->labels_host = malloc(sizeof(int32_t) * b);
+    rp->logits_host = malloc(sizeof(ch_real) * (size_t)s->classes * b);
+    rp->stage = malloc(sizeof(ch_real) * ((m->nparams > m->nbuffers ? m->nparams : m->nbuffers) + 1));
+    if (!rp->x_host || !rp->labels_host || !rp->logits_host || !rp->stage)
+        return CH_SYS_FAIL(err, "allocation of replica staging buffers");
     return CH_STATUS_OK;
+}
+
+/* Where the host gathers a batch: the replica's own buffers when they are host memory. */
+static ch_real *x_gather(ch_replica *rp) { return rp->x_host ? rp->x_host : rp->x; }
+static int32_t *labels_gather(ch_replica *rp) { return rp->labels_host ? rp->labels_host : rp->labels; }
+
+/* The gathered n samples to the replica's memory (nothing to do when gathered in place). */
+static void upload_batch(ch_replica *rp, const ch_replica_spec *s, int n, size_t at)
+{
+    if (!rp->x_host) return;
+    const size_t per = ch_shape3_size(s->input);
+    ch_backend_upload(rp->be, rp->x + per * at, rp->x_host + per * at, sizeof(ch_real) * per * (size_t)n);
+    ch_backend_upload(rp->be, rp->labels + at, rp->labels_host + at, sizeof(int32_t) * (size_t)n);
+}
+
+/* A collective over n values of replica memory: in place where it is host memory, else through
+ * rp->stage (down, the collective, up). */
+typedef ch_status (*vec_op)(ch_comm *c, ch_real *v, size_t n, void *arg, ch_err *err);
+
+static ch_status on_host(ch_replica *rp, ch_real *dev, size_t n, vec_op op, void *arg, ch_err *err)
+{
+    if (!rp->stage) return op(&rp->ctl_comm, dev, n, arg, err);
+    ch_backend_download(rp->be, rp->stage, dev, sizeof(ch_real) * n);
+    CH_TRY(op(&rp->ctl_comm, rp->stage, n, arg, err));
+    ch_backend_upload(rp->be, dev, rp->stage, sizeof(ch_real) * n);
+    return CH_STATUS_OK;
+}
+
+static ch_status bcast_op(ch_comm *c, ch_real *v, size_t n, void *arg, ch_err *err)
+{
+    (void)arg;
+    return ch_comm_broadcast(c, v, n, 0, err);
+}
+
+/* Scale by *(ch_real *)arg, then sum over the group. */
+static ch_status weighted_sum_op(ch_comm *c, ch_real *v, size_t n, void *arg, ch_err *err)
+{
+    const ch_real w = *(const ch_real *)arg;
+    for (size_t i = 0; i < n; i++) v[i] *= w;
+    return ch_comm_allreduce_sum(c, v, n, err);
+}
+
+static ch_status broadcast_dev(ch_replica *rp, ch_real *dev, size_t n, ch_err *err)
+{
+    return on_host(rp, dev, n, bcast_op, NULL, err);
 }
 
 static ch_status build(ch_replica *rp, const ch_replica_spec *s, ch_err *err)
 {
     /* oneDNN's GEMM threads by the calling thread's OpenMP setting: this thread's share. */
     omp_set_num_threads(rp->nthreads);
-    CH_TRY(ch_model_create_graph(s->graph, s->input, s->classes, &rp->model, err));
+    CH_TRY(ch_backend_create(s->backend, rp->nthreads, &rp->be, err));
+    CH_TRY(ch_model_create_graph(s->graph, s->input, s->classes, rp->be, &rp->model, err));
     CH_TRY(ch_model_init_params(rp->model, s->init, s->seed, err));
     if (strcmp(s->init, "file") == 0) CH_TRY(ch_model_load_initial(rp->model, s->graph, err));
-    CH_TRY(ch_model_plan(rp->model, s->k, s->max_slice, rp->nthreads, err));
-    CH_TRY(ch_optim_init(&rp->opt, rp->model->nparams, &s->optim, err));
+    CH_TRY(ch_model_plan(rp->model, s->max_slice, rp->nthreads, err));
+    CH_TRY(ch_optim_init(&rp->opt, rp->model->nparams, &s->optim, rp->be, err));
     CH_TRY(alloc_buffers(rp, s, err));
     if (s->trace_capacity > 0) {
         char name[48];
@@ -81,9 +136,8 @@ ch_status ch_replica_setup(ch_replica *rp, const ch_replica_spec *s)
     /* Every replica of every process starts from rank 0's replica 0, whatever the seeds did. */
     ch_model *m = rp->model;
     snprintf(rp->ctl_comm.what, sizeof rp->ctl_comm.what, "set-up, initial parameters");
-    st = ch_comm_broadcast(&rp->ctl_comm, m->params, m->nparams, 0, &err);
-    if (st == CH_STATUS_OK && m->nbuffers)
-        st = ch_comm_broadcast(&rp->ctl_comm, m->buffers, m->nbuffers, 0, &err);
+    st = broadcast_dev(rp, m->params, m->nparams, &err);
+    if (st == CH_STATUS_OK && m->nbuffers) st = broadcast_dev(rp, m->buffers, m->nbuffers, &err);
     return st == CH_STATUS_OK ? CH_STATUS_OK : fail_collective(rp, st, &err);
 }
 
@@ -93,11 +147,10 @@ static ch_status average_buffers(ch_replica *rp, const ch_slice *sl, ch_err *err
 {
     ch_model *m = rp->model;
     if (m->nbuffers == 0) return CH_STATUS_OK;
-    const ch_real w = (ch_real)((double)sl->n / sl->global_n);
-    for (size_t i = 0; i < m->nbuffers; i++) m->buffers[i] *= w;
+    ch_real w = (ch_real)((double)sl->n / sl->global_n);
     snprintf(rp->ctl_comm.what, sizeof rp->ctl_comm.what, "step %llu, BatchNorm running statistics",
              (unsigned long long)sl->step + 1);
-    return ch_comm_allreduce_sum(&rp->ctl_comm, m->buffers, m->nbuffers, err);
+    return on_host(rp, m->buffers, m->nbuffers, weighted_sum_op, &w, err);
 }
 
 static bool injected(const ch_replica *rp, const ch_replica_spec *s, ch_fault_kind kind,
@@ -131,22 +184,28 @@ static ch_status step_traced(ch_replica *rp, const ch_replica_spec *s, const ch_
     rp->status = CH_STATUS_OK;
     inject_process_faults(rp, s, sl->step);
     count_samples(s, sl);
+    ch_real *xg = x_gather(rp);
     if (sl->x) {
-        memcpy(rp->x, sl->x, (size_t)sl->n * ch_shape3_size(s->input) * sizeof *rp->x);
-        memcpy(rp->labels, sl->labels, (size_t)sl->n * sizeof *rp->labels);
+        /* gathered by the loader: straight up (one copy either way) */
+        ch_backend_upload(rp->be, rp->x, sl->x, (size_t)sl->n * ch_shape3_size(s->input) * sizeof *rp->x);
+        ch_backend_upload(rp->be, rp->labels, sl->labels, (size_t)sl->n * sizeof *rp->labels);
     } else {
         const ch_status st = ch_augment_gather(&s->augment, d, sl->idx, sl->n, true, s->seed, sl->epoch,
-                                               rp->x, rp->labels, &err);
+                                               xg, labels_gather(rp), &err);
         if (st != CH_STATUS_OK) return fail_here(rp, st, &err);
+        upload_batch(rp, s, sl->n, 0);
     }
-    if (injected(rp, s, CH_FAULT_NAN, sl->step) && sl->n > 0) rp->x[0] = (ch_real)NAN;
+    if (injected(rp, s, CH_FAULT_NAN, sl->step) && sl->n > 0) {
+        const ch_real nan = (ch_real)NAN;
+        ch_backend_upload(rp->be, rp->x, &nan, sizeof nan);
+    }
     if (tr) ch_trace_span(tr, "data", "data", t0, (int64_t)sl->n);
 
     const bool many = rp->ctl_comm.size > 1, sync = rp->sync && !s->skip_sync;
     if (s->sync_bn && many)
         snprintf(rp->ctl_comm.what, sizeof rp->ctl_comm.what, "step %llu, sync-BN statistics",
                  (unsigned long long)sl->step + 1);
-    ch_run r = ch_model_run(m, s->k, true);
+    ch_run r = ch_model_run(m, true);
     r.seed = s->seed;
     r.step = sl->step;
     r.sample_offset = sl->offset;
@@ -160,8 +219,8 @@ static ch_status step_traced(ch_replica *rp, const ch_replica_spec *s, const ch_
     if (comm_st != CH_STATUS_OK) return fail_collective(rp, comm_st, &err);
     rp->loss_sum = 0;
     rp->correct = 0;
-    s->k->softmax_xent(&r.kc, sl->n, m->classes, logits, rp->labels, 1.0 / sl->global_n,
-                       rp->dlogits, &rp->loss_sum, &rp->correct);
+    r.k->softmax_xent(&r.kc, sl->n, m->classes, logits, rp->labels, 1.0 / sl->global_n,
+                      rp->dlogits, &rp->loss_sum, &rp->correct);
     if (tr) ch_trace_span(tr, "forward", "forward + loss", t0, -1);
     if (s->nan_check && !isfinite(rp->loss_sum)) {
         ch_fail(&err, CH_STATUS_NUMERIC, "step %llu: the loss is %g on cpu:%d",
@@ -211,16 +270,23 @@ ch_status ch_replica_step(ch_replica *rp, const ch_replica_spec *s, const ch_dat
     return st;
 }
 
-/* Per-class tallies, with the loss kernel's rule for the predicted class (the first maximum). */
+/* Per-class tallies, with the loss kernel's rule for the predicted class (the first maximum).
+ * logits and labels are replica memory: read through host copies where it is not host memory. */
 static void tally_classes(ch_replica *rp, int n, int classes, const ch_real *logits)
 {
+    const int32_t *labels = rp->labels;
+    if (rp->logits_host) {
+        ch_backend_download(rp->be, rp->logits_host, logits, sizeof(ch_real) * (size_t)n * classes);
+        logits = rp->logits_host;
+        labels = rp->labels_host;   /* as gathered, n of them */
+    }
     for (int i = 0; i < n; i++) {
         const ch_real *z = logits + (size_t)i * classes;
         int arg = 0;
         for (int j = 1; j < classes; j++)
             if (z[j] > z[arg]) arg = j;
-        rp->class_counts[rp->labels[i]]++;
-        rp->class_hits[rp->labels[i]] += arg == rp->labels[i];
+        rp->class_counts[labels[i]]++;
+        rp->class_hits[labels[i]] += arg == labels[i];
     }
 }
 
@@ -230,7 +296,7 @@ ch_status ch_replica_evaluate(ch_replica *rp, const ch_replica_spec *s, const ch
     rp->loss_sum = 0;
     rp->correct = 0;
     for (int c = 0; c < s->classes; c++) rp->class_hits[c] = rp->class_counts[c] = 0;
-    ch_run r = ch_model_run(rp->model, s->k, false);
+    ch_run r = ch_model_run(rp->model, false);
     const size_t B = (size_t)s->max_slice;
     uint32_t idx[256];
     for (size_t at = (size_t)rp->global_index * B; at < d->n; at += (size_t)s->nglobal * B) {
@@ -241,15 +307,16 @@ ch_status ch_replica_evaluate(ch_replica *rp, const ch_replica_spec *s, const ch
             for (int i = 0; i < piece; i++) idx[i] = (uint32_t)(at + (size_t)(done + i));
             ch_err err;
             const ch_status st = ch_augment_gather(&s->augment, d, idx, piece, false, s->seed, 0,
-                                                   rp->x + ch_shape3_size(s->input) * (size_t)done,
-                                                   rp->labels + done, &err);
+                                                   x_gather(rp) + ch_shape3_size(s->input) * (size_t)done,
+                                                   labels_gather(rp) + done, &err);
             if (st != CH_STATUS_OK) return fail_here(rp, st, &err);
+            upload_batch(rp, s, piece, (size_t)done);
             done += piece;
         }
         const ch_real *logits = ch_model_forward(rp->model, &r, n, rp->x);
         double l;
         int64_t c;
-        s->k->softmax_xent(&r.kc, n, rp->model->classes, logits, rp->labels, 1.0, NULL, &l, &c);
+        r.k->softmax_xent(&r.kc, n, rp->model->classes, logits, rp->labels, 1.0, NULL, &l, &c);
         tally_classes(rp, n, rp->model->classes, logits);
         rp->loss_sum += l;
         rp->correct += c;
@@ -262,9 +329,9 @@ static ch_status share(ch_replica *rp, ch_err *err)
     ch_model *m = rp->model;
     ch_comm *c = &rp->ctl_comm;
     snprintf(c->what, sizeof c->what, "loading a checkpoint");
-    CH_TRY(ch_comm_broadcast(c, m->params, m->nparams, 0, err));
-    if (m->nbuffers) CH_TRY(ch_comm_broadcast(c, m->buffers, m->nbuffers, 0, err));
-    for (int i = 0; i < rp->opt.nstate; i++) CH_TRY(ch_comm_broadcast(c, rp->opt.state[i], m->nparams, 0, err));
+    CH_TRY(broadcast_dev(rp, m->params, m->nparams, err));
+    if (m->nbuffers) CH_TRY(broadcast_dev(rp, m->buffers, m->nbuffers, err));
+    for (int i = 0; i < rp->opt.nstate; i++) CH_TRY(broadcast_dev(rp, rp->opt.state[i], m->nparams, err));
     if (m->ncounters == 0) return CH_STATUS_OK;
     /* Counters are int64: exact through a double sum of replica 0's value and zeros. */
     double *v = calloc((size_t)m->ncounters, sizeof *v);
@@ -290,11 +357,18 @@ void ch_replica_free(ch_replica *rp)
     ch_gradsync_free(rp->sync);
     ch_trace_track_free(&rp->trace_compute);
     ch_trace_track_free(&rp->trace_sync);
-    ch_model_free(rp->model);
     ch_optim_free(&rp->opt);
-    free(rp->x);
-    free(rp->labels);
-    free(rp->dlogits);
+    if (rp->be) {
+        ch_backend_release(rp->be, rp->x);
+        ch_backend_release(rp->be, rp->labels);
+        ch_backend_release(rp->be, rp->dlogits);
+    }
+    ch_model_free(rp->model);
+    ch_backend_free(rp->be);
+    free(rp->x_host);
+    free(rp->labels_host);
+    free(rp->logits_host);
+    free(rp->stage);
     free(rp->class_hits);
     free(rp->class_counts);
 }

@@ -38,7 +38,7 @@ typedef struct ch_replica_spec {
     ch_augment augment;
     bool nan_check, sync_bn;
     size_t bucket_elems;
-    const ch_kernels *k;
+    const char *backend;    /* every replica's backend: "cpu", or "scramble" for the tests */
     ch_fault fault;
     int nglobal;            /* replicas in the whole job (processes x devices) */
     /* benchmark and test hooks */
@@ -52,11 +52,17 @@ typedef struct ch_replica {
     int global_index;       /* within the job: process x devices per process + index */
     ch_device device;
     int nthreads;
+    ch_backend *be;         /* owned: the replica's kernels and memory */
     ch_model *model;
     ch_optim opt;
-    ch_real *x;             /* (max_slice, c, h, w) */
-    int32_t *labels;
-    ch_real *dlogits;
+    ch_real *x;             /* (max_slice, c, h, w), replica memory */
+    int32_t *labels;        /* replica memory */
+    ch_real *dlogits;       /* replica memory */
+    /* Host copies, only where the backend's memory is not host memory: the batch as gathered,
+     * the logits for per-class tallies, and one buffer of max(parameters, buffers) values for
+     * what crosses the communicators. */
+    ch_real *x_host, *logits_host, *stage;
+    int32_t *labels_host;
     ch_comm grads_comm;     /* member of the gradient group (used by the sync thread) */
     ch_comm ctl_comm;       /* member of the control group (parameters, sync-BN, buffers) */
     ch_hier grads_hier, ctl_hier; /* the state behind the two handles */

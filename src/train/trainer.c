@@ -24,6 +24,7 @@
 #include "data/loader.h"
 #include "graph/graph.h"
 #include "graph/graph_json.h"
+#include "kernels/cpu/cpu.h"
 #include "models/zoo.h"
 
 ch_train_config ch_train_config_default(void)
@@ -35,8 +36,23 @@ ch_train_config ch_train_config_default(void)
                               .gamma = 0.1 };
 }
 
+/* fp32 or nothing: bf16 is refused with the reason that applies on this CPU. */
+static ch_status check_precision(const char *p, ch_err *err)
+{
+    if (!p || strcmp(p, "fp32") == 0) return CH_STATUS_OK;
+    if (strcmp(p, "bf16") != 0)
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "--precision '%s': expected fp32 or bf16", p);
+    char isa[32];
+    if (!ch_cpu_bf16_native(isa, sizeof isa))
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "--precision bf16 needs a CPU with native bf16 (AVX512-BF16 or "
+                       "AMX); this one offers %s, where bf16 would run slower than fp32: use fp32", isa);
+    return ch_fail(err, CH_STATUS_BAD_INPUT, "--precision bf16: this CPU has native bf16 (%s), but this build "
+                   "has no bf16 kernels yet: use fp32", isa);
+}
+
 static ch_status check_config(const ch_train_config *c, ch_err *err)
 {
+    CH_TRY(check_precision(c->precision, err));
     if (!c->model && !c->graph) return ch_fail(err, CH_STATUS_BAD_INPUT, "no model given");
     if (c->graph) CH_TRY(ch_graph_status(c->graph, err));
     if (c->init && strcmp(c->init, "file") == 0 && !(c->graph && c->graph->ninits > 0))
@@ -370,8 +386,11 @@ static ch_status setup(ch_trainer *t, ch_err *err)
         .nan_check = t->cfg.nan_check, .sync_bn = t->cfg.sync_bn,
         .bucket_elems = (size_t)((t->cfg.bucket_mb > 0 ? t->cfg.bucket_mb : 25) * (1 << 20) /
                                  sizeof(ch_real)),
-        .k = ch_kernels_cpu(),
+        .backend = ch_backend_default_name(),
     };
+    ch_backend *probe;   /* a bad COHORT_BACKEND is one line here, not one per replica */
+    CH_TRY(ch_backend_create(t->spec.backend, 1, &probe, err));
+    ch_backend_free(probe);
     CH_TRY(parse_fault(&t->spec.fault, err));
     CH_TRY(optim_config(&t->cfg, &t->spec.optim, err));
     CH_TRY(schedule_config(&t->cfg, &t->sched, err));
@@ -837,7 +856,9 @@ size_t ch_trainer_param_count(const ch_trainer *t) { return t->replicas[0].model
 void ch_trainer_get_params(const ch_trainer *t, float *out)
 {
     const ch_model *m = t->replicas[0].model;
-    for (size_t i = 0; i < m->nparams; i++) out[i] = (float)m->params[i];
+    ch_err err;
+    if (ch_model_download_floats(m, out, m->params, m->nparams, &err) != CH_STATUS_OK)
+        for (size_t i = 0; i < m->nparams; i++) out[i] = NAN;
 }
 
 static void job_free(void *arg, int r)

@@ -113,6 +113,13 @@ void ch_cpu_relu_span(size_t len, const ch_real *x, ch_real *y);
 void ch_cpu_relu_backward_span(size_t len, const ch_real *y, const ch_real *dy, ch_real *dx);
 void ch_cpu_relu_backward(const ch_kctx *kc, size_t len, const ch_real *y, const ch_real *dy,
                           ch_real *dx);
+/* Whether oneDNN has native bf16 kernels here (avx512_core_bf16 or AMX); isa (len bytes) gets the
+ * name of its effective ISA. */
+bool ch_cpu_bf16_native(char *isa, size_t len);
+/* y[j] = sum_i x[i * len + j] (rows in order); optimizer updates (cpu_optim.c). */
+void ch_cpu_col_sum(const ch_kctx *kc, int rows, size_t len, const ch_real *x, ch_real *y);
+void ch_cpu_optim_update(const ch_kctx *kc, const ch_optim_update *u, size_t n, ch_real *p,
+                         const ch_real *g, ch_real *s0, ch_real *s1);
 void ch_cpu_add(const ch_kctx *kc, size_t len, const ch_real *a, const ch_real *b, ch_real *y);
 void ch_cpu_act_forward(const ch_kctx *kc, const ch_act *a, size_t len, const ch_real *x, ch_real *y);
 void ch_cpu_act_backward(const ch_kctx *kc, const ch_act *a, size_t len, const ch_real *x,

@@ -60,3 +60,12 @@ void ch_cpu_sum_dy_dyx(const ch_real *dy, const ch_real *x, size_t len, double m
     *sum_dy += s;
     *sum_dyx += sx;
 }
+
+void ch_cpu_col_sum(const ch_kctx *kc, int rows, size_t len, const ch_real *x, ch_real *y)
+{
+    (void)kc;
+    /* Row by row, so the inner loop runs along a row and vectorises over j. */
+    for (size_t j = 0; j < len; j++) y[j] = 0;
+    for (int i = 0; i < rows; i++)
+        for (size_t j = 0; j < len; j++) y[j] += x[(size_t)i * len + j];
+}

@@ -1,7 +1,7 @@
 /* The CPU backend's kernel table. */
 #include "kernels/cpu/cpu.h"
 
-static const ch_kernels cpu_table = {
+const ch_kernels ch_cpu_kernel_table = {
     .name = "cpu",
     .gemm = ch_cpu_gemm,
     .conv2d_workspace = ch_cpu_conv2d_workspace,
@@ -24,8 +24,10 @@ static const ch_kernels cpu_table = {
     .bcast_forward = ch_cpu_bcast_forward,
     .bcast_backward = ch_cpu_bcast_backward,
     .copy_rows = ch_cpu_copy_rows,
+    .col_sum = ch_cpu_col_sum,
+    .optim_update = ch_cpu_optim_update,
     .softmax_xent = ch_cpu_softmax_xent,
     .mse = ch_cpu_mse,
 };
 
-const ch_kernels *ch_kernels_cpu(void) { return &cpu_table; }
+const ch_kernels *ch_kernels_cpu(void) { return &ch_cpu_kernel_table; }

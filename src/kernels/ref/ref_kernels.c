@@ -195,6 +195,8 @@ static const ch_kernels ref_table = {
     .bcast_forward = ch_cpu_bcast_forward,
     .bcast_backward = ch_cpu_bcast_backward,
     .copy_rows = ch_cpu_copy_rows,
+    .col_sum = ch_cpu_col_sum,
+    .optim_update = ch_cpu_optim_update,
     .softmax_xent = ch_cpu_softmax_xent,
     .mse = ch_cpu_mse,
 };
