@@ -267,6 +267,10 @@ typedef struct ch_train_config {
                                * weights); NULL: "file" when the graph has weights, else "default" */
     int epochs;
     int batch_size;           /* global batch */
+    int accum_steps;          /* micro-batches per step on every device, gradients summed before one
+                               * sync and one update (DDP's no_sync, Horovod's
+                               * backward_passes_per_step); 0 or 1: none. Memory holds one
+                               * micro-batch's activations. */
     const char *optimizer;    /* "sgd" (default), "adam", "adamw", "adagrad" */
     double lr, momentum, weight_decay;
     bool nesterov;
@@ -350,6 +354,11 @@ size_t ch_trainer_param_count(const ch_trainer *t);
  * any number of devices and ranks; with the same ones, training continues bit for bit. Errors name
  * the file, the tensor and the mismatch, and leave the trainer as it was. */
 ch_status ch_trainer_resume(ch_trainer *t, const char *path, ch_err *err);
+/* Resume from the checkpoint folder dir's `latest` when there is one (*resumed = true), else leave
+ * the trainer fresh (*resumed = false): the same command line, run again after a failure, goes on
+ * where the last checkpoint stood. Rank 0's folder decides for every rank. A `latest` whose
+ * checkpoint cannot be loaded is an error, never a fresh start. Collective. */
+ch_status ch_trainer_resume_auto(ch_trainer *t, const char *dir, bool *resumed, ch_err *err);
 /* Weights and buffers only, from a safetensors state_dict (cohort's model.safetensors, or one
  * exported from PyTorch; a `module.` prefix is stripped). Collective. */
 ch_status ch_trainer_load_weights(ch_trainer *t, const char *file, ch_err *err);

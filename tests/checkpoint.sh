@@ -124,6 +124,26 @@ if [ ${#mpirun[@]} -gt 0 ]; then
     "${mpirun[@]}" -np 2 "$cohort" "${A[@]}" --epochs 2 --checkpoint-dir "$tmp/msplit" --resume >/dev/null
     same "$tmp/mstraight/epoch-0002" "$tmp/msplit/epoch-0002"
     rc=$?; ok "[2 ranks] 2 epochs == 1 + resume 1: bit-identical" $rc
+    # --resume auto: one command line, run until it succeeds. The first run starts fresh and is
+    # SIGKILLed on rank 1 at step 45 of 64 (mpirun then ends the job); the same command run again
+    # resumes from step 40 and ends bit-identical to the straight run.
+    RA=("${mpirun[@]}" -np 2 "$cohort" "${A[@]}" --epochs 2 --checkpoint-dir "$tmp/mauto" --checkpoint-every 20 --resume auto)
+    "${mpirun[@]}" -np 2 -x COHORT_INJECT_FAULT=kill:1:45 "$cohort" "${A[@]}" --epochs 2 --checkpoint-dir "$tmp/mauto" \
+        --checkpoint-every 20 --resume auto >"$tmp/auto1.out" 2>&1
+    rc1=$?
+    "${RA[@]}" >"$tmp/auto2.out" 2>&1
+    rc2=$?
+    [ $rc1 -ne 0 ] && [ $rc2 -eq 0 ] && grep -q "no checkpoint in .* yet, starting fresh" "$tmp/auto1.out" &&
+        grep -q "resuming from .*mauto" "$tmp/auto2.out" && same "$tmp/mstraight/epoch-0002" "$tmp/mauto/epoch-0002"
+    rc=$?; ok "[2 ranks] --resume auto: killed at step 45 (exit $rc1), the same command again: bit-identical" $rc
+    # Run once more, it has nothing left to do and says so; a latest that names no checkpoint is an
+    # error, never a fresh start over the user's progress.
+    "${RA[@]}" >"$tmp/auto3.out" 2>&1 && grep -q "nothing to train" "$tmp/auto3.out"
+    rc=$?; ok "[2 ranks] --resume auto after the end: nothing to train" $rc
+    echo step-99999999 >"$tmp/mauto/latest"
+    "${RA[@]}" >"$tmp/auto4.out" 2>&1
+    [ $? -eq 2 ] && grep -q "step-99999999" "$tmp/auto4.out"
+    rc=$?; ok "[2 ranks] --resume auto with a dangling latest: refused ($(head -c 200 "$tmp/auto4.out"))" $rc
     # Resumed on another shape of job (2 ranks -> 1 process, 3 devices): it goes on from the same
     # state and position as a resume on 1 device does, so epoch 2 reports the same figures up to
     # the order of float sums (a lost momentum buffer or position would not).
@@ -176,6 +196,8 @@ expect "trainer.json: format version 2 is newer than this cohort reads (1)" -- "
 expect "trained with --optimizer adam, this run has sgd" -- "$cohort" "${A[@]}" --checkpoint-dir "$tmp/adam/straight" --resume --epochs 3
 expect "no checkpoint here" -- "$cohort" "${A[@]}" --checkpoint-dir "$tmp/empty" --resume
 expect "--resume without a PATH needs --checkpoint-dir" -- "$cohort" "${A[@]}" --resume
+expect "--resume auto needs --checkpoint-dir" -- "$cohort" "${A[@]}" --resume auto
+expect "has no checkpoint yet, so --model is needed" -- "$cohort" train --data "$data" --checkpoint-dir "$tmp/empty" --resume auto
 expect "a bare safetensors file needs --model" -- "$cohort" "${E[@]}" --checkpoint "$tmp/w.safetensors"
 
 # trainer.json is checked for type, integrality and range against the data and the flags.

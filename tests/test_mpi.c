@@ -192,6 +192,26 @@ static void test_job_shapes(const char *model)
     ch_dataset_free(d);
 }
 
+/* --accum-steps over ranks: micro-batches summed before one sync equal whole batches on one
+ * device (lenet has no BatchNorm, so only float rounding parts them). */
+static void test_accumulation(void)
+{
+    ch_dataset *d = tu_synthetic(600, 28, 9);
+    static const struct { const char *devices; int batch, accum; } cases[] = {
+        { "cpu:0", 256, 4 }, { "cpu:0,cpu:1", 100, 3 }, { "cpu:0", 10, 8 },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        const double e = tu_accum_error("lenet", d, cases[i].devices, cases[i].batch, cases[i].accum, 0.05, false,
+                                        false);
+        if (rank == 0)
+            printf("accumulation lenet %d ranks x [%s], batch %d in %d micro-batches: parameters %.3g from "
+                   "whole batches on one device\n", size, cases[i].devices, cases[i].batch, cases[i].accum, e);
+        CHECK(e <= 1e-5, "--accum-steps %d, batch %d, %d ranks x [%s]: parameters %.3g from whole batches",
+              cases[i].accum, cases[i].batch, size, cases[i].devices, e);
+    }
+    ch_dataset_free(d);
+}
+
 int main(int argc, char **argv)
 {
     ch_err err;
@@ -223,6 +243,7 @@ int main(int argc, char **argv)
     if (!epoch_only) {
         test_job_shapes("linear");
         test_job_shapes("lenet");
+        test_accumulation();
     }
     test_epoch(argv[argc - 1]);
     if (rank == 0) printf("test_mpi: %d ranks: all checks passed\n", size);

@@ -316,6 +316,28 @@ static void every_job_shape_gives_one_device_parameters(void **state)
     check_job_shapes("resnet18", 12, 0.002, true, 3, 1e-4);
 }
 
+/* --accum-steps: an epoch of lenet (no BatchNorm) with every device's part of a batch run as K
+ * micro-batches equals whole batches on one device, float rounding apart: K dividing the slice,
+ * not dividing it, and larger than it (micro-batches of 0 samples). */
+static void accumulation_equals_whole_batches(void **state)
+{
+    (void)state;
+    ch_dataset *d = tu_synthetic(600, 28, 9);
+    static const struct { const char *devices; int batch, accum; } cases[] = {
+        { "cpu:0", 256, 4 }, { "cpu:0,cpu:1", 256, 4 }, { "cpu:0,cpu:1", 100, 3 }, { "cpu*3", 10, 8 },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        const double e = tu_accum_error("lenet", d, cases[i].devices, cases[i].batch, cases[i].accum, 0.05, false,
+                                        true);
+        print_message("lenet [%s] batch %d in %d micro-batches: parameters %.2e from whole batches\n",
+                      cases[i].devices, cases[i].batch, cases[i].accum, e);
+        if (!(e <= 1e-5))
+            fail_msg("--accum-steps %d, batch %d on [%s]: parameters %.3g from whole batches (> 1e-5)",
+                     cases[i].accum, cases[i].batch, cases[i].devices, e);
+    }
+    ch_dataset_free(d);
+}
+
 /* Every epoch trains on a new permutation of the whole set (seed, epoch), the same on any devices. */
 static void every_epoch_reshuffles(void **state)
 {
@@ -450,6 +472,7 @@ int main(void)
         cmocka_unit_test(resnet18_per_replica_bn_matches_per_slice_reference),
         cmocka_unit_test(replicas_stay_bit_identical),
         cmocka_unit_test(every_job_shape_gives_one_device_parameters),
+        cmocka_unit_test(accumulation_equals_whole_batches),
         cmocka_unit_test(every_epoch_reshuffles),
         cmocka_unit_test(failing_replica_stops_everyone),
     };

@@ -112,7 +112,7 @@ double tu_grad_error(const struct ch_model *m, const ch_real *a, const ch_real *
 }
 
 static ch_trainer *shape_trainer(const char *model, const ch_dataset *d, const char *devices,
-                                 int batch, double lr, bool sync_bn, bool local_only)
+                                 int batch, int accum, double lr, bool sync_bn, bool local_only)
 {
     ch_device_list l;
     ch_err err;
@@ -120,6 +120,7 @@ static ch_trainer *shape_trainer(const char *model, const ch_dataset *d, const c
     ch_train_config cfg = ch_train_config_default();
     cfg.model = model;
     cfg.batch_size = batch;
+    cfg.accum_steps = accum;
     cfg.lr = lr;
     cfg.momentum = 0.9;
     cfg.seed = 3;
@@ -137,8 +138,14 @@ static ch_trainer *shape_trainer(const char *model, const ch_dataset *d, const c
 double tu_job_shape_error(const char *model, const ch_dataset *d, const char *devices, int batch,
                           double lr, bool sync_bn, bool local_only)
 {
-    ch_trainer *one = shape_trainer(model, d, "cpu:0", batch, lr, sync_bn, true);
-    ch_trainer *job = shape_trainer(model, d, devices, batch, lr, sync_bn, local_only);
+    return tu_accum_error(model, d, devices, batch, 1, lr, sync_bn, local_only);
+}
+
+double tu_accum_error(const char *model, const ch_dataset *d, const char *devices, int batch, int accum,
+                      double lr, bool sync_bn, bool local_only)
+{
+    ch_trainer *one = shape_trainer(model, d, "cpu:0", batch, 1, lr, sync_bn, true);
+    ch_trainer *job = shape_trainer(model, d, devices, batch, accum, lr, sync_bn, local_only);
     ch_epoch_stats s;
     ch_err err;
     if (ch_trainer_run_epoch(one, &s, &err) != CH_STATUS_OK) fail_msg("%s", err.msg);

@@ -33,6 +33,10 @@ struct ch_dataset *tu_synthetic(size_t n, int size, uint64_t seed);
  * zero. Fails the test (cmocka) if a trainer cannot be made or a step fails. */
 double tu_job_shape_error(const char *model, const struct ch_dataset *d, const char *devices,
                           int batch, double lr, bool sync_bn, bool local_only);
+/* The same with the job's steps run as accum micro-batches per device (--accum-steps): against one
+ * device with whole batches. */
+double tu_accum_error(const char *model, const struct ch_dataset *d, const char *devices, int batch, int accum,
+                      double lr, bool sync_bn, bool local_only);
 /* A scratch directory for the test's files (removed by tu_rmdir). */
 void tu_mkdtemp(char *buf, size_t len);
 void tu_rmdir(const char *dir);

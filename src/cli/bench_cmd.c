@@ -16,6 +16,7 @@
 static const char bench_usage[] =
     "usage: cohort bench train --model NAME|FILE.onnx [-b/--batch-size B] [--threads T] [--devices LIST]\n"
     "                          [--steps N] [--warmup W] [--eval] [--skip-sync] [--precision fp32|bf16]\n"
+    "                          [--accum-steps K]\n"
     "       cohort bench allreduce [--devices LIST|D] [--min-bytes B] [--max-bytes B]  (also mpirun)\n"
     "       cohort bench loader --data DIR [-j N] [--image-size N] [-b B] [--limit N]\n"
     "train: times N training steps (or forward-only evaluation batches with --eval) on synthetic\n"
@@ -110,7 +111,7 @@ int ch_cmd_bench(int argc, char **argv)
         { "warmup", required_argument, NULL, 'w' }, { "eval", no_argument, NULL, 'e' },
         { "devices", required_argument, NULL, 'd' }, { "sync-bn", no_argument, NULL, 'y' },
         { "skip-sync", no_argument, NULL, 'k' }, { "help", no_argument, NULL, 'h' },
-        { "precision", required_argument, NULL, 'p' },
+        { "precision", required_argument, NULL, 'p' }, { "accum-steps", required_argument, NULL, 'a' },
         { NULL, 0, NULL, 0 },
     };
     ch_train_config cfg = ch_train_config_default();
@@ -133,6 +134,7 @@ int ch_cmd_bench(int argc, char **argv)
         case 'y': cfg.sync_bn = true; break;
         case 'k': skip_sync = true; break;
         case 'p': cfg.precision = optarg; break;
+        case 'a': if (!ch_arg_int("bench", "accum-steps", optarg, 1, 4096, &v)) return CH_EXIT_USAGE; cfg.accum_steps = (int)v; break;
         default: fprintf(stderr, "cohort bench: unknown or incomplete option\n"); return CH_EXIT_USAGE;
         }
     }

@@ -98,6 +98,9 @@ void ch_cli_print_summary(const ch_trainer *t)
            "(last batch %zu)", n, B, cnt_lo, cnt_hi, steps, last);
     if (t->test) printf("; %zu test samples", t->test->n);
     printf("\n");
+    if (t->spec.accum > 1)
+        printf("accumulation: %d micro-batches per step of up to %d samples per replica; one gradient sync "
+               "and one update per step\n", t->spec.accum, t->spec.max_micro);
     size_t share_train, share_test;
     ch_trainer_share(t, &share_train, &share_test);
     if (t->procs > 1)

@@ -1,5 +1,6 @@
 /* cohort train: parse flags, load data, train, print one line per epoch, write metrics. */
 #include <errno.h>
+#include <limits.h>
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
@@ -35,6 +36,8 @@ static const char train_usage[] =
     "                        of the step (default 0: each device gathers its own slice)\n"
     "  --epochs N            epochs to train (default 10)\n"
     "  -b, --batch-size B    global batch size (default 256)\n"
+    "  --accum-steps K       run each device's part of a batch in K micro-batches and sync\n"
+    "                        the summed gradient once (memory of one micro-batch; default 1)\n"
     "  --lr X                learning rate (default 0.1)\n"
     "  --optimizer NAME      sgd | adam | adamw | adagrad, PyTorch's rules (default sgd)\n"
     "  --momentum M          SGD momentum (default 0)\n"
@@ -72,6 +75,8 @@ static const char train_usage[] =
     "  --checkpoint-dir DIR  write a checkpoint DIR/epoch-NNNN after every epoch\n"
     "  --checkpoint-every N  also DIR/step-NNNNNNNN every N steps\n"
     "  --keep K              keep only the newest K checkpoints (default: all)\n"
+    "  --resume auto         continue from the latest checkpoint in --checkpoint-dir when there\n"
+    "                        is one, else start: the same command, run again after a failure\n"
     "  --resume [PATH]       continue from PATH (a checkpoint) or from the latest one in\n"
     "                        --checkpoint-dir; --epochs counts the epochs in all\n"
     "  --train-limit N       use only the first N training samples\n"
@@ -95,6 +100,7 @@ typedef struct train_opts {
     const char *data, *metrics, *log_dir, *resume, *plot, *dataset;
     ch_folder_options folder;
     bool resume_latest;
+    bool resume_auto;
     long train_limit, test_limit;
     bool progress, dry_run;
     char resumed_model[64];     /* the checkpoint's model, when --resume stands for --model */
@@ -108,7 +114,7 @@ enum {
     OPT_TRACE_STEPS, OPT_OPTIMIZER, OPT_DAMPENING, OPT_BETAS, OPT_EPS, OPT_SCHEDULE, OPT_STEP_SIZE,
     OPT_GAMMA, OPT_MILESTONES, OPT_T_MAX, OPT_ETA_MIN, OPT_WARMUP, OPT_SCALE_LR, OPT_DATASET,
     OPT_RANDOM_CROP, OPT_RANDOM_FLIP, OPT_NORMALIZE, OPT_IMAGE_SIZE, OPT_SKIP_BAD, OPT_ALLOW_NONFINITE,
-    OPT_PRECISION,
+    OPT_PRECISION, OPT_ACCUM,
 };
 
 static const struct option train_long[] = {
@@ -127,6 +133,7 @@ static const struct option train_long[] = {
     { "devices", required_argument, NULL, OPT_DEVICES },
     { "sync-bn", no_argument, NULL, OPT_SYNC_BN },
     { "precision", required_argument, NULL, OPT_PRECISION },
+    { "accum-steps", required_argument, NULL, OPT_ACCUM },
     { "bucket-mb", required_argument, NULL, OPT_BUCKET_MB },
     { "timeout", required_argument, NULL, OPT_TIMEOUT },
     { "log-dir", required_argument, NULL, OPT_LOG_DIR },
@@ -198,6 +205,10 @@ static int parse_one(int c, const char *arg, train_opts *o)
         if (!ch_arg_int("train", "batch-size", arg, 1, 1 << 20, &v)) return CH_EXIT_USAGE;
         cfg->batch_size = (int)v;
         return -1;
+    case OPT_ACCUM:
+        if (!ch_arg_int("train", "accum-steps", arg, 1, 4096, &v)) return CH_EXIT_USAGE;
+        cfg->accum_steps = (int)v;
+        return -1;
     case OPT_LR: return ch_arg_double("train", "lr", arg, 0, 1e6, &cfg->lr) ? -1 : CH_EXIT_USAGE;
     case OPT_MOMENTUM:
         return ch_arg_double("train", "momentum", arg, 0, 0.999999, &cfg->momentum) ? -1 : CH_EXIT_USAGE;
@@ -231,7 +242,10 @@ static int parse_one(int c, const char *arg, train_opts *o)
         cfg->keep = (int)v;
         return -1;
     case OPT_RESUME:
-        o->resume = arg;
+        /* "auto": the folder's latest checkpoint if there is one, else a fresh start ("./auto" is
+         * a checkpoint of that name) */
+        o->resume_auto = arg && strcmp(arg, "auto") == 0;
+        o->resume = o->resume_auto ? NULL : arg;
         o->resume_latest = arg == NULL;
         return -1;
     case OPT_TRAIN_LIMIT:
@@ -312,12 +326,12 @@ static int parse_train(int argc, char **argv, train_opts *o)
         fprintf(stderr, "cohort train: unexpected argument '%s'\n", argv[optind]);
         return CH_EXIT_USAGE;
     }
-    if ((!o->cfg.model && !o->resume && !o->resume_latest) || !o->data) {
+    if ((!o->cfg.model && !o->resume && !o->resume_latest && !o->resume_auto) || !o->data) {
         fprintf(stderr, "cohort train: --model (or --resume) and --data are required (see cohort train --help)\n");
         return CH_EXIT_USAGE;
     }
-    if (o->resume_latest && !o->cfg.checkpoint_dir) {
-        fprintf(stderr, "cohort train: --resume without a PATH needs --checkpoint-dir\n");
+    if ((o->resume_latest || o->resume_auto) && !o->cfg.checkpoint_dir) {
+        fprintf(stderr, "cohort train: --resume %s needs --checkpoint-dir\n", o->resume_auto ? "auto" : "without a PATH");
         return CH_EXIT_USAGE;
     }
     if ((o->cfg.checkpoint_every || o->cfg.keep) && !o->cfg.checkpoint_dir) {
@@ -408,7 +422,7 @@ static int run_epochs(const train_opts *o, ch_trainer *t, FILE *metrics, ch_plot
     bar.epochs = o->cfg.epochs;
     ch_trainer_set_progress(t, ch_progress_update, &bar);
     if (root && ch_trainer_epochs_done(t) >= o->cfg.epochs) {
-        if (o->resume || o->resume_latest)
+        if (o->resume || o->resume_latest || o->resume_auto)
             printf("cohort train: the checkpoint has %d epochs done and --epochs is %d: nothing to train\n",
                    ch_trainer_epochs_done(t), o->cfg.epochs);
         else
@@ -481,6 +495,11 @@ static ch_status check_outputs(const train_opts *o, ch_err *err)
 static ch_status resumed_model(train_opts *o, ch_graph **g, ch_err *err)
 {
     const char *path = o->resume ? o->resume : o->cfg.checkpoint_dir;
+    char latest[PATH_MAX];
+    snprintf(latest, sizeof latest, "%s/latest", path);
+    if (o->resume_auto && access(latest, F_OK) != 0)
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "--resume auto: %s has no checkpoint yet, so --model is needed to "
+                       "start", path);
     char normalize[256];
     int classes, side;
     CH_TRY(ch_checkpoint_peek(path, o->resumed_model, sizeof o->resumed_model, &classes, normalize, sizeof normalize,
@@ -517,6 +536,14 @@ int ch_cmd_train(int argc, char **argv)
     }
     if (st == CH_STATUS_OK && (o.resume || o.resume_latest))
         st = ch_trainer_resume(t, o.resume ? o.resume : o.cfg.checkpoint_dir, &err);
+    if (st == CH_STATUS_OK && o.resume_auto) {
+        bool resumed;
+        st = ch_trainer_resume_auto(t, o.cfg.checkpoint_dir, &resumed, &err);
+        if (st == CH_STATUS_OK && ch_world_rank() == 0)
+            printf(resumed ? "cohort train: --resume auto: resuming from %s (%d epochs done)\n"
+                           : "cohort train: --resume auto: no checkpoint in %s yet, starting fresh\n",
+                   o.cfg.checkpoint_dir, ch_trainer_epochs_done(t));
+    }
     if (st == CH_STATUS_OK) log_identity(t, train, test);
     if (st == CH_STATUS_OK && o.metrics && !o.dry_run && ch_world_rank() == 0 && !(metrics = fopen(o.metrics, "a")))
         st = ch_fail(&err, CH_STATUS_BAD_INPUT, "%s: cannot open for writing (%s)", o.metrics,

@@ -39,11 +39,15 @@ static ch_status alloc_buffers(ch_replica *rp, const ch_replica_spec *s, ch_err 
     const ch_backend *be = rp->be;
     rp->x = ch_backend_alloc(be, x_bytes);
     rp->labels = ch_backend_alloc(be, sizeof(int32_t) * b);
-    rp->dlogits = ch_backend_alloc(be, sizeof(ch_real) * (size_t)s->classes * b);
+    rp->dlogits = ch_backend_alloc(be, sizeof(ch_real) * (size_t)s->classes * (size_t)s->max_micro);
     rp->class_hits = calloc((size_t)s->classes, sizeof(int64_t));
     rp->class_counts = calloc((size_t)s->classes, sizeof(int64_t));
     if (!rp->x || !rp->labels || !rp->dlogits || !rp->class_hits || !rp->class_counts)
         return CH_SYS_FAIL(err, "allocation of replica batch buffers");
+    if (s->accum > 1) {
+        rp->accum = ch_backend_alloc(be, sizeof(ch_real) * rp->model->nparams);
+        CH_CHECK_ALLOC(err, rp->accum);
+    }
     if (be->ops->host_visible) return CH_STATUS_OK;
     const ch_model *m = rp->model;
     rp->x_host = malloc(x_bytes);
@@ -108,7 +112,7 @@ static ch_status build(ch_replica *rp, const ch_replica_spec *s, ch_err *err)
     CH_TRY(ch_model_create_graph(s->graph, s->input, s->classes, rp->be, &rp->model, err));
     CH_TRY(ch_model_init_params(rp->model, s->init, s->seed, err));
     if (strcmp(s->init, "file") == 0) CH_TRY(ch_model_load_initial(rp->model, s->graph, err));
-    CH_TRY(ch_model_plan(rp->model, s->max_slice, rp->nthreads, err));
+    CH_TRY(ch_model_plan(rp->model, s->max_micro, rp->nthreads, err));
     CH_TRY(ch_optim_init(&rp->opt, rp->model->nparams, &s->optim, rp->be, err));
     CH_TRY(alloc_buffers(rp, s, err));
     if (s->trace_capacity > 0) {
@@ -173,6 +177,86 @@ static void count_samples(const ch_replica_spec *s, const ch_slice *sl)
     for (int i = 0; i < sl->n; i++) __atomic_fetch_add(&s->sample_counts[sl->idx[i]], 1, __ATOMIC_RELAXED);
 }
 
+/* With accumulation, the samples of micro-batch j over the whole job: every replica's slice (n / R,
+ * the first n % R one more: ch_trainer_slice's rule) cut into K parts the same way (sync-BN's
+ * count). */
+static int micro_part(int c, int K, int j) { return (int)((int64_t)c * (j + 1) / K - (int64_t)c * j / K); }
+
+static int micro_global(int n, int R, int K, int j)
+{
+    const int q = n / R, rem = n % R;
+    return rem * micro_part(q + 1, K, j) + (R - rem) * micro_part(q, K, j);
+}
+
+/* grads_ready hooks with accumulation. Before the last micro-batch each finished tensor's gradient
+ * is added into rp->accum (copied, on the first); in the last one the sum so far is added into the
+ * gradient, which then goes to the sync like any other. */
+static void accum_hook(void *user, size_t offset, size_t count)
+{
+    ch_replica *rp = user;
+    const ch_kctx kc = { .nthreads = rp->nthreads };
+    ch_real *acc = rp->accum + offset, *g = rp->model->grads + offset;
+    if (rp->micro == 0) ch_backend_copy(rp->be, acc, g, sizeof(ch_real) * count);
+    else rp->be->k->add(&kc, count, acc, g, acc);
+}
+
+static void accum_last_hook(void *user, size_t offset, size_t count)
+{
+    ch_replica *rp = user;
+    const ch_kctx kc = { .nthreads = rp->nthreads };
+    ch_real *g = rp->model->grads + offset;
+    rp->be->k->add(&kc, count, g, rp->accum + offset, g);
+    rp->accum_reported += count;
+    if (rp->micro_sync) ch_gradsync_ready(rp->sync, offset, count);
+}
+
+/* Forward, loss and backward of the n samples from lo of the slice (one micro-batch); the last one
+ * starts the gradient sync, overlapped with its backward. */
+static ch_status micro_step(ch_replica *rp, const ch_replica_spec *s, const ch_slice *sl, ch_run *r, int lo,
+                            int n, ch_trace_track *tr, const ch_status *comm_st, ch_err *err)
+{
+    ch_model *m = rp->model;
+    const bool last = rp->micro == s->accum - 1;
+    const ch_real *x = rp->x + ch_shape3_size(s->input) * (size_t)lo;
+    int64_t t0 = tr ? ch_trace_now() : 0;
+    const ch_real *logits = ch_model_forward(m, r, n, x);
+    if (*comm_st != CH_STATUS_OK) return fail_collective(rp, *comm_st, err);
+    double loss = 0;
+    int64_t correct = 0;
+    r->k->softmax_xent(&r->kc, n, m->classes, logits, rp->labels + lo, 1.0 / sl->global_n, rp->dlogits, &loss,
+                       &correct);
+    rp->loss_sum += loss;
+    rp->correct += correct;
+    if (tr) ch_trace_span(tr, "forward", "forward + loss", t0, -1);
+    if (s->nan_check && !isfinite(rp->loss_sum)) {
+        ch_fail(err, CH_STATUS_NUMERIC, "step %llu: the loss is %g on cpu:%d",
+                (unsigned long long)sl->step + 1, rp->loss_sum, rp->device.index);
+        return fail_here(rp, CH_STATUS_NUMERIC, err);
+    }
+    if (last && injected(rp, s, CH_FAULT_ERROR, sl->step)) {
+        ch_fail(err, CH_STATUS_SYSTEM, "step %llu: injected fault on cpu:%d",
+                (unsigned long long)sl->step + 1, rp->device.index);
+        return fail_here(rp, CH_STATUS_SYSTEM, err);
+    }
+    r->grads_ready = NULL;
+    r->grads_user = NULL;
+    if (last && rp->micro_sync) {
+        ch_gradsync_set_trace(rp->sync, tr ? &rp->trace_sync : NULL);
+        ch_gradsync_begin(rp->sync, sl->step);
+        r->grads_ready = ch_gradsync_ready;
+        r->grads_user = rp->sync;
+    }
+    if (s->accum > 1) {
+        r->grads_ready = last ? accum_last_hook : accum_hook;
+        r->grads_user = rp;
+    }
+    t0 = tr ? ch_trace_now() : 0;
+    ch_model_backward(m, r, n, x, rp->dlogits);
+    if (tr) ch_trace_span(tr, "backward", "backward", t0, -1);
+    if (*comm_st != CH_STATUS_OK) return fail_collective(rp, *comm_st, err);
+    return CH_STATUS_OK;
+}
+
 /* One step; with tr, each phase is a span on the replica's compute track. */
 static ch_status step_traced(ch_replica *rp, const ch_replica_spec *s, const ch_dataset *d,
                              const ch_slice *sl, ch_trace_track *tr)
@@ -208,41 +292,23 @@ static ch_status step_traced(ch_replica *rp, const ch_replica_spec *s, const ch_
     ch_run r = ch_model_run(m, true);
     r.seed = s->seed;
     r.step = sl->step;
-    r.sample_offset = sl->offset;
-    r.global_n = sl->global_n;
     r.sync_bn = s->sync_bn && many ? &rp->ctl_comm : NULL;
     r.comm_status = &comm_st;
     r.comm_err = &err;
     r.trace = tr;   /* a span per graph node, in forward and backward */
-    t0 = tr ? ch_trace_now() : 0;
-    const ch_real *logits = ch_model_forward(m, &r, sl->n, rp->x);
-    if (comm_st != CH_STATUS_OK) return fail_collective(rp, comm_st, &err);
     rp->loss_sum = 0;
     rp->correct = 0;
-    r.k->softmax_xent(&r.kc, sl->n, m->classes, logits, rp->labels, 1.0 / sl->global_n,
-                      rp->dlogits, &rp->loss_sum, &rp->correct);
-    if (tr) ch_trace_span(tr, "forward", "forward + loss", t0, -1);
-    if (s->nan_check && !isfinite(rp->loss_sum)) {
-        ch_fail(&err, CH_STATUS_NUMERIC, "step %llu: the loss is %g on cpu:%d",
-                (unsigned long long)sl->step + 1, rp->loss_sum, rp->device.index);
-        return fail_here(rp, CH_STATUS_NUMERIC, &err);
+    rp->accum_reported = 0;
+    rp->micro_sync = sync;
+    for (int j = 0; j < s->accum; j++) {
+        const int lo = (int)((int64_t)sl->n * j / s->accum), hi = (int)((int64_t)sl->n * (j + 1) / s->accum);
+        rp->micro = j;
+        r.sample_offset = sl->offset + (uint64_t)lo;
+        r.global_n = s->accum > 1 ? micro_global(sl->global_n, s->nglobal, s->accum, j) : sl->global_n;
+        const ch_status st = micro_step(rp, s, sl, &r, lo, hi - lo, tr, &comm_st, &err);
+        if (st != CH_STATUS_OK) return st;
     }
-    if (injected(rp, s, CH_FAULT_ERROR, sl->step)) {
-        ch_fail(&err, CH_STATUS_SYSTEM, "step %llu: injected fault on cpu:%d",
-                (unsigned long long)sl->step + 1, rp->device.index);
-        return fail_here(rp, CH_STATUS_SYSTEM, &err);
-    }
-
-    if (sync) {
-        ch_gradsync_set_trace(rp->sync, tr ? &rp->trace_sync : NULL);
-        ch_gradsync_begin(rp->sync, sl->step);
-        r.grads_ready = ch_gradsync_ready;
-        r.grads_user = rp->sync;
-    }
-    t0 = tr ? ch_trace_now() : 0;
-    ch_model_backward(m, &r, sl->n, rp->x, rp->dlogits);
-    if (tr) ch_trace_span(tr, "backward", "backward", t0, -1);
-    if (comm_st != CH_STATUS_OK) return fail_collective(rp, comm_st, &err);
+    CH_ASSERT(s->accum == 1 || rp->accum_reported == m->nparams);
     if (sync) {
         t0 = tr ? ch_trace_now() : 0;
         ch_status st = ch_gradsync_finish(rp->sync, &err);
@@ -297,7 +363,7 @@ ch_status ch_replica_evaluate(ch_replica *rp, const ch_replica_spec *s, const ch
     rp->correct = 0;
     for (int c = 0; c < s->classes; c++) rp->class_hits[c] = rp->class_counts[c] = 0;
     ch_run r = ch_model_run(rp->model, false);
-    const size_t B = (size_t)s->max_slice;
+    const size_t B = (size_t)s->max_micro;   /* the model's planned batch */
     uint32_t idx[256];
     for (size_t at = (size_t)rp->global_index * B; at < d->n; at += (size_t)s->nglobal * B) {
         const int n = (int)(B < d->n - at ? B : d->n - at);
@@ -362,6 +428,7 @@ void ch_replica_free(ch_replica *rp)
         ch_backend_release(rp->be, rp->x);
         ch_backend_release(rp->be, rp->labels);
         ch_backend_release(rp->be, rp->dlogits);
+        ch_backend_release(rp->be, rp->accum);
     }
     ch_model_free(rp->model);
     ch_backend_free(rp->be);

@@ -34,6 +34,8 @@ typedef struct ch_replica_spec {
     ch_shape3 input;
     int classes;
     int max_slice;          /* most samples one replica gets in a step */
+    int accum;              /* micro-batches per step (>= 1) */
+    int max_micro;          /* most samples of one micro-batch: what the model is planned for */
     ch_optim_config optim;
     ch_augment augment;
     bool nan_check, sync_bn;
@@ -69,6 +71,10 @@ typedef struct ch_replica {
     ch_trace_track trace_compute, trace_sync; /* --trace: this replica's two timelines */
     bool tracing;           /* record the next steps (set by the trainer) */
     ch_gradsync *sync;      /* NULL with a single replica */
+    ch_real *accum;         /* with accum > 1: the earlier micro-batches' gradient sum (replica memory) */
+    int micro;              /* the micro-batch being run (0-based) */
+    bool micro_sync;        /* the last micro-batch hands each finished tensor to the sync */
+    size_t accum_reported;  /* elements added back from accum in the last micro-batch */
     /* results of the last job */
     ch_status status;
     ch_err err;
@@ -97,7 +103,7 @@ ch_status ch_replica_setup(ch_replica *rp, const ch_replica_spec *s);
 /* Forward, loss, backward, gradient sync, update. Sets loss_sum and correct. */
 ch_status ch_replica_step(ch_replica *rp, const ch_replica_spec *s, const ch_dataset *d,
                           const ch_slice *sl);
-/* Forward only over chunks g, g + R, ... (chunks of max_slice) of d, where g is the replica's global
+/* Forward only over chunks g, g + R, ... (chunks of max_micro) of d, where g is the replica's global
  * index and R = s->nglobal: every sample of d is seen by exactly one replica of the job. */
 ch_status ch_replica_evaluate(ch_replica *rp, const ch_replica_spec *s, const ch_dataset *d);
 /* Global replica 0's parameters, buffers, counters and optimizer state to this replica (all replicas of

@@ -61,6 +61,8 @@ static ch_status check_config(const ch_train_config *c, ch_err *err)
     if (c->epochs < 0) return ch_fail(err, CH_STATUS_BAD_INPUT, "epochs %d < 0", c->epochs);
     if (c->batch_size < 1 || c->batch_size > (1 << 20))
         return ch_fail(err, CH_STATUS_BAD_INPUT, "batch size %d, expected 1..1048576", c->batch_size);
+    if (c->accum_steps < 0 || c->accum_steps > 4096)
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "--accum-steps %d, expected 1..4096", c->accum_steps);
     if (!(c->lr >= 0) || !isfinite(c->lr))
         return ch_fail(err, CH_STATUS_BAD_INPUT, "learning rate %g, expected a finite value >= 0", c->lr);
     if (!(c->dampening >= 0 && c->dampening <= 1))
@@ -379,9 +381,11 @@ static ch_status setup(ch_trainer *t, ch_err *err)
     if (!t->cfg.graph)
         CH_TRY(ch_zoo_graph(t->model_name, (ch_shape3){ d->c, d->h, d->w }, d->classes, &t->zoo_graph, err));
     const int D = t->nreplicas, B = t->cfg.batch_size, R = t->procs * D;
+    const int K = t->cfg.accum_steps > 1 ? t->cfg.accum_steps : 1, slice = (B + R - 1) / R;
     t->spec = (ch_replica_spec){
         .graph = t->cfg.graph ? t->cfg.graph : t->zoo_graph, .init = t->init, .seed = t->cfg.seed,
-        .input = { d->c, d->h, d->w }, .classes = d->classes, .max_slice = (B + R - 1) / R,
+        .input = { d->c, d->h, d->w }, .classes = d->classes, .max_slice = slice,
+        .accum = K, .max_micro = (slice + K - 1) / K,
         .nglobal = R,
         .nan_check = t->cfg.nan_check, .sync_bn = t->cfg.sync_bn,
         .bucket_elems = (size_t)((t->cfg.bucket_mb > 0 ? t->cfg.bucket_mb : 25) * (1 << 20) /
@@ -617,8 +621,9 @@ void ch_trainer_share(const ch_trainer *t, size_t *train, size_t *test)
     for (size_t seen = 0; seen < n; seen += B) *train += (size_t)local_count(t, (int)(n - seen < B ? n - seen : B));
     *test = 0;
     if (!t->test) return;
-    /* Evaluation chunks of max_slice go round-robin over the job's replicas. */
-    const size_t chunk = (size_t)t->spec.max_slice, R = (size_t)t->procs * t->nreplicas;
+    /* Evaluation chunks of max_micro (what a model is planned for) go round-robin over the job's
+     * replicas. */
+    const size_t chunk = (size_t)t->spec.max_micro, R = (size_t)t->procs * t->nreplicas;
     for (int r = 0; r < t->nreplicas; r++)
         for (size_t at = (size_t)t->replicas[r].global_index * chunk; at < t->test->n; at += R * chunk)
             *test += t->test->n - at < chunk ? t->test->n - at : chunk;

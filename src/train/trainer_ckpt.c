@@ -8,6 +8,7 @@
 #include <limits.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 static ch_ckpt_run run_of(ch_trainer *t)
 {
@@ -98,4 +99,21 @@ ch_status ch_trainer_load_checkpoint(ch_trainer *t, const char *path, const char
     if (st == CH_STATUS_OK && pos) *pos = s.pos;
     ch_checkpoint_staged_free(&s);
     return st;
+}
+
+ch_status ch_trainer_resume_auto(ch_trainer *t, const char *dir, bool *resumed, ch_err *err)
+{
+    *resumed = false;
+    char probe[PATH_MAX];
+    if (snprintf(probe, sizeof probe, "%s/latest", dir) >= (int)sizeof probe)
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "--checkpoint-dir: the path is too long");
+    /* Rank 0 writes the checkpoints, so its folder is the one that counts. */
+    double found[1] = { t->proc == 0 && access(probe, F_OK) == 0 };
+    if (t->procs > 1) {
+        snprintf(t->main_comm.what, sizeof t->main_comm.what, "--resume auto: looking for a checkpoint");
+        CH_TRY(ch_comm_allreduce_sum_f64(&t->main_comm, found, 1, err));
+    }
+    if (found[0] == 0) return CH_STATUS_OK;
+    *resumed = true;
+    return ch_trainer_resume(t, dir, err);
 }
