@@ -39,6 +39,10 @@ expect 2 "cpu:0 is listed twice" -- "$cohort" train --model lenet --data "$tmp/o
 expect 2 "no CUDA backend" -- "$cohort" train --model lenet --data "$tmp/ok" --devices cuda:0
 expect 2 "expected entries like cpu:0" -- "$cohort" train --model lenet --data "$tmp/ok" --devices 2
 expect 2 "--bucket-mb '0'" -- "$cohort" train --model lenet --data "$tmp/ok" --bucket-mb 0
+expect 2 "--accum-steps '0'" -- "$cohort" train --model lenet --data "$tmp/ok" --accum-steps 0
+expect 2 "--accum-steps '1e9'" -- "$cohort" train --model lenet --data "$tmp/ok" --accum-steps 1e9
+expect 2 "--precision 'fp16': expected fp32 or bf16" -- "$cohort" train --model lenet --data "$tmp/ok" --precision fp16
+expect 2 "--precision bf16" -- "$cohort" train --model lenet --data "$tmp/ok" --precision bf16
 
 # A file name with a newline in it: still one line (escaped).
 mkdir -p "$tmp/new
