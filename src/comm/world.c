@@ -56,7 +56,7 @@ static ch_status init_mpi(int *argc, char ***argv, ch_err *err)
 {
     /* Open MPI's nonblocking allreduce (libnbc) picks a binomial tree for few ranks, which runs
      * 25 MB gradient buckets at half the speed of the blocking MPI_Allreduce; Rabenseifner's
-     * reduce-scatter + allgather matches it at every size (measured: docs/PERFORMANCE.md) and gives
+     * reduce-scatter + allgather matches it at every size (measured: docs/PERFORMANCE-HISTORY.md) and gives
      * every rank the same bits. The user's own setting wins. */
     setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "3", 0);
     int provided = 0, rc = MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided);
