@@ -271,6 +271,10 @@ typedef struct ch_train_config {
                                * sync and one update (DDP's no_sync, Horovod's
                                * backward_passes_per_step); 0 or 1: none. Memory holds one
                                * micro-batch's activations. */
+    const char *shares;       /* each rank's part of every global batch: "3,1" (one whole number per
+                               * rank; parts proportional, gradients still exact), "auto" (re-balanced
+                               * from measured step times: after the first steps and at every epoch
+                               * end), NULL or "": equal */
     const char *optimizer;    /* "sgd" (default), "adam", "adamw", "adagrad" */
     double lr, momentum, weight_decay;
     bool nesterov;
@@ -377,6 +381,9 @@ ch_status ch_trainer_evaluate_classes(ch_trainer *t, const ch_dataset *d, double
 /* This process's share of one epoch: the training samples its replicas train on and the test
  * samples they evaluate. The shares of all ranks add up to the data sets, without overlap. */
 void ch_trainer_share(const ch_trainer *t, size_t *train, size_t *test);
+/* The ranks' shares of each batch in use, "W0,W1,..." (--shares; with auto, as last re-balanced);
+ * false (out "") when the split is the even one the job started with. */
+bool ch_trainer_shares(const ch_trainer *t, char *out, size_t len);
 /* Copy the flat float32 parameters (ch_trainer_param_count values) into out; every replica holds
  * the same bits. */
 void ch_trainer_get_params(const ch_trainer *t, float *out);

@@ -47,6 +47,7 @@ expect "rank 1 disagrees with rank 0 on the training data" 30 -- \
 # Ranks given other flags: one line naming the flag and the rank, every rank ends within seconds
 # (a different model once overflowed the initial broadcast; other epochs hung until --timeout).
 for diff in "--train-limit 2999" "--model mlp" "--lr 0.2" "--momentum 0.9" "--epochs 2" "--sync-bn" \
+            "--accum-steps 2" "--shares 3,1" \
             "--checkpoint-every 5 --checkpoint-dir $tmp/ck"; do
     flag=${diff%% *}
     expect "rank 1 disagrees with rank 0 on " 15 -- \

@@ -212,6 +212,45 @@ static void test_accumulation(void)
     ch_dataset_free(d);
 }
 
+/* --shares: rank r takes a part of every batch in proportion to its share, each slice still weighted
+ * by its count, so the parameters equal one process's (lenet: float rounding only). With rank 1 made
+ * slower (COHORT_INJECT_FAULT=slow:1:US sleeps US microseconds per sample), auto moves samples to
+ * the other ranks at the first epoch's end, and the parameters still equal one process's. */
+static void test_shares(void)
+{
+    ch_dataset *d = tu_synthetic(600, 28, 11);
+    char given[64] = "", after[256];
+    for (int r = 0; r < size; r++)
+        snprintf(given + strlen(given), sizeof given - strlen(given), "%s%d", r ? "," : "", r % 2 ? 1 : 3);
+    static const char *const devices[] = { "cpu:0", "cpu:0,cpu:1" };
+    /* Rank r's part of the 600 samples: 600 w_r / sum w, to within a sample per device and step. */
+    int total = 0;
+    for (int r = 0; r < size; r++) total += r % 2 ? 1 : 3;
+    const double expect = 600.0 * (rank % 2 ? 1 : 3) / total;
+    for (int i = 0; i < 2; i++) {
+        size_t mine = 0;
+        const double e = tu_shares_error("lenet", d, devices[i], 64, given, 1, after, sizeof after, &mine);
+        CHECK(fabs((double)mine - expect) <= 10.0 * (i + 1), "--shares %s, [%s]: rank %d trains on %zu of 600 samples, "
+              "expected about %.0f", given, devices[i], rank, mine, expect);
+        if (rank == 0)
+            printf("shares %s lenet %d ranks x [%s], batch 64: parameters %.3g from one device\n", given, size,
+                   devices[i], e);
+        CHECK(e <= 1e-5, "--shares %s, %d ranks x [%s]: parameters %.3g from one device", given, size, devices[i], e);
+        CHECK(strcmp(after, given) == 0, "--shares %s: the trainer reports %s", given, after);
+    }
+    setenv("COHORT_INJECT_FAULT", "slow:1:400", 1);
+    const double e = tu_shares_error("lenet", d, "cpu:0", 64, "auto", 2, after, sizeof after, NULL);
+    unsetenv("COHORT_INJECT_FAULT");
+    long w[2] = { 0, 0 };
+    CHECK(sscanf(after, "%ld,%ld", &w[0], &w[1]) == 2, "--shares auto reports '%s'", after);
+    if (rank == 0)
+        printf("shares auto lenet %d ranks, rank 1 slowed: shares %s after an epoch; parameters %.3g from one "
+               "device\n", size, after, e);
+    CHECK(e <= 1e-5, "--shares auto: parameters %.3g from one device", e);
+    CHECK(w[1] * 3 < w[0] * 2, "--shares auto with rank 1 slowed: shares %s (rank 1 should take less)", after);
+    ch_dataset_free(d);
+}
+
 int main(int argc, char **argv)
 {
     ch_err err;
@@ -244,6 +283,7 @@ int main(int argc, char **argv)
         test_job_shapes("linear");
         test_job_shapes("lenet");
         test_accumulation();
+        if (size > 1) test_shares();
     }
     test_epoch(argv[argc - 1]);
     if (rank == 0) printf("test_mpi: %d ranks: all checks passed\n", size);

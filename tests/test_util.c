@@ -112,7 +112,8 @@ double tu_grad_error(const struct ch_model *m, const ch_real *a, const ch_real *
 }
 
 static ch_trainer *shape_trainer(const char *model, const ch_dataset *d, const char *devices,
-                                 int batch, int accum, double lr, bool sync_bn, bool local_only)
+                                 int batch, int accum, double lr, bool sync_bn, bool local_only,
+                                 const char *shares)
 {
     ch_device_list l;
     ch_err err;
@@ -129,6 +130,7 @@ static ch_trainer *shape_trainer(const char *model, const ch_dataset *d, const c
     cfg.sync_bn = sync_bn;
     cfg.bucket_mb = 0.05;
     cfg.local_only = local_only;
+    cfg.shares = shares;
     cfg.timeout_s = 120;
     ch_trainer *t = NULL;
     if (ch_trainer_create(&cfg, d, NULL, &t, &err) != CH_STATUS_OK) fail_msg("%s", err.msg);
@@ -141,15 +143,38 @@ double tu_job_shape_error(const char *model, const ch_dataset *d, const char *de
     return tu_accum_error(model, d, devices, batch, 1, lr, sync_bn, local_only);
 }
 
+static double pair_error(ch_trainer *one, ch_trainer *job, int epochs, char *shares_out, size_t len, size_t *mine);
+
 double tu_accum_error(const char *model, const ch_dataset *d, const char *devices, int batch, int accum,
                       double lr, bool sync_bn, bool local_only)
 {
-    ch_trainer *one = shape_trainer(model, d, "cpu:0", batch, 1, lr, sync_bn, true);
-    ch_trainer *job = shape_trainer(model, d, devices, batch, accum, lr, sync_bn, local_only);
+    ch_trainer *one = shape_trainer(model, d, "cpu:0", batch, 1, lr, sync_bn, true, NULL);
+    ch_trainer *job = shape_trainer(model, d, devices, batch, accum, lr, sync_bn, local_only, NULL);
+    return pair_error(one, job, 1, NULL, 0, NULL);
+}
+
+double tu_shares_error(const char *model, const ch_dataset *d, const char *devices, int batch, const char *shares,
+                       int epochs, char *shares_out, size_t len, size_t *mine)
+{
+    ch_trainer *one = shape_trainer(model, d, "cpu:0", batch, 1, 0.05, false, true, NULL);
+    ch_trainer *job = shape_trainer(model, d, devices, batch, 1, 0.05, false, false, shares);
+    return pair_error(one, job, epochs, shares_out, len, mine);
+}
+
+/* Train both for epochs; the job's parameters' distance from one's (relative to one's largest),
+ * its shares after into shares_out and this rank's training samples per epoch into mine (when
+ * given); frees both. */
+static double pair_error(ch_trainer *one, ch_trainer *job, int epochs, char *shares_out, size_t len, size_t *mine)
+{
     ch_epoch_stats s;
     ch_err err;
-    if (ch_trainer_run_epoch(one, &s, &err) != CH_STATUS_OK) fail_msg("%s", err.msg);
-    if (ch_trainer_run_epoch(job, &s, &err) != CH_STATUS_OK) fail_msg("%s", err.msg);
+    for (int e = 0; e < epochs; e++) {
+        if (ch_trainer_run_epoch(one, &s, &err) != CH_STATUS_OK) fail_msg("%s", err.msg);
+        if (ch_trainer_run_epoch(job, &s, &err) != CH_STATUS_OK) fail_msg("%s", err.msg);
+    }
+    if (shares_out) ch_trainer_shares(job, shares_out, len);
+    size_t test_n;
+    if (mine) ch_trainer_share(job, mine, &test_n);
     const size_t np = ch_trainer_param_count(one);
     float *a = malloc(sizeof(float) * np), *b = malloc(sizeof(float) * np);
     assert_true(a && b);

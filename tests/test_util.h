@@ -37,6 +37,11 @@ double tu_job_shape_error(const char *model, const struct ch_dataset *d, const c
  * device with whole batches. */
 double tu_accum_error(const char *model, const struct ch_dataset *d, const char *devices, int batch, int accum,
                       double lr, bool sync_bn, bool local_only);
+/* epochs of d on one device and as a job over [devices] of every rank with --shares shares (lr
+ * 0.05): the parameters' distance from one device as above; the job's shares after, in shares_out,
+ * and this rank's training samples per epoch with them, in mine. */
+double tu_shares_error(const char *model, const struct ch_dataset *d, const char *devices, int batch,
+                       const char *shares, int epochs, char *shares_out, size_t len, size_t *mine);
 /* A scratch directory for the test's files (removed by tu_rmdir). */
 void tu_mkdtemp(char *buf, size_t len);
 void tu_rmdir(const char *dir);

@@ -10,6 +10,25 @@
 #include "nn/model.h"
 #include "train/trainer.h"
 
+/* --shares: each rank's share and its part of a full batch (the first 8 ranks). */
+static void print_shares(const ch_trainer *t, int B)
+{
+    char text[256];
+    if (!ch_trainer_shares(t, text, sizeof text)) return;
+    printf("shares: %s%s; of a batch of %d,", t->shares.automatic ? "auto, starting at " : "", text, B);
+    const int D = t->nreplicas;
+    for (int r = 0; r < t->procs && r < 8; r++) {
+        int part = 0;
+        for (int d = 0; d < D; d++) part += t->scratch[r * D + d];
+        printf("%s rank %d takes %d", r ? "," : "", r, part);
+    }
+    printf("%s\n", t->procs > 8 ? ", ..." : "");
+    if (t->shares.automatic)
+        printf("shares auto: re-balanced from each rank's step time after %d steps, then at every epoch end; "
+               "a slice larger than the model's plan (%d samples) runs as more micro-batches\n", CH_SHARES_PROBE + 2,
+               t->spec.max_micro);
+}
+
 static size_t shape_size(ch_shape3 s) { return (size_t)s.c * (size_t)s.h * (size_t)s.w; }
 
 static size_t layer_params(const ch_layer *l)
@@ -91,13 +110,17 @@ void ch_cli_print_summary(const ch_trainer *t)
            t->procs > 1 ? "s" : "", t->devices_text, R, R > 1 ? "s" : "", threads, threads > 1 ? "s" : "");
     const size_t n = t->train->n;
     const size_t steps = (n + (size_t)B - 1) / (size_t)B, last = n - (steps - 1) * (size_t)B;
-    int lo, cnt_lo, hi_off, cnt_hi;
-    ch_trainer_slice(B, R, 0, &lo, &cnt_hi);
-    ch_trainer_slice(B, R, R - 1, &hi_off, &cnt_lo);
+    ch_shares_split(&t->shares, B, t->scratch);
+    int cnt_lo = B, cnt_hi = 0;
+    for (int g = 0; g < R; g++) {
+        cnt_lo = t->scratch[g] < cnt_lo ? t->scratch[g] : cnt_lo;
+        cnt_hi = t->scratch[g] > cnt_hi ? t->scratch[g] : cnt_hi;
+    }
     printf("data: %zu training samples, global batch %d -> %d to %d per replica; %zu steps per epoch "
            "(last batch %zu)", n, B, cnt_lo, cnt_hi, steps, last);
     if (t->test) printf("; %zu test samples", t->test->n);
     printf("\n");
+    print_shares(t, B);
     if (t->spec.accum > 1)
         printf("accumulation: %d micro-batches per step of up to %d samples per replica; one gradient sync "
                "and one update per step\n", t->spec.accum, t->spec.max_micro);

@@ -38,6 +38,9 @@ static const char train_usage[] =
     "  -b, --batch-size B    global batch size (default 256)\n"
     "  --accum-steps K       run each device's part of a batch in K micro-batches and sync\n"
     "                        the summed gradient once (memory of one micro-batch; default 1)\n"
+    "  --shares auto|W0,W1,...  each rank's part of every batch: one whole number per rank\n"
+    "                        (3,1: rank 0 takes 3/4), or auto from measured step times\n"
+    "                        (default: equal); gradients stay exact\n"
     "  --lr X                learning rate (default 0.1)\n"
     "  --optimizer NAME      sgd | adam | adamw | adagrad, PyTorch's rules (default sgd)\n"
     "  --momentum M          SGD momentum (default 0)\n"
@@ -114,7 +117,7 @@ enum {
     OPT_TRACE_STEPS, OPT_OPTIMIZER, OPT_DAMPENING, OPT_BETAS, OPT_EPS, OPT_SCHEDULE, OPT_STEP_SIZE,
     OPT_GAMMA, OPT_MILESTONES, OPT_T_MAX, OPT_ETA_MIN, OPT_WARMUP, OPT_SCALE_LR, OPT_DATASET,
     OPT_RANDOM_CROP, OPT_RANDOM_FLIP, OPT_NORMALIZE, OPT_IMAGE_SIZE, OPT_SKIP_BAD, OPT_ALLOW_NONFINITE,
-    OPT_PRECISION, OPT_ACCUM,
+    OPT_PRECISION, OPT_ACCUM, OPT_SHARES,
 };
 
 static const struct option train_long[] = {
@@ -134,6 +137,7 @@ static const struct option train_long[] = {
     { "sync-bn", no_argument, NULL, OPT_SYNC_BN },
     { "precision", required_argument, NULL, OPT_PRECISION },
     { "accum-steps", required_argument, NULL, OPT_ACCUM },
+    { "shares", required_argument, NULL, OPT_SHARES },
     { "bucket-mb", required_argument, NULL, OPT_BUCKET_MB },
     { "timeout", required_argument, NULL, OPT_TIMEOUT },
     { "log-dir", required_argument, NULL, OPT_LOG_DIR },
@@ -227,6 +231,7 @@ static int parse_one(int c, const char *arg, train_opts *o)
     case OPT_DEVICES: cfg->devices = arg; return -1;
     case OPT_SYNC_BN: cfg->sync_bn = true; return -1;
     case OPT_PRECISION: cfg->precision = arg; return -1;
+    case OPT_SHARES: cfg->shares = arg; return -1;
     case OPT_BUCKET_MB:
         return ch_arg_double("train", "bucket-mb", arg, 0.001, 4096, &cfg->bucket_mb) ? -1 : CH_EXIT_USAGE;
     case OPT_TIMEOUT:
@@ -354,7 +359,7 @@ static void format_epoch(char *line, size_t len, const ch_epoch_stats *s, const 
              s->epoch, s->loss, diverged, s->train_acc, s->test_acc, s->time_s, s->images_per_s, devices, ranks);
 }
 
-static bool write_metrics(FILE *f, const ch_epoch_stats *s, const ch_device_list *devices)
+static bool write_metrics(FILE *f, const ch_epoch_stats *s, const ch_device_list *devices, const char *shares)
 {
     /* JSON has no NaN: a diverged epoch's loss is null. */
     char loss[32] = "null";
@@ -365,7 +370,9 @@ static bool write_metrics(FILE *f, const ch_epoch_stats *s, const ch_device_list
             s->epoch, loss, s->train_acc, s->test_acc, s->time_s, s->images_per_s, s->lr, s->data_wait_s);
     for (int i = 0; i < devices->count; i++)
         fprintf(f, "%s\"cpu:%d\"", i ? ", " : "", devices->dev[i].index);
-    fprintf(f, "], \"ranks\": %d}\n", ch_world_size());
+    fprintf(f, "], \"ranks\": %d", ch_world_size());
+    if (*shares) fprintf(f, ", \"shares\": [%s]", shares);
+    fprintf(f, "}\n");
     return fflush(f) == 0 && !ferror(f);
 }
 
@@ -414,8 +421,23 @@ static int run_training(const train_opts *o, ch_trainer *t, FILE *metrics)
     return rc;
 }
 
+/* --shares: every rank logs the shares in use and its part; rank 0 says when auto moved them. */
+static void report_shares(const ch_trainer *t, const ch_epoch_stats *s, const char *shares, char *last, bool root)
+{
+    size_t train_n, test_n;
+    ch_trainer_share(t, &train_n, &test_n);
+    char line[512];
+    snprintf(line, sizeof line, "epoch %d ended with shares %s, at which this rank trains on %zu samples per epoch", s->epoch,
+             shares, train_n);
+    ch_world_log(line);
+    if (root && *last && strcmp(last, shares) != 0) printf("shares now %s (were %s)\n", shares, last);
+    snprintf(last, 256, "%s", shares);
+}
+
 static int run_epochs(const train_opts *o, ch_trainer *t, FILE *metrics, ch_plot_run *curve)
 {
+    char last_shares[256];
+    ch_trainer_shares(t, last_shares, sizeof last_shares);
     ch_progress bar;
     const bool root = ch_world_rank() == 0;
     ch_progress_init(&bar, o->progress && root);
@@ -443,7 +465,9 @@ static int run_epochs(const train_opts *o, ch_trainer *t, FILE *metrics, ch_plot
             fflush(stdout);
             if (o->plot && redraw_plot(o, t, curve, &s) != CH_EXIT_OK) return CH_EXIT_FAIL;
         }
-        if (metrics && !write_metrics(metrics, &s, ch_trainer_device_list(t))) {
+        char shares[256];
+        if (ch_trainer_shares(t, shares, sizeof shares)) report_shares(t, &s, shares, last_shares, root);
+        if (metrics && !write_metrics(metrics, &s, ch_trainer_device_list(t), shares)) {
             fprintf(stderr, "cohort train: %s: write failed\n", o->metrics);
             return CH_EXIT_FAIL;
         }

@@ -230,6 +230,10 @@ static char *trainer_json(const ch_ckpt_run *run, const ch_ckpt_position *p)
     cJSON_AddItemToObject(last, "test_loss", ch_position_metric_item(p->test_loss));
     cJSON_AddNumberToObject(last, "test_acc", p->test_acc);
     cJSON_AddNumberToObject(j, "world_size", run->world_size);
+    if (run->shares) {   /* a record: a resumed run takes the shares it is given */
+        cJSON *sh = cJSON_AddArrayToObject(j, "shares");
+        for (int r = 0; r < run->world_size; r++) cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)run->shares[r]));
+    }
     cJSON *devs = cJSON_AddArrayToObject(j, "devices");
     for (int i = 0; i < run->devices->count; i++) {
         char d[16];

@@ -46,6 +46,7 @@ typedef struct ch_ckpt_run {
     uint64_t train_samples;
     int world_size;
     const ch_device_list *devices;
+    const int64_t *shares;          /* world_size ranks' --shares in use (NULL: the even split) */
 } ch_ckpt_run;
 
 /* Everything read from a checkpoint's files, checked, before anything is copied into a model. */

@@ -3,6 +3,8 @@
  * is exactly the gradient of the mean loss over the global batch. */
 #include "train/replica.h"
 
+#include "core/clock.h"
+
 #include <math.h>
 #include <omp.h>
 #include <signal.h>
@@ -10,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 /* This replica failed on its own: say so, and release every member waiting in a collective. */
@@ -44,7 +47,7 @@ static ch_status alloc_buffers(ch_replica *rp, const ch_replica_spec *s, ch_err 
     rp->class_counts = calloc((size_t)s->classes, sizeof(int64_t));
     if (!rp->x || !rp->labels || !rp->dlogits || !rp->class_hits || !rp->class_counts)
         return CH_SYS_FAIL(err, "allocation of replica batch buffers");
-    if (s->accum > 1) {
+    if (s->accum_buffer) {
         rp->accum = ch_backend_alloc(be, sizeof(ch_real) * rp->model->nparams);
         CH_CHECK_ALLOC(err, rp->accum);
     }
@@ -177,15 +180,15 @@ static void count_samples(const ch_replica_spec *s, const ch_slice *sl)
     for (int i = 0; i < sl->n; i++) __atomic_fetch_add(&s->sample_counts[sl->idx[i]], 1, __ATOMIC_RELAXED);
 }
 
-/* With accumulation, the samples of micro-batch j over the whole job: every replica's slice (n / R,
- * the first n % R one more: ch_trainer_slice's rule) cut into K parts the same way (sync-BN's
- * count). */
+/* With micro-batches, the samples of micro-batch j over the whole job: every replica's slice cut
+ * into K parts the same way (sync-BN's count; with sync-BN every replica runs K). */
 static int micro_part(int c, int K, int j) { return (int)((int64_t)c * (j + 1) / K - (int64_t)c * j / K); }
 
-static int micro_global(int n, int R, int K, int j)
+static int micro_global(const int *counts, int R, int K, int j)
 {
-    const int q = n / R, rem = n % R;
-    return rem * micro_part(q + 1, K, j) + (R - rem) * micro_part(q, K, j);
+    int n = 0;
+    for (int g = 0; g < R; g++) n += micro_part(counts[g], K, j);
+    return n;
 }
 
 /* grads_ready hooks with accumulation. Before the last micro-batch each finished tensor's gradient
@@ -216,7 +219,7 @@ static ch_status micro_step(ch_replica *rp, const ch_replica_spec *s, const ch_s
                             int n, ch_trace_track *tr, const ch_status *comm_st, ch_err *err)
 {
     ch_model *m = rp->model;
-    const bool last = rp->micro == s->accum - 1;
+    const bool last = rp->micro == sl->micro - 1;
     const ch_real *x = rp->x + ch_shape3_size(s->input) * (size_t)lo;
     int64_t t0 = tr ? ch_trace_now() : 0;
     const ch_real *logits = ch_model_forward(m, r, n, x);
@@ -246,7 +249,8 @@ static ch_status micro_step(ch_replica *rp, const ch_replica_spec *s, const ch_s
         r->grads_ready = ch_gradsync_ready;
         r->grads_user = rp->sync;
     }
-    if (s->accum > 1) {
+    if (sl->micro > 1) {
+        CH_ASSERT(rp->accum);
         r->grads_ready = last ? accum_last_hook : accum_hook;
         r->grads_user = rp;
     }
@@ -261,10 +265,14 @@ static ch_status micro_step(ch_replica *rp, const ch_replica_spec *s, const ch_s
 static ch_status step_traced(ch_replica *rp, const ch_replica_spec *s, const ch_dataset *d,
                              const ch_slice *sl, ch_trace_track *tr)
 {
+    const double start = ch_clock_s();
     int64_t t0 = tr ? ch_trace_now() : 0;
     ch_model *m = rp->model;
     ch_err err;
     ch_status comm_st = CH_STATUS_OK;
+    if (s->fault.kind == CH_FAULT_SLOW && s->fault.replica == rp->global_index)
+        nanosleep(&(struct timespec){ .tv_sec = (time_t)(s->fault.step * (uint64_t)sl->n / 1000000),
+                                      .tv_nsec = (long)(s->fault.step * (uint64_t)sl->n % 1000000) * 1000 }, NULL);
     rp->status = CH_STATUS_OK;
     inject_process_faults(rp, s, sl->step);
     count_samples(s, sl);
@@ -300,15 +308,17 @@ static ch_status step_traced(ch_replica *rp, const ch_replica_spec *s, const ch_
     rp->correct = 0;
     rp->accum_reported = 0;
     rp->micro_sync = sync;
-    for (int j = 0; j < s->accum; j++) {
-        const int lo = (int)((int64_t)sl->n * j / s->accum), hi = (int)((int64_t)sl->n * (j + 1) / s->accum);
+    const int K = sl->micro;
+    for (int j = 0; j < K; j++) {
+        const int lo = (int)((int64_t)sl->n * j / K), hi = (int)((int64_t)sl->n * (j + 1) / K);
         rp->micro = j;
         r.sample_offset = sl->offset + (uint64_t)lo;
-        r.global_n = s->accum > 1 ? micro_global(sl->global_n, s->nglobal, s->accum, j) : sl->global_n;
+        r.global_n = K > 1 ? micro_global(sl->counts, s->nglobal, K, j) : sl->global_n;
         const ch_status st = micro_step(rp, s, sl, &r, lo, hi - lo, tr, &comm_st, &err);
         if (st != CH_STATUS_OK) return st;
     }
-    CH_ASSERT(s->accum == 1 || rp->accum_reported == m->nparams);
+    CH_ASSERT(K == 1 || rp->accum_reported == m->nparams);
+    rp->busy_s = ch_clock_s() - start;
     if (sync) {
         t0 = tr ? ch_trace_now() : 0;
         ch_status st = ch_gradsync_finish(rp->sync, &err);

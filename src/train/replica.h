@@ -18,6 +18,7 @@
  * rank, for the --timeout test). */
 typedef enum ch_fault_kind {
     CH_FAULT_NONE, CH_FAULT_ALLOC, CH_FAULT_ERROR, CH_FAULT_NAN, CH_FAULT_KILL, CH_FAULT_HANG,
+    CH_FAULT_SLOW,      /* a slower machine: `step` is microseconds of sleep per sample, every step */
 } ch_fault_kind;
 
 typedef struct ch_fault {
@@ -36,6 +37,8 @@ typedef struct ch_replica_spec {
     int max_slice;          /* most samples one replica gets in a step */
     int accum;              /* micro-batches per step (>= 1) */
     int max_micro;          /* most samples of one micro-batch: what the model is planned for */
+    bool accum_buffer;      /* keep a gradient sum across micro-batches (accum > 1, or --shares auto,
+                             * where a slice may outgrow max_micro) */
     ch_optim_config optim;
     ch_augment augment;
     bool nan_check, sync_bn;
@@ -71,7 +74,7 @@ typedef struct ch_replica {
     ch_trace_track trace_compute, trace_sync; /* --trace: this replica's two timelines */
     bool tracing;           /* record the next steps (set by the trainer) */
     ch_gradsync *sync;      /* NULL with a single replica */
-    ch_real *accum;         /* with accum > 1: the earlier micro-batches' gradient sum (replica memory) */
+    ch_real *accum;         /* with accum_buffer: the earlier micro-batches' gradient sum (replica memory) */
     int micro;              /* the micro-batch being run (0-based) */
     bool micro_sync;        /* the last micro-batch hands each finished tensor to the sync */
     size_t accum_reported;  /* elements added back from accum in the last micro-batch */
@@ -81,6 +84,7 @@ typedef struct ch_replica {
     bool root_cause;        /* the failure started here (not a collective aborted by another) */
     double loss_sum;
     int64_t correct;
+    double busy_s;          /* the last step's time up to its wait for the gradient sync */
     int64_t *class_hits, *class_counts; /* evaluation, per class (classes each) */
 } ch_replica;
 
@@ -95,6 +99,8 @@ typedef struct ch_slice {
     int epoch;              /* 0-based, for the augmentation's random choices */
     const ch_real *x;       /* the slice already gathered by the loader (-j), or NULL: gather here */
     const int32_t *labels;
+    int micro;              /* micro-batches to cut the slice into (>= 1) */
+    const int *counts;      /* every replica's slice of this batch (nglobal; sync-BN's counts) */
 } ch_slice;
 
 /* Build the replica's model, optimizer and buffers on the calling thread, then take replica 0's

@@ -101,10 +101,11 @@ static ch_status parse_fault(ch_fault *f, ch_err *err)
     else if (got == 3 && strcmp(kind, "nan") == 0) *f = (ch_fault){ CH_FAULT_NAN, r, step };
     else if (got == 3 && strcmp(kind, "kill") == 0) *f = (ch_fault){ CH_FAULT_KILL, r, step };
     else if (got == 3 && strcmp(kind, "hang") == 0) *f = (ch_fault){ CH_FAULT_HANG, r, step };
+    else if (got == 3 && strcmp(kind, "slow") == 0 && step <= 1000000) *f = (ch_fault){ CH_FAULT_SLOW, r, step };
     else
         return ch_fail(err, CH_STATUS_BAD_INPUT,
                        "COHORT_INJECT_FAULT='%s': expected alloc:R, error:R:STEP, nan:R:STEP, "
-                       "kill:R:STEP or hang:R:STEP", s);
+                       "kill:R:STEP, hang:R:STEP or slow:R:MICROSECONDS_PER_SAMPLE", s);
     return CH_STATUS_OK;
 }
 
@@ -270,7 +271,7 @@ static void describe_dataset(const ch_dataset *d, char *out, size_t len)
              (unsigned long)crc);
 }
 
-enum { AGREE_MAX = 40 };
+enum { AGREE_MAX = 48 };
 
 typedef struct settings {
     const char *names[AGREE_MAX];
@@ -313,6 +314,8 @@ static void job_settings(const ch_trainer *t, settings *s)
     put_setting(s, "--init", "%s", or_none(c->init));
     put_setting(s, "--devices (their number)", "%d", t->nreplicas);
     put_setting(s, "--batch-size", "%d", c->batch_size);
+    put_setting(s, "--accum-steps", "%d", c->accum_steps > 1 ? c->accum_steps : 1);
+    put_setting(s, "--shares", "%s", c->shares && *c->shares ? c->shares : "(equal)");
     put_setting(s, "--epochs", "%d", c->epochs);
     put_setting(s, "--seed", "%llu", (unsigned long long)c->seed);
     put_setting(s, "--optimizer", "%s", or_none(c->optimizer));
@@ -381,11 +384,20 @@ static ch_status setup(ch_trainer *t, ch_err *err)
     if (!t->cfg.graph)
         CH_TRY(ch_zoo_graph(t->model_name, (ch_shape3){ d->c, d->h, d->w }, d->classes, &t->zoo_graph, err));
     const int D = t->nreplicas, B = t->cfg.batch_size, R = t->procs * D;
-    const int K = t->cfg.accum_steps > 1 ? t->cfg.accum_steps : 1, slice = (B + R - 1) / R;
+    CH_TRY(ch_shares_init(&t->shares, t->cfg.shares, t->procs, D, err));
+    t->counts = malloc(sizeof *t->counts * (size_t)R);
+    t->offsets = malloc(sizeof *t->offsets * (size_t)R);
+    t->scratch = malloc(sizeof *t->scratch * (size_t)R);
+    if (!t->counts || !t->offsets || !t->scratch) return CH_SYS_FAIL(err, "allocation of the batch's cut");
+    /* With auto, a rank may come to hold most of a batch: its batch buffers are sized for that,
+     * but its model stays planned for the even split, and a slice that outgrows the plan runs as
+     * more micro-batches. */
+    const int K = t->cfg.accum_steps > 1 ? t->cfg.accum_steps : 1, slice = ch_shares_max_slice(&t->shares, B);
+    const int planned = t->shares.automatic ? (B + R - 1) / R : slice;
     t->spec = (ch_replica_spec){
         .graph = t->cfg.graph ? t->cfg.graph : t->zoo_graph, .init = t->init, .seed = t->cfg.seed,
         .input = { d->c, d->h, d->w }, .classes = d->classes, .max_slice = slice,
-        .accum = K, .max_micro = (slice + K - 1) / K,
+        .accum = K, .max_micro = (planned + K - 1) / K, .accum_buffer = K > 1 || t->shares.automatic,
         .nglobal = R,
         .nan_check = t->cfg.nan_check, .sync_bn = t->cfg.sync_bn,
         .bucket_elems = (size_t)((t->cfg.bucket_mb > 0 ? t->cfg.bucket_mb : 25) * (1 << 20) /
@@ -463,8 +475,9 @@ ch_status ch_trainer_create(const ch_train_config *cfg, const ch_dataset *train,
     t->train = train;
     t->test = test;
     ch_status st = setup(t, err);
-    /* The caller's string was borrowed for parsing only. */
+    /* The caller's strings were borrowed for parsing only. */
     t->cfg.devices = t->devices_text;
+    t->cfg.shares = NULL;   /* t->shares holds them */
     if (st != CH_STATUS_OK) {
         ch_trainer_free(t);
         return st;
@@ -482,11 +495,34 @@ void ch_trainer_set_progress(ch_trainer *t, ch_progress_fn fn, void *user)
 /* The samples [first, first + count) of a global batch of n that this process's replicas take. */
 static void local_range(const ch_trainer *t, int n, int *first, int *count)
 {
-    int off, cnt;
-    const int R = t->procs * t->nreplicas, g0 = t->proc * t->nreplicas;
-    ch_trainer_slice(n, R, g0, first, &cnt);
-    ch_trainer_slice(n, R, g0 + t->nreplicas - 1, &off, &cnt);
-    *count = off + cnt - *first;
+    const int g0 = t->proc * t->nreplicas;
+    ch_shares_split(&t->shares, n, t->scratch);
+    *first = 0;
+    *count = 0;
+    for (int g = 0; g < g0; g++) *first += t->scratch[g];
+    for (int r = 0; r < t->nreplicas; r++) *count += t->scratch[g0 + r];
+}
+
+/* Micro-batches for a slice of cnt samples: --accum-steps, or more where the slice outgrew what the
+ * model is planned for (--shares auto gave this rank a larger part). */
+static int micro_for(const ch_trainer *t, int cnt)
+{
+    const int M = t->spec.max_micro, need = (cnt + M - 1) / M;
+    return need > t->spec.accum ? need : t->spec.accum;
+}
+
+/* The step's cut of n samples over the job's replicas. With sync-BN every replica runs the same
+ * micro-batches (each one's statistics are a collective), so the largest slice decides. */
+static void cut_batch(ch_trainer *t, int n)
+{
+    const int R = t->procs * t->nreplicas;
+    ch_shares_split(&t->shares, n, t->counts);
+    t->job_micro = 0;
+    for (int g = 0, at = 0; g < R; at += t->counts[g], g++) {
+        t->offsets[g] = at;
+        const int k = micro_for(t, t->counts[g]);
+        if (t->cfg.sync_bn && k > t->job_micro) t->job_micro = k;
+    }
 }
 
 static int local_count(const ch_trainer *t, int n)
@@ -499,10 +535,10 @@ static int local_count(const ch_trainer *t, int n)
 static void job_step(void *arg, int r)
 {
     ch_trainer *t = arg;
-    int off, cnt;
-    ch_trainer_slice(t->job_n, t->procs * t->nreplicas, t->replicas[r].global_index, &off, &cnt);
+    const int g = t->replicas[r].global_index, off = t->offsets[g], cnt = t->counts[g];
     ch_slice sl = { .idx = t->job_idx + off, .n = cnt, .offset = (uint64_t)off,
-                    .global_n = t->job_n, .step = t->step, .lr = t->lr, .epoch = t->epoch };
+                    .global_n = t->job_n, .step = t->step, .lr = t->lr, .epoch = t->epoch,
+                    .micro = t->job_micro ? t->job_micro : micro_for(t, cnt), .counts = t->counts };
     if (t->job_x) {
         sl.x = t->job_x + (size_t)(off - t->job_first) * ch_shape3_size(t->spec.input);
         sl.labels = t->job_labels + (off - t->job_first);
@@ -528,6 +564,7 @@ ch_status ch_trainer_step(ch_trainer *t, const uint32_t *idx, int n, double *los
     for (int r = 0; r < t->nreplicas; r++) t->replicas[r].tracing = tracing;
     t->job_x = NULL;
     t->job_labels = NULL;
+    cut_batch(t, n);
     if (t->loading) {
         CH_TRY(ch_loader_next(t->loader, &t->job_x, &t->job_labels, err));
         int cnt;
@@ -539,9 +576,11 @@ ch_status ch_trainer_step(ch_trainer *t, const uint32_t *idx, int n, double *los
     /* Exact totals, in replica order: the same sums whatever the thread timing. */
     *loss_sum = 0;
     *correct = 0;
+    t->last_busy_s = 0;
     for (int r = 0; r < t->nreplicas; r++) {
         *loss_sum += t->replicas[r].loss_sum;
         *correct += t->replicas[r].correct;
+        if (t->replicas[r].busy_s > t->last_busy_s) t->last_busy_s = t->replicas[r].busy_s;
     }
     t->step++;
     if (tracing && t->step - t->trace_first == (uint64_t)t->cfg.trace_steps) CH_TRY(ch_trainer_write_trace(t, err));
@@ -613,6 +652,14 @@ ch_status ch_trainer_write_trace(ch_trainer *t, ch_err *err)
     return t->proc == 0 ? merge_trace(t, err) : CH_STATUS_OK;
 }
 
+
+bool ch_trainer_shares(const ch_trainer *t, char *out, size_t len)
+{
+    out[0] = '\0';
+    if (!t->shares.given || t->procs == 1) return false;
+    ch_shares_format(&t->shares, out, len);
+    return true;
+}
 
 void ch_trainer_share(const ch_trainer *t, size_t *train, size_t *test)
 {
@@ -689,6 +736,42 @@ static ch_status start_loader(ch_trainer *t, size_t seen, ch_err *err)
     return CH_STATUS_OK;
 }
 
+/* --shares auto: every rank's measured busy seconds and samples to every rank, then the new shares
+ * (the same integers everywhere). Collective. */
+static ch_status rebalance_shares(ch_trainer *t, bool *moved, ch_err *err)
+{
+    const int P = t->procs;
+    double *v = calloc(2 * (size_t)P, sizeof *v);
+    CH_CHECK_ALLOC(err, v);
+    v[t->proc] = t->shares.busy_s;
+    v[P + t->proc] = t->shares.samples;
+    const ch_status st = sum_over_ranks(t, v, 2 * P, "--shares auto, the ranks' step times", err);
+    *moved = st == CH_STATUS_OK && ch_shares_rebalance(&t->shares, v, v + P);
+    free(v);
+    t->shares.busy_s = t->shares.samples = 0;
+    t->shares.measured = 0;
+    return st;
+}
+
+/* --shares auto: this step's busy time, past the epoch's first two steps (warm-up, the loader's
+ * start); after the run's first CH_SHARES_PROBE measured steps the shares are re-balanced once
+ * (and the loader re-planned from *seen), then at every epoch end. */
+static ch_status measure_step(ch_trainer *t, int i, int first, int n, size_t seen, ch_err *err)
+{
+    if (!t->shares.automatic || t->procs == 1 || i - first < 2) return CH_STATUS_OK;
+    t->shares.busy_s += t->last_busy_s;
+    t->shares.samples += local_count(t, n);
+    t->shares.measured++;
+    if (t->probed || t->shares.measured < CH_SHARES_PROBE || seen >= t->train->n) return CH_STATUS_OK;
+    t->probed = true;
+    bool moved;
+    CH_TRY(rebalance_shares(t, &moved, err));
+    if (!moved || !t->loader) return CH_STATUS_OK;
+    ch_loader_stop(t->loader);
+    t->loading = false;
+    return start_loader(t, seen, err);
+}
+
 /* The epoch's steps from step `first` (sample *seen), adding to the running sums. */
 static ch_status train_steps(ch_trainer *t, int first, size_t *seen, double *loss, int64_t *hits,
                              double *lr_last, double t0, ch_err *err)
@@ -708,6 +791,7 @@ static ch_status train_steps(ch_trainer *t, int first, size_t *seen, double *los
         *hits += c;
         *seen += (size_t)n;
         mine += (size_t)local_count(t, n);
+        CH_TRY(measure_step(t, i, first, n, *seen, err));
         /* The running figures are this process's share; the epoch's are exact over all ranks. */
         if (t->progress)
             t->progress(t->progress_user, i + 1, steps, mine ? *loss / mine : 0,
@@ -739,6 +823,13 @@ ch_status ch_trainer_run_epoch(ch_trainer *t, ch_epoch_stats *s, ch_err *err)
             hits = (int64_t)t->pos.hits;
         }
         t->mid_epoch = false;
+    }
+    /* --shares auto: the last epoch's measurement decides this one's shares (so an epoch's metrics
+     * and checkpoint show the shares it ended with). */
+    if (t->shares.automatic && t->procs > 1 && t->shares.measured >= 3) {
+        bool moved;
+        CH_TRY(rebalance_shares(t, &moved, err));
+        t->probed = true;
     }
     const size_t seen0 = seen;
     const double t0 = ch_clock_s();
@@ -890,6 +981,10 @@ void ch_trainer_free(ch_trainer *t)
     ch_loader_free(t->loader);
     free(t->plan);
     ch_checkpoint_unlock(t->ckpt_lock);
+    ch_shares_free(&t->shares);
+    free(t->counts);
+    free(t->offsets);
+    free(t->scratch);
     free(t->graph_json);
     ch_graph_free(t->zoo_graph);
     free(t);

@@ -14,6 +14,7 @@
 #include "train/crew.h"
 #include "train/position.h"
 #include "train/replica.h"
+#include "train/shares.h"
 
 
 
@@ -44,6 +45,12 @@ struct ch_trainer {
     ch_mpi_group *mpi_grads, *mpi_ctl, *mpi_main;
     ch_comm mpi_grads_comm, mpi_ctl_comm, main_comm;
     ch_crew *crew;
+    ch_shares shares;       /* each rank's part of every batch (--shares) */
+    int *counts, *offsets;  /* the step's cut: every replica's slice and where it starts (job-wide) */
+    int *scratch;           /* the cut of other batch sizes (local_range: a read-only trainer's) */
+    int job_micro;          /* with sync-BN: the micro-batches every replica runs this step */
+    double last_busy_s;     /* the last step's busy time of this rank (its slowest replica) */
+    bool probed;            /* --shares auto re-balanced after its first measured steps */
     uint32_t *perm;         /* epoch order over the training set */
     int epoch;              /* epochs completed */
     uint64_t step;          /* steps completed */

@@ -17,7 +17,8 @@ static ch_ckpt_run run_of(ch_trainer *t)
                           .normalize = t->normalize, .graph_json = t->graph_json,
                           .graph_print = t->graph_print, .cfg = &t->cfg, .optim = &t->spec.optim,
                           .sched = &t->sched, .train_samples = t->train->n, .world_size = t->procs,
-                          .devices = &t->devices };
+                          .devices = &t->devices,
+                          .shares = t->shares.given && t->procs > 1 ? t->shares.w : NULL };
 }
 
 ch_status ch_trainer_save_checkpoint(ch_trainer *t, const char *name, const ch_ckpt_position *pos,
