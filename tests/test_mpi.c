@@ -254,6 +254,33 @@ static void test_shares(void)
     ch_dataset_free(d);
 }
 
+/* Through the library (no CLI flag comparison in front): ranks whose --shares or --accum-steps
+ * differ are refused at set-up on every rank, naming the setting, before any step could cut the
+ * batches differently. */
+static void test_settings_disagree(void)
+{
+    ch_dataset *d = tu_synthetic(64, 28, 5);
+    char shares[64] = "";
+    for (int r = 0; r < size; r++)   /* rank 1: 1,1,...; the others: 2,2,... */
+        snprintf(shares + strlen(shares), sizeof shares - strlen(shares), "%s%d", r ? "," : "", rank == 1 ? 1 : 2);
+    for (int which = 0; which < 2; which++) {
+        ch_train_config cfg = ch_train_config_default();
+        cfg.model = "lenet";
+        cfg.batch_size = 16;
+        cfg.timeout_s = 60;
+        if (which == 0) cfg.shares = shares;
+        else cfg.accum_steps = rank == 1 ? 2 : 1;
+        const char *name = which == 0 ? "--shares" : "--accum-steps";
+        ch_trainer *t = NULL;
+        ch_err err;
+        const ch_status st = ch_trainer_create(&cfg, d, NULL, &t, &err);
+        CHECK(st == CH_STATUS_BAD_INPUT && strstr(err.msg, name), "ranks given different %s: status %d, '%s'", name,
+              (int)st, st == CH_STATUS_OK ? "" : err.msg);
+        ch_trainer_free(t);
+    }
+    ch_dataset_free(d);
+}
+
 int main(int argc, char **argv)
 {
     ch_err err;
@@ -286,7 +313,10 @@ int main(int argc, char **argv)
         test_job_shapes("linear");
         test_job_shapes("lenet");
         test_accumulation();
-        if (size > 1) test_shares();
+        if (size > 1) {
+            test_shares();
+            test_settings_disagree();
+        }
     }
     test_epoch(argv[argc - 1]);
     if (rank == 0) printf("test_mpi: %d ranks: all checks passed\n", size);

@@ -525,6 +525,14 @@ static void cut_batch(ch_trainer *t, int n)
     }
 }
 
+/* This process's samples in the last step: its replicas' parts of the step's cut (no new cut). */
+static int step_local_count(const ch_trainer *t)
+{
+    int sum = 0;
+    for (int r = 0; r < t->nreplicas; r++) sum += t->counts[t->replicas[r].global_index];
+    return sum;
+}
+
 static int local_count(const ch_trainer *t, int n)
 {
     int first, count;
@@ -756,11 +764,11 @@ static ch_status rebalance_shares(ch_trainer *t, bool *moved, ch_err *err)
 /* --shares auto: this step's busy time, past the epoch's first two steps (warm-up, the loader's
  * start); after the run's first CH_SHARES_PROBE measured steps the shares are re-balanced once
  * (and the loader re-planned from *seen), then at every epoch end. */
-static ch_status measure_step(ch_trainer *t, int i, int first, int n, size_t seen, ch_err *err)
+static ch_status measure_step(ch_trainer *t, int i, int first, size_t seen, ch_err *err)
 {
     if (!t->shares.automatic || t->procs == 1 || i - first < 2) return CH_STATUS_OK;
     t->shares.busy_s += t->last_busy_s;
-    t->shares.samples += local_count(t, n);
+    t->shares.samples += step_local_count(t);
     t->shares.measured++;
     if (t->probed || t->shares.measured < CH_SHARES_PROBE || seen >= t->train->n) return CH_STATUS_OK;
     t->probed = true;
@@ -790,8 +798,8 @@ static ch_status train_steps(ch_trainer *t, int first, size_t *seen, double *los
         *loss += l;
         *hits += c;
         *seen += (size_t)n;
-        mine += (size_t)local_count(t, n);
-        CH_TRY(measure_step(t, i, first, n, *seen, err));
+        mine += (size_t)step_local_count(t);
+        CH_TRY(measure_step(t, i, first, *seen, err));
         /* The running figures are this process's share; the epoch's are exact over all ranks. */
         if (t->progress)
             t->progress(t->progress_user, i + 1, steps, mine ? *loss / mine : 0,
