@@ -307,6 +307,11 @@ typedef struct ch_train_config {
     const char *precision;    /* "fp32" (default). "bf16" is refused: on a CPU without native bf16
                                * it would run slower than fp32, and its kernels are not built yet */
     double bucket_mb;         /* gradient sync bucket size in MiB; 0: 25 */
+    const char *grad_compress; /* how gradient buckets travel between ranks: NULL or "none" (fp32),
+                               * "bf16" (half the bytes, summed in fp32, the same bits on every
+                               * rank), "bf16-ef" (bf16 with error feedback: what rounding took is
+                               * added to the next step's gradient). Replicas of one process still
+                               * sum in fp32 through shared memory. */
     double timeout_s;         /* the longest any exchange between ranks may take before the job
                                * is ended with a message naming it (default 300) */
     bool local_only;          /* ignore other MPI ranks: this process trains alone */
@@ -384,6 +389,9 @@ void ch_trainer_share(const ch_trainer *t, size_t *train, size_t *test);
 /* The ranks' shares of each batch in use, "W0,W1,..." (--shares; with auto, as last re-balanced);
  * false (out "") when the split is the even one the job started with. */
 bool ch_trainer_shares(const ch_trainer *t, char *out, size_t len);
+/* How gradients travel between ranks: "bf16" or "bf16-ef" (--grad-compress), "none" when they go
+ * as fp32 (the default, and any job of one process). */
+const char *ch_trainer_grad_compress(const ch_trainer *t);
 /* Copy the flat float32 parameters (ch_trainer_param_count values) into out; every replica holds
  * the same bits. */
 void ch_trainer_get_params(const ch_trainer *t, float *out);

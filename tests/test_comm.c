@@ -7,6 +7,10 @@
 #include <string.h>
 
 #include "comm/comm.h"
+#include "kernels/backend.h"
+#include "models/zoo.h"
+#include "nn/model.h"
+#include "train/gradsync.h"
 
 typedef struct member {
     ch_comm comm;
@@ -142,6 +146,69 @@ static void bad_group_sizes_are_refused(void **state)
     assert_int_equal(ch_local_group_create(5000, &g, &err), CH_STATUS_BAD_INPUT);
 }
 
+/* A communicator that sums nothing and records every bucket it is handed. */
+typedef struct recorder {
+    ch_real *buf[64];
+    size_t n[64], at[64];
+    int calls;
+} recorder;
+
+static ch_status record_sum(ch_comm *c, ch_real *buf, size_t n, ch_err *err)
+{
+    (void)err;
+    recorder *r = c->group;
+    if (r->calls < 64) {
+        r->buf[r->calls] = buf;
+        r->n[r->calls] = n;
+        r->at[r->calls] = c->at;
+    }
+    r->calls++;
+    return CH_STATUS_OK;
+}
+
+static ch_status record_none(ch_comm *c, ch_err *err) { (void)c; (void)err; return CH_STATUS_OK; }
+static void record_abort(ch_comm *c, const char *why) { (void)c; (void)why; }
+
+/* Error feedback between ranks keeps one residual per gradient, found by ch_comm.at: the gradient
+ * sync must say where each bucket starts (lenet in buckets of about 5000 values). */
+static void gradient_sync_names_each_buckets_offset(void **state)
+{
+    (void)state;
+    static const ch_comm_ops ops = { .name = "recorder", .allreduce_sum = record_sum, .barrier = record_none,
+                                     .abort = record_abort };
+    recorder rec = { .calls = 0 };
+    ch_comm c = { .ops = &ops, .rank = 0, .size = 2, .group = &rec };
+    ch_err err;
+    ch_graph *g;
+    ch_backend *be;
+    ch_model *m;
+    ch_gradsync *s;
+    assert_int_equal(ch_zoo_graph("lenet", (ch_shape3){ 1, 28, 28 }, 10, &g, &err), CH_STATUS_OK);
+    assert_int_equal(ch_backend_create("cpu", 1, &be, &err), CH_STATUS_OK);
+    assert_int_equal(ch_model_create_graph(g, (ch_shape3){ 1, 28, 28 }, 10, be, &m, &err), CH_STATUS_OK);
+    assert_int_equal(ch_gradsync_create(&c, m, 5000, &s, &err), CH_STATUS_OK);
+    ch_gradsync_begin(s, 0);
+    for (int i = m->ntensors - 1; i >= 0; i--)
+        if (m->tensors[i].kind == CH_TENSOR_PARAM)
+            ch_gradsync_ready(s, m->tensors[i].spec->offset, m->tensors[i].spec->count);
+    assert_int_equal(ch_gradsync_finish(s, &err), CH_STATUS_OK);
+    assert_int_equal(rec.calls, ch_gradsync_buckets(s));
+    assert_true(rec.calls > 2 && rec.calls <= 64);
+    size_t covered = 0;
+    for (int k = 0; k < rec.calls; k++) {
+        assert_ptr_equal(rec.buf[k], m->grads + rec.at[k]);   /* the host is the CPU backend's memory */
+        covered += rec.n[k];
+        /* Buckets go from the last parameters to the first, back to back. */
+        if (k > 0) assert_int_equal(rec.at[k] + rec.n[k], rec.at[k - 1]);
+    }
+    assert_int_equal(rec.at[rec.calls - 1], 0);
+    assert_int_equal(covered, m->nparams);
+    ch_gradsync_free(s);
+    ch_model_free(m);
+    ch_backend_free(be);
+    ch_graph_free(g);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -149,6 +216,7 @@ int main(void)
         cmocka_unit_test(broadcast_copies_the_root),
         cmocka_unit_test(an_aborting_member_releases_the_others),
         cmocka_unit_test(bad_group_sizes_are_refused),
+        cmocka_unit_test(gradient_sync_names_each_buckets_offset),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

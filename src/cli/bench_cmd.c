@@ -18,6 +18,7 @@ static const char bench_usage[] =
     "                          [--steps N] [--warmup W] [--eval] [--skip-sync] [--precision fp32|bf16]\n"
     "                          [--accum-steps K]\n"
     "       cohort bench allreduce [--devices LIST|D] [--min-bytes B] [--max-bytes B]  (also mpirun)\n"
+    "                              [--compress none|bf16|bf16-ef]  (mpirun)\n"
     "       cohort bench loader --data DIR [-j N] [--image-size N] [-b B] [--limit N]\n"
     "train: times N training steps (or forward-only evaluation batches with --eval) on synthetic\n"
     "1x28x28 inputs with 10 classes and prints images/second (of the whole job under mpirun;\n"
@@ -26,7 +27,9 @@ static const char bench_usage[] =
     "allreduce: size, count, time, algbw and busbw (GB/s) from 8 B to 256 MiB by default, every\n"
     "result checked: the local communicator with one thread per device (--devices as for train,\n"
     "cpu:0,cpu:1 or 'cpu*4', or a count; default 2) or, under mpirun, the one training uses\n"
-    "between ranks (those devices on each rank, default 1).\n";
+    "between ranks (those devices on each rank, default 1). --compress bf16 adds the compressed\n"
+    "exchange of train's --grad-compress next to fp32 at every size: its time, its algbw (fp32\n"
+    "bytes over time) and the speed-up.\n";
 
 /* Random pixels and labels: throughput does not depend on the values. */
 /* n random images of the model's input shape (MNIST's for the zoo, the graph's for a file). */

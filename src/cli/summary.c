@@ -132,10 +132,22 @@ void ch_cli_print_summary(const ch_trainer *t)
         const int nb = t->replicas[0].sync ? ch_gradsync_buckets(t->replicas[0].sync) : 0;
         printf("gradient sync: %.2f MiB in %d bucket%s of up to %g MiB, %s\n", mib(P * 4), nb, nb > 1 ? "s" : "",
                t->cfg.bucket_mb > 0 ? t->cfg.bucket_mb : 25.0,
-               t->procs > 1 ? (D > 1 ? "local reduce + MPI_Iallreduce + local broadcast"
-                                     : "MPI_Iallreduce between ranks")
+               t->procs > 1 ? (t->compress != CH_COMPRESS_NONE
+                                   ? (D > 1 ? "local reduce + bf16 exchange + local broadcast" : "bf16 exchange between ranks")
+                                   : D > 1 ? "local reduce + MPI_Iallreduce + local broadcast"
+                                           : "MPI_Iallreduce between ranks")
                             : "local allreduce between threads");
+        if (t->procs > 1 && t->compress != CH_COMPRESS_NONE)
+            printf("gradient compression: %s between ranks (the %.2f MiB of gradients travel as %.2f MiB of bf16, a "
+                   "reduce-scatter and an allgather by MPI_Isend/MPI_Irecv; summed in fp32 in rank order, the "
+                   "same bits on every rank%s)%s\n",
+                   ch_grad_compress_name(t->compress), mib(P * 4), mib(P * 2),
+                   t->compress == CH_COMPRESS_BF16_EF ? "; error feedback" : "",
+                   D > 1 ? "; replicas of a rank sum in fp32" : "");
     }
+    if (t->procs == 1 && t->compress != CH_COMPRESS_NONE)
+        printf("gradient compression: %s applies between ranks; this job has one, so gradients stay fp32\n",
+               ch_grad_compress_name(t->compress));
     const ch_optim_config *oc = &t->spec.optim;
     printf("optimizer: %s lr %g", ch_optim_kind_name(oc->kind), t->cfg.lr);
     if (oc->kind == CH_OPTIM_SGD) printf(", momentum %g%s", oc->momentum, oc->nesterov ? " (Nesterov)" : "");

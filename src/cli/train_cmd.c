@@ -72,6 +72,9 @@ static const char train_usage[] =
     "                        (default: each device's own slice, as PyTorch DDP)\n"
     "  --precision P         fp32 (default); bf16 is refused (see cohort info)\n"
     "  --bucket-mb M         gradient sync bucket size in MiB (default 25)\n"
+    "  --grad-compress C     none | bf16 | bf16-ef: gradients travel between ranks as bf16\n"
+    "                        (half the bytes), summed in fp32; -ef adds error feedback\n"
+    "                        (default none)\n"
     "  --timeout SECONDS     end the job when an exchange between ranks takes longer\n"
     "                        (a stuck or lost rank; default 300)\n"
     "  --log-dir DIR         every rank writes its own log to DIR/workerlog.RANK\n"
@@ -117,7 +120,7 @@ enum {
     OPT_TRACE_STEPS, OPT_OPTIMIZER, OPT_DAMPENING, OPT_BETAS, OPT_EPS, OPT_SCHEDULE, OPT_STEP_SIZE,
     OPT_GAMMA, OPT_MILESTONES, OPT_T_MAX, OPT_ETA_MIN, OPT_WARMUP, OPT_SCALE_LR, OPT_DATASET,
     OPT_RANDOM_CROP, OPT_RANDOM_FLIP, OPT_NORMALIZE, OPT_IMAGE_SIZE, OPT_SKIP_BAD, OPT_ALLOW_NONFINITE,
-    OPT_PRECISION, OPT_ACCUM, OPT_SHARES,
+    OPT_PRECISION, OPT_ACCUM, OPT_SHARES, OPT_GRAD_COMPRESS,
 };
 
 static const struct option train_long[] = {
@@ -138,6 +141,7 @@ static const struct option train_long[] = {
     { "precision", required_argument, NULL, OPT_PRECISION },
     { "accum-steps", required_argument, NULL, OPT_ACCUM },
     { "shares", required_argument, NULL, OPT_SHARES },
+    { "grad-compress", required_argument, NULL, OPT_GRAD_COMPRESS },
     { "bucket-mb", required_argument, NULL, OPT_BUCKET_MB },
     { "timeout", required_argument, NULL, OPT_TIMEOUT },
     { "log-dir", required_argument, NULL, OPT_LOG_DIR },
@@ -232,6 +236,7 @@ static int parse_one(int c, const char *arg, train_opts *o)
     case OPT_SYNC_BN: cfg->sync_bn = true; return -1;
     case OPT_PRECISION: cfg->precision = arg; return -1;
     case OPT_SHARES: cfg->shares = arg; return -1;
+    case OPT_GRAD_COMPRESS: cfg->grad_compress = arg; return -1;
     case OPT_BUCKET_MB:
         return ch_arg_double("train", "bucket-mb", arg, 0.001, 4096, &cfg->bucket_mb) ? -1 : CH_EXIT_USAGE;
     case OPT_TIMEOUT:
@@ -359,7 +364,8 @@ static void format_epoch(char *line, size_t len, const ch_epoch_stats *s, const 
              s->epoch, s->loss, diverged, s->train_acc, s->test_acc, s->time_s, s->images_per_s, devices, ranks);
 }
 
-static bool write_metrics(FILE *f, const ch_epoch_stats *s, const ch_device_list *devices, const char *shares)
+static bool write_metrics(FILE *f, const ch_epoch_stats *s, const ch_device_list *devices, const char *shares,
+                          const char *compress)
 {
     /* JSON has no NaN: a diverged epoch's loss is null. */
     char loss[32] = "null";
@@ -372,6 +378,7 @@ static bool write_metrics(FILE *f, const ch_epoch_stats *s, const ch_device_list
         fprintf(f, "%s\"cpu:%d\"", i ? ", " : "", devices->dev[i].index);
     fprintf(f, "], \"ranks\": %d", ch_world_size());
     if (*shares) fprintf(f, ", \"shares\": [%s]", shares);
+    if (strcmp(compress, "none") != 0) fprintf(f, ", \"grad_compress\": \"%s\"", compress);
     fprintf(f, "}\n");
     return fflush(f) == 0 && !ferror(f);
 }
@@ -467,7 +474,7 @@ static int run_epochs(const train_opts *o, ch_trainer *t, FILE *metrics, ch_plot
         }
         char shares[256];
         if (ch_trainer_shares(t, shares, sizeof shares)) report_shares(t, &s, shares, last_shares, root);
-        if (metrics && !write_metrics(metrics, &s, ch_trainer_device_list(t), shares)) {
+        if (metrics && !write_metrics(metrics, &s, ch_trainer_device_list(t), shares, ch_trainer_grad_compress(t))) {
             fprintf(stderr, "cohort train: %s: write failed\n", o->metrics);
             return CH_EXIT_FAIL;
         }

@@ -49,6 +49,9 @@ struct ch_comm {
     void *group;    /* back end state shared by the members; owned by the group's creator */
     char what[96];  /* what the next collective exchanges ("step 3, gradient bucket 2 of 5"), for
                      * the message when it times out; set by the caller, may be empty */
+    size_t at;      /* where the next sum's buffer starts in the flat buffer it is cut from (a
+                     * gradient bucket's offset): a compressed group's error feedback is kept per
+                     * element of that buffer (comm/mpi.h); set with what */
 };
 
 /* A group of `size` members inside one process. ch_local_group_create returns the shared state;

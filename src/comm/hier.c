@@ -18,6 +18,7 @@ static ch_status across_then_share(ch_comm *c, void *buf, size_t bytes,
     ch_hier *h = hier_of(c);
     if (h->local.rank == 0) {
         memcpy(h->mpi.what, c->what, sizeof c->what);
+        h->mpi.at = c->at;
         ch_status st = stage(&h->mpi, buf, n, err);
         if (st != CH_STATUS_OK) {
             ch_comm_abort(&h->local, err ? err->msg : "MPI stage failed");
@@ -66,6 +67,7 @@ static ch_status hier_iallreduce_sum(ch_comm *c, ch_real *buf, size_t n, ch_requ
     ch_hier *h = hier_of(c);
     if (h->has_mpi && h->local.size == 1) {
         memcpy(h->mpi.what, c->what, sizeof c->what);
+        h->mpi.at = c->at;
         return ch_comm_iallreduce_sum(&h->mpi, buf, n, req, err);
     }
     req->done = true;

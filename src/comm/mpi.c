@@ -8,25 +8,15 @@
  *    was being exchanged (ch_comm.what), instead of hanging on a stuck or vanished rank.
  * Polling yields the CPU between tests and then sleeps, so a waiting sync thread leaves the cores
  * to the compute threads. */
-#include "comm/mpi.h"
-
-#include <mpi.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "comm/mpi_group.h"
 #include "comm/world.h"
 #include "core/clock.h"
 
-struct ch_mpi_group {
-    MPI_Comm comm;
-    double timeout_s;
-    atomic_int aborted;
-    char why[256];
-};
-
-static ch_status mpi_error(ch_err *err, const char *call, int rc)
+ch_status ch_mpi_fail(ch_err *err, const char *call, int rc)
 {
     char text[MPI_MAX_ERROR_STRING];
     int len = 0;
@@ -43,9 +33,15 @@ static ch_status test_once(struct ch_mpi_group *g, MPI_Request *req, const char 
     ch_world_lock();
     const int rc = MPI_Test(req, &flag, MPI_STATUS_IGNORE);
     ch_world_unlock();
-    if (rc != MPI_SUCCESS) return mpi_error(err, call, rc);
+    if (rc != MPI_SUCCESS) return ch_mpi_fail(err, call, rc);
     *done = flag != 0;
     if (*done) return CH_STATUS_OK;
+    return ch_mpi_still_waiting(g, what, call, t0, check_clock, err);
+}
+
+ch_status ch_mpi_still_waiting(struct ch_mpi_group *g, const char *what, const char *call, double t0,
+                               bool check_clock, ch_err *err)
+{
     if (atomic_load(&g->aborted))
         return ch_fail(err, CH_STATUS_SYSTEM, "MPI communicator aborted: %s", g->why);
     if (check_clock && ch_clock_s() - t0 > g->timeout_s) {
@@ -72,7 +68,7 @@ static ch_status wait_request(ch_comm *c, MPI_Request *req, const char *call, ch
 static ch_status start_and_wait(ch_comm *c, int rc, MPI_Request *req, const char *call, ch_err *err)
 {
     ch_world_unlock();
-    if (rc != MPI_SUCCESS) return mpi_error(err, call, rc);
+    if (rc != MPI_SUCCESS) return ch_mpi_fail(err, call, rc);
     return wait_request(c, req, call, err);
 }
 
@@ -96,8 +92,29 @@ static ch_status mpi_allreduce_type(ch_comm *c, void *buf, size_t n, MPI_Datatyp
 
 static MPI_Datatype real_type(void) { return sizeof(ch_real) == sizeof(float) ? MPI_FLOAT : MPI_DOUBLE; }
 
+/* A compressed sum (mpi_bf16.c), polled to the end; pieces keep MPI's counts in int. */
+static ch_status compressed_sum(ch_comm *c, ch_real *buf, size_t n, ch_err *err)
+{
+    const size_t at = c->at;
+    ch_status st = CH_STATUS_OK;
+    for (size_t piece = 0; piece < n && st == CH_STATUS_OK; piece += MAX_PIECE) {
+        ch_bf16_sum *x;
+        c->at = at + piece;
+        st = ch_bf16_sum_start(c, buf + piece, n - piece < MAX_PIECE ? n - piece : MAX_PIECE, &x, err);
+        const double t0 = ch_clock_s();
+        bool done = false;
+        for (int round = 0; st == CH_STATUS_OK && !done; round++) {
+            st = ch_bf16_sum_test(c, x, c->what, t0, (round & 63) == 63, &done, err);
+            if (st == CH_STATUS_OK && !done) ch_poll_pause(round);
+        }
+    }
+    c->at = at;
+    return st;
+}
+
 static ch_status mpi_allreduce_sum(ch_comm *c, ch_real *buf, size_t n, ch_err *err)
 {
+    if (((struct ch_mpi_group *)c->group)->compress != CH_COMPRESS_NONE) return compressed_sum(c, buf, n, err);
     return mpi_allreduce_type(c, buf, n, real_type(), sizeof(ch_real), err);
 }
 
@@ -107,6 +124,7 @@ static ch_status mpi_allreduce_sum_f64(ch_comm *c, double *buf, size_t n, ch_err
 }
 
 _Static_assert(sizeof(MPI_Request) <= sizeof(((ch_request *)0)->impl), "MPI_Request fits ch_request");
+_Static_assert(sizeof(ch_bf16_sum *) <= sizeof(((ch_request *)0)->impl), "a pointer fits ch_request");
 
 static ch_status mpi_iallreduce_sum(ch_comm *c, ch_real *buf, size_t n, ch_request *req, ch_err *err)
 {
@@ -117,17 +135,30 @@ static ch_status mpi_iallreduce_sum(ch_comm *c, ch_real *buf, size_t n, ch_reque
     }
     memcpy(req->what, c->what, sizeof req->what);
     req->started = ch_clock_s();
+    if (g->compress != CH_COMPRESS_NONE) {
+        ch_bf16_sum *x;
+        CH_TRY(ch_bf16_sum_start(c, buf, n, &x, err));
+        memcpy(req->impl, &x, sizeof x);
+        return CH_STATUS_OK;
+    }
     MPI_Request r;
     ch_world_lock();
     const int rc = MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, real_type(), MPI_SUM, g->comm, &r);
     ch_world_unlock();
-    if (rc != MPI_SUCCESS) return mpi_error(err, "MPI_Iallreduce", rc);
+    if (rc != MPI_SUCCESS) return ch_mpi_fail(err, "MPI_Iallreduce", rc);
     memcpy(req->impl, &r, sizeof r);
     return CH_STATUS_OK;
 }
 
 static ch_status mpi_test(ch_comm *c, ch_request *req, bool *done, ch_err *err)
 {
+    if (((struct ch_mpi_group *)c->group)->compress != CH_COMPRESS_NONE) {
+        ch_bf16_sum *x;
+        memcpy(&x, req->impl, sizeof x);
+        ch_status st = ch_bf16_sum_test(c, x, req->what, req->started, true, done, err);
+        if (*done) req->done = true;
+        return st;
+    }
     MPI_Request r;
     memcpy(&r, req->impl, sizeof r);
     ch_status st = test_once(c->group, &r, req->what, "MPI_Iallreduce", req->started, true, done, err);
@@ -206,7 +237,7 @@ ch_status ch_mpi_group_create(double timeout_s, ch_mpi_group **out, ch_err *err)
     ch_world_unlock();
     if (rc != MPI_SUCCESS) {
         free(g);
-        return mpi_error(err, "MPI_Comm_dup", rc);
+        return ch_mpi_fail(err, "MPI_Comm_dup", rc);
     }
     *out = g;
     return CH_STATUS_OK;
@@ -222,9 +253,28 @@ void ch_mpi_comm_init(ch_comm *c, ch_mpi_group *g)
     *c = (ch_comm){ .ops = &mpi_ops, .rank = rank, .size = size, .group = g };
 }
 
+ch_status ch_mpi_group_set_compress(ch_mpi_group *g, ch_grad_compress how, size_t feedback_elems, ch_err *err)
+{
+    free(g->fb_sent);
+    free(g->fb_summed);
+    g->fb_sent = g->fb_summed = NULL;
+    g->fb_n = 0;
+    g->compress = how;
+    if (how != CH_COMPRESS_BF16_EF) return CH_STATUS_OK;
+    g->fb_sent = calloc(feedback_elems ? feedback_elems : 1, sizeof(float));
+    g->fb_summed = calloc(feedback_elems ? feedback_elems : 1, sizeof(float));
+    if (!g->fb_sent || !g->fb_summed)
+        return ch_fail(err, CH_STATUS_SYSTEM, "out of memory for the error feedback of %zu gradients",
+                       feedback_elems);
+    g->fb_n = feedback_elems;
+    return CH_STATUS_OK;
+}
+
 void ch_mpi_group_free(ch_mpi_group *g)
 {
     if (!g) return;
+    free(g->fb_sent);
+    free(g->fb_summed);
     /* MPI_Comm_free is collective in spirit; after an abort the job is ending anyway. */
     if (!atomic_load(&g->aborted)) {
         ch_world_lock();

@@ -4,11 +4,35 @@
 #ifndef CH_COMM_MPI_H
 #define CH_COMM_MPI_H
 
+#include <stdbool.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "comm/comm.h"
 
 typedef struct ch_mpi_group ch_mpi_group;
+
+/* How a group's float sums travel (--grad-compress). NONE: fp32, MPI_Iallreduce. BF16: each rank's
+ * values go out rounded to bf16; the rank that owns a chunk sums everybody's in fp32 in rank order,
+ * rounds the total to bf16 and sends it to every rank (a reduce-scatter and an allgather by pairwise
+ * exchange): half the bytes of fp32, and the same bits on every rank. BF16_EF: the same, with error
+ * feedback (what rounding took is added to the next sum of the same elements). */
+typedef enum ch_grad_compress { CH_COMPRESS_NONE, CH_COMPRESS_BF16, CH_COMPRESS_BF16_EF } ch_grad_compress;
+
+/* The flag's words: "none" (or NULL), "bf16", "bf16-ef". */
+static inline const char *ch_grad_compress_name(ch_grad_compress how)
+{
+    return how == CH_COMPRESS_BF16 ? "bf16" : how == CH_COMPRESS_BF16_EF ? "bf16-ef" : "none";
+}
+static inline bool ch_grad_compress_parse(const char *s, ch_grad_compress *out)
+{
+    for (int k = CH_COMPRESS_NONE; k <= CH_COMPRESS_BF16_EF; k++)
+        if (!s || strcmp(s, ch_grad_compress_name((ch_grad_compress)k)) == 0) {
+            *out = (ch_grad_compress)k;
+            return true;
+        }
+    return false;
+}
 
 #ifdef CH_HAVE_MPI
 /* A new communicator over all ranks. Collective: every rank calls it, in the same order.
@@ -17,6 +41,11 @@ ch_status ch_mpi_group_create(double timeout_s, ch_mpi_group **out, ch_err *err)
 /* Fill this process's handle (rank and size are the MPI ones). */
 void ch_mpi_comm_init(ch_comm *c, ch_mpi_group *g);
 void ch_mpi_group_free(ch_mpi_group *g);
+/* From now on, this group's allreduce_sum and iallreduce_sum (not the double sums, not broadcasts)
+ * are compressed as how says. With error feedback, every call's buffer is the slice [c->at,
+ * c->at + n) of one flat buffer of feedback_elems elements (gradient buckets: ch_comm.at is the
+ * bucket's offset). Before the group's first collective, on every rank alike. */
+ch_status ch_mpi_group_set_compress(ch_mpi_group *g, ch_grad_compress how, size_t feedback_elems, ch_err *err);
 /* all (count x ranks) <- every rank's mine (count), in rank order, over MPI_COMM_WORLD. Polled like
  * every collective here: after timeout_s the job ends, naming what. */
 ch_status ch_mpi_world_allgather_u64(const uint64_t *mine, int count, uint64_t *all, double timeout_s,
@@ -30,6 +59,12 @@ static inline ch_status ch_mpi_group_create(double timeout_s, ch_mpi_group **out
 }
 static inline void ch_mpi_comm_init(ch_comm *c, ch_mpi_group *g) { (void)c; (void)g; }
 static inline void ch_mpi_group_free(ch_mpi_group *g) { (void)g; }
+static inline ch_status ch_mpi_group_set_compress(ch_mpi_group *g, ch_grad_compress how, size_t feedback_elems,
+                                                  ch_err *err)
+{
+    (void)g; (void)how; (void)feedback_elems;
+    return ch_fail(err, CH_STATUS_SYSTEM, "cohort was built without MPI");
+}
 static inline ch_status ch_mpi_world_allgather_u64(const uint64_t *mine, int count, uint64_t *all,
                                                    double timeout_s, const char *what, ch_err *err)
 {

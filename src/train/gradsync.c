@@ -95,6 +95,7 @@ static void start_next(ch_gradsync *s)
     const bool failed = s->status != CH_STATUS_OK;
     snprintf(s->comm->what, sizeof s->comm->what, "step %llu, gradient bucket %d of %d",
              (unsigned long long)s->step + 1, bi + 1, s->nbuckets);
+    s->comm->at = b->lo;
     ch_request *req = &s->reqs[s->out_tail % s->nbuckets];
     s->buckets[bi].t_start = s->trace ? ch_trace_now() : 0;
     if (s->trace) s->buckets[bi].lane = take_lane(s);

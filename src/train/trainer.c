@@ -61,6 +61,10 @@ static ch_status check_config(const ch_train_config *c, ch_err *err)
     if (c->epochs < 0) return ch_fail(err, CH_STATUS_BAD_INPUT, "epochs %d < 0", c->epochs);
     if (c->batch_size < 1 || c->batch_size > (1 << 20))
         return ch_fail(err, CH_STATUS_BAD_INPUT, "batch size %d, expected 1..1048576", c->batch_size);
+    ch_grad_compress how;
+    if (!ch_grad_compress_parse(c->grad_compress, &how))
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "--grad-compress '%s': expected none, bf16 or bf16-ef",
+                       c->grad_compress);
     if (c->accum_steps < 0 || c->accum_steps > 4096)
         return ch_fail(err, CH_STATUS_BAD_INPUT, "--accum-steps %d, expected 1..4096", c->accum_steps);
     if (!(c->lr >= 0) || !isfinite(c->lr))
@@ -316,6 +320,7 @@ static void job_settings(const ch_trainer *t, settings *s)
     put_setting(s, "--batch-size", "%d", c->batch_size);
     put_setting(s, "--accum-steps", "%d", c->accum_steps > 1 ? c->accum_steps : 1);
     put_setting(s, "--shares", "%s", c->shares && *c->shares ? c->shares : "(equal)");
+    put_setting(s, "--grad-compress", "%s", ch_grad_compress_name(t->compress));
     put_setting(s, "--epochs", "%d", c->epochs);
     put_setting(s, "--seed", "%llu", (unsigned long long)c->seed);
     put_setting(s, "--optimizer", "%s", or_none(c->optimizer));
@@ -436,6 +441,9 @@ static ch_status setup(ch_trainer *t, ch_err *err)
                                 &t->loader, err));
     }
     CH_TRY(make_replicas(t, err));
+    /* Before the first step's sums; error feedback keeps one value per gradient. */
+    if (t->mpi_grads)
+        CH_TRY(ch_mpi_group_set_compress(t->mpi_grads, t->compress, t->replicas[0].model->nparams, err));
     return align_trace_clocks(t, err);
 }
 
@@ -471,6 +479,7 @@ ch_status ch_trainer_create(const ch_train_config *cfg, const ch_dataset *train,
         return CH_SYS_FAIL(err, "graph.json of the model");
     }
     t->graph_print = t->graph_json ? ch_graph_text_fingerprint(t->graph_json) : 0;
+    ch_grad_compress_parse(cfg->grad_compress, &t->compress);   /* checked by check_config */
     t->pos = (ch_ckpt_position){ .train_loss = -1, .train_acc = -1, .test_loss = -1, .test_acc = -1 };
     t->train = train;
     t->test = test;
@@ -478,6 +487,7 @@ ch_status ch_trainer_create(const ch_train_config *cfg, const ch_dataset *train,
     /* The caller's strings were borrowed for parsing only. */
     t->cfg.devices = t->devices_text;
     t->cfg.shares = NULL;   /* t->shares holds them */
+    t->cfg.grad_compress = ch_grad_compress_name(t->compress);
     if (st != CH_STATUS_OK) {
         ch_trainer_free(t);
         return st;
@@ -955,6 +965,11 @@ ch_status ch_trainer_evaluate(ch_trainer *t, const ch_dataset *d, double *loss, 
 
 const char *ch_trainer_devices(const ch_trainer *t) { return t->devices_text; }
 const ch_device_list *ch_trainer_device_list(const ch_trainer *t) { return &t->devices; }
+
+const char *ch_trainer_grad_compress(const ch_trainer *t)
+{
+    return ch_grad_compress_name(t->procs > 1 ? t->compress : CH_COMPRESS_NONE);
+}
 size_t ch_trainer_param_count(const ch_trainer *t) { return t->replicas[0].model->nparams; }
 
 void ch_trainer_get_params(const ch_trainer *t, float *out)

@@ -44,6 +44,7 @@ struct ch_trainer {
     int procs, proc;
     ch_mpi_group *mpi_grads, *mpi_ctl, *mpi_main;
     ch_comm mpi_grads_comm, mpi_ctl_comm, main_comm;
+    ch_grad_compress compress;  /* how mpi_grads' sums travel (--grad-compress) */
     ch_crew *crew;
     ch_shares shares;       /* each rank's part of every batch (--shares) */
     int *counts, *offsets;  /* the step's cut: every replica's slice and where it starts (job-wide) */
