@@ -40,6 +40,11 @@ expect "rank 1 with PID" 30 -- env COHORT_INJECT_FAULT=kill:1:4 "${mpirun[@]}" -
 # A rank that is stuck: the others give up after --timeout and say on what.
 expect "step 3, gradient bucket 1 of 1: MPI_Iallreduce did not finish within 3 s" 30 -- \
     env COHORT_INJECT_FAULT=hang:1:3 "${mpirun[@]}" -np 2 "$cohort" "${T[@]}" --timeout 3
+# The same with compressed gradients: their point-to-point exchange is polled under the same timeout;
+# and a rank that dies inside one is named by mpirun.
+expect "step 3, gradient bucket 1 of 1: compressed sum did not finish within 3 s" 30 -- \
+    env COHORT_INJECT_FAULT=hang:1:3 "${mpirun[@]}" -np 2 "$cohort" "${T[@]}" --timeout 3 --grad-compress bf16
+expect "rank 1 with PID" 30 -- env COHORT_INJECT_FAULT=kill:1:4 "${mpirun[@]}" -np 2 "$cohort" "${T[@]}" --grad-compress bf16-ef
 # Ranks that load different data (a host with another copy: --data may differ, the contents not)
 # refuse to train together, before any collective that depends on it.
 expect "rank 1 disagrees with rank 0 on the training data" 30 -- \
@@ -47,7 +52,7 @@ expect "rank 1 disagrees with rank 0 on the training data" 30 -- \
 # Ranks given other flags: one line naming the flag and the rank, every rank ends within seconds
 # (a different model once overflowed the initial broadcast; other epochs hung until --timeout).
 for diff in "--train-limit 2999" "--model mlp" "--lr 0.2" "--momentum 0.9" "--epochs 2" "--sync-bn" \
-            "--accum-steps 2" "--shares 3,1" \
+            "--accum-steps 2" "--shares 3,1" "--grad-compress bf16" \
             "--checkpoint-every 5 --checkpoint-dir $tmp/ck"; do
     flag=${diff%% *}
     expect "rank 1 disagrees with rank 0 on " 15 -- \

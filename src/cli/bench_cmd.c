@@ -16,7 +16,7 @@
 static const char bench_usage[] =
     "usage: cohort bench train --model NAME|FILE.onnx [-b/--batch-size B] [--threads T] [--devices LIST]\n"
     "                          [--steps N] [--warmup W] [--eval] [--skip-sync] [--precision fp32|bf16]\n"
-    "                          [--accum-steps K]\n"
+    "                          [--accum-steps K] [--grad-compress none|bf16|bf16-ef]\n"
     "       cohort bench allreduce [--devices LIST|D] [--min-bytes B] [--max-bytes B]  (also mpirun)\n"
     "                              [--compress none|bf16|bf16-ef]  (mpirun)\n"
     "       cohort bench loader --data DIR [-j N] [--image-size N] [-b B] [--limit N]\n"
@@ -93,9 +93,12 @@ static int run_bench(ch_trainer *t, ch_dataset *d, int steps, int warmup, bool e
         if (st != CH_STATUS_OK) return ch_exit_for("bench", st, &err);
     }
     if (t->proc == 0)
-        printf("model=%s batch=%d ranks=%d devices=%d threads=%d mode=%s%s steps=%d time=%.3f img/s=%.1f\n",
-               t->model_name, B, t->procs, t->nreplicas, threads, eval ? "eval" : "train",
-               t->spec.skip_sync ? " sync=skipped" : "", steps, el, (double)steps * B / el);
+        printf("model=%s batch=%d ranks=%d devices=%d threads=%d mode=%s%s%s%s steps=%d time=%.3f img/s=%.1f "
+               "step_ms=%.1f\n", t->model_name, B, t->procs, t->nreplicas, threads, eval ? "eval" : "train",
+               t->spec.skip_sync ? " sync=skipped" : "",
+               strcmp(ch_trainer_grad_compress(t), "none") ? " grad_compress=" : "",
+               strcmp(ch_trainer_grad_compress(t), "none") ? ch_trainer_grad_compress(t) : "", steps, el,
+               (double)steps * B / el, 1e3 * el / (double)steps);
     return CH_EXIT_OK;
 }
 
@@ -115,7 +118,7 @@ int ch_cmd_bench(int argc, char **argv)
         { "devices", required_argument, NULL, 'd' }, { "sync-bn", no_argument, NULL, 'y' },
         { "skip-sync", no_argument, NULL, 'k' }, { "help", no_argument, NULL, 'h' },
         { "precision", required_argument, NULL, 'p' }, { "accum-steps", required_argument, NULL, 'a' },
-        { NULL, 0, NULL, 0 },
+        { "grad-compress", required_argument, NULL, 'g' }, { NULL, 0, NULL, 0 },
     };
     ch_train_config cfg = ch_train_config_default();
     cfg.lr = 0.01;
@@ -137,6 +140,7 @@ int ch_cmd_bench(int argc, char **argv)
         case 'y': cfg.sync_bn = true; break;
         case 'k': skip_sync = true; break;
         case 'p': cfg.precision = optarg; break;
+        case 'g': cfg.grad_compress = optarg; break;
         case 'a': if (!ch_arg_int("bench", "accum-steps", optarg, 1, 4096, &v)) return CH_EXIT_USAGE; cfg.accum_steps = (int)v; break;
         default: fprintf(stderr, "cohort bench: unknown or incomplete option\n"); return CH_EXIT_USAGE;
         }
