@@ -312,6 +312,10 @@ typedef struct ch_train_config {
                                * rank), "bf16-ef" (bf16 with error feedback: what rounding took is
                                * added to the next step's gradient). Replicas of one process still
                                * sum in fp32 through shared memory. */
+    int zero;                 /* 1: ZeRO stage 1, the optimizer state sharded over every replica of the
+                               * job (each updates its shard, then the parameters are gathered):
+                               * the same result, optimizer memory per replica divided by their
+                               * number; 0: every replica keeps all of it */
     double timeout_s;         /* the longest any exchange between ranks may take before the job
                                * is ended with a message naming it (default 300) */
     bool local_only;          /* ignore other MPI ranks: this process trains alone */
@@ -392,6 +396,10 @@ bool ch_trainer_shares(const ch_trainer *t, char *out, size_t len);
 /* How gradients travel between ranks: "bf16" or "bf16-ef" (--grad-compress), "none" when they go
  * as fp32 (the default, and any job of one process). */
 const char *ch_trainer_grad_compress(const ch_trainer *t);
+/* The ZeRO stage in effect: 1 with --zero 1 when the job has more than one replica, else 0. */
+int ch_trainer_zero(const ch_trainer *t);
+/* Bytes of optimizer state this process holds (all its replicas; with --zero 1 their shards). */
+size_t ch_trainer_optimizer_bytes(const ch_trainer *t);
 /* Copy the flat float32 parameters (ch_trainer_param_count values) into out; every replica holds
  * the same bits. */
 void ch_trainer_get_params(const ch_trainer *t, float *out);

@@ -254,8 +254,8 @@ static void test_shares(void)
     ch_dataset_free(d);
 }
 
-/* Through the library (no CLI flag comparison in front): ranks whose --shares or --accum-steps
- * differ are refused at set-up on every rank, naming the setting, before any step could cut the
+/* Through the library (no CLI flag comparison in front): ranks whose --shares, --accum-steps or
+ * --zero differ are refused at set-up on every rank, naming the setting, before any step could cut the
  * batches differently. */
 static void test_settings_disagree(void)
 {
@@ -263,14 +263,15 @@ static void test_settings_disagree(void)
     char shares[64] = "";
     for (int r = 0; r < size; r++)   /* rank 1: 1,1,...; the others: 2,2,... */
         snprintf(shares + strlen(shares), sizeof shares - strlen(shares), "%s%d", r ? "," : "", rank == 1 ? 1 : 2);
-    for (int which = 0; which < 2; which++) {
+    for (int which = 0; which < 3; which++) {
         ch_train_config cfg = ch_train_config_default();
         cfg.model = "lenet";
         cfg.batch_size = 16;
         cfg.timeout_s = 60;
         if (which == 0) cfg.shares = shares;
-        else cfg.accum_steps = rank == 1 ? 2 : 1;
-        const char *name = which == 0 ? "--shares" : "--accum-steps";
+        else if (which == 1) cfg.accum_steps = rank == 1 ? 2 : 1;
+        else cfg.zero = rank == 1;   /* a sharded rank would wait for shards the others never send */
+        const char *name = which == 0 ? "--shares" : which == 1 ? "--accum-steps" : "--zero";
         ch_trainer *t = NULL;
         ch_err err;
         const ch_status st = ch_trainer_create(&cfg, d, NULL, &t, &err);

@@ -99,10 +99,13 @@ void ch_cli_print_summary(const ch_trainer *t)
            "training ~%.3f MFLOP/image\n", m->nparams, mib(P * 4), m->nbuffers, tot.flops / 1e6,
            3 * tot.flops / 1e6);
     const double act = (double)tot.act_elems * slice * sizeof(ch_real);
-    printf("memory per replica (slice of %d): parameters %.2f MiB, gradients %.2f MiB, optimizer state %.2f MiB, "
+    const ch_optim *o = &t->replicas[0].opt;
+    char zero[64] = "";
+    if (t->replicas[0].sharded) snprintf(zero, sizeof zero, " (its 1/%d shard, --zero 1)", R);
+    printf("memory per replica (slice of %d): parameters %.2f MiB, gradients %.2f MiB, optimizer state %.2f MiB%s, "
            "activations %.2f MiB, saved for backward %.2f MiB, backward scratch %.2f MiB, "
            "kernel workspace %.2f MiB\n", slice, mib(P * 4), mib(P * 4),
-           t->replicas[0].opt.nstate * mib(P * 4), mib(act), mib((double)m->saved_bytes),
+           o->nstate * mib((double)o->n * sizeof(ch_real)), zero, mib(act), mib((double)m->saved_bytes),
            mib((double)m->scratch_len * sizeof(ch_real)), mib((double)m->ws_len * sizeof(ch_real)));
     int threads = 0;
     for (int r = 0; r < D; r++) threads += t->replicas[r].nthreads;
@@ -148,6 +151,12 @@ void ch_cli_print_summary(const ch_trainer *t)
     if (t->procs == 1 && t->compress != CH_COMPRESS_NONE)
         printf("gradient compression: %s applies between ranks; this job has one, so gradients stay fp32\n",
                ch_grad_compress_name(t->compress));
+    if (t->replicas[0].sharded)
+        printf("optimizer sharding (--zero 1): replica 0 of this rank updates parameters %zu..%zu of %zu; after "
+               "each update every replica's shard goes to every replica (%d broadcasts, %.2f MiB)\n",
+               t->replicas[0].shard_lo, t->replicas[0].shard_lo + t->replicas[0].shard_n, m->nparams, R, mib(P * 4));
+    else if (t->cfg.zero)
+        printf("optimizer sharding: --zero 1 needs more than one replica; this job has one\n");
     const ch_optim_config *oc = &t->spec.optim;
     printf("optimizer: %s lr %g", ch_optim_kind_name(oc->kind), t->cfg.lr);
     if (oc->kind == CH_OPTIM_SGD) printf(", momentum %g%s", oc->momentum, oc->nesterov ? " (Nesterov)" : "");

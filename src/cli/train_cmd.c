@@ -75,6 +75,8 @@ static const char train_usage[] =
     "  --grad-compress C     none | bf16 | bf16-ef: gradients travel between ranks as bf16\n"
     "                        (half the bytes), summed in fp32; -ef adds error feedback\n"
     "                        (default none)\n"
+    "  --zero 1              shard the optimizer state over the replicas of the job (ZeRO\n"
+    "                        stage 1): the same result, its memory divided (default 0)\n"
     "  --timeout SECONDS     end the job when an exchange between ranks takes longer\n"
     "                        (a stuck or lost rank; default 300)\n"
     "  --log-dir DIR         every rank writes its own log to DIR/workerlog.RANK\n"
@@ -120,7 +122,7 @@ enum {
     OPT_TRACE_STEPS, OPT_OPTIMIZER, OPT_DAMPENING, OPT_BETAS, OPT_EPS, OPT_SCHEDULE, OPT_STEP_SIZE,
     OPT_GAMMA, OPT_MILESTONES, OPT_T_MAX, OPT_ETA_MIN, OPT_WARMUP, OPT_SCALE_LR, OPT_DATASET,
     OPT_RANDOM_CROP, OPT_RANDOM_FLIP, OPT_NORMALIZE, OPT_IMAGE_SIZE, OPT_SKIP_BAD, OPT_ALLOW_NONFINITE,
-    OPT_PRECISION, OPT_ACCUM, OPT_SHARES, OPT_GRAD_COMPRESS,
+    OPT_PRECISION, OPT_ACCUM, OPT_SHARES, OPT_GRAD_COMPRESS, OPT_ZERO,
 };
 
 static const struct option train_long[] = {
@@ -142,6 +144,7 @@ static const struct option train_long[] = {
     { "accum-steps", required_argument, NULL, OPT_ACCUM },
     { "shares", required_argument, NULL, OPT_SHARES },
     { "grad-compress", required_argument, NULL, OPT_GRAD_COMPRESS },
+    { "zero", required_argument, NULL, OPT_ZERO },
     { "bucket-mb", required_argument, NULL, OPT_BUCKET_MB },
     { "timeout", required_argument, NULL, OPT_TIMEOUT },
     { "log-dir", required_argument, NULL, OPT_LOG_DIR },
@@ -237,6 +240,10 @@ static int parse_one(int c, const char *arg, train_opts *o)
     case OPT_PRECISION: cfg->precision = arg; return -1;
     case OPT_SHARES: cfg->shares = arg; return -1;
     case OPT_GRAD_COMPRESS: cfg->grad_compress = arg; return -1;
+    case OPT_ZERO:
+        if (!ch_arg_int("train", "zero", arg, 0, 1, &v)) return CH_EXIT_USAGE;
+        cfg->zero = (int)v;
+        return -1;
     case OPT_BUCKET_MB:
         return ch_arg_double("train", "bucket-mb", arg, 0.001, 4096, &cfg->bucket_mb) ? -1 : CH_EXIT_USAGE;
     case OPT_TIMEOUT:
@@ -365,7 +372,7 @@ static void format_epoch(char *line, size_t len, const ch_epoch_stats *s, const 
 }
 
 static bool write_metrics(FILE *f, const ch_epoch_stats *s, const ch_device_list *devices, const char *shares,
-                          const char *compress)
+                          const char *compress, const ch_trainer *t)
 {
     /* JSON has no NaN: a diverged epoch's loss is null. */
     char loss[32] = "null";
@@ -379,6 +386,8 @@ static bool write_metrics(FILE *f, const ch_epoch_stats *s, const ch_device_list
     fprintf(f, "], \"ranks\": %d", ch_world_size());
     if (*shares) fprintf(f, ", \"shares\": [%s]", shares);
     if (strcmp(compress, "none") != 0) fprintf(f, ", \"grad_compress\": \"%s\"", compress);
+    fprintf(f, ", \"optimizer_bytes\": %zu", ch_trainer_optimizer_bytes(t));
+    if (ch_trainer_zero(t)) fprintf(f, ", \"zero\": %d", ch_trainer_zero(t));
     fprintf(f, "}\n");
     return fflush(f) == 0 && !ferror(f);
 }
@@ -474,7 +483,7 @@ static int run_epochs(const train_opts *o, ch_trainer *t, FILE *metrics, ch_plot
         }
         char shares[256];
         if (ch_trainer_shares(t, shares, sizeof shares)) report_shares(t, &s, shares, last_shares, root);
-        if (metrics && !write_metrics(metrics, &s, ch_trainer_device_list(t), shares, ch_trainer_grad_compress(t))) {
+        if (metrics && !write_metrics(metrics, &s, ch_trainer_device_list(t), shares, ch_trainer_grad_compress(t), t)) {
             fprintf(stderr, "cohort train: %s: write failed\n", o->metrics);
             return CH_EXIT_FAIL;
         }

@@ -108,4 +108,24 @@ static inline ch_status ch_comm_broadcast(ch_comm *c, ch_real *buf, size_t n, in
 }
 static inline ch_status ch_comm_barrier(ch_comm *c, ch_err *err) { return c->ops->barrier(c, err); }
 
+/* Shards: n elements cut over `parts` members, member i holding [ch_shard_lo(n, parts, i),
+ * ch_shard_lo(n, parts, i + 1)), floor(n i / parts) computed without overflow. Any n (shards differ
+ * by one element at most, some may be empty); every member computes the same cut. */
+static inline size_t ch_shard_lo(size_t n, int parts, int i)
+{
+    const size_t p = (size_t)parts, k = (size_t)i;
+    return n / p * k + n % p * k / p;
+}
+
+/* Every member's shard of buf (n) to every member: member i's [ch_shard_lo(n, size, i), ...) wins.
+ * One broadcast per member, from that member (a shard may be empty). */
+static inline ch_status ch_comm_allgather_shards(ch_comm *c, ch_real *buf, size_t n, ch_err *err)
+{
+    for (int i = 0; i < c->size; i++) {
+        const size_t lo = ch_shard_lo(n, c->size, i), hi = ch_shard_lo(n, c->size, i + 1);
+        if (hi > lo) CH_TRY(c->ops->broadcast(c, buf + lo, hi - lo, i, err));
+    }
+    return CH_STATUS_OK;
+}
+
 #endif

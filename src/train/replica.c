@@ -107,6 +107,12 @@ static ch_status broadcast_dev(ch_replica *rp, ch_real *dev, size_t n, ch_err *e
     return on_host(rp, dev, n, bcast_op, NULL, err);
 }
 
+static ch_status allgather_op(ch_comm *c, ch_real *v, size_t n, void *arg, ch_err *err)
+{
+    (void)arg;
+    return ch_comm_allgather_shards(c, v, n, err);
+}
+
 static ch_status build(ch_replica *rp, const ch_replica_spec *s, ch_err *err)
 {
     /* oneDNN's GEMM threads by the calling thread's OpenMP setting: this thread's share. */
@@ -116,7 +122,12 @@ static ch_status build(ch_replica *rp, const ch_replica_spec *s, ch_err *err)
     CH_TRY(ch_model_init_params(rp->model, s->init, s->seed, err));
     if (strcmp(s->init, "file") == 0) CH_TRY(ch_model_load_initial(rp->model, s->graph, err));
     CH_TRY(ch_model_plan(rp->model, s->max_micro, rp->nthreads, err));
-    CH_TRY(ch_optim_init(&rp->opt, rp->model->nparams, &s->optim, rp->be, err));
+    /* --zero 1: this replica keeps the optimizer state of its shard of the parameters only. */
+    const size_t P = rp->model->nparams;
+    rp->sharded = s->zero && s->nglobal > 1;
+    rp->shard_lo = rp->sharded ? ch_shard_lo(P, s->nglobal, rp->global_index) : 0;
+    rp->shard_n = rp->sharded ? ch_shard_lo(P, s->nglobal, rp->global_index + 1) - rp->shard_lo : P;
+    CH_TRY(ch_optim_init(&rp->opt, rp->shard_n, &s->optim, rp->be, err));
     CH_TRY(alloc_buffers(rp, s, err));
     if (s->trace_capacity > 0) {
         char name[48];
@@ -327,9 +338,16 @@ static ch_status step_traced(ch_replica *rp, const ch_replica_spec *s, const ch_
         if (st != CH_STATUS_OK) return fail_collective(rp, st, &err);
     }
     t0 = tr ? ch_trace_now() : 0;
-    ch_optim_step(&rp->opt, sl->lr, m->params, m->grads, rp->nthreads);
+    ch_optim_step(&rp->opt, sl->lr, m->params + rp->shard_lo, m->grads + rp->shard_lo, rp->nthreads);
     if (tr) ch_trace_span(tr, "optimizer", "optimizer", t0, -1);
-    return CH_STATUS_OK;
+    if (!rp->sharded) return CH_STATUS_OK;
+    /* Each replica updated its own shard: every shard to every replica. */
+    t0 = tr ? ch_trace_now() : 0;
+    snprintf(rp->ctl_comm.what, sizeof rp->ctl_comm.what, "step %llu, updated parameter shards (--zero 1)",
+             (unsigned long long)sl->step + 1);
+    const ch_status st = on_host(rp, m->params, m->nparams, allgather_op, NULL, &err);
+    if (tr) ch_trace_span(tr, "sync", "parameter allgather", t0, -1);
+    return st == CH_STATUS_OK ? CH_STATUS_OK : fail_collective(rp, st, &err);
 }
 
 ch_status ch_replica_step(ch_replica *rp, const ch_replica_spec *s, const ch_dataset *d,
@@ -407,7 +425,9 @@ static ch_status share(ch_replica *rp, ch_err *err)
     snprintf(c->what, sizeof c->what, "loading a checkpoint");
     CH_TRY(broadcast_dev(rp, m->params, m->nparams, err));
     if (m->nbuffers) CH_TRY(broadcast_dev(rp, m->buffers, m->nbuffers, err));
-    for (int i = 0; i < rp->opt.nstate; i++) CH_TRY(broadcast_dev(rp, rp->opt.state[i], m->nparams, err));
+    /* Sharded state comes from the staged checkpoint instead (ch_replica_take_state). */
+    for (int i = 0; !rp->sharded && i < rp->opt.nstate; i++)
+        CH_TRY(broadcast_dev(rp, rp->opt.state[i], m->nparams, err));
     if (m->ncounters == 0) return CH_STATUS_OK;
     /* Counters are int64: exact through a double sum of replica 0's value and zeros. */
     double *v = calloc((size_t)m->ncounters, sizeof *v);
@@ -426,6 +446,42 @@ ch_status ch_replica_share_state(ch_replica *rp)
     rp->status = CH_STATUS_OK;
     ch_status st = share(rp, &err);
     return st == CH_STATUS_OK ? CH_STATUS_OK : fail_collective(rp, st, &err);
+}
+
+/* Each state buffer's shards, from their owners, into full (global replica 0's) through a host
+ * buffer of one shard. */
+static ch_status gather_state(ch_replica *rp, ch_real *const *full, ch_err *err)
+{
+    const size_t P = rp->model->nparams;
+    const int R = rp->ctl_comm.size;
+    ch_real *buf = malloc(sizeof(ch_real) * (P / (size_t)R + 2));
+    CH_CHECK_ALLOC(err, buf);
+    snprintf(rp->ctl_comm.what, sizeof rp->ctl_comm.what, "saving a checkpoint, optimizer shards (--zero 1)");
+    ch_status st = CH_STATUS_OK;
+    for (int b = 0; b < rp->opt.nstate && st == CH_STATUS_OK; b++)
+        for (int i = 0; i < R && st == CH_STATUS_OK; i++) {
+            const size_t lo = ch_shard_lo(P, R, i), n = ch_shard_lo(P, R, i + 1) - lo;
+            if (n == 0) continue;
+            if (i == rp->global_index) ch_backend_download(rp->be, buf, rp->opt.state[b], sizeof(ch_real) * n);
+            st = ch_comm_broadcast(&rp->ctl_comm, buf, n, i, err);
+            if (st == CH_STATUS_OK && full) ch_backend_upload(rp->be, full[b] + lo, buf, sizeof(ch_real) * n);
+        }
+    free(buf);
+    return st;
+}
+
+ch_status ch_replica_gather_state(ch_replica *rp, ch_real *const *full)
+{
+    ch_err err;
+    rp->status = CH_STATUS_OK;
+    const ch_status st = gather_state(rp, full, &err);
+    return st == CH_STATUS_OK ? CH_STATUS_OK : fail_collective(rp, st, &err);
+}
+
+void ch_replica_take_state(ch_replica *rp, ch_real *const *full)
+{
+    for (int b = 0; b < rp->opt.nstate; b++)
+        ch_backend_upload(rp->be, rp->opt.state[b], full[b] + rp->shard_lo, sizeof(ch_real) * rp->shard_n);
 }
 
 void ch_replica_free(ch_replica *rp)

@@ -46,6 +46,7 @@ typedef struct ch_replica_spec {
     const char *backend;    /* every replica's backend: "cpu", or "scramble" for the tests */
     ch_fault fault;
     int nglobal;            /* replicas in the whole job (processes x devices) */
+    bool zero;              /* --zero 1: optimizer state sharded over the nglobal replicas */
     /* benchmark and test hooks */
     bool skip_sync;         /* bench only: no gradient sync (the cost of sync, by difference) */
     uint32_t *sample_counts; /* tests only: count every training sample a replica gathers */
@@ -59,7 +60,9 @@ typedef struct ch_replica {
     int nthreads;
     ch_backend *be;         /* owned: the replica's kernels and memory */
     ch_model *model;
-    ch_optim opt;
+    ch_optim opt;           /* over [shard_lo, shard_lo + shard_n) of the parameters */
+    bool sharded;           /* --zero 1 with more than one replica in the job */
+    size_t shard_lo, shard_n; /* the whole buffer unless sharded */
     ch_real *x;             /* (max_slice, c, h, w), replica memory */
     int32_t *labels;        /* replica memory */
     ch_real *dlogits;       /* replica memory */
@@ -115,6 +118,11 @@ ch_status ch_replica_evaluate(ch_replica *rp, const ch_replica_spec *s, const ch
 /* Global replica 0's parameters, buffers, counters and optimizer state to this replica (all replicas of
  * all ranks call it: a checkpoint was just loaded into global replica 0). */
 ch_status ch_replica_share_state(ch_replica *rp);
+/* --zero 1, every replica of every rank: each optimizer state buffer's shards from their owners into
+ * full[b] (nparams each, global replica 0's memory; NULL on every other replica). */
+ch_status ch_replica_gather_state(ch_replica *rp, ch_real *const *full);
+/* --zero 1: this replica's shard of full optimizer state (host memory, nparams each) into its own. */
+void ch_replica_take_state(ch_replica *rp, ch_real *const *full);
 void ch_replica_free(ch_replica *rp);
 
 #endif

@@ -65,6 +65,9 @@ static ch_status check_config(const ch_train_config *c, ch_err *err)
     if (!ch_grad_compress_parse(c->grad_compress, &how))
         return ch_fail(err, CH_STATUS_BAD_INPUT, "--grad-compress '%s': expected none, bf16 or bf16-ef",
                        c->grad_compress);
+    if (c->zero != 0 && c->zero != 1)
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "--zero %d: expected 0 or 1 (stage 1: sharded optimizer state)",
+                       c->zero);
     if (c->accum_steps < 0 || c->accum_steps > 4096)
         return ch_fail(err, CH_STATUS_BAD_INPUT, "--accum-steps %d, expected 1..4096", c->accum_steps);
     if (!(c->lr >= 0) || !isfinite(c->lr))
@@ -321,6 +324,7 @@ static void job_settings(const ch_trainer *t, settings *s)
     put_setting(s, "--accum-steps", "%d", c->accum_steps > 1 ? c->accum_steps : 1);
     put_setting(s, "--shares", "%s", c->shares && *c->shares ? c->shares : "(equal)");
     put_setting(s, "--grad-compress", "%s", ch_grad_compress_name(t->compress));
+    put_setting(s, "--zero", "%d", c->zero);
     put_setting(s, "--epochs", "%d", c->epochs);
     put_setting(s, "--seed", "%llu", (unsigned long long)c->seed);
     put_setting(s, "--optimizer", "%s", or_none(c->optimizer));
@@ -403,7 +407,7 @@ static ch_status setup(ch_trainer *t, ch_err *err)
         .graph = t->cfg.graph ? t->cfg.graph : t->zoo_graph, .init = t->init, .seed = t->cfg.seed,
         .input = { d->c, d->h, d->w }, .classes = d->classes, .max_slice = slice,
         .accum = K, .max_micro = (planned + K - 1) / K, .accum_buffer = K > 1 || t->shares.automatic,
-        .nglobal = R,
+        .nglobal = R, .zero = t->cfg.zero == 1,
         .nan_check = t->cfg.nan_check, .sync_bn = t->cfg.sync_bn,
         .bucket_elems = (size_t)((t->cfg.bucket_mb > 0 ? t->cfg.bucket_mb : 25) * (1 << 20) /
                                  sizeof(ch_real)),
@@ -965,6 +969,16 @@ ch_status ch_trainer_evaluate(ch_trainer *t, const ch_dataset *d, double *loss, 
 
 const char *ch_trainer_devices(const ch_trainer *t) { return t->devices_text; }
 const ch_device_list *ch_trainer_device_list(const ch_trainer *t) { return &t->devices; }
+
+int ch_trainer_zero(const ch_trainer *t) { return t->replicas[0].sharded ? 1 : 0; }
+
+size_t ch_trainer_optimizer_bytes(const ch_trainer *t)
+{
+    size_t bytes = 0;
+    for (int r = 0; r < t->nreplicas; r++)
+        bytes += (size_t)t->replicas[r].opt.nstate * t->replicas[r].opt.n * sizeof(ch_real);
+    return bytes;
+}
 
 const char *ch_trainer_grad_compress(const ch_trainer *t)
 {

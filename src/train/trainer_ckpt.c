@@ -21,12 +21,63 @@ static ch_ckpt_run run_of(ch_trainer *t)
                           .shares = t->shares.given && t->procs > 1 ? t->shares.w : NULL };
 }
 
+/* The first failure of the crew's last job. */
+static ch_status crew_status(ch_trainer *t, ch_err *err)
+{
+    for (int r = 0; r < t->nreplicas; r++)
+        if (t->replicas[r].status != CH_STATUS_OK) {
+            if (err) *err = t->replicas[r].err;
+            return t->replicas[r].status;
+        }
+    return CH_STATUS_OK;
+}
+
+typedef struct state_job {
+    ch_trainer *t;
+    ch_real **full;     /* CH_OPTIM_MAX_STATE buffers of every parameter's state */
+} state_job;
+
+static void job_gather(void *arg, int r)
+{
+    state_job *j = arg;
+    ch_replica *rp = &j->t->replicas[r];
+    ch_replica_gather_state(rp, rp->global_index == 0 ? j->full : NULL);
+}
+
+/* --zero 1: the whole optimizer state, gathered from its shards into global replica 0's memory
+ * (full[b], released by the caller), so that the checkpoint holds it as an unsharded run's does.
+ * Collective over every replica of every rank. */
+static ch_status gather_full_state(ch_trainer *t, ch_real **full, ch_err *err)
+{
+    ch_replica *r0 = &t->replicas[0];
+    for (int b = 0; t->proc == 0 && b < r0->opt.nstate; b++) {
+        full[b] = ch_backend_alloc(r0->be, sizeof(ch_real) * (r0->model->nparams + 1));
+        CH_CHECK_ALLOC(err, full[b]);
+    }
+    state_job j = { t, full };
+    ch_crew_run(t->crew, job_gather, &j);
+    return crew_status(t, err);
+}
+
 ch_status ch_trainer_save_checkpoint(ch_trainer *t, const char *name, const ch_ckpt_position *pos,
                                      ch_err *err)
 {
-    if (t->proc != 0) return CH_STATUS_OK;
-    const ch_ckpt_run run = run_of(t);
-    return ch_checkpoint_save(&run, t->cfg.checkpoint_dir, name, pos, err);
+    const bool sharded = t->replicas[0].sharded;
+    if (t->proc != 0 && !sharded) return CH_STATUS_OK;
+    ch_real *full[CH_OPTIM_MAX_STATE] = { 0 };
+    ch_status st = sharded ? gather_full_state(t, full, err) : CH_STATUS_OK;
+    if (st == CH_STATUS_OK && t->proc == 0) {
+        ch_ckpt_run run = run_of(t);
+        ch_optim whole = t->replicas[0].opt;   /* the same optimizer over every parameter */
+        if (sharded) {
+            whole.n = t->replicas[0].model->nparams;
+            for (int b = 0; b < whole.nstate; b++) whole.state[b] = full[b];
+            run.opt = &whole;
+        }
+        st = ch_checkpoint_save(&run, t->cfg.checkpoint_dir, name, pos, err);
+    }
+    for (int b = 0; b < CH_OPTIM_MAX_STATE; b++) ch_backend_release(t->replicas[0].be, full[b]);
+    return st;
 }
 
 /* Rank 0 stages; then every rank learns whether that worked (a failure on rank 0 is every rank's). */
@@ -72,11 +123,24 @@ static void job_share(void *arg, int r)
 static ch_status share_with_replicas(ch_trainer *t, ch_err *err)
 {
     ch_crew_run(t->crew, job_share, t);
-    for (int r = 0; r < t->nreplicas; r++)
-        if (t->replicas[r].status != CH_STATUS_OK) {
-            if (err) *err = t->replicas[r].err;
-            return t->replicas[r].status;
-        }
+    return crew_status(t, err);
+}
+
+static void job_take(void *arg, int r)
+{
+    state_job *j = arg;
+    ch_replica_take_state(&j->t->replicas[r], j->full);
+}
+
+/* --zero 1: rank 0's staged optimizer state to every rank, and each replica takes its shard. */
+static ch_status share_shards(ch_trainer *t, ch_ckpt_staged *s, ch_err *err)
+{
+    const size_t P = t->replicas[0].model->nparams;
+    snprintf(t->main_comm.what, sizeof t->main_comm.what, "loading a checkpoint, optimizer state (--zero 1)");
+    for (int b = 0; t->procs > 1 && b < t->replicas[0].opt.nstate; b++)
+        CH_TRY(ch_comm_broadcast(&t->main_comm, s->state[b], P, 0, err));
+    state_job j = { t, s->state };
+    ch_crew_run(t->crew, job_take, &j);
     return CH_STATUS_OK;
 }
 
@@ -91,11 +155,13 @@ ch_status ch_trainer_load_checkpoint(ch_trainer *t, const char *path, const char
     ch_status st = stage_on_root(t, &run, weights ? NULL : dir, weights, &s, err);
     if (st == CH_STATUS_OK) st = share_scalars(t, &s, err);
     if (st == CH_STATUS_OK) {
-        if (t->proc == 0) ch_checkpoint_apply(&s, run.model, weights ? NULL : run.opt);
+        const bool sharded = t->replicas[0].sharded, state = !weights && s.has_state;
+        if (t->proc == 0) ch_checkpoint_apply(&s, run.model, weights || sharded ? NULL : run.opt);
         /* Without state in the file the optimizer starts afresh, as on a first step. */
         for (int r = 0; r < t->nreplicas; r++)
-            t->replicas[r].opt.steps = weights || !s.has_state ? 0 : (long)s.opt_steps;
+            t->replicas[r].opt.steps = state ? (long)s.opt_steps : 0;
         st = share_with_replicas(t, err);
+        if (st == CH_STATUS_OK && sharded && state) st = share_shards(t, &s, err);
     }
     if (st == CH_STATUS_OK && pos) *pos = s.pos;
     ch_checkpoint_staged_free(&s);
