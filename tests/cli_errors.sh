@@ -44,6 +44,7 @@ expect 2 "--accum-steps '1e9'" -- "$cohort" train --model lenet --data "$tmp/ok"
 expect 2 "--precision 'fp16': expected fp32 or bf16" -- "$cohort" train --model lenet --data "$tmp/ok" --precision fp16
 expect 2 "--grad-compress 'fp8': expected none, bf16 or bf16-ef" -- "$cohort" train --model lenet --data "$tmp/ok" --grad-compress fp8
 expect 2 "--zero '2': expected an integer in 0..1" -- "$cohort" train --model lenet --data "$tmp/ok" --zero 2
+expect 2 "--progress 'fancy': expected auto, bar, lines or none" -- "$cohort" train --model lenet --data "$tmp/ok" --progress fancy
 expect 2 "--shares '0': expected auto or one whole number" -- "$cohort" train --model lenet --data "$tmp/ok" --shares 0
 expect 2 "--shares '3,x'" -- "$cohort" train --model lenet --data "$tmp/ok" --shares 3,x
 expect 2 "--shares '3,1': more shares than the job's 1 rank" -- "$cohort" train --model lenet --data "$tmp/ok" --shares 3,1

@@ -44,14 +44,23 @@ int ch_exit_for(const char *cmd, ch_status st, const ch_err *err);
  * is the command. */
 int ch_cli_join(int argc, char **argv);
 
-/* The progress bar on stderr (only when it is a terminal). */
+/* Progress inside an epoch on stderr (--progress): a bar redrawn in place, or a line every interval
+ * (batch logs); auto: the bar on a terminal, lines elsewhere. */
+typedef enum ch_progress_mode { CH_PROGRESS_AUTO, CH_PROGRESS_BAR, CH_PROGRESS_LINES, CH_PROGRESS_NONE } ch_progress_mode;
+
 typedef struct ch_progress {
-    bool enabled;
+    ch_progress_mode mode;  /* resolved: BAR, LINES or NONE */
+    double interval_s;      /* lines: the least time between two */
     double last_draw;
     int epoch, epochs;
 } ch_progress;
 
-void ch_progress_init(ch_progress *p, bool allow);
+/* "auto" | "bar" | "lines" | "none". */
+bool ch_progress_parse(const char *s, ch_progress_mode *out);
+/* Only root draws (rank 0); interval_s <= 0: 10 s. */
+void ch_progress_init(ch_progress *p, ch_progress_mode mode, double interval_s, bool root);
+/* An epoch (1-based) starts: lines count their interval from here. */
+void ch_progress_epoch(ch_progress *p, int epoch);
 /* Matches ch_progress_fn; user is a ch_progress. */
 void ch_progress_update(void *user, int step, int steps, double loss, double acc, size_t images,
                         double elapsed_s);

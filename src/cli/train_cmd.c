@@ -96,7 +96,11 @@ static const char train_usage[] =
     "  --trace-steps N       steps in the trace (default 20)\n"
     "  --nan-check           stop with an error when the loss is not finite\n"
     "  --allow-nonfinite     resume from a checkpoint holding NaN/Inf or a negative running_var\n"
-    "  --no-progress         no progress bar, even on a terminal\n"
+    "  --progress MODE       auto | bar | lines | none: progress inside an epoch on stderr;\n"
+    "                        auto draws a bar on a terminal and prints lines elsewhere (batch\n"
+    "                        logs, mpirun, srun) (default auto)\n"
+    "  --progress-interval S lines: at most one every S seconds (default 10)\n"
+    "  --no-progress         the same as --progress none\n"
     "  --dry-run             print the model summary and the data and device plan, then exit\n"
     "  -h, --help            this text\n"
     "\n"
@@ -110,14 +114,16 @@ typedef struct train_opts {
     bool resume_latest;
     bool resume_auto;
     long train_limit, test_limit;
-    bool progress, dry_run;
+    ch_progress_mode progress;
+    double progress_interval;
+    bool dry_run;
     char resumed_model[64];     /* the checkpoint's model, when --resume stands for --model */
 } train_opts;
 
 enum {
     OPT_MODEL = 256, OPT_DATA, OPT_EPOCHS, OPT_LR, OPT_MOMENTUM, OPT_NESTEROV, OPT_WD, OPT_INIT,
     OPT_SEED, OPT_THREADS, OPT_TRAIN_LIMIT, OPT_TEST_LIMIT, OPT_METRICS, OPT_NAN_CHECK,
-    OPT_NO_PROGRESS, OPT_DEVICES, OPT_SYNC_BN, OPT_BUCKET_MB, OPT_TIMEOUT, OPT_LOG_DIR,
+    OPT_NO_PROGRESS, OPT_PROGRESS, OPT_PROGRESS_INTERVAL, OPT_DEVICES, OPT_SYNC_BN, OPT_BUCKET_MB, OPT_TIMEOUT, OPT_LOG_DIR,
     OPT_CKPT_DIR, OPT_CKPT_EVERY, OPT_KEEP, OPT_RESUME, OPT_DRY_RUN, OPT_PLOT, OPT_TRACE,
     OPT_TRACE_STEPS, OPT_OPTIMIZER, OPT_DAMPENING, OPT_BETAS, OPT_EPS, OPT_SCHEDULE, OPT_STEP_SIZE,
     OPT_GAMMA, OPT_MILESTONES, OPT_T_MAX, OPT_ETA_MIN, OPT_WARMUP, OPT_SCALE_LR, OPT_DATASET,
@@ -181,6 +187,8 @@ static const struct option train_long[] = {
     { "nan-check", no_argument, NULL, OPT_NAN_CHECK },
     { "allow-nonfinite", no_argument, NULL, OPT_ALLOW_NONFINITE },
     { "no-progress", no_argument, NULL, OPT_NO_PROGRESS },
+    { "progress", required_argument, NULL, OPT_PROGRESS },
+    { "progress-interval", required_argument, NULL, OPT_PROGRESS_INTERVAL },
     { "help", no_argument, NULL, 'h' },
     { NULL, 0, NULL, 0 },
 };
@@ -272,7 +280,13 @@ static int parse_one(int c, const char *arg, train_opts *o)
     case OPT_METRICS: o->metrics = arg; return -1;
     case OPT_NAN_CHECK: cfg->nan_check = true; return -1;
     case OPT_ALLOW_NONFINITE: cfg->allow_nonfinite = true; return -1;
-    case OPT_NO_PROGRESS: o->progress = false; return -1;
+    case OPT_NO_PROGRESS: o->progress = CH_PROGRESS_NONE; return -1;
+    case OPT_PROGRESS:
+        if (ch_progress_parse(arg, &o->progress)) return -1;
+        fprintf(stderr, "cohort train: --progress '%s': expected auto, bar, lines or none\n", arg);
+        return CH_EXIT_USAGE;
+    case OPT_PROGRESS_INTERVAL:
+        return ch_arg_double("train", "progress-interval", arg, 0.1, 86400, &o->progress_interval) ? -1 : CH_EXIT_USAGE;
     case OPT_DRY_RUN: o->dry_run = true; return -1;
     case OPT_PLOT: o->plot = arg; return -1;
     case OPT_OPTIMIZER: cfg->optimizer = arg; return -1;
@@ -327,7 +341,8 @@ static int parse_one(int c, const char *arg, train_opts *o)
 
 static int parse_train(int argc, char **argv, train_opts *o)
 {
-    *o = (train_opts){ .cfg = ch_train_config_default(), .folder = ch_folder_options_default(), .progress = true };
+    *o = (train_opts){ .cfg = ch_train_config_default(), .folder = ch_folder_options_default(),
+                       .progress = CH_PROGRESS_AUTO, .progress_interval = 10 };
     o->cfg.model = NULL;
     optind = 1;
     opterr = 0;
@@ -456,7 +471,7 @@ static int run_epochs(const train_opts *o, ch_trainer *t, FILE *metrics, ch_plot
     ch_trainer_shares(t, last_shares, sizeof last_shares);
     ch_progress bar;
     const bool root = ch_world_rank() == 0;
-    ch_progress_init(&bar, o->progress && root);
+    ch_progress_init(&bar, o->progress, o->progress_interval, root);
     bar.epochs = o->cfg.epochs;
     ch_trainer_set_progress(t, ch_progress_update, &bar);
     if (root && ch_trainer_epochs_done(t) >= o->cfg.epochs) {
@@ -467,7 +482,7 @@ static int run_epochs(const train_opts *o, ch_trainer *t, FILE *metrics, ch_plot
             printf("cohort train: --epochs %d: nothing to train\n", o->cfg.epochs);
     }
     for (int e = ch_trainer_epochs_done(t); e < o->cfg.epochs; e++) {
-        bar.epoch = e + 1;
+        ch_progress_epoch(&bar, e + 1);
         ch_epoch_stats s;
         ch_err err;
         ch_status st = ch_trainer_run_epoch(t, &s, &err);
