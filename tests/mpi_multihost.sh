@@ -59,6 +59,16 @@ check "two hosts train with --grad-compress bf16 at 1 Gbit/s, recorded in the me
 timeout 300 $(across 2 1) "$cohort" bench allreduce --compress bf16 --min-bytes 65536 --max-bytes 4194304 2>&1 | grep -v '^\['
 check "bench allreduce --compress bf16 across two hosts at 1 Gbit/s (every sum checked)" "${PIPESTATUS[0]}"
 
+# --trace with no folder shared between the hosts: host 2 sees its own empty $tmp/trace, so only
+# MPI can bring rank 1's part to rank 0, whose host alone gets the one merged file.
+mkdir -p "$tmp/trace"
+NETNS_PRIVATE=$tmp/trace timeout 300 $(across 2 1) "$cohort" "${T[@]}" --epochs 1 --trace "$tmp/trace/t.json" --bucket-mb 0.1 \
+    --trace-steps 4 >"$tmp/traced" 2>&1
+rc=$?
+[ "$rc" -eq 0 ] && python3 "$(dirname "$0")/trace_check.py" "$tmp/trace/t.json" 2 1 4 && grep -q '"rank 1 (cohort-host2)"' "$tmp/trace/t.json" &&
+    [ "$(ls "$tmp/trace")" = t.json ]
+check "--trace across two hosts with no shared folder: one merged trace on rank 0's host (exit $rc)" $?
+
 netns_rate 10gbit
 check "links limited to 10 Gbit/s" $?
 for shape in "2 1" "4 1" "2 2"; do

@@ -9,6 +9,7 @@
 #   netns_mpirun_args F prints mpirun's arguments for hostfile F, one per line: TCP over the test
 #                       subnet between hosts, shared memory inside one
 #   netns_rate RATE     every host's link sends at most RATE (tc tbf: "1gbit", "10gbit"); "off" clears
+#   NETNS_PRIVATE=DIR   (in mpirun's environment) hosts 2..N each see a private, empty DIR
 #   netns_down          remove everything (also set as the EXIT trap by netns_up)
 NETNS_ID=$$
 NETNS_NET=10.77.$(( $$ % 200 + 20 ))
@@ -49,6 +50,12 @@ case \$host in
   $NETNS_NET.[0-9]*) [ "\$i" -ge 1 ] && [ "\$i" -le $n ] || { echo "netns-rsh: unknown host \$host" >&2; exit 255; } ;;
   *) echo "netns-rsh: unknown host \$host" >&2; exit 255 ;;
 esac
+# With NETNS_PRIVATE=DIR in mpirun's environment, every host but the first sees its own empty DIR
+# (a tmpfs in a mount namespace of its own): a folder the hosts do not share.
+if [ -n "\${NETNS_PRIVATE:-}" ] && [ "\$i" -ne 1 ]; then
+    exec ip netns exec cohort_h\${i}_$NETNS_ID unshare --uts --mount --propagation private sh -c \
+        "hostname cohort-host\$i && mount -t tmpfs cohort-private '\$NETNS_PRIVATE' && \$*"
+fi
 exec ip netns exec cohort_h\${i}_$NETNS_ID unshare --uts sh -c "hostname cohort-host\$i && \$*"
 AGENT
     chmod +x "$NETNS_DIR/netns-rsh"

@@ -536,13 +536,13 @@ static void log_identity(const ch_trainer *t, const ch_dataset *train, const ch_
 
 /* Every file the run will write, checked before any data is read or any epoch trained: a bad path
  * is one line and exit 2 at once, not after the first epoch. Rank 0 writes the chart and the
- * metrics; every rank writes its part of the trace beside it. */
+ * metrics, and the trace (the other ranks send it their parts over MPI). */
 static ch_status check_outputs(const train_opts *o, ch_err *err)
 {
     const bool root = ch_world_rank() == 0;
     if (o->plot && root) CH_TRY(ch_out_check(o->plot, "--plot", err));
     if (o->metrics && root && !o->dry_run) CH_TRY(ch_out_check(o->metrics, "--metrics", err));
-    if (o->cfg.trace) CH_TRY(ch_out_check(o->cfg.trace, "--trace", err));
+    if (o->cfg.trace && root) CH_TRY(ch_out_check(o->cfg.trace, "--trace", err));
     return CH_STATUS_OK;
 }
 

@@ -8,6 +8,7 @@
  *    was being exchanged (ch_comm.what), instead of hanging on a stuck or vanished rank.
  * Polling yields the CPU between tests and then sleeps, so a waiting sync thread leaves the cores
  * to the compute threads. */
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -223,6 +224,67 @@ ch_status ch_mpi_world_allgather_u64(const uint64_t *mine, int count, uint64_t *
     ch_world_lock();
     const int rc = MPI_Iallgather(mine, count, MPI_UINT64_T, all, count, MPI_UINT64_T, MPI_COMM_WORLD, &req);
     return start_and_wait(&c, rc, &req, "MPI_Iallgather", err);
+}
+
+/* Rank 0's counts, displacements and buffer for a gather of counts[r] bytes each. */
+static ch_status gather_layout(const int *counts, int size, int **displs, char **buf, ch_err *err)
+{
+    *displs = malloc(sizeof **displs * (size_t)size);
+    CH_CHECK_ALLOC(err, *displs);
+    int64_t total = 0;
+    for (int r = 0; r < size; r++) {
+        (*displs)[r] = (int)total;
+        total += counts[r];
+        if (counts[r] < 0 || total > INT_MAX)
+            return ch_fail(err, CH_STATUS_BAD_INPUT, "a gather of more than 2 GiB (rank %d's part: %d bytes)", r,
+                           counts[r]);
+    }
+    *buf = malloc((size_t)total + 1);
+    CH_CHECK_ALLOC(err, *buf);
+    return CH_STATUS_OK;
+}
+
+ch_status ch_mpi_gather_bytes(ch_comm *c, const char *mine, size_t len, char **all, size_t *lens, ch_err *err)
+{
+    struct ch_mpi_group *g = c->group;
+    const bool root = c->rank == 0;
+    /* A part too large still takes part in the gathers (as -1 bytes), so that no rank waits for it. */
+    const int n = len <= INT_MAX ? (int)len : -1;
+    int *counts = root ? calloc((size_t)c->size, sizeof *counts) : NULL;
+    if (root && !counts) return CH_SYS_FAIL(err, "allocation of a gather's counts");
+    MPI_Request req;
+    ch_world_lock();
+    int rc = MPI_Igather(&n, 1, MPI_INT, counts, 1, MPI_INT, 0, g->comm, &req);
+    ch_status st = start_and_wait(c, rc, &req, "MPI_Igather", err);
+    int *displs = NULL;
+    char *buf = NULL;
+    ch_status layout = CH_STATUS_OK;
+    if (st == CH_STATUS_OK && root) layout = gather_layout(counts, c->size, &displs, &buf, err);
+    /* Rank 0 tells the others whether the bytes may come (one int: a broadcast never blocks on a
+     * failed layout). */
+    int go = layout == CH_STATUS_OK && n >= 0;
+    if (st == CH_STATUS_OK) {
+        ch_world_lock();
+        rc = MPI_Ibcast(&go, 1, MPI_INT, 0, g->comm, &req);
+        st = start_and_wait(c, rc, &req, "MPI_Ibcast", err);
+    }
+    if (st == CH_STATUS_OK && go) {
+        ch_world_lock();
+        rc = MPI_Igatherv(mine, n, MPI_CHAR, buf, counts, displs, MPI_CHAR, 0, g->comm, &req);
+        st = start_and_wait(c, rc, &req, "MPI_Igatherv", err);
+    } else if (st == CH_STATUS_OK) {
+        st = layout != CH_STATUS_OK ? layout
+             : ch_fail(err, CH_STATUS_BAD_INPUT, "a gather's parts must stay under 2 GiB each");
+    }
+    for (int r = 0; root && st == CH_STATUS_OK && r < c->size; r++) lens[r] = (size_t)counts[r];
+    free(counts);
+    free(displs);
+    if (st != CH_STATUS_OK || !root) {
+        free(buf);
+        buf = NULL;
+    }
+    *all = buf;
+    return st;
 }
 
 ch_status ch_mpi_group_create(double timeout_s, ch_mpi_group **out, ch_err *err)

@@ -50,7 +50,17 @@ ch_status ch_mpi_group_set_compress(ch_mpi_group *g, ch_grad_compress how, size_
  * every collective here: after timeout_s the job ends, naming what. */
 ch_status ch_mpi_world_allgather_u64(const uint64_t *mine, int count, uint64_t *all, double timeout_s,
                                      const char *what, ch_err *err);
+/* Rank 0 of c (an MPI group's handle) receives every rank's bytes: *all (malloc'ed, owned by the
+ * caller; NULL elsewhere) holds them in rank order and lens[r] (c->size entries, rank 0 only) their
+ * lengths. Each part must stay under 2 GiB (MPI's int counts), and so must their sum. Collective. */
+ch_status ch_mpi_gather_bytes(ch_comm *c, const char *mine, size_t len, char **all, size_t *lens, ch_err *err);
 #else
+static inline ch_status ch_mpi_gather_bytes(ch_comm *c, const char *mine, size_t len, char **all, size_t *lens,
+                                            ch_err *err)
+{
+    (void)c, (void)mine, (void)len, (void)all, (void)lens;
+    return ch_fail(err, CH_STATUS_SYSTEM, "cohort was built without MPI");
+}
 static inline ch_status ch_mpi_group_create(double timeout_s, ch_mpi_group **out, ch_err *err)
 {
     (void)timeout_s;

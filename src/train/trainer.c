@@ -609,11 +609,12 @@ ch_status ch_trainer_step(ch_trainer *t, const uint32_t *idx, int n, double *los
     return CH_STATUS_OK;
 }
 
-/* This rank's spans as JSON array elements into path (no brackets). */
-static ch_status write_trace_part(const ch_trainer *t, const char *path, ch_err *err)
+/* This rank's spans as JSON array elements (no brackets), in memory: *text (malloc'ed), *len. */
+static ch_status trace_part(const ch_trainer *t, char **text, size_t *len, ch_err *err)
 {
-    FILE *f = fopen(path, "w");
-    if (!f) return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: cannot create (%s)", path, strerror(errno));
+    *text = NULL;
+    FILE *f = open_memstream(text, len);
+    if (!f) return CH_SYS_FAIL(err, "open_memstream for the trace");
     char process[300];
     snprintf(process, sizeof process, "rank %d (%s)", t->proc, ch_world_host());
     int first = 1;
@@ -623,57 +624,55 @@ static ch_status write_trace_part(const ch_trainer *t, const char *path, ch_err 
         tracks[2 * r + 1] = t->replicas[r].trace_sync;
     }
     ch_trace_write_events(f, tracks, 2 * t->nreplicas, t->proc, process, t->trace_offset_ns, &first);
-    const bool ok = fflush(f) == 0 && !ferror(f);
-    if (fclose(f) != 0 || !ok) return ch_fail(err, CH_STATUS_SYSTEM, "%s: write failed", path);
+    const bool ok = !ferror(f);
+    if (fclose(f) != 0 || !ok) {
+        free(*text);
+        *text = NULL;
+        return CH_SYS_FAIL(err, "writing the trace in memory");
+    }
     return CH_STATUS_OK;
 }
 
 /* Rank 0: the file is {"traceEvents": [part 0, part 1, ...]}, written atomically (core/file.h). */
-static ch_status merge_trace(const ch_trainer *t, ch_err *err)
+static ch_status write_trace_file(const ch_trainer *t, const char *parts, const size_t *lens, ch_err *err)
 {
-    char part[4200];
     ch_out out;
     CH_TRY(ch_out_open(&out, t->trace_path, "--trace", err));
     fputs("{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n", out.f);
-    ch_status st = CH_STATUS_OK;
-    for (int r = 0; r < t->procs && st == CH_STATUS_OK; r++) {
-        snprintf(part, sizeof part, "%s.rank%d", t->trace_path, r);
-        FILE *in = fopen(part, "r");
-        if (!in) {
-            st = ch_fail(err, CH_STATUS_SYSTEM, "%s: cannot open rank %d's part of the trace (%s): the "
-                         "ranks must share the trace's directory", part, r, strerror(errno));
-            break;
-        }
+    for (int r = 0, at = 0; r < t->procs; at += (int)lens[r], r++) {
         if (r > 0) fputs(",\n", out.f);
-        char buf[65536];
-        size_t n;
-        while ((n = fread(buf, 1, sizeof buf, in)) > 0) fwrite(buf, 1, n, out.f);
-        fclose(in);
-        unlink(part);
+        fwrite(parts + at, 1, lens[r], out.f);
     }
     fputs("\n]}\n", out.f);
-    if (st != CH_STATUS_OK) {
-        ch_out_abandon(&out);
-        return st;
-    }
     return ch_out_commit(&out, err);
 }
 
+/* Every rank's part reaches rank 0 over MPI (no directory the ranks share is needed), which writes
+ * the one file. */
 ch_status ch_trainer_write_trace(ch_trainer *t, ch_err *err)
 {
     if (!t->cfg.trace || t->trace_done) return CH_STATUS_OK;
     t->trace_done = true;
     for (int r = 0; r < t->nreplicas; r++) t->replicas[r].tracing = false;
-    char part[4200];
-    snprintf(part, sizeof part, "%s.rank%d", t->trace_path, t->proc);
-    CH_TRY(write_trace_part(t, part, err));
-    if (t->procs > 1) {
-        snprintf(t->main_comm.what, sizeof t->main_comm.what, "writing the trace");
-        CH_TRY(ch_comm_barrier(&t->main_comm, err));
+    char *mine;
+    size_t len;
+    CH_TRY(trace_part(t, &mine, &len, err));
+    ch_status st = CH_STATUS_OK;
+    if (t->procs == 1) {
+        st = write_trace_file(t, mine, &len, err);
+    } else {
+        char *all = NULL;
+        size_t *lens = calloc((size_t)t->procs, sizeof *lens);
+        snprintf(t->main_comm.what, sizeof t->main_comm.what, "writing the trace: every rank's part to rank 0");
+        st = lens ? ch_mpi_gather_bytes(&t->main_comm, mine, len, &all, lens, err)
+                  : CH_SYS_FAIL(err, "allocation of the trace's part lengths");
+        if (st == CH_STATUS_OK && t->proc == 0) st = write_trace_file(t, all, lens, err);
+        free(all);
+        free(lens);
     }
-    return t->proc == 0 ? merge_trace(t, err) : CH_STATUS_OK;
+    free(mine);
+    return st;
 }
-
 
 bool ch_trainer_shares(const ch_trainer *t, char *out, size_t len)
 {
