@@ -23,6 +23,7 @@ typedef struct ar_member {
     ch_hier hier, chier;
     bool compressed;
     size_t max_count, min_count;
+    int max_iters;       /* timed calls per size at most (--iters) */
     ch_real *buf;
     int ok;              /* out: every check passed */
 } ar_member;
@@ -31,9 +32,9 @@ typedef struct ar_member {
  * must equal the serial sum too. */
 static ch_real fill_value(int rank, size_t i) { return (ch_real)(rank + 1) + (ch_real)(i % 13); }
 
-/* One communicator at one size: a checked call, then timed calls on zeros (so sums stay finite).
- * *t: seconds per call. */
-static int time_sum(ch_comm *c, ch_real *buf, size_t count, double *t)
+/* One communicator at one size: a checked call, then timed calls on zeros (so sums stay finite):
+ * 256 MiB worth, between 5 and max_iters of them. *t: seconds per call. */
+static int time_sum(ch_comm *c, ch_real *buf, size_t count, int max_iters, double *t)
 {
     ch_err err;
     const int d = c->size;
@@ -48,7 +49,8 @@ static int time_sum(ch_comm *c, ch_real *buf, size_t count, double *t)
     memset(buf, 0, sizeof(ch_real) * count);
     const size_t bytes = count * sizeof(ch_real);
     int iters = (int)((256u << 20) / (bytes ? bytes : 1));
-    iters = iters < 5 ? 5 : (iters > 1000 ? 1000 : iters);
+    iters = iters > max_iters ? max_iters : iters;
+    iters = iters < 5 ? 5 : iters;
     for (int it = 0; it < 3; it++)     /* warm-up: caches, page faults, threads awake */
         if (ch_comm_allreduce_sum(c, buf, count, &err) != CH_STATUS_OK) return 0;
     if (ch_comm_barrier(c, &err) != CH_STATUS_OK) return 0;
@@ -64,8 +66,8 @@ static int time_sum(ch_comm *c, ch_real *buf, size_t count, double *t)
 static int run_size(ar_member *m, size_t count)
 {
     double t = 0, tc = 0;
-    if (!time_sum(&m->comm, m->buf, count, &t)) return 0;
-    if (m->compressed && !time_sum(&m->ccomm, m->buf, count, &tc)) return 0;
+    if (!time_sum(&m->comm, m->buf, count, m->max_iters, &t)) return 0;
+    if (m->compressed && !time_sum(&m->ccomm, m->buf, count, m->max_iters, &tc)) return 0;
     if (m->comm.rank == 0) {
         const int d = m->comm.size;
         const size_t bytes = count * sizeof(ch_real);
@@ -124,9 +126,9 @@ int ch_cmd_bench_allreduce(int argc, char **argv)
     static const struct option opts[] = {
         { "devices", required_argument, NULL, 'd' }, { "min-bytes", required_argument, NULL, 'm' },
         { "max-bytes", required_argument, NULL, 'M' }, { "compress", required_argument, NULL, 'c' },
-        { "help", no_argument, NULL, 'h' }, { NULL, 0, NULL, 0 },
+        { "iters", required_argument, NULL, 'i' }, { "help", no_argument, NULL, 'h' }, { NULL, 0, NULL, 0 },
     };
-    long devices = ch_world_size() > 1 ? 1 : 2, min_b = 8, max_b = 256l << 20;
+    long devices = ch_world_size() > 1 ? 1 : 2, min_b = 8, max_b = 256l << 20, iters = 1000;
     ch_grad_compress how = CH_COMPRESS_NONE;
     int c;
     optind = 1;
@@ -134,7 +136,7 @@ int ch_cmd_bench_allreduce(int argc, char **argv)
     while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
         if (c == 'h') {
             puts("usage: cohort bench allreduce [--devices LIST|D] [--min-bytes B] [--max-bytes B]\n"
-                 "                              [--compress none|bf16|bf16-ef]\n"
+                 "                              [--compress none|bf16|bf16-ef] [--iters N]\n"
                  "(see cohort bench --help)");
             return CH_EXIT_OK;
         }
@@ -156,6 +158,10 @@ int ch_cmd_bench_allreduce(int argc, char **argv)
             if (ch_device_list_parse(optarg, &l, &err) != CH_STATUS_OK)
                 return ch_exit_for("bench allreduce", CH_STATUS_BAD_INPUT, &err);
             devices = l.count;
+            continue;
+        }
+        if (c == 'i') {
+            if (!ch_arg_int("bench allreduce", "iters", optarg, 5, 1000000, &iters)) return CH_EXIT_USAGE;
             continue;
         }
         const char *f = c == 'd' ? "devices" : c == 'm' ? "min-bytes" : "max-bytes";
@@ -193,6 +199,7 @@ int ch_cmd_bench_allreduce(int argc, char **argv)
         ms[r].compressed = mgc != NULL;
         ms[r].min_count = (size_t)min_b / sizeof(ch_real);
         ms[r].max_count = (size_t)max_b / sizeof(ch_real);
+        ms[r].max_iters = (int)iters;
         if (ms[r].min_count == 0) ms[r].min_count = 1;
         ms[r].buf = malloc(sizeof(ch_real) * ms[r].max_count);
         if (!ms[r].buf || pthread_create(&th[r], NULL, run_member, &ms[r]) != 0) {
