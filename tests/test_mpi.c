@@ -77,9 +77,11 @@ static void check_same_on_all_ranks(const ch_model *m, const ch_real *x, size_t 
     free(here);
 }
 
-static void test_gradient(const char *model, const char *devices, int n)
+/* One step of a batch of n images of size x size on the job against one process: the gradients
+ * within tol (relative, per tensor), and the same bits on every rank. */
+static void test_gradient(const char *model, const char *devices, int n, int size_px, double tol)
 {
-    ch_dataset *d = tu_synthetic(64, 28, 5);
+    ch_dataset *d = tu_synthetic(64, size_px, 5);
     ch_trainer *job = make(model, d, NULL, devices, n, 0, 0.9, false);
     ch_trainer *one = make(model, d, NULL, "cpu:0", n, 0, 0.9, true);
     uint32_t idx[64];
@@ -98,7 +100,7 @@ static void test_gradient(const char *model, const char *devices, int n)
     if (rank == 0)
         printf("gradient %-9s %d ranks x [%s], batch %2d: %.3g relative to one process\n", model,
                size, devices, n, e);
-    CHECK(e <= 1e-5, "%s gradient differs from one process by %.3g (> 1e-5)", model, e);
+    CHECK(e <= tol, "%s gradient differs from one process by %.3g (> %g)", model, e, tol);
     check_same_on_all_ranks(m, m->grads, m->nparams, "synced gradients");
     ch_trainer_free(job);
     ch_trainer_free(one);
@@ -305,11 +307,15 @@ int main(int argc, char **argv)
      * One rank still runs the 2-device gradient, the job shapes and the epoch (mpirun's world of
      * one against local_only). */
     if (!epoch_only && size > 1) {
-        test_gradient("lenet", "cpu:0", 13);
-        test_gradient("mnist-cnn", "cpu:0", 11);
-        test_gradient("resnet18", "cpu:0", 9);
+        test_gradient("lenet", "cpu:0", 13, 28, 1e-5);
+        test_gradient("mnist-cnn", "cpu:0", 11, 28, 1e-5);
+        /* resnet18 as test_parallel checks it (12x12, 1e-4): at 28x28 oneDNN's Winograd F(4x4, 3x3)
+         * (AVX-512) puts 1.2e-3 between one batch of 9 and slices of 5 + 4, on threads as on
+         * ranks, where im2col gives 4e-7: its transform-domain sums lose more to the cancellation
+         * in a convolution's gradient ahead of BatchNorm. A missing sync-BN exchange is > 1e-3. */
+        test_gradient("resnet18", "cpu:0", 9, 12, 1e-4);
     }
-    test_gradient("lenet", "cpu:0,cpu:1", 13);
+    test_gradient("lenet", "cpu:0,cpu:1", 13, 28, 1e-5);
     if (!epoch_only) {
         test_job_shapes("linear");
         test_job_shapes("lenet");
