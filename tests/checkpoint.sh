@@ -84,11 +84,6 @@ for _ in $(seq 100); do [ -s "$tmp/locked/.cohort-lock" ] && break; sleep 0.1; d
 kill "$first" 2>/dev/null; wait "$first" 2>/dev/null
 [ $got -eq 2 ] && grep -q "another cohort (pid $first) is writing checkpoints there" "$tmp/err"
 rc=$?; ok "a second trainer on a locked folder: one line, exit 2 ($(cat "$tmp/err"))" $rc
-# A FIFO where latest or a checkpoint file is expected: one line at once, never a wait.
-mkdir -p "$tmp/fifo"; mkfifo "$tmp/fifo/latest"
-expect "latest: is a FIFO, expected a file" -- timeout 20 "$cohort" eval --checkpoint "$tmp/fifo" --data "$data" --test-limit 10
-bad; rm "$tmp/bad/model.safetensors"; mkfifo "$tmp/bad/model.safetensors"
-expect "model.safetensors: is a FIFO, expected a file" -- timeout 20 "$cohort" "${E[@]}" --checkpoint "$tmp/bad"
 # latest names an entry of its own folder, nothing else.
 for evil in .. . ../.. /etc epoch-0001/../..; do
     mkdir -p "$tmp/evil"; printf '%s\n' "$evil" >"$tmp/evil/latest"
@@ -199,6 +194,12 @@ expect "--resume without a PATH needs --checkpoint-dir" -- "$cohort" "${A[@]}" -
 expect "--resume auto needs --checkpoint-dir" -- "$cohort" "${A[@]}" --resume auto
 expect "has no checkpoint yet, so --model is needed" -- "$cohort" train --data "$data" --checkpoint-dir "$tmp/empty" --resume auto
 expect "a bare safetensors file needs --model" -- "$cohort" "${E[@]}" --checkpoint "$tmp/w.safetensors"
+# A FIFO where latest or a checkpoint file is expected: one line at once, never a wait. (These
+# stood above expect's and bad's definitions and ran as "command not found", counted by nothing.)
+mkdir -p "$tmp/fifo"; mkfifo "$tmp/fifo/latest"
+expect "latest: is a FIFO, expected a file" -- timeout 20 "$cohort" eval --checkpoint "$tmp/fifo" --data "$data" --test-limit 10
+bad; rm "$tmp/bad/model.safetensors"; mkfifo "$tmp/bad/model.safetensors"
+expect "model.safetensors: is a FIFO, expected a file" -- timeout 20 "$cohort" "${E[@]}" --checkpoint "$tmp/bad"
 
 # trainer.json is checked for type, integrality and range against the data and the flags.
 tj() { # FILE KEY[.KEY] JSON-VALUE: set one field

@@ -91,8 +91,12 @@ static ch_status stage_on_root(ch_trainer *t, const ch_ckpt_run *run, const char
     snprintf(t->main_comm.what, sizeof t->main_comm.what, "loading a checkpoint");
     ch_err e2;
     CH_TRY(ch_comm_allreduce_sum_f64(&t->main_comm, failed, 1, &e2));
-    if (failed[0] > 0 && st == CH_STATUS_OK)
-        return ch_fail(err, CH_STATUS_BAD_INPUT, "rank 0 could not load the checkpoint");
+    if (failed[0] == 0) return st;
+    /* Every rank fails alike; rank 0 alone knows why and says it, and no rank needs MPI_Abort
+     * (before, another rank's "rank 0 could not load" could reach the log first and hide it). */
+    if (st == CH_STATUS_OK) st = ch_fail(err, CH_STATUS_BAD_INPUT, "rank 0 could not load the checkpoint");
+    err->on_every_rank = true;
+    err->speaks = t->proc == 0;
     return st;
 }
 
