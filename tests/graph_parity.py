@@ -124,13 +124,16 @@ def float32_step(m, x, y):
 
 
 def write_tolerance(f32, exact, path):
-    """Twice PyTorch's own float32 distance from the exact (double) step, measured as graph_parity.c
-    measures cohort's (each tensor against its largest value, at least 0.05), and at least 1e-4:
-    a deep net's float32 rounding is no bug, a wrong term moves a tensor by its whole size."""
+    """Four times PyTorch's own float32 distance from the exact (double) step, measured as
+    graph_parity.c measures cohort's (each tensor against its largest value, at least 0.05), and at
+    least 1e-4: a deep net's float32 rounding is no bug, a wrong term moves a tensor by its whole
+    size. Four, not two: on an AVX-512 CPU cohort runs resnet18's 3x3 convolutions as Winograd
+    F(4x4, 3x3), whose transforms round more than PyTorch's direct convolution (measured: 1.47e-3
+    on conv weights where PyTorch's float32 step is 5.7e-4 from the exact one)."""
     worst = max(float((f32[k].double() - v).abs().max()) / max(float(v.abs().max()), 0.05)
                 for k, v in exact.items() if v.is_floating_point())
     with open(path, "w") as f:
-        f.write(f"{max(2 * worst, 1e-4):.6g}\n")
+        f.write(f"{max(4 * worst, 1e-4):.6g}\n")
 
 
 def make(data_root, out):
