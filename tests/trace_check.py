@@ -3,7 +3,10 @@ well-formed; on every (process, thread) the spans nest properly (a span that sta
 ends inside it); the expected ranks, threads and steps are there; and gradient sync spans overlap
 backward spans in time (communication hidden behind computation), on every rank.
 
-usage: trace_check.py TRACE.json RANKS DEVICES STEPS
+usage: trace_check.py TRACE.json RANKS DEVICES STEPS [--no-overlap]
+--no-overlap leaves out the overlap check, for traces whose point is elsewhere: lenet's backward
+takes well under a millisecond on an AVX-512 CPU, so whether a bucket's sum starts before it ends
+is a race (trace.sh checks the overlap on resnet18, whose backward is long).
 """
 import json
 import sys
@@ -17,6 +20,7 @@ def fail(msg):
 
 def main():
     path, ranks, devices, steps = sys.argv[1], *map(int, sys.argv[2:5])
+    want_overlap = "--no-overlap" not in sys.argv[5:]
     with open(path) as f:
         doc = json.load(f)
     events = doc["traceEvents"]
@@ -66,7 +70,7 @@ def main():
             if not sync:
                 fail(f"rank {pid} device {d}: no gradient sync spans")
             hit = sum(1 for s in sync if any(s[0] < b[1] and b[0] < s[1] for b in back))
-            if hit == 0:
+            if hit == 0 and want_overlap:
                 fail(f"rank {pid} device {d}: no sync span overlaps a backward span")
             overlaps += hit
     print(f"trace_check: {path}: {len(spans)} spans on {len(by_thread)} threads of {ranks} ranks, "
