@@ -287,21 +287,120 @@ ch_status ch_mpi_gather_bytes(ch_comm *c, const char *mine, size_t len, char **a
     return st;
 }
 
-ch_status ch_mpi_group_create(double timeout_s, ch_mpi_group **out, ch_err *err)
+/* A group over a new communicator made from parent by MPI_Comm_dup (color < 0) or MPI_Comm_split. */
+static ch_status group_from(MPI_Comm parent, int color, double timeout_s, ch_mpi_group **out, ch_err *err)
 {
     if (!ch_world_mpi()) return ch_fail(err, CH_STATUS_SYSTEM, "MPI is not initialised");
     struct ch_mpi_group *g = calloc(1, sizeof *g);
     CH_CHECK_ALLOC(err, g);
     g->timeout_s = timeout_s > 0 ? timeout_s : 300;
     ch_world_lock();
-    int rc = MPI_Comm_dup(MPI_COMM_WORLD, &g->comm);
+    int rank = 0;
+    MPI_Comm_rank(parent, &rank);
+    int rc = color < 0 ? MPI_Comm_dup(parent, &g->comm) : MPI_Comm_split(parent, color, rank, &g->comm);
     if (rc == MPI_SUCCESS) MPI_Comm_set_errhandler(g->comm, MPI_ERRORS_RETURN);
     ch_world_unlock();
     if (rc != MPI_SUCCESS) {
         free(g);
-        return ch_mpi_fail(err, "MPI_Comm_dup", rc);
+        return ch_mpi_fail(err, color < 0 ? "MPI_Comm_dup" : "MPI_Comm_split", rc);
     }
     *out = g;
+    return CH_STATUS_OK;
+}
+
+ch_status ch_mpi_group_create(double timeout_s, ch_mpi_group **out, ch_err *err)
+{
+    return group_from(MPI_COMM_WORLD, -1, timeout_s, out, err);
+}
+
+ch_status ch_mpi_group_split(ch_mpi_group *g, int color, ch_mpi_group **out, ch_err *err)
+{
+    return group_from(g->comm, color < 0 ? 0 : color, g->timeout_s, out, err);
+}
+
+ch_status ch_mpi_group_dup(ch_mpi_group *parent, ch_mpi_group **out, ch_err *err)
+{
+    return group_from(parent->comm, -1, parent->timeout_s, out, err);
+}
+
+static ch_status p2p_bytes(size_t bytes, ch_err *err)
+{
+    if (bytes > INT_MAX) return ch_fail(err, CH_STATUS_BAD_INPUT, "a message of %zu bytes (at most 2 GiB)", bytes);
+    return CH_STATUS_OK;
+}
+
+ch_status ch_mpi_isend(ch_mpi_group *g, const void *buf, size_t bytes, int peer, int tag, ch_request *req,
+                       ch_err *err)
+{
+    CH_TRY(p2p_bytes(bytes, err));
+    MPI_Request r;
+    ch_world_lock();
+    const int rc = MPI_Isend(buf, (int)bytes, MPI_BYTE, peer, tag, g->comm, &r);
+    ch_world_unlock();
+    if (rc != MPI_SUCCESS) return ch_mpi_fail(err, "MPI_Isend", rc);
+    req->done = false;
+    req->started = ch_clock_s();
+    memcpy(req->impl, &r, sizeof r);
+    return CH_STATUS_OK;
+}
+
+ch_status ch_mpi_irecv(ch_mpi_group *g, void *buf, size_t bytes, int peer, int tag, ch_request *req, ch_err *err)
+{
+    CH_TRY(p2p_bytes(bytes, err));
+    MPI_Request r;
+    ch_world_lock();
+    const int rc = MPI_Irecv(buf, (int)bytes, MPI_BYTE, peer, tag, g->comm, &r);
+    ch_world_unlock();
+    if (rc != MPI_SUCCESS) return ch_mpi_fail(err, "MPI_Irecv", rc);
+    req->done = false;
+    req->started = ch_clock_s();
+    memcpy(req->impl, &r, sizeof r);
+    return CH_STATUS_OK;
+}
+
+ch_status ch_mpi_test_p2p(ch_mpi_group *g, ch_request *req, bool *done, ch_err *err)
+{
+    if (req->done) {
+        *done = true;
+        return CH_STATUS_OK;
+    }
+    MPI_Request r;
+    memcpy(&r, req->impl, sizeof r);
+    const ch_status st = test_once(g, &r, "", "MPI_Test", req->started, false, done, err);
+    memcpy(req->impl, &r, sizeof r);
+    req->done = *done;
+    return st;
+}
+
+ch_status ch_mpi_wait(ch_mpi_group *g, ch_request *req, double timeout_s, const char *what, ch_err *err)
+{
+    const double t0 = ch_clock_s();
+    for (int round = 0;; round++) {
+        bool done = false;
+        CH_TRY(ch_mpi_test_p2p(g, req, &done, err));
+        if (done) return CH_STATUS_OK;
+        if ((round & 63) == 63 && ch_clock_s() - t0 > timeout_s) {
+            char msg[512];
+            snprintf(msg, sizeof msg, "%s did not arrive within %g s (--timeout): a rank is stuck or gone", what,
+                     timeout_s);
+            ch_world_fatal(1, msg);
+        }
+        ch_poll_pause(round);
+    }
+}
+
+ch_status ch_mpi_probe(ch_mpi_group *g, bool *found, ch_mpi_msg *m, ch_err *err)
+{
+    int flag = 0, count = 0;
+    MPI_Status s;
+    ch_world_lock();
+    int rc = MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, g->comm, &flag, &s);
+    if (rc == MPI_SUCCESS && flag) rc = MPI_Get_count(&s, MPI_BYTE, &count);
+    ch_world_unlock();
+    if (rc != MPI_SUCCESS) return ch_mpi_fail(err, "MPI_Iprobe", rc);
+    *found = flag != 0;
+    if (*found) *m = (ch_mpi_msg){ .source = s.MPI_SOURCE, .tag = s.MPI_TAG, .bytes = (size_t)(count > 0 ? count : 0) };
+    if (atomic_load(&g->aborted)) return ch_fail(err, CH_STATUS_SYSTEM, "MPI communicator aborted: %s", g->why);
     return CH_STATUS_OK;
 }
 

@@ -34,7 +34,33 @@ static inline bool ch_grad_compress_parse(const char *s, ch_grad_compress *out)
     return false;
 }
 
+/* Point to point, for the parameter servers (train/ps.c): bytes to or from one rank of a group.
+ * A message's tag says what it is; messages between two ranks with one tag arrive in the order
+ * they were sent. Started nonblocking and completed by ch_mpi_wait / ch_mpi_test_p2p, polled
+ * under the world lock like every collective here. */
+typedef struct ch_mpi_msg {
+    int source, tag;
+    size_t bytes;
+} ch_mpi_msg;
+
 #ifdef CH_HAVE_MPI
+/* Send or receive bytes (under 2 GiB) to or from rank peer of g with tag; req completes it. */
+ch_status ch_mpi_isend(ch_mpi_group *g, const void *buf, size_t bytes, int peer, int tag, ch_request *req,
+                       ch_err *err);
+ch_status ch_mpi_irecv(ch_mpi_group *g, void *buf, size_t bytes, int peer, int tag, ch_request *req,
+                       ch_err *err);
+/* Has req completed? No timeout here: the caller decides how long it may wait. */
+ch_status ch_mpi_test_p2p(ch_mpi_group *g, ch_request *req, bool *done, ch_err *err);
+/* Poll req to the end; after timeout_s the job ends with what (ch_world_fatal). */
+ch_status ch_mpi_wait(ch_mpi_group *g, ch_request *req, double timeout_s, const char *what, ch_err *err);
+/* Is a message from any rank, with any tag, waiting? *found, and its envelope in *m. */
+ch_status ch_mpi_probe(ch_mpi_group *g, bool *found, ch_mpi_msg *m, ch_err *err);
+/* A new group over the ranks of g that give the same color (ranks ordered as in g). Collective
+ * over g. */
+ch_status ch_mpi_group_split(ch_mpi_group *g, int color, ch_mpi_group **out, ch_err *err);
+/* A new group over the same ranks as parent (a fresh context: no message of one matches the
+ * other's). Collective over parent. */
+ch_status ch_mpi_group_dup(ch_mpi_group *parent, ch_mpi_group **out, ch_err *err);
 /* A new communicator over all ranks. Collective: every rank calls it, in the same order.
  * timeout_s: how long any one collective may take before the job is ended (see mpi.c). */
 ch_status ch_mpi_group_create(double timeout_s, ch_mpi_group **out, ch_err *err);
@@ -55,6 +81,48 @@ ch_status ch_mpi_world_allgather_u64(const uint64_t *mine, int count, uint64_t *
  * lengths. Each part must stay under 2 GiB (MPI's int counts), and so must their sum. Collective. */
 ch_status ch_mpi_gather_bytes(ch_comm *c, const char *mine, size_t len, char **all, size_t *lens, ch_err *err);
 #else
+static inline ch_status ch_mpi_nompi(ch_err *err)
+{
+    return ch_fail(err, CH_STATUS_SYSTEM, "cohort was built without MPI");
+}
+static inline ch_status ch_mpi_isend(ch_mpi_group *g, const void *buf, size_t bytes, int peer, int tag,
+                                     ch_request *req, ch_err *err)
+{
+    (void)g, (void)buf, (void)bytes, (void)peer, (void)tag, (void)req;
+    return ch_mpi_nompi(err);
+}
+static inline ch_status ch_mpi_irecv(ch_mpi_group *g, void *buf, size_t bytes, int peer, int tag, ch_request *req,
+                                     ch_err *err)
+{
+    (void)g, (void)buf, (void)bytes, (void)peer, (void)tag, (void)req;
+    return ch_mpi_nompi(err);
+}
+static inline ch_status ch_mpi_test_p2p(ch_mpi_group *g, ch_request *req, bool *done, ch_err *err)
+{
+    (void)g, (void)req, (void)done;
+    return ch_mpi_nompi(err);
+}
+static inline ch_status ch_mpi_wait(ch_mpi_group *g, ch_request *req, double timeout_s, const char *what,
+                                    ch_err *err)
+{
+    (void)g, (void)req, (void)timeout_s, (void)what;
+    return ch_mpi_nompi(err);
+}
+static inline ch_status ch_mpi_probe(ch_mpi_group *g, bool *found, ch_mpi_msg *m, ch_err *err)
+{
+    (void)g, (void)found, (void)m;
+    return ch_mpi_nompi(err);
+}
+static inline ch_status ch_mpi_group_split(ch_mpi_group *g, int color, ch_mpi_group **out, ch_err *err)
+{
+    (void)g, (void)color, (void)out;
+    return ch_mpi_nompi(err);
+}
+static inline ch_status ch_mpi_group_dup(ch_mpi_group *parent, ch_mpi_group **out, ch_err *err)
+{
+    (void)parent, (void)out;
+    return ch_mpi_nompi(err);
+}
 static inline ch_status ch_mpi_gather_bytes(ch_comm *c, const char *mine, size_t len, char **all, size_t *lens,
                                             ch_err *err)
 {
