@@ -316,6 +316,15 @@ typedef struct ch_train_config {
                                * job (each updates its shard, then the parameters are gathered):
                                * the same result, optimizer memory per replica divided by their
                                * number; 0: every replica keeps all of it */
+    int ps_servers;           /* > 0: the last ps_servers ranks become parameter servers (each holds
+                               * a shard of the parameters and of the optimizer state; the other
+                               * ranks train, push gradients and pull parameters). On a server rank
+                               * ch_trainer_create serves until the workers free their trainers and
+                               * returns a trainer that does nothing (ch_trainer_is_ps_server). */
+    const char *ps_mode;      /* "sync" (default: the allreduce run's arithmetic) or "async" (each
+                               * push applied on arrival; workers claim the epoch's work as they go) */
+    int staleness;            /* async: steps a worker may run ahead of the slowest; < 0 (default):
+                               * no bound */
     double timeout_s;         /* the longest any exchange between ranks may take before the job
                                * is ended with a message naming it (default 300) */
     bool local_only;          /* ignore other MPI ranks: this process trains alone */
@@ -396,6 +405,11 @@ bool ch_trainer_shares(const ch_trainer *t, char *out, size_t len);
 /* How gradients travel between ranks: "bf16" or "bf16-ef" (--grad-compress), "none" when they go
  * as fp32 (the default, and any job of one process). */
 const char *ch_trainer_grad_compress(const ch_trainer *t);
+/* This rank is a parameter server (--ps-servers): its trainer has served the job already and
+ * trains nothing. */
+bool ch_trainer_is_ps_server(const ch_trainer *t);
+/* "sync" or "async" with parameter servers (and how many in *servers), NULL without. */
+const char *ch_trainer_ps(const ch_trainer *t, int *servers);
 /* The ZeRO stage in effect: 1 with --zero 1 when the job has more than one replica, else 0. */
 int ch_trainer_zero(const ch_trainer *t);
 /* Bytes of optimizer state this process holds (all its replicas; with --zero 1 their shards). */

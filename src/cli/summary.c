@@ -83,6 +83,28 @@ static void walk(const ch_layer *l, const char *prefix, int depth, totals *t, bo
 
 static double mib(double bytes) { return bytes / (1 << 20); }
 
+/* --ps-servers: who serves what, and how the workers and servers talk. */
+static void print_servers(const ch_trainer *t, size_t P)
+{
+    int S = 0;
+    const char *mode = ch_trainer_ps(t, &S);
+    if (!mode) return;
+    const int W = t->procs;
+    printf("parameter servers (--ps-servers %d, %s): worker ranks 0..%d train; server rank%s %d", S, mode, W - 1,
+           S > 1 ? "s" : "", W);
+    if (S > 1) printf("..%d", W + S - 1);
+    printf(" hold the parameters and the optimizer state in shards:");
+    for (int s = 0; s < S; s++)
+        printf("%s rank %d [%zu, %zu)", s ? "," : "", W + s, ch_shard_lo(P, S, s), ch_shard_lo(P, S, s + 1));
+    printf("\n  each step a worker pushes its gradient buckets to their servers as backward completes them and "
+           "pulls the updated parameters; %s\n",
+           strcmp(mode, "sync") == 0
+               ? "a server sums every worker's push of the step in worker order and updates once"
+               : "a server applies each push on arrival; workers claim the epoch's work from the first server");
+    if (strcmp(mode, "async") == 0)
+        printf("  staleness: %s\n", t->cfg.staleness >= 0 ? "bounded (--staleness)" : "unbounded");
+}
+
 void ch_cli_print_summary(const ch_trainer *t)
 {
     if (ch_world_rank() != 0) return;
@@ -157,6 +179,7 @@ void ch_cli_print_summary(const ch_trainer *t)
                t->replicas[0].shard_lo, t->replicas[0].shard_lo + t->replicas[0].shard_n, m->nparams, R, mib(P * 4));
     else if (t->cfg.zero)
         printf("optimizer sharding: --zero 1 needs more than one replica; this job has one\n");
+    print_servers(t, m->nparams);
     const ch_optim_config *oc = &t->spec.optim;
     printf("optimizer: %s lr %g", ch_optim_kind_name(oc->kind), t->cfg.lr);
     if (oc->kind == CH_OPTIM_SGD) printf(", momentum %g%s", oc->momentum, oc->nesterov ? " (Nesterov)" : "");

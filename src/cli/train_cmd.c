@@ -77,6 +77,11 @@ static const char train_usage[] =
     "                        (default none)\n"
     "  --zero 1              shard the optimizer state over the replicas of the job (ZeRO\n"
     "                        stage 1): the same result, its memory divided (default 0)\n"
+    "  --ps-servers S        the last S ranks become parameter servers: they hold the\n"
+    "                        parameters and optimizer state in shards; the others train\n"
+    "  --ps-mode M           sync (default: the allreduce result) | async (pushes applied on\n"
+    "                        arrival; fast workers take more of the epoch)\n"
+    "  --staleness N         async: a worker runs at most N steps ahead of the slowest\n"
     "  --timeout SECONDS     end the job when an exchange between ranks takes longer\n"
     "                        (a stuck or lost rank; default 300)\n"
     "  --log-dir DIR         every rank writes its own log to DIR/workerlog.RANK\n"
@@ -128,7 +133,7 @@ enum {
     OPT_TRACE_STEPS, OPT_OPTIMIZER, OPT_DAMPENING, OPT_BETAS, OPT_EPS, OPT_SCHEDULE, OPT_STEP_SIZE,
     OPT_GAMMA, OPT_MILESTONES, OPT_T_MAX, OPT_ETA_MIN, OPT_WARMUP, OPT_SCALE_LR, OPT_DATASET,
     OPT_RANDOM_CROP, OPT_RANDOM_FLIP, OPT_NORMALIZE, OPT_IMAGE_SIZE, OPT_SKIP_BAD, OPT_ALLOW_NONFINITE,
-    OPT_PRECISION, OPT_ACCUM, OPT_SHARES, OPT_GRAD_COMPRESS, OPT_ZERO,
+    OPT_PRECISION, OPT_ACCUM, OPT_SHARES, OPT_GRAD_COMPRESS, OPT_ZERO, OPT_PS_SERVERS, OPT_PS_MODE, OPT_STALENESS,
 };
 
 static const struct option train_long[] = {
@@ -151,6 +156,9 @@ static const struct option train_long[] = {
     { "shares", required_argument, NULL, OPT_SHARES },
     { "grad-compress", required_argument, NULL, OPT_GRAD_COMPRESS },
     { "zero", required_argument, NULL, OPT_ZERO },
+    { "ps-servers", required_argument, NULL, OPT_PS_SERVERS },
+    { "ps-mode", required_argument, NULL, OPT_PS_MODE },
+    { "staleness", required_argument, NULL, OPT_STALENESS },
     { "bucket-mb", required_argument, NULL, OPT_BUCKET_MB },
     { "timeout", required_argument, NULL, OPT_TIMEOUT },
     { "log-dir", required_argument, NULL, OPT_LOG_DIR },
@@ -248,6 +256,15 @@ static int parse_one(int c, const char *arg, train_opts *o)
     case OPT_PRECISION: cfg->precision = arg; return -1;
     case OPT_SHARES: cfg->shares = arg; return -1;
     case OPT_GRAD_COMPRESS: cfg->grad_compress = arg; return -1;
+    case OPT_PS_SERVERS:
+        if (!ch_arg_int("train", "ps-servers", arg, 1, 64, &v)) return CH_EXIT_USAGE;
+        cfg->ps_servers = (int)v;
+        return -1;
+    case OPT_PS_MODE: cfg->ps_mode = arg; return -1;
+    case OPT_STALENESS:
+        if (!ch_arg_int("train", "staleness", arg, 0, 1000000, &v)) return CH_EXIT_USAGE;
+        cfg->staleness = (int)v;
+        return -1;
     case OPT_ZERO:
         if (!ch_arg_int("train", "zero", arg, 0, 1, &v)) return CH_EXIT_USAGE;
         cfg->zero = (int)v;
@@ -373,11 +390,19 @@ static int parse_train(int argc, char **argv, train_opts *o)
     return -1;
 }
 
-/* "epoch 3, loss ..., 14630 img/s on [cpu:0, cpu:1]" (" x 2 ranks" after the devices of a job). */
-static void format_epoch(char *line, size_t len, const ch_epoch_stats *s, const char *devices)
+/* "epoch 3, loss ..., 14630 img/s on [cpu:0, cpu:1]" (" x 2 ranks" after the devices of a job,
+ * " x 2 workers + 1 parameter server (sync)" with servers). */
+static void format_epoch(char *line, size_t len, const ch_epoch_stats *s, const ch_trainer *t)
 {
-    char ranks[32] = "";
-    if (ch_world_size() > 1) snprintf(ranks, sizeof ranks, " x %d ranks", ch_world_size());
+    const char *devices = ch_trainer_devices(t);
+    char ranks[80] = "";
+    int servers = 0;
+    const char *ps = ch_trainer_ps(t, &servers);
+    if (ps)
+        snprintf(ranks, sizeof ranks, " x %d worker%s + %d parameter server%s (%s)", ch_world_size() - servers,
+                 ch_world_size() - servers > 1 ? "s" : "", servers, servers > 1 ? "s" : "", ps);
+    else if (ch_world_size() > 1)
+        snprintf(ranks, sizeof ranks, " x %d ranks", ch_world_size());
     /* A loss that is not finite means the run diverged: say so where the user looks. */
     const char *diverged = isfinite(s->loss) ? "" : " (not finite: training diverged; a lower --lr or "
                                                    "--nan-check to stop at once)";
@@ -403,6 +428,9 @@ static bool write_metrics(FILE *f, const ch_epoch_stats *s, const ch_device_list
     if (strcmp(compress, "none") != 0) fprintf(f, ", \"grad_compress\": \"%s\"", compress);
     fprintf(f, ", \"optimizer_bytes\": %zu", ch_trainer_optimizer_bytes(t));
     if (ch_trainer_zero(t)) fprintf(f, ", \"zero\": %d", ch_trainer_zero(t));
+    int servers = 0;
+    const char *ps = ch_trainer_ps(t, &servers);
+    if (ps) fprintf(f, ", \"ps_servers\": %d, \"ps_mode\": \"%s\"", servers, ps);
     fprintf(f, "}\n");
     return fflush(f) == 0 && !ferror(f);
 }
@@ -489,7 +517,7 @@ static int run_epochs(const train_opts *o, ch_trainer *t, FILE *metrics, ch_plot
         ch_progress_clear(&bar);
         if (st != CH_STATUS_OK) return ch_exit_for("train", st, &err);
         char line[400];
-        format_epoch(line, sizeof line, &s, ch_trainer_devices(t));
+        format_epoch(line, sizeof line, &s, t);
         ch_world_log(line);
         if (root) {
             puts(line);
@@ -532,6 +560,14 @@ static void log_identity(const ch_trainer *t, const ch_dataset *train, const ch_
              ch_world_host(), (long)getpid(), ch_trainer_devices(t), train_n,
              ch_dataset_size(train), test_n, ch_dataset_size(test));
     ch_world_log(line);
+    int servers = 0;
+    const char *ps = ch_trainer_ps(t, &servers);
+    if (ps) {
+        snprintf(line, sizeof line, "a worker of %d parameter server%s (%s), ranks %d..%d%s", servers,
+                 servers > 1 ? "s" : "", ps, ch_world_size() - servers, ch_world_size() - 1,
+                 strcmp(ps, "async") == 0 ? "; async: the samples it trains depend on what it claims" : "");
+        ch_world_log(line);
+    }
 }
 
 /* Every file the run will write, checked before any data is read or any epoch trained: a bad path
@@ -589,9 +625,11 @@ int ch_cmd_train(int argc, char **argv)
         ch_dataset_truncate(test, (size_t)o.test_limit);
         st = ch_trainer_create(&o.cfg, train, test, &t, &err);
     }
-    if (st == CH_STATUS_OK && (o.resume || o.resume_latest))
+    /* A parameter server's trainer has served the whole job inside ch_trainer_create. */
+    const bool server = st == CH_STATUS_OK && ch_trainer_is_ps_server(t);
+    if (st == CH_STATUS_OK && !server && (o.resume || o.resume_latest))
         st = ch_trainer_resume(t, o.resume ? o.resume : o.cfg.checkpoint_dir, &err);
-    if (st == CH_STATUS_OK && o.resume_auto) {
+    if (st == CH_STATUS_OK && !server && o.resume_auto) {
         bool resumed;
         st = ch_trainer_resume_auto(t, o.cfg.checkpoint_dir, &resumed, &err);
         if (st == CH_STATUS_OK && ch_world_rank() == 0)
@@ -599,11 +637,13 @@ int ch_cmd_train(int argc, char **argv)
                            : "cohort train: --resume auto: no checkpoint in %s yet, starting fresh\n",
                    o.cfg.checkpoint_dir, ch_trainer_epochs_done(t));
     }
-    if (st == CH_STATUS_OK) log_identity(t, train, test);
+    if (st == CH_STATUS_OK && !server) log_identity(t, train, test);
     if (st == CH_STATUS_OK && o.metrics && !o.dry_run && ch_world_rank() == 0 && !(metrics = fopen(o.metrics, "a")))
         st = ch_fail(&err, CH_STATUS_BAD_INPUT, "%s: cannot open for writing (%s)", o.metrics,
                      strerror(errno));
-    if (st == CH_STATUS_OK && o.dry_run) {
+    if (server) {
+        rc = CH_EXIT_OK;
+    } else if (st == CH_STATUS_OK && o.dry_run) {
         ch_cli_print_summary(t);
         rc = CH_EXIT_OK;
     } else {

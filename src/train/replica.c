@@ -4,6 +4,7 @@
 #include "train/replica.h"
 
 #include "core/clock.h"
+#include "train/ps.h"
 
 #include <math.h>
 #include <omp.h>
@@ -127,6 +128,10 @@ static ch_status build(ch_replica *rp, const ch_replica_spec *s, ch_err *err)
     rp->sharded = s->zero && s->nglobal > 1;
     rp->shard_lo = rp->sharded ? ch_shard_lo(P, s->nglobal, rp->global_index) : 0;
     rp->shard_n = rp->sharded ? ch_shard_lo(P, s->nglobal, rp->global_index + 1) - rp->shard_lo : P;
+    /* With parameter servers the state lives on the servers; global replica 0 keeps room for the
+     * whole of it, where checkpoints gather and load it. */
+    rp->state_on_servers = s->ps != NULL;
+    if (s->ps && rp->global_index != 0) rp->shard_n = 0;
     CH_TRY(ch_optim_init(&rp->opt, rp->shard_n, &s->optim, rp->be, err));
     CH_TRY(alloc_buffers(rp, s, err));
     if (s->trace_capacity > 0) {
@@ -136,7 +141,7 @@ static ch_status build(ch_replica *rp, const ch_replica_spec *s, ch_err *err)
         snprintf(name, sizeof name, "cpu:%d sync", rp->device.index);
         CH_TRY(ch_trace_track_init(&rp->trace_sync, name, 2 * rp->index + 1, s->trace_capacity, err));
     }
-    if (rp->grads_comm.size > 1)
+    if (rp->grads_comm.size > 1 || s->ps)
         CH_TRY(ch_gradsync_create(&rp->grads_comm, rp->model, s->bucket_elems, &rp->sync, err));
     return CH_STATUS_OK;
 }
@@ -159,6 +164,31 @@ ch_status ch_replica_setup(ch_replica *rp, const ch_replica_spec *s)
     return st == CH_STATUS_OK ? CH_STATUS_OK : fail_collective(rp, st, &err);
 }
 
+/* --ps-servers: this process's member 0 takes every server's new shard (flush: after every
+ * worker's last push of the epoch), and hands the parameters to the process's other replicas. */
+static ch_status take_from_servers(ch_replica *rp, const ch_replica_spec *s, bool flush, ch_err *err)
+{
+    ch_model *m = rp->model;
+    ch_comm *local = &rp->ctl_hier.local;
+    if (local->rank == 0) {
+        ch_real *host = rp->stage ? rp->stage : m->params;
+        CH_TRY(flush ? ch_ps_flush(s->ps, host, err) : ch_ps_pull(s->ps, host, err));
+        if (rp->stage) ch_backend_upload(rp->be, m->params, rp->stage, sizeof(ch_real) * m->nparams);
+    }
+    if (local->size == 1) return CH_STATUS_OK;
+    snprintf(local->what, sizeof local->what, "the parameter servers' parameters");
+    if (!rp->stage) return ch_comm_broadcast(local, m->params, m->nparams, 0, err);
+    ch_backend_download(rp->be, rp->stage, m->params, sizeof(ch_real) * m->nparams);
+    CH_TRY(ch_comm_broadcast(local, rp->stage, m->nparams, 0, err));
+    ch_backend_upload(rp->be, m->params, rp->stage, sizeof(ch_real) * m->nparams);
+    return CH_STATUS_OK;
+}
+
+static ch_status pull_params(ch_replica *rp, const ch_replica_spec *s, ch_err *err)
+{
+    return take_from_servers(rp, s, false, err);
+}
+
 /* Per-replica BatchNorm: running statistics become the slices' average weighted by slice size,
  * so every replica keeps the same values (a slice of 0 samples counts for nothing). */
 static ch_status average_buffers(ch_replica *rp, const ch_slice *sl, ch_err *err)
@@ -174,7 +204,9 @@ static ch_status average_buffers(ch_replica *rp, const ch_slice *sl, ch_err *err
 static bool injected(const ch_replica *rp, const ch_replica_spec *s, ch_fault_kind kind,
                      uint64_t step)
 {
-    return s->fault.kind == kind && s->fault.replica == rp->global_index && s->fault.step == step + 1;
+    /* Async workers train the batches they claim: there STEP counts the replica's own steps. */
+    const uint64_t at = s->ps_async ? rp->steps_run : step;
+    return s->fault.kind == kind && s->fault.replica == rp->global_index && s->fault.step == at + 1;
 }
 
 /* The faults that take the whole process down, or freeze it, at the start of a step. */
@@ -304,7 +336,7 @@ static ch_status step_traced(ch_replica *rp, const ch_replica_spec *s, const ch_
     }
     if (tr) ch_trace_span(tr, "data", "data", t0, (int64_t)sl->n);
 
-    const bool many = rp->ctl_comm.size > 1, sync = rp->sync && !s->skip_sync;
+    const bool many = rp->ctl_comm.size > 1 && !s->ps_async, sync = rp->sync && !s->skip_sync;
     if (s->sync_bn && many)
         snprintf(rp->ctl_comm.what, sizeof rp->ctl_comm.what, "step %llu, sync-BN statistics",
                  (unsigned long long)sl->step + 1);
@@ -319,6 +351,7 @@ static ch_status step_traced(ch_replica *rp, const ch_replica_spec *s, const ch_
     rp->correct = 0;
     rp->accum_reported = 0;
     rp->micro_sync = sync;
+    if (s->ps && rp->index == 0) ch_ps_set_step(s->ps, sl->step, sl->lr);
     const int K = sl->micro;
     for (int j = 0; j < K; j++) {
         const int lo = (int)((int64_t)sl->n * j / K), hi = (int)((int64_t)sl->n * (j + 1) / K);
@@ -334,8 +367,14 @@ static ch_status step_traced(ch_replica *rp, const ch_replica_spec *s, const ch_
         t0 = tr ? ch_trace_now() : 0;
         ch_status st = ch_gradsync_finish(rp->sync, &err);
         if (tr) ch_trace_span(tr, "sync", "wait for gradient sync", t0, -1);
-        if (st == CH_STATUS_OK && !s->sync_bn) st = average_buffers(rp, sl, &err);
+        if (st == CH_STATUS_OK && s->ps) {
+            t0 = tr ? ch_trace_now() : 0;
+            st = pull_params(rp, s, &err);
+            if (tr) ch_trace_span(tr, "sync", "pull parameters", t0, -1);
+        }
+        if (st == CH_STATUS_OK && !s->sync_bn && !s->ps_async) st = average_buffers(rp, sl, &err);
         if (st != CH_STATUS_OK) return fail_collective(rp, st, &err);
+        if (s->ps) return CH_STATUS_OK;
     }
     t0 = tr ? ch_trace_now() : 0;
     ch_optim_step(&rp->opt, sl->lr, m->params + rp->shard_lo, m->grads + rp->shard_lo, rp->nthreads);
@@ -356,6 +395,7 @@ ch_status ch_replica_step(ch_replica *rp, const ch_replica_spec *s, const ch_dat
     ch_trace_track *tr = rp->tracing ? &rp->trace_compute : NULL;
     const int64_t t_step = tr ? ch_trace_now() : 0;
     ch_status st = step_traced(rp, s, d, sl, tr);
+    rp->steps_run++;
     if (tr) {
         char name[32];
         snprintf(name, sizeof name, "step %llu", (unsigned long long)sl->step + 1);
@@ -425,8 +465,9 @@ static ch_status share(ch_replica *rp, ch_err *err)
     snprintf(c->what, sizeof c->what, "loading a checkpoint");
     CH_TRY(broadcast_dev(rp, m->params, m->nparams, err));
     if (m->nbuffers) CH_TRY(broadcast_dev(rp, m->buffers, m->nbuffers, err));
-    /* Sharded state comes from the staged checkpoint instead (ch_replica_take_state). */
-    for (int i = 0; !rp->sharded && i < rp->opt.nstate; i++)
+    /* Sharded state comes from the staged checkpoint instead (ch_replica_take_state); with
+     * parameter servers it goes to the servers. */
+    for (int i = 0; !rp->sharded && !rp->state_on_servers && i < rp->opt.nstate; i++)
         CH_TRY(broadcast_dev(rp, rp->opt.state[i], m->nparams, err));
     if (m->ncounters == 0) return CH_STATUS_OK;
     /* Counters are int64: exact through a double sum of replica 0's value and zeros. */
@@ -482,6 +523,20 @@ void ch_replica_take_state(ch_replica *rp, ch_real *const *full)
 {
     for (int b = 0; b < rp->opt.nstate; b++)
         ch_backend_upload(rp->be, rp->opt.state[b], full[b] + rp->shard_lo, sizeof(ch_real) * rp->shard_n);
+}
+
+ch_status ch_replica_ps_flush(ch_replica *rp, const ch_replica_spec *s)
+{
+    ch_err err;
+    rp->status = CH_STATUS_OK;
+    ch_status st = take_from_servers(rp, s, true, &err);
+    ch_model *m = rp->model;
+    if (st == CH_STATUS_OK && m->nbuffers) {
+        ch_real w = (ch_real)(1.0 / rp->ctl_comm.size);
+        snprintf(rp->ctl_comm.what, sizeof rp->ctl_comm.what, "the epoch's end, BatchNorm running statistics");
+        st = on_host(rp, m->buffers, m->nbuffers, weighted_sum_op, &w, &err);
+    }
+    return st == CH_STATUS_OK ? CH_STATUS_OK : fail_collective(rp, st, &err);
 }
 
 void ch_replica_free(ch_replica *rp)

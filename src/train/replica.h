@@ -47,6 +47,9 @@ typedef struct ch_replica_spec {
     ch_fault fault;
     int nglobal;            /* replicas in the whole job (processes x devices) */
     bool zero;              /* --zero 1: optimizer state sharded over the nglobal replicas */
+    struct ch_ps *ps;       /* --ps-servers (a worker's; borrowed): the servers hold the optimizer
+                             * and answer each step's pushes with new parameters; NULL: none */
+    bool ps_async;          /* --ps-mode async: no per-step exchange between the workers */
     /* benchmark and test hooks */
     bool skip_sync;         /* bench only: no gradient sync (the cost of sync, by difference) */
     uint32_t *sample_counts; /* tests only: count every training sample a replica gathers */
@@ -62,6 +65,8 @@ typedef struct ch_replica {
     ch_model *model;
     ch_optim opt;           /* over [shard_lo, shard_lo + shard_n) of the parameters */
     bool sharded;           /* --zero 1 with more than one replica in the job */
+    bool state_on_servers;  /* --ps-servers: the optimizer state is the servers' (global replica 0
+                             * keeps room for all of it, for checkpoints) */
     size_t shard_lo, shard_n; /* the whole buffer unless sharded */
     ch_real *x;             /* (max_slice, c, h, w), replica memory */
     int32_t *labels;        /* replica memory */
@@ -88,6 +93,7 @@ typedef struct ch_replica {
     double loss_sum;
     int64_t correct;
     double busy_s;          /* the last step's time up to its wait for the gradient sync */
+    uint64_t steps_run;     /* steps this replica has run in this process */
     int64_t *class_hits, *class_counts; /* evaluation, per class (classes each) */
 } ch_replica;
 
@@ -123,6 +129,9 @@ ch_status ch_replica_share_state(ch_replica *rp);
 ch_status ch_replica_gather_state(ch_replica *rp, ch_real *const *full);
 /* --zero 1: this replica's shard of full optimizer state (host memory, nparams each) into its own. */
 void ch_replica_take_state(ch_replica *rp, ch_real *const *full);
+/* --ps-mode async, at an epoch's end: every worker's last pushes applied, every replica takes the
+ * servers' parameters, and the BatchNorm running statistics become the replicas' plain average. */
+ch_status ch_replica_ps_flush(ch_replica *rp, const ch_replica_spec *s);
 void ch_replica_free(ch_replica *rp);
 
 #endif

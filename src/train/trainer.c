@@ -26,6 +26,7 @@
 #include "graph/graph_json.h"
 #include "kernels/cpu/cpu.h"
 #include "models/zoo.h"
+#include "train/ps.h"
 
 ch_train_config ch_train_config_default(void)
 {
@@ -33,7 +34,7 @@ ch_train_config ch_train_config_default(void)
                               .batch_size = 256, .lr = 0.1, .seed = 0, .threads = 0,
                               .devices = "cpu:0", .bucket_mb = 25,
                               .timeout_s = 300, .trace_steps = 20, .eps = -1,
-                              .gamma = 0.1 };
+                              .gamma = 0.1, .staleness = -1 };
 }
 
 /* fp32 or nothing: bf16 is refused with the reason that applies on this CPU. */
@@ -48,6 +49,42 @@ static ch_status check_precision(const char *p, ch_err *err)
                        "AMX); this one offers %s, where bf16 would run slower than fp32: use fp32", isa);
     return ch_fail(err, CH_STATUS_BAD_INPUT, "--precision bf16: this CPU has native bf16 (%s), but this build "
                    "has no bf16 kernels yet: use fp32", isa);
+}
+
+/* --ps-servers and what it cannot go with. */
+static ch_status check_ps(const ch_train_config *c, ch_err *err)
+{
+    ch_ps_mode mode;
+    if (!ch_ps_mode_parse(c->ps_mode, &mode))
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "--ps-mode '%s': expected sync or async", c->ps_mode);
+    if (c->staleness < -1 || c->staleness > 1000000)
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "--staleness %d, expected 0..1000000 (steps)", c->staleness);
+    if (c->ps_servers < 0 || c->ps_servers > 64)
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "--ps-servers %d, expected 1..64", c->ps_servers);
+    if (c->ps_servers == 0) {
+        if (mode == CH_PS_ASYNC || c->staleness >= 0)
+            return ch_fail(err, CH_STATUS_BAD_INPUT, "--ps-mode and --staleness need --ps-servers");
+        return CH_STATUS_OK;
+    }
+    if (c->local_only || ch_world_size() <= c->ps_servers)
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "--ps-servers %d needs more ranks than servers (mpirun -np N with "
+                       "N > %d: the others train)", c->ps_servers, c->ps_servers);
+    if (c->zero)
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "--zero 1 with --ps-servers: the servers already hold the optimizer "
+                       "state in shards");
+    if (c->grad_compress && strcmp(c->grad_compress, "none") != 0)
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "--grad-compress with --ps-servers: gradients go to the servers "
+                       "as fp32");
+    if (mode == CH_PS_SYNC && c->staleness >= 0)
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "--staleness is for --ps-mode async");
+    if (mode == CH_PS_SYNC) return CH_STATUS_OK;
+    const char *refused = c->sync_bn ? "--sync-bn (a collective every step)"
+                          : c->shares && *c->shares ? "--shares (workers claim the work as they go)"
+                          : c->checkpoint_every > 0 ? "--checkpoint-every (checkpoints come at epoch ends)"
+                          : c->loader_workers > 0 ? "-j (the loader plans a fixed part of every step)"
+                          : c->trace ? "--trace (the ranks merge their parts after the same steps)" : NULL;
+    if (refused) return ch_fail(err, CH_STATUS_BAD_INPUT, "--ps-mode async does not go with %s", refused);
+    return CH_STATUS_OK;
 }
 
 static ch_status check_config(const ch_train_config *c, ch_err *err)
@@ -89,7 +126,7 @@ static ch_status check_config(const ch_train_config *c, ch_err *err)
                        c->checkpoint_every, c->keep);
     if (!(c->timeout_s >= 0 && c->timeout_s <= 1e6))
         return ch_fail(err, CH_STATUS_BAD_INPUT, "timeout %g s, expected 0..1000000", c->timeout_s);
-    return CH_STATUS_OK;
+    return check_ps(c, err);
 }
 
 /* COHORT_INJECT_FAULT=alloc:R | error:R:STEP | nan:R:STEP | kill:R:STEP | hang:R:STEP, for the
@@ -181,13 +218,14 @@ static ch_status make_replicas(ch_trainer *t, ch_err *err)
     CH_TRY(ch_local_group_create(D, &t->grads_group, err));
     CH_TRY(ch_local_group_create(D, &t->ctl_group, err));
     const bool mpi = t->procs > 1;
+    /* With parameter servers a bucket's MPI stage is its push to the servers. */
+    ch_comm *grads_mpi = t->ps ? &t->ps_comm : mpi ? &t->mpi_grads_comm : NULL;
     for (int r = 0; r < D; r++) {
         ch_replica *rp = &t->replicas[r];
         rp->index = r;
         rp->global_index = t->proc * D + r;
         rp->device = t->devices.dev[r];
-        ch_hier_comm_init(&rp->grads_comm, &rp->grads_hier, t->grads_group, r,
-                          mpi ? &t->mpi_grads_comm : NULL);
+        ch_hier_comm_init(&rp->grads_comm, &rp->grads_hier, t->grads_group, r, grads_mpi);
         ch_hier_comm_init(&rp->ctl_comm, &rp->ctl_hier, t->ctl_group, r, mpi ? &t->mpi_ctl_comm : NULL);
     }
     CH_TRY(start_crew(t, err));
@@ -241,6 +279,23 @@ static ch_status join_ranks(ch_trainer *t, ch_err *err)
     t->proc = t->cfg.local_only ? 0 : ch_world_rank();
     if (t->procs == 1) return CH_STATUS_OK;
     CH_TRY(check_ranks_agree(t, err));
+    if (t->cfg.ps_servers > 0) {
+        /* The servers leave the trainers' communicators to the workers. */
+        ch_ps_config pc = { .servers = t->cfg.ps_servers, .staleness = t->cfg.staleness,
+                            .timeout_s = t->cfg.timeout_s > 0 ? t->cfg.timeout_s : 300 };
+        ch_ps_mode_parse(t->cfg.ps_mode, &pc.mode);   /* checked by check_config */
+        CH_TRY(ch_ps_create(&pc, &t->ps, &t->ps_job, err));
+        t->ps_server = ch_ps_is_server(t->ps);
+        t->procs = ch_ps_workers(t->ps);
+        if (t->ps_server || t->procs == 1) return CH_STATUS_OK;
+        CH_TRY(ch_mpi_group_dup(t->ps_job, &t->mpi_grads, err));
+        CH_TRY(ch_mpi_group_dup(t->ps_job, &t->mpi_ctl, err));
+        CH_TRY(ch_mpi_group_dup(t->ps_job, &t->mpi_main, err));
+        ch_mpi_comm_init(&t->mpi_grads_comm, t->mpi_grads);
+        ch_mpi_comm_init(&t->mpi_ctl_comm, t->mpi_ctl);
+        ch_mpi_comm_init(&t->main_comm, t->mpi_main);
+        return CH_STATUS_OK;
+    }
     CH_TRY(ch_mpi_group_create(t->cfg.timeout_s, &t->mpi_grads, err));
     CH_TRY(ch_mpi_group_create(t->cfg.timeout_s, &t->mpi_ctl, err));
     CH_TRY(ch_mpi_group_create(t->cfg.timeout_s, &t->mpi_main, err));
@@ -325,6 +380,9 @@ static void job_settings(const ch_trainer *t, settings *s)
     put_setting(s, "--shares", "%s", c->shares && *c->shares ? c->shares : "(equal)");
     put_setting(s, "--grad-compress", "%s", ch_grad_compress_name(t->compress));
     put_setting(s, "--zero", "%d", c->zero);
+    put_setting(s, "--ps-servers", "%d", c->ps_servers);
+    put_setting(s, "--ps-mode", "%s", or_none(c->ps_mode));
+    put_setting(s, "--staleness", "%d", c->staleness);
     put_setting(s, "--epochs", "%d", c->epochs);
     put_setting(s, "--seed", "%llu", (unsigned long long)c->seed);
     put_setting(s, "--optimizer", "%s", or_none(c->optimizer));
@@ -378,6 +436,43 @@ static ch_status align_trace_clocks(ch_trainer *t, ch_err *err)
     return CH_STATUS_OK;
 }
 
+/* A server rank's whole part in the job: serve until every worker has stopped. */
+static ch_status serve(ch_trainer *t, ch_err *err)
+{
+    ch_optim_config oc;
+    CH_TRY(optim_config(&t->cfg, &oc, err));
+    const int64_t B = t->cfg.batch_size, steps = ((int64_t)t->train->n + B - 1) / B;
+    char line[256];
+    snprintf(line, sizeof line, "rank %d of %d, host %s, pid %ld: parameter server %d of %d (%s), for %d workers",
+             ch_world_rank(), ch_world_size(), ch_world_host(), (long)getpid(), ch_world_rank() - t->procs + 1,
+             ch_ps_servers(t->ps), ch_ps_mode_name(ch_ps_mode_of(t->ps)), t->procs);
+    ch_world_log(line);
+    return ch_ps_serve(t->ps, &oc, steps * t->procs, err);
+}
+
+/* The workers' side: pushes sized, and the servers given rank 0's starting parameters. */
+static ch_status start_servers(ch_trainer *t, ch_err *err)
+{
+    const ch_model *m = t->replicas[0].model;
+    CH_TRY(ch_ps_attach(t->ps, m->nparams, m->ntensors + 1, err));
+    if (t->proc == 0) {
+        ch_real *host = malloc(sizeof(ch_real) * (m->nparams + 1));
+        CH_CHECK_ALLOC(err, host);
+        ch_backend_download(m->be, host, m->params, sizeof(ch_real) * m->nparams);
+        const ch_status st = ch_ps_put_state(t->ps, host, NULL, 0, 0, err);
+        free(host);
+        CH_TRY(st);
+    }
+    return ch_trainer_ps_barrier(t, "set-up, the parameter servers' start", err);
+}
+
+ch_status ch_trainer_ps_barrier(ch_trainer *t, const char *what, ch_err *err)
+{
+    if (t->procs == 1) return CH_STATUS_OK;
+    snprintf(t->main_comm.what, sizeof t->main_comm.what, "%s", what);
+    return ch_comm_barrier(&t->main_comm, err);
+}
+
 static ch_status setup(ch_trainer *t, ch_err *err)
 {
     const ch_dataset *d = t->train;
@@ -392,7 +487,11 @@ static ch_status setup(ch_trainer *t, ch_err *err)
     CH_TRY(join_ranks(t, err));
     if (!t->cfg.graph)
         CH_TRY(ch_zoo_graph(t->model_name, (ch_shape3){ d->c, d->h, d->w }, d->classes, &t->zoo_graph, err));
+    if (t->ps_server) return serve(t, err);
     const int D = t->nreplicas, B = t->cfg.batch_size, R = t->procs * D;
+    if (t->ps && ch_ps_mode_of(t->ps) == CH_PS_ASYNC && D > 1)
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "--ps-mode async: one device per worker rank (give each device "
+                       "its own rank)");
     CH_TRY(ch_shares_init(&t->shares, t->cfg.shares, t->procs, D, err));
     t->counts = malloc(sizeof *t->counts * (size_t)R);
     t->offsets = malloc(sizeof *t->offsets * (size_t)R);
@@ -407,7 +506,8 @@ static ch_status setup(ch_trainer *t, ch_err *err)
         .graph = t->cfg.graph ? t->cfg.graph : t->zoo_graph, .init = t->init, .seed = t->cfg.seed,
         .input = { d->c, d->h, d->w }, .classes = d->classes, .max_slice = slice,
         .accum = K, .max_micro = (planned + K - 1) / K, .accum_buffer = K > 1 || t->shares.automatic,
-        .nglobal = R, .zero = t->cfg.zero == 1,
+        .nglobal = R, .zero = t->cfg.zero == 1, .ps = t->ps,
+        .ps_async = t->ps && ch_ps_mode_of(t->ps) == CH_PS_ASYNC,
         .nan_check = t->cfg.nan_check, .sync_bn = t->cfg.sync_bn,
         .bucket_elems = (size_t)((t->cfg.bucket_mb > 0 ? t->cfg.bucket_mb : 25) * (1 << 20) /
                                  sizeof(ch_real)),
@@ -444,7 +544,9 @@ static ch_status setup(ch_trainer *t, ch_err *err)
         CH_TRY(ch_loader_create(t->cfg.loader_workers, D * t->spec.max_slice, ch_shape3_size(t->spec.input),
                                 &t->loader, err));
     }
+    if (t->ps) ch_ps_comm_init(&t->ps_comm, t->ps);   /* before the replicas copy it */
     CH_TRY(make_replicas(t, err));
+    if (t->ps) CH_TRY(start_servers(t, err));
     /* Before the first step's sums; error feedback keeps one value per gradient. */
     if (t->mpi_grads)
         CH_TRY(ch_mpi_group_set_compress(t->mpi_grads, t->compress, t->replicas[0].model->nparams, err));
@@ -485,6 +587,7 @@ ch_status ch_trainer_create(const ch_train_config *cfg, const ch_dataset *train,
     t->graph_print = t->graph_json ? ch_graph_text_fingerprint(t->graph_json) : 0;
     ch_grad_compress_parse(cfg->grad_compress, &t->compress);   /* checked by check_config */
     t->pos = (ch_ckpt_position){ .train_loss = -1, .train_acc = -1, .test_loss = -1, .test_acc = -1 };
+    t->ps_part = -1;
     t->train = train;
     t->test = test;
     ch_status st = setup(t, err);
@@ -557,7 +660,9 @@ static int local_count(const ch_trainer *t, int n)
 static void job_step(void *arg, int r)
 {
     ch_trainer *t = arg;
-    const int g = t->replicas[r].global_index, off = t->offsets[g], cnt = t->counts[g];
+    /* async parameter servers: the part of the batch this worker claimed (one device per worker) */
+    const int g = t->ps_part >= 0 ? t->ps_part : t->replicas[r].global_index, off = t->offsets[g],
+              cnt = t->counts[g];
     ch_slice sl = { .idx = t->job_idx + off, .n = cnt, .offset = (uint64_t)off,
                     .global_n = t->job_n, .step = t->step, .lr = t->lr, .epoch = t->epoch,
                     .micro = t->job_micro ? t->job_micro : micro_for(t, cnt), .counts = t->counts };
@@ -822,6 +927,52 @@ static ch_status train_steps(ch_trainer *t, int first, size_t *seen, double *los
     return CH_STATUS_OK;
 }
 
+static void job_flush(void *arg, int r)
+{
+    ch_trainer *t = arg;
+    ch_replica_ps_flush(&t->replicas[r], &t->spec);
+}
+
+/* --ps-mode async: this worker trains the units of the epoch it claims from the first server (a
+ * unit is one worker's part of one global batch, as the sync split cuts it) until none is left;
+ * then every worker flushes and takes the same parameters. */
+static ch_status train_claimed(ch_trainer *t, size_t *seen, double *loss, int64_t *hits, double *lr_last, double t0,
+                               ch_err *err)
+{
+    const size_t B = (size_t)t->cfg.batch_size, N = t->train->n;
+    const long per_epoch = (long)((N + B - 1) / B);
+    const int W = t->procs;
+    const uint64_t base = t->step;
+    size_t mine = 0;
+    for (int done = 1;; done++) {
+        int64_t unit;
+        CH_TRY(ch_ps_claim(t->ps, t->epoch, &unit, err));
+        if (unit < 0) break;
+        const size_t at = (size_t)(unit / W) * B;
+        const int n = (int)(B < N - at ? B : N - at);
+        t->lr = ch_schedule_lr(&t->sched, t->epoch, (int)(unit / W), per_epoch);
+        *lr_last = t->lr;
+        t->step = base + (uint64_t)(unit / W);   /* the batch's global step: the same dropout masks */
+        t->ps_part = (int)(unit % W);
+        double l;
+        int64_t c;
+        const ch_status st = ch_trainer_step(t, t->perm + at, n, &l, &c, err);
+        t->ps_part = -1;
+        CH_TRY(st);
+        *loss += l;
+        *hits += c;
+        mine += (size_t)t->counts[unit % W];
+        if (t->progress)
+            t->progress(t->progress_user, done, (int)((per_epoch + W - 1) / W), mine ? *loss / mine : 0,
+                        mine ? (double)*hits / mine : 0, mine, ch_clock_s() - t0);
+    }
+    ch_crew_run(t->crew, job_flush, t);
+    CH_TRY(collect_failure(t, err));
+    t->step = base + (uint64_t)per_epoch;
+    *seen = N;
+    return CH_STATUS_OK;
+}
+
 ch_status ch_trainer_run_epoch(ch_trainer *t, ch_epoch_stats *s, ch_err *err)
 {
     CH_TRY(check_usable(t, err));
@@ -856,7 +1007,12 @@ ch_status ch_trainer_run_epoch(ch_trainer *t, ch_epoch_stats *s, ch_err *err)
     const double t0 = ch_clock_s();
     double lr_last = t->lr, wait_s = 0;
     if (t->loader) CH_TRY(start_loader(t, seen, err));
-    ch_status st = train_steps(t, first, &seen, &loss, &hits, &lr_last, t0, err);
+    const bool claimed = t->spec.ps_async;
+    if (claimed && seen > 0)
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "--ps-mode async resumes at epoch ends: this checkpoint stopped "
+                       "inside epoch %d (resume it without async, or from an epoch checkpoint)", t->epoch + 1);
+    ch_status st = claimed ? train_claimed(t, &seen, &loss, &hits, &lr_last, t0, err)
+                           : train_steps(t, first, &seen, &loss, &hits, &lr_last, t0, err);
     if (t->loader) {
         ch_loader_stop(t->loader);
         t->loading = false;
@@ -969,7 +1125,16 @@ ch_status ch_trainer_evaluate(ch_trainer *t, const ch_dataset *d, double *loss, 
 const char *ch_trainer_devices(const ch_trainer *t) { return t->devices_text; }
 const ch_device_list *ch_trainer_device_list(const ch_trainer *t) { return &t->devices; }
 
-int ch_trainer_zero(const ch_trainer *t) { return t->replicas[0].sharded ? 1 : 0; }
+int ch_trainer_zero(const ch_trainer *t) { return t->replicas && t->replicas[0].sharded ? 1 : 0; }
+
+bool ch_trainer_is_ps_server(const ch_trainer *t) { return t->ps_server; }
+
+const char *ch_trainer_ps(const ch_trainer *t, int *servers)
+{
+    if (!t->ps) return NULL;
+    if (servers) *servers = ch_ps_servers(t->ps);
+    return ch_ps_mode_name(ch_ps_mode_of(t->ps));
+}
 
 size_t ch_trainer_optimizer_bytes(const ch_trainer *t)
 {
@@ -1003,6 +1168,9 @@ static void job_free(void *arg, int r)
 void ch_trainer_free(ch_trainer *t)
 {
     if (!t) return;
+    /* A worker tells the servers it is done (after a failure the job is ending anyway). */
+    ch_err err;
+    if (t->ps && !t->ps_server && t->replicas && !t->broken) (void)ch_ps_stop(t->ps, &err);
     if (t->crew) ch_crew_run(t->crew, job_free, t);
     ch_crew_free(t->crew);
     if (!t->crew && t->replicas)
@@ -1012,6 +1180,8 @@ void ch_trainer_free(ch_trainer *t)
     ch_mpi_group_free(t->mpi_grads);
     ch_mpi_group_free(t->mpi_ctl);
     ch_mpi_group_free(t->mpi_main);
+    ch_ps_free(t->ps);
+    ch_mpi_group_free(t->ps_job);
     free(t->replicas);
     free(t->perm);
     ch_loader_free(t->loader);

@@ -45,6 +45,13 @@ struct ch_trainer {
     ch_mpi_group *mpi_grads, *mpi_ctl, *mpi_main;
     ch_comm mpi_grads_comm, mpi_ctl_comm, main_comm;
     ch_grad_compress compress;  /* how mpi_grads' sums travel (--grad-compress) */
+    /* --ps-servers: the parameter servers (NULL without); procs and proc count the workers only.
+     * ps_job is this rank's side of the job (the workers' communicators are made from it). */
+    struct ch_ps *ps;
+    ch_mpi_group *ps_job;
+    ch_comm ps_comm;            /* the gradient pushes: the replicas' MPI stage instead of mpi_grads */
+    bool ps_server;             /* this rank served; it has no replicas */
+    int ps_part;                /* async: the part of the batch this worker's step trains (else -1) */
     ch_crew *crew;
     ch_shares shares;       /* each rank's part of every batch (--shares) */
     int *counts, *offsets;  /* the step's cut: every replica's slice and where it starts (job-wide) */
@@ -83,6 +90,11 @@ ch_status ch_trainer_step(ch_trainer *t, const uint32_t *idx, int n, double *los
 /* Replica r's share of a global batch of n: n / R, the first n % R replicas one more. With
  * processes, r is the global replica index (process x D + device) and R all replicas of the job. */
 void ch_trainer_slice(int n, int nreplicas, int r, int *offset, int *count);
+
+/* --ps-servers: every worker waits here until rank 0 has handed the servers what they hold (the
+ * start, a loaded checkpoint, a fetched state), so that no push overtakes it. Collective over the
+ * workers; what names it for the timeout. */
+ch_status ch_trainer_ps_barrier(ch_trainer *t, const char *what, ch_err *err);
 
 /* trainer_ckpt.c: the trainer's side of checkpoints. */
 /* Checkpoint DIR/name of the run at pos into cfg.checkpoint_dir (rank 0 writes; others return). */
