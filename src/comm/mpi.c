@@ -329,33 +329,33 @@ static ch_status p2p_bytes(size_t bytes, ch_err *err)
     return CH_STATUS_OK;
 }
 
-ch_status ch_mpi_isend(ch_mpi_group *g, const void *buf, size_t bytes, int peer, int tag, ch_request *req,
-                       ch_err *err)
+/* MPI_Isend or MPI_Irecv of bytes with peer, its handle kept in req. */
+static ch_status p2p_start(ch_mpi_group *g, void *buf, size_t bytes, int peer, int tag, bool send, ch_request *req,
+                           ch_err *err)
 {
     CH_TRY(p2p_bytes(bytes, err));
     MPI_Request r;
     ch_world_lock();
-    const int rc = MPI_Isend(buf, (int)bytes, MPI_BYTE, peer, tag, g->comm, &r);
+    const int rc = send ? MPI_Isend(buf, (int)bytes, MPI_BYTE, peer, tag, g->comm, &r)
+                        : MPI_Irecv(buf, (int)bytes, MPI_BYTE, peer, tag, g->comm, &r);
     ch_world_unlock();
-    if (rc != MPI_SUCCESS) return ch_mpi_fail(err, "MPI_Isend", rc);
+    if (rc != MPI_SUCCESS) return ch_mpi_fail(err, send ? "MPI_Isend" : "MPI_Irecv", rc);
     req->done = false;
     req->started = ch_clock_s();
     memcpy(req->impl, &r, sizeof r);
     return CH_STATUS_OK;
 }
 
+ch_status ch_mpi_isend(ch_mpi_group *g, const void *buf, size_t bytes, int peer, int tag, ch_request *req,
+                       ch_err *err)
+{
+    /* MPI_Isend reads buf only; MPI's C binding takes it as const since MPI 3. */
+    return p2p_start(g, (void *)buf, bytes, peer, tag, true, req, err);
+}
+
 ch_status ch_mpi_irecv(ch_mpi_group *g, void *buf, size_t bytes, int peer, int tag, ch_request *req, ch_err *err)
 {
-    CH_TRY(p2p_bytes(bytes, err));
-    MPI_Request r;
-    ch_world_lock();
-    const int rc = MPI_Irecv(buf, (int)bytes, MPI_BYTE, peer, tag, g->comm, &r);
-    ch_world_unlock();
-    if (rc != MPI_SUCCESS) return ch_mpi_fail(err, "MPI_Irecv", rc);
-    req->done = false;
-    req->started = ch_clock_s();
-    memcpy(req->impl, &r, sizeof r);
-    return CH_STATUS_OK;
+    return p2p_start(g, buf, bytes, peer, tag, false, req, err);
 }
 
 ch_status ch_mpi_test_p2p(ch_mpi_group *g, ch_request *req, bool *done, ch_err *err)

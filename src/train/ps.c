@@ -251,12 +251,18 @@ ch_status ch_ps_stop(ch_ps *ps, ch_err *err)
 
 /* ---- the optimizer state's trips ---- */
 
+/* Room for k buffers of the largest shard (host memory; the caller frees it). */
+static ch_real *shard_buffers(const ch_ps *ps, int k)
+{
+    return malloc(sizeof(ch_real) * ((size_t)k * (ps->nparams / (size_t)ps->cfg.servers + 1) + 1));
+}
+
 ch_status ch_ps_put_state(ch_ps *ps, const ch_real *params, ch_real *const *state, int nstate, long steps,
                           ch_err *err)
 {
     CH_ASSERT(nstate >= 0 && nstate <= CH_OPTIM_MAX_STATE);
     const size_t P = ps->nparams;
-    ch_real *buf = malloc(sizeof(ch_real) * ((size_t)(1 + nstate) * (P / (size_t)ps->cfg.servers + 1) + 1));
+    ch_real *buf = shard_buffers(ps, 1 + nstate);
     CH_CHECK_ALLOC(err, buf);
     ch_status st = CH_STATUS_OK;
     for (int s = 0; s < ps->cfg.servers && st == CH_STATUS_OK; s++) {
@@ -287,7 +293,7 @@ ch_status ch_ps_put_state(ch_ps *ps, const ch_real *params, ch_real *const *stat
 ch_status ch_ps_get_state(ch_ps *ps, ch_real *const *state, int nstate, long *steps, ch_err *err)
 {
     const size_t P = ps->nparams;
-    ch_real *buf = malloc(sizeof(ch_real) * ((size_t)nstate * (P / (size_t)ps->cfg.servers + 1) + 1));
+    ch_real *buf = shard_buffers(ps, nstate);
     CH_CHECK_ALLOC(err, buf);
     ch_status st = CH_STATUS_OK;
     for (int s = 0; s < ps->cfg.servers && st == CH_STATUS_OK; s++) {
