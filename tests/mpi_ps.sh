@@ -10,7 +10,7 @@
 #    server's log shows every unit of the epoch applied once, and the bound holding;
 #  - faults: a worker SIGKILLed mid-epoch and the server SIGKILLed from outside each end the job
 #    within 30 s with the rank named; a stuck worker (sync and async, --timeout 3) is named by the
-#    server;
+#    server, a stuck server (SIGSTOP) by the workers;
 #  - --dry-run names the servers and their shards; bad values and flags that cannot go together:
 #    one line, exit 2; ranks that disagree on --ps-servers are refused naming it.
 #   mpi_ps.sh COHORT DATA_ROOT MPIRUN...
@@ -103,6 +103,20 @@ if [ -n "$pid" ]; then kill -9 "$pid"; fi
 wait $job
 grep -q "exit 0" "$tmp/kill_server" && bad "killing the server: the job still ended well"
 ends "the server killed" $((SECONDS - s)) "$tmp/kill_server" 2
+# A stuck server (SIGSTOP from outside: alive to mpirun, silent to the workers): the workers' pulls
+# end the job naming it after twice --timeout.
+(timeout 60 "${mpirun[@]}" -np 3 "$cohort" "${T[@]}" "${SGD[@]}" --epochs 200 --ps-servers 1 --timeout 3 \
+    --log-dir "$tmp/slogs2" >"$tmp/stop_server" 2>&1; echo "exit $?" >>"$tmp/stop_server") &
+job=$!
+for _ in $(seq 200); do grep -q "epoch 1," "$tmp/slogs2/workerlog.0" 2>/dev/null && break; sleep 0.1; done
+pid=$(sed -n 's/.*pid \([0-9]*\): parameter server.*/\1/p' "$tmp/slogs2/workerlog.2")
+s=$SECONDS
+if [ -n "$pid" ]; then kill -STOP "$pid"; fi
+wait $job
+[ -n "$pid" ] && kill -KILL "$pid" 2>/dev/null
+grep -Eq "(the parameters of server rank 2 did not arrive|server rank 2 did not take the gradients) within 6 s" \
+    "$tmp/stop_server" &&
+    ends "a stuck server" $((SECONDS - s)) "$tmp/stop_server" 2 || { bad "a stuck server"; cat "$tmp/stop_server"; }
 for mode in sync async; do
     s=$SECONDS
     timeout 60 "${mpirun[@]}" -np 3 -x COHORT_INJECT_FAULT=hang:1:1 "$cohort" "${T[@]}" "${SGD[@]}" --ps-servers 1 \

@@ -102,6 +102,7 @@ static ch_status push_start(ch_comm *c, ch_real *buf, size_t n, ch_request *req,
         CH_ASSERT(rec->nreq + 2 <= CH_PS_MAX_SERVERS * 2);
         rec->hdr[s] = (ch_ps_push_hdr){ .lo = a, .n = b - a, .step = ps->step, .lr = ps->lr };
         const int dest = ps->workers + s;
+        rec->dest[rec->nreq] = rec->dest[rec->nreq + 1] = dest;
         CH_TRY(ch_mpi_isend(ps->g, &rec->hdr[s], sizeof rec->hdr[s], dest, CH_PS_TAG_PUSH_HDR,
                             &rec->req[rec->nreq++], err));
         CH_TRY(ch_mpi_isend(ps->g, buf + (a - c->at), sizeof(ch_real) * (b - a), dest, CH_PS_TAG_PUSH_DATA,
@@ -120,20 +121,21 @@ static ch_status push_test(ch_comm *c, ch_request *req, bool *done, ch_err *err)
     int at;
     memcpy(&at, req->impl, sizeof at);
     ch_ps_record *rec = &ps->records[at];
-    *done = true;
+    int waiting_for = -1;
     for (int i = 0; i < rec->nreq; i++) {
         bool d = false;
         CH_TRY(ch_mpi_test_p2p(ps->g, &rec->req[i], &d, err));
-        *done = *done && d;
+        if (!d && waiting_for < 0) waiting_for = rec->dest[i];
     }
+    *done = waiting_for < 0;
     if (*done) {
         req->done = true;
         return CH_STATUS_OK;
     }
     if (ch_clock_s() - req->started > 2 * ps->cfg.timeout_s) {
         char msg[512];
-        snprintf(msg, sizeof msg, "%s: the parameter servers did not take the gradients within %g s (--timeout): "
-                 "a server is stuck or gone", req->what[0] ? req->what : "a push", 2 * ps->cfg.timeout_s);
+        snprintf(msg, sizeof msg, "%s: server rank %d did not take the gradients within %g s (--timeout): a server "
+                 "is stuck or gone", req->what[0] ? req->what : "a push", waiting_for, 2 * ps->cfg.timeout_s);
         ch_world_fatal(1, msg);
     }
     return CH_STATUS_OK;

@@ -42,6 +42,7 @@ typedef struct ch_ps_state_hdr {
 typedef struct ch_ps_record {
     ch_ps_push_hdr hdr[CH_PS_MAX_SERVERS];
     ch_request req[2 * CH_PS_MAX_SERVERS];
+    int dest[2 * CH_PS_MAX_SERVERS];    /* the server rank of each request */
     int nreq;
 } ch_ps_record;
 
