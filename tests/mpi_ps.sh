@@ -61,6 +61,12 @@ run ar 2 "${SGD[@]}" && run ps 3 "${SGD[@]}" --ps-servers 1 && same ar ps epoch-
 grep -q "x 2 workers + 1 parameter server (sync)" "$tmp/ps.out" && ok || { bad "the epoch line does not name the servers"; cat "$tmp/ps.out"; }
 run ar_adam 2 "${ADAM[@]}" && run ps_adam 3 "${ADAM[@]}" --ps-servers 1 && same ar_adam ps_adam epoch-0002
 run ar4 4 "${SGD[@]}" && run ps42 6 "${SGD[@]}" --ps-servers 2 && close ar4 ps42 epoch-0002 1e-5
+# 2 devices per worker (a local sum, then local member 0 pushes and hands the pull to the other), on
+# the scramble backend (memory only the backend may touch: the pull goes through its staging): the
+# bits of 2 ranks x 2 devices on the CPU backend.
+run ar22 2 "${SGD[@]}" --devices 'cpu*2' --threads 2 &&
+    COHORT_BACKEND=scramble run ps22 3 "${SGD[@]}" --devices 'cpu*2' --threads 2 --ps-servers 1 &&
+    same ar22 ps22 epoch-0002
 
 # Checkpoints across the modes, both ways, and a mid-epoch step checkpoint of a PS run.
 run ps_e1 3 "${SGD[@]}" --ps-servers 1 --epochs 1 && run ps_e1 2 "${SGD[@]}" --resume && same ar ps_e1 epoch-0002
