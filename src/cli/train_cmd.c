@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "train/ps.h"
 #include "train/checkpoint.h"
 #include "cli/plot.h"
 #include "comm/world.h"
@@ -257,7 +258,7 @@ static int parse_one(int c, const char *arg, train_opts *o)
     case OPT_SHARES: cfg->shares = arg; return -1;
     case OPT_GRAD_COMPRESS: cfg->grad_compress = arg; return -1;
     case OPT_PS_SERVERS:
-        if (!ch_arg_int("train", "ps-servers", arg, 1, 64, &v)) return CH_EXIT_USAGE;
+        if (!ch_arg_int("train", "ps-servers", arg, 1, CH_PS_MAX_SERVERS, &v)) return CH_EXIT_USAGE;
         cfg->ps_servers = (int)v;
         return -1;
     case OPT_PS_MODE: cfg->ps_mode = arg; return -1;

@@ -35,6 +35,8 @@ typedef enum ch_ps_mode { CH_PS_SYNC, CH_PS_ASYNC } ch_ps_mode;
 bool ch_ps_mode_parse(const char *s, ch_ps_mode *out);
 const char *ch_ps_mode_name(ch_ps_mode m);
 
+enum { CH_PS_MAX_SERVERS = 64 };   /* --ps-servers at most */
+
 typedef struct ch_ps_config {
     int servers;        /* S >= 1: ranks P - S .. P - 1 */
     ch_ps_mode mode;

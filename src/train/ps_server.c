@@ -59,11 +59,21 @@ static ch_status send_params(server *sv, int w, const ch_real *buf, ch_err *err)
     return ch_mpi_isend(sv->ps->g, buf, sizeof(ch_real) * sv->n, w, CH_PS_TAG_PARAMS, &sv->sends[w], err);
 }
 
+static void free_rows(void **p, int rows)
+{
+    for (int i = 0; p && i < rows; i++) free(p[i]);
+    free(p);
+}
+
+/* rows buffers of bytes each, or NULL (nothing left allocated). */
 static void *alloc_rows(int rows, size_t bytes)
 {
     void **p = calloc((size_t)rows, sizeof *p);
     for (int i = 0; p && i < rows; i++)
-        if (!(p[i] = malloc(bytes ? bytes : 1))) return NULL;
+        if (!(p[i] = malloc(bytes ? bytes : 1))) {
+            free_rows(p, rows);
+            return NULL;
+        }
     return p;
 }
 
@@ -92,12 +102,6 @@ static ch_status allocate(server *sv, const ch_optim_config *oc, size_t nparams,
     CH_TRY(ch_optim_init(&sv->opt, sv->n, oc, sv->be, err));
     sv->opt_ready = true;
     return CH_STATUS_OK;
-}
-
-static void free_rows(void **p, int rows)
-{
-    for (int i = 0; p && i < rows; i++) free(p[i]);
-    free(p);
 }
 
 static void server_free(server *sv)

@@ -23,8 +23,6 @@ enum {
     CH_PS_TAG_STOP, CH_PS_TAG_ACK,
 };
 
-enum { CH_PS_MAX_SERVERS = 64 };
-
 typedef struct ch_ps_push_hdr {
     uint64_t lo, n;     /* the values' place in the flat gradient buffer */
     uint64_t step;      /* the worker's global step (0-based) */

@@ -336,7 +336,7 @@ static ch_status step_traced(ch_replica *rp, const ch_replica_spec *s, const ch_
     }
     if (tr) ch_trace_span(tr, "data", "data", t0, (int64_t)sl->n);
 
-    const bool many = rp->ctl_comm.size > 1 && !s->ps_async, sync = rp->sync && !s->skip_sync;
+    const bool many = rp->ctl_comm.size > 1, sync = rp->sync && !s->skip_sync;
     if (s->sync_bn && many)
         snprintf(rp->ctl_comm.what, sizeof rp->ctl_comm.what, "step %llu, sync-BN statistics",
                  (unsigned long long)sl->step + 1);

@@ -59,8 +59,8 @@ static ch_status check_ps(const ch_train_config *c, ch_err *err)
         return ch_fail(err, CH_STATUS_BAD_INPUT, "--ps-mode '%s': expected sync or async", c->ps_mode);
     if (c->staleness < -1 || c->staleness > 1000000)
         return ch_fail(err, CH_STATUS_BAD_INPUT, "--staleness %d, expected 0..1000000 (steps)", c->staleness);
-    if (c->ps_servers < 0 || c->ps_servers > 64)
-        return ch_fail(err, CH_STATUS_BAD_INPUT, "--ps-servers %d, expected 1..64", c->ps_servers);
+    if (c->ps_servers < 0 || c->ps_servers > CH_PS_MAX_SERVERS)
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "--ps-servers %d, expected 1..%d", c->ps_servers, CH_PS_MAX_SERVERS);
     if (c->ps_servers == 0) {
         if (mode == CH_PS_ASYNC || c->staleness >= 0)
             return ch_fail(err, CH_STATUS_BAD_INPUT, "--ps-mode and --staleness need --ps-servers");
@@ -450,27 +450,38 @@ static ch_status serve(ch_trainer *t, ch_err *err)
     return ch_ps_serve(t->ps, &oc, steps * t->procs, err);
 }
 
-/* The workers' side: pushes sized, and the servers given rank 0's starting parameters. */
-static ch_status start_servers(ch_trainer *t, ch_err *err)
-{
-    const ch_model *m = t->replicas[0].model;
-    CH_TRY(ch_ps_attach(t->ps, m->nparams, m->ntensors + 1, err));
-    if (t->proc == 0) {
-        ch_real *host = malloc(sizeof(ch_real) * (m->nparams + 1));
-        CH_CHECK_ALLOC(err, host);
-        ch_backend_download(m->be, host, m->params, sizeof(ch_real) * m->nparams);
-        const ch_status st = ch_ps_put_state(t->ps, host, NULL, 0, 0, err);
-        free(host);
-        CH_TRY(st);
-    }
-    return ch_trainer_ps_barrier(t, "set-up, the parameter servers' start", err);
-}
-
 ch_status ch_trainer_ps_barrier(ch_trainer *t, const char *what, ch_err *err)
 {
     if (t->procs == 1) return CH_STATUS_OK;
     snprintf(t->main_comm.what, sizeof t->main_comm.what, "%s", what);
     return ch_comm_barrier(&t->main_comm, err);
+}
+
+/* Rank 0's host copies of global replica 0's parameters and optimizer state (the state only
+ * with_state), then to the servers. */
+static ch_status give_servers(ch_trainer *t, bool with_state, ch_err *err)
+{
+    const ch_replica *r0 = &t->replicas[0];
+    const size_t P = r0->model->nparams;
+    const int nstate = with_state ? r0->opt.nstate : 0;
+    ch_real *params = malloc(sizeof(ch_real) * (P + 1)), *state[CH_OPTIM_MAX_STATE] = { 0 };
+    ch_status st = params ? CH_STATUS_OK : CH_SYS_FAIL(err, "allocation of the parameters for the servers");
+    for (int b = 0; b < nstate && st == CH_STATUS_OK; b++)
+        if (!(state[b] = malloc(sizeof(ch_real) * (P + 1)))) st = CH_SYS_FAIL(err, "allocation of optimizer state");
+    if (st == CH_STATUS_OK) {
+        ch_backend_download(r0->be, params, r0->model->params, sizeof(ch_real) * P);
+        for (int b = 0; b < nstate; b++) ch_backend_download(r0->be, state[b], r0->opt.state[b], sizeof(ch_real) * P);
+        st = ch_ps_put_state(t->ps, params, state, nstate, r0->opt.steps, err);
+    }
+    free(params);
+    for (int b = 0; b < CH_OPTIM_MAX_STATE; b++) free(state[b]);
+    return st;
+}
+
+ch_status ch_trainer_ps_hand_over(ch_trainer *t, bool with_state, const char *what, ch_err *err)
+{
+    if (t->proc == 0) CH_TRY(give_servers(t, with_state, err));
+    return ch_trainer_ps_barrier(t, what, err);
 }
 
 static ch_status setup(ch_trainer *t, ch_err *err)
@@ -546,7 +557,11 @@ static ch_status setup(ch_trainer *t, ch_err *err)
     }
     if (t->ps) ch_ps_comm_init(&t->ps_comm, t->ps);   /* before the replicas copy it */
     CH_TRY(make_replicas(t, err));
-    if (t->ps) CH_TRY(start_servers(t, err));
+    if (t->ps) {
+        const ch_model *m = t->replicas[0].model;
+        CH_TRY(ch_ps_attach(t->ps, m->nparams, m->ntensors + 1, err));
+        CH_TRY(ch_trainer_ps_hand_over(t, false, "set-up, the parameter servers' start", err));
+    }
     /* Before the first step's sums; error feedback keeps one value per gradient. */
     if (t->mpi_grads)
         CH_TRY(ch_mpi_group_set_compress(t->mpi_grads, t->compress, t->replicas[0].model->nparams, err));

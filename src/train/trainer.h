@@ -95,6 +95,10 @@ void ch_trainer_slice(int n, int nreplicas, int r, int *offset, int *count);
  * start, a loaded checkpoint, a fetched state), so that no push overtakes it. Collective over the
  * workers; what names it for the timeout. */
 ch_status ch_trainer_ps_barrier(ch_trainer *t, const char *what, ch_err *err);
+/* --ps-servers: rank 0 gives the servers global replica 0's parameters (and, with_state, its
+ * optimizer state) with the optimizer's step count, and every worker waits until they hold them
+ * (ch_trainer_ps_barrier). At the start and after a checkpoint is loaded. Collective. */
+ch_status ch_trainer_ps_hand_over(ch_trainer *t, bool with_state, const char *what, ch_err *err);
 
 /* trainer_ckpt.c: the trainer's side of checkpoints. */
 /* Checkpoint DIR/name of the run at pos into cfg.checkpoint_dir (rank 0 writes; others return). */

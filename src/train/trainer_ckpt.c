@@ -61,23 +61,6 @@ static ch_status gather_full_state(ch_trainer *t, ch_real **full, ch_err *err)
     return crew_status(t, err);
 }
 
-/* Host copies of global replica 0's parameters and of its optimizer state (state[b], NULL past
- * nstate), for the servers; the caller frees them. */
-static ch_status host_copies(ch_trainer *t, ch_real **params, ch_real **state, ch_err *err)
-{
-    const ch_replica *r0 = &t->replicas[0];
-    const size_t P = r0->model->nparams;
-    *params = malloc(sizeof(ch_real) * (P + 1));
-    CH_CHECK_ALLOC(err, *params);
-    ch_backend_download(r0->be, *params, r0->model->params, sizeof(ch_real) * P);
-    for (int b = 0; b < r0->opt.nstate; b++) {
-        state[b] = malloc(sizeof(ch_real) * (P + 1));
-        CH_CHECK_ALLOC(err, state[b]);
-        ch_backend_download(r0->be, state[b], r0->opt.state[b], sizeof(ch_real) * P);
-    }
-    return CH_STATUS_OK;
-}
-
 /* --ps-servers: the servers' optimizer state and step count into global replica 0 (rank 0), so
  * that the checkpoint holds it as an allreduce run's does. Every worker waits until rank 0 has it:
  * in async mode another worker's next push would otherwise move the state past the parameters. */
@@ -192,19 +175,6 @@ static ch_status share_shards(ch_trainer *t, ch_ckpt_staged *s, ch_err *err)
     return CH_STATUS_OK;
 }
 
-/* --ps-servers: the loaded parameters, optimizer state (when the file had it) and step count to
- * the servers (rank 0). */
-static ch_status give_servers(ch_trainer *t, bool with_state, ch_err *err)
-{
-    ch_real *params = NULL, *state[CH_OPTIM_MAX_STATE] = { 0 };
-    const ch_optim *o = &t->replicas[0].opt;
-    ch_status st = host_copies(t, &params, state, err);
-    if (st == CH_STATUS_OK) st = ch_ps_put_state(t->ps, params, state, with_state ? o->nstate : 0, o->steps, err);
-    free(params);
-    for (int b = 0; b < CH_OPTIM_MAX_STATE; b++) free(state[b]);
-    return st;
-}
-
 ch_status ch_trainer_load_checkpoint(ch_trainer *t, const char *path, const char *weights,
                                      ch_ckpt_position *pos, ch_err *err)
 {
@@ -223,8 +193,7 @@ ch_status ch_trainer_load_checkpoint(ch_trainer *t, const char *path, const char
             t->replicas[r].opt.steps = state ? (long)s.opt_steps : 0;
         st = share_with_replicas(t, err);
         if (st == CH_STATUS_OK && sharded && state) st = share_shards(t, &s, err);
-        if (st == CH_STATUS_OK && t->ps && !weights && t->proc == 0) st = give_servers(t, state, err);
-        if (st == CH_STATUS_OK && t->ps && !weights) st = ch_trainer_ps_barrier(t, "loading a checkpoint", err);
+        if (st == CH_STATUS_OK && t->ps && !weights) st = ch_trainer_ps_hand_over(t, state, "loading a checkpoint", err);
     }
     if (st == CH_STATUS_OK && pos) *pos = s.pos;
     ch_checkpoint_staged_free(&s);
