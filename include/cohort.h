@@ -381,6 +381,11 @@ ch_status ch_trainer_resume(ch_trainer *t, const char *path, ch_err *err);
  * where the last checkpoint stood. Rank 0's folder decides for every rank. A `latest` whose
  * checkpoint cannot be loaded is an error, never a fresh start. Collective. */
 ch_status ch_trainer_resume_auto(ch_trainer *t, const char *dir, bool *resumed, ch_err *err);
+/* A run that starts afresh (no resume) with cfg.checkpoint_dir: unless overwrite, refuse a folder
+ * that already holds checkpoints (a `latest`, an epoch-* or step-* entry), which the run's own
+ * would replace: CH_STATUS_BAD_INPUT naming the folder and what it holds, on every rank alike.
+ * Rank 0's folder decides. Collective. */
+ch_status ch_trainer_start_fresh(ch_trainer *t, bool overwrite, ch_err *err);
 /* Weights and buffers only, from a safetensors state_dict (cohort's model.safetensors, or one
  * exported from PyTorch; a `module.` prefix is stripped). Collective. */
 ch_status ch_trainer_load_weights(ch_trainer *t, const char *file, ch_err *err);

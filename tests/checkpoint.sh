@@ -171,6 +171,37 @@ expect() { # needle -- command
         [ "$(grep -cv 'WARNING: AddressSanitizer failed to allocate' "$tmp/err")" -eq 1 ]
     rc=$?; ok "$* -> exit $got, want 2 and '$needle': $(cat "$tmp/err")" $rc
 }
+# Nothing of the user's is lost: a latest that exists but cannot be read (a dangling symlink, a
+# symlink loop) is an error, never a fresh start; a fresh run into a folder that holds another
+# run's checkpoints is refused unless --overwrite (or --resume), with or without a latest; and
+# every refusal leaves the folder as it was.
+contents() { (cd "$1" && find . -mindepth 1 -not -name '.cohort*' | sort | while read -r f; do
+    if [ -L "$f" ]; then echo "$f -> $(readlink "$f")"; elif [ -f "$f" ]; then md5sum "$f"; else echo "$f/"; fi
+    done | md5sum); }
+for kind in dangling loop nolatest fresh; do
+    rm -rf "$tmp/keep_$kind"; cp -r "$tmp/two" "$tmp/keep_$kind"
+    case $kind in
+        dangling) rm "$tmp/keep_$kind/latest"; ln -s epoch-0042 "$tmp/keep_$kind/latest"; flags=(--resume auto) ;;
+        loop) rm "$tmp/keep_$kind/latest"; ln -s latest "$tmp/keep_$kind/latest"; flags=(--resume auto) ;;
+        nolatest) rm "$tmp/keep_$kind/latest"; flags=(--resume auto) ;;
+        fresh) flags=() ;;
+    esac
+    before=$(contents "$tmp/keep_$kind")
+    "$cohort" "${A[@]}" --epochs 1 --checkpoint-dir "$tmp/keep_$kind" "${flags[@]}" >"$tmp/out" 2>"$tmp/err"; got=$?
+    after=$(contents "$tmp/keep_$kind")
+    case $kind in
+        dangling) needle="latest: a symbolic link that cannot be followed (No such file or directory)" ;;
+        loop) needle="latest: a symbolic link that cannot be followed (Too many levels of symbolic links)" ;;
+        *) needle="already holds checkpoints" ;;
+    esac
+    [ $got -eq 2 ] && [ "$(wc -l <"$tmp/err")" -eq 1 ] && grep -qF -- "$needle" "$tmp/err" && [ "$before" = "$after" ] &&
+        ! grep -q "starting fresh" "$tmp/out"
+    rc=$?; ok "a folder with checkpoints ($kind) is not overwritten: exit $got, $(cat "$tmp/err")" $rc
+done
+"$cohort" "${A[@]}" --epochs 1 --checkpoint-dir "$tmp/keep_fresh" --overwrite >"$tmp/out" 2>&1 &&
+    [ -d "$tmp/keep_fresh/epoch-0001" ] && [ "$(cat "$tmp/keep_fresh/latest")" = epoch-0001 ]
+rc=$?; ok "--overwrite: a fresh run replaces them" $rc
+
 E=(eval --data "$data" --test-limit 100)
 bad() { mkdir -p "$tmp/bad"; rm -f "$tmp/bad"/*; cp "$tmp/two/epoch-0002"/* "$tmp/bad/"; }
 expect "a checkpoint of lenet, but the model is mlp" -- "$cohort" train --model mlp --data "$data" --checkpoint-dir "$tmp/two" --resume --epochs 3

@@ -108,6 +108,13 @@ if [ -n "$pid" ] && kill -9 "$pid"; then
 else
     check "external SIGKILL: no pid for rank 1 in its worker log" 1
 fi
+# A setting every rank refuses alike (the ranks agreed on their flags first): one line, from rank 0,
+# exit 2, no MPI_ABORT banner (it was once printed by each rank, then Open MPI's abort).
+for bad_setting in "--optimizer adam --momentum 0.9" "--precision fp16" "--lr -1" "--bogus-flag"; do
+    timeout 60 "${mpirun[@]}" -np 2 "$cohort" "${T[@]}" $bad_setting >"$tmp/out" 2>&1; got=$?
+    [ $got -eq 2 ] && [ "$(grep -c '^cohort train:' "$tmp/out")" = 1 ] && ! grep -q "MPI_ABORT\|rank 1" "$tmp/out"
+    check "$bad_setting on 2 ranks -> exit $got, one line from rank 0" $?
+done
 # Every rank's worker log says who it is and what it trains on.
 for r in 0 1; do
     grep -q "^rank $r of 2, local rank $r of 2, host $(hostname), pid [0-9]*, devices \[cpu:0\]; per epoch it trains on 30000 of 60000 training samples and evaluates [0-9]* of 10000 test samples" \

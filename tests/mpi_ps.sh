@@ -75,6 +75,27 @@ run ps_mid 3 "${SGD[@]}" --ps-servers 1 --checkpoint-every 20 && rm -rf "$tmp/ps
     echo step-00000040 >"$tmp/ps_mid/latest" && run ps_mid 3 "${SGD[@]}" --ps-servers 1 --checkpoint-every 20 --resume &&
     same ar ps_mid epoch-0002
 
+# A checkpoint that rank 0 refuses at --resume ends the whole job at once, servers too: one line,
+# exit 2, no MPI_ABORT banner (the servers used to wait for a hand-over that never came, for ever).
+resume_refused() { # label needle dir args...
+    local label=$1 needle=$2 dir=$3; shift 3
+    local s=$SECONDS
+    timeout -k 5 30 "${mpirun[@]}" -np 3 "$cohort" "${T[@]}" "${SGD[@]}" --ps-servers 1 --timeout 5 --checkpoint-dir "$dir" \
+        "$@" >"$tmp/rr" 2>&1
+    local got=$? took=$((SECONDS - s))
+    if [ $got -eq 2 ] && [ $took -le 15 ] && [ "$(grep -cF -- "$needle" "$tmp/rr")" = 1 ] && ! grep -q MPI_ABORT "$tmp/rr"
+    then ok; else bad "$label: exit $got after $took s"; cat "$tmp/rr"; fi
+}
+if [ -d "$tmp/ar_e1/epoch-0001" ]; then
+    cp -r "$tmp/ar_e1" "$tmp/rr_opt" && cp -r "$tmp/ar_e1" "$tmp/rr_bad" && cp -r "$tmp/ar_e1" "$tmp/rr_auto"
+    resume_refused "another optimizer" "trained with --optimizer sgd, this run has adam" "$tmp/rr_opt" --resume \
+        --optimizer adam --momentum 0
+    head -c 100 "$tmp/ar_e1/epoch-0002/model.safetensors" >"$tmp/rr_bad/epoch-0002/model.safetensors"
+    resume_refused "a corrupt model.safetensors" "model.safetensors" "$tmp/rr_bad" --resume
+    echo epoch-0009 >"$tmp/rr_auto/latest"
+    resume_refused "--resume auto, latest naming a missing folder" "epoch-0009" "$tmp/rr_auto" --resume auto
+else bad "no checkpoint to resume from"; fi
+
 # Async: the accuracy of allreduce within 3 points, on a subset where lenet gets past 0.9.
 A=(--train-limit 4000 --test-limit 1000 --epochs 3 --lr 0.05 --momentum 0.9)
 run acc_ar 2 "${A[@]}" && run acc_async 3 "${A[@]}" --ps-servers 1 --ps-mode async --log-dir "$tmp/alogs" &&
@@ -120,7 +141,7 @@ s=$SECONDS
 if [ -n "$pid" ]; then kill -STOP "$pid"; fi
 wait $job
 [ -n "$pid" ] && kill -KILL "$pid" 2>/dev/null
-grep -Eq "(the parameters of server rank 2 did not arrive|server rank 2 did not take the gradients) within 6 s" \
+grep -Eq "(the parameters of server rank 2 did not arrive|server rank 2 did not take the gradients) within 6 s \(twice --timeout 3\)" \
     "$tmp/stop_server" &&
     ends "a stuck server" $((SECONDS - s)) "$tmp/stop_server" 2 || { bad "a stuck server"; cat "$tmp/stop_server"; }
 for mode in sync async; do

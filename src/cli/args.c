@@ -8,13 +8,48 @@
 #include "cli/cli.h"
 #include "comm/world.h"
 
+#include <stdarg.h>
+
+/* A refused flag's line on a rank other than 0 of a job: held until ch_cli_parsed knows whether
+ * every rank refused it (then rank 0's line is the one shown). One per process, like argv. */
+static char held_line[1024];
+
+void ch_cli_usage(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    if (ch_world_size() > 1 && ch_world_rank() != 0) vsnprintf(held_line, sizeof held_line, fmt, ap);
+    else vfprintf(stderr, fmt, ap);
+    va_end(ap);
+}
+
+int ch_cli_parsed(const char *cmd, int rc, double timeout_s)
+{
+    if (ch_world_size() == 1) return rc;
+    ch_err err = { 0 };
+    const ch_status mine = rc >= 0 && rc != CH_EXIT_OK ? CH_STATUS_BAD_INPUT : CH_STATUS_OK;
+    if (mine != CH_STATUS_OK) ch_fail(&err, mine, "%.*s", (int)strcspn(held_line, "\n"), held_line);
+    const ch_status st = ch_world_fail_together("start", mine, timeout_s, &err);
+    if (st == CH_STATUS_OK) return rc;
+    if (err.on_every_rank) ch_world_exit(rc);   /* rank 0 said it */
+    if (mine == CH_STATUS_OK) return ch_exit_for(cmd, st, &err);
+    /* This rank alone (or with some others) refused a flag that may differ between ranks. */
+    char who[64];
+    snprintf(who, sizeof who, "cohort %s", cmd);
+    const char *line = held_line[0] ? held_line : "a flag was refused";
+    const size_t skip = strncmp(line, who, strlen(who)) == 0 && line[strlen(who)] == ':' ? strlen(who) + 2 : 0;
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%.*s", (int)strcspn(line + skip, "\n"), line + skip);
+    ch_world_fatal_as(who, rc, msg);
+}
+
 bool ch_arg_int(const char *cmd, const char *flag, const char *s, long lo, long hi, long *out)
 {
     char *end;
     errno = 0;
     long v = strtol(s, &end, 10);
     if (errno || end == s || *end != '\0' || v < lo || v > hi) {
-        fprintf(stderr, "cohort %s: --%s '%s': expected an integer in %ld..%ld\n", cmd, flag, s,
+        ch_cli_usage("cohort %s: --%s '%s': expected an integer in %ld..%ld\n", cmd, flag, s,
                 lo, hi);
         return false;
     }
@@ -29,7 +64,7 @@ bool ch_arg_double(const char *cmd, const char *flag, const char *s, double lo, 
     errno = 0;
     double v = strtod(s, &end);
     if (errno || end == s || *end != '\0' || !isfinite(v) || v < lo || v > hi) {
-        fprintf(stderr, "cohort %s: --%s '%s': expected a number in [%g, %g]\n", cmd, flag, s, lo,
+        ch_cli_usage("cohort %s: --%s '%s': expected a number in [%g, %g]\n", cmd, flag, s, lo,
                 hi);
         return false;
     }

@@ -34,6 +34,14 @@ void ch_cli_print_summary(const struct ch_trainer *t);
 bool ch_arg_int(const char *cmd, const char *flag, const char *s, long lo, long hi, long *out);
 bool ch_arg_double(const char *cmd, const char *flag, const char *s, double lo, double hi,
                    double *out);
+/* A line refusing a flag (printf's format, ending in a newline). In a job of several ranks only
+ * rank 0 prints it at once; the others hold it for ch_cli_parsed. */
+void ch_cli_usage(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* After a subcommand parsed its flags, rc its verdict (< 0 or CH_EXIT_OK: accepted; else the exit
+ * code). Collective in a job of several ranks: when every rank refused, rank 0's line is the one
+ * shown and every rank exits with rc; when some did, each names itself and the job ends; when
+ * none did, returns rc. Alone: returns rc. */
+int ch_cli_parsed(const char *cmd, int rc, double timeout_s);
 /* Map a library status to an exit code after printing "cohort CMD: MESSAGE". In a job of several
  * ranks it names the rank and host, and ends the whole job (ch_world_abort) instead of returning. */
 int ch_exit_for(const char *cmd, ch_status st, const ch_err *err);

@@ -74,15 +74,15 @@ static int parse_eval(int argc, char **argv, eval_opts *o)
         case 's': o->skip_bad = true; break;
         case 'a': o->allow_nonfinite = true; break;
         case 'h': fputs(eval_usage, stdout); return CH_EXIT_OK;
-        default: fprintf(stderr, "cohort eval: unknown or incomplete option (see cohort eval --help)\n"); return CH_EXIT_USAGE;
+        default: ch_cli_usage("cohort eval: unknown or incomplete option (see cohort eval --help)\n"); return CH_EXIT_USAGE;
         }
     }
     if (optind < argc) {
-        fprintf(stderr, "cohort eval: unexpected argument '%s'\n", argv[optind]);
+        ch_cli_usage("cohort eval: unexpected argument '%s'\n", argv[optind]);
         return CH_EXIT_USAGE;
     }
     if (!o->checkpoint || !o->data) {
-        fprintf(stderr, "cohort eval: --checkpoint and --data are required (see cohort eval --help)\n");
+        ch_cli_usage("cohort eval: --checkpoint and --data are required (see cohort eval --help)\n");
         return CH_EXIT_USAGE;
     }
     return -1;
@@ -201,7 +201,7 @@ static int folder_image_size(const eval_opts *o)
 int ch_cmd_eval(int argc, char **argv)
 {
     eval_opts o;
-    int rc = parse_eval(argc, argv, &o);
+    int rc = ch_cli_parsed("eval", parse_eval(argc, argv, &o), 300);
     if (rc >= 0) return rc;
     ch_err err;
     ch_dataset *test = NULL;

@@ -93,6 +93,8 @@ static const char train_usage[] =
     "                        is one, else start: the same command, run again after a failure\n"
     "  --resume [PATH]       continue from PATH (a checkpoint) or from the latest one in\n"
     "                        --checkpoint-dir; --epochs counts the epochs in all\n"
+    "  --overwrite           a fresh run may replace the checkpoints --checkpoint-dir holds\n"
+    "                        (without it, and without --resume, such a folder is refused)\n"
     "  --train-limit N       use only the first N training samples\n"
     "  --test-limit N        evaluate on the first N test samples only\n"
     "  --metrics FILE        append one JSON object per epoch (JSON Lines)\n"
@@ -119,6 +121,7 @@ typedef struct train_opts {
     ch_folder_options folder;
     bool resume_latest;
     bool resume_auto;
+    bool overwrite;             /* a fresh run may replace the checkpoints in --checkpoint-dir */
     long train_limit, test_limit;
     ch_progress_mode progress;
     double progress_interval;
@@ -135,6 +138,7 @@ enum {
     OPT_GAMMA, OPT_MILESTONES, OPT_T_MAX, OPT_ETA_MIN, OPT_WARMUP, OPT_SCALE_LR, OPT_DATASET,
     OPT_RANDOM_CROP, OPT_RANDOM_FLIP, OPT_NORMALIZE, OPT_IMAGE_SIZE, OPT_SKIP_BAD, OPT_ALLOW_NONFINITE,
     OPT_PRECISION, OPT_ACCUM, OPT_SHARES, OPT_GRAD_COMPRESS, OPT_ZERO, OPT_PS_SERVERS, OPT_PS_MODE, OPT_STALENESS,
+    OPT_OVERWRITE,
 };
 
 static const struct option train_long[] = {
@@ -167,6 +171,7 @@ static const struct option train_long[] = {
     { "checkpoint-every", required_argument, NULL, OPT_CKPT_EVERY },
     { "keep", required_argument, NULL, OPT_KEEP },
     { "resume", optional_argument, NULL, OPT_RESUME },
+    { "overwrite", no_argument, NULL, OPT_OVERWRITE },
     { "dry-run", no_argument, NULL, OPT_DRY_RUN },
     { "plot", required_argument, NULL, OPT_PLOT },
     { "trace", required_argument, NULL, OPT_TRACE },
@@ -208,7 +213,7 @@ static bool parse_betas(const char *arg, ch_train_config *cfg)
     char a[64], b[64];
     const char *comma = strchr(arg, ',');
     if (!comma || (size_t)(comma - arg) >= sizeof a || strlen(comma + 1) >= sizeof b) {
-        fprintf(stderr, "cohort train: --betas '%s': expected B1,B2 (for example 0.9,0.999)\n", arg);
+        ch_cli_usage("cohort train: --betas '%s': expected B1,B2 (for example 0.9,0.999)\n", arg);
         return false;
     }
     snprintf(a, sizeof a, "%.*s", (int)(comma - arg), arg);
@@ -284,6 +289,7 @@ static int parse_one(int c, const char *arg, train_opts *o)
         if (!ch_arg_int("train", "keep", arg, 1, 1000000, &v)) return CH_EXIT_USAGE;
         cfg->keep = (int)v;
         return -1;
+    case OPT_OVERWRITE: o->overwrite = true; return -1;
     case OPT_RESUME:
         /* "auto": the folder's latest checkpoint if there is one, else a fresh start ("./auto" is
          * a checkpoint of that name) */
@@ -301,7 +307,7 @@ static int parse_one(int c, const char *arg, train_opts *o)
     case OPT_NO_PROGRESS: o->progress = CH_PROGRESS_NONE; return -1;
     case OPT_PROGRESS:
         if (ch_progress_parse(arg, &o->progress)) return -1;
-        fprintf(stderr, "cohort train: --progress '%s': expected auto, bar, lines or none\n", arg);
+        ch_cli_usage("cohort train: --progress '%s': expected auto, bar, lines or none\n", arg);
         return CH_EXIT_USAGE;
     case OPT_PROGRESS_INTERVAL:
         return ch_arg_double("train", "progress-interval", arg, 0.1, 86400, &o->progress_interval) ? -1 : CH_EXIT_USAGE;
@@ -352,7 +358,7 @@ static int parse_one(int c, const char *arg, train_opts *o)
         return -1;
     case 'h': fputs(train_usage, stdout); return CH_EXIT_OK;
     default:
-        fprintf(stderr, "cohort train: unknown or incomplete option (see cohort train --help)\n");
+        ch_cli_usage("cohort train: unknown or incomplete option (see cohort train --help)\n");
         return CH_EXIT_USAGE;
     }
 }
@@ -373,19 +379,19 @@ static int parse_train(int argc, char **argv, train_opts *o)
         if (rc >= 0) return rc;
     }
     if (optind < argc) {
-        fprintf(stderr, "cohort train: unexpected argument '%s'\n", argv[optind]);
+        ch_cli_usage("cohort train: unexpected argument '%s'\n", argv[optind]);
         return CH_EXIT_USAGE;
     }
     if ((!o->cfg.model && !o->resume && !o->resume_latest && !o->resume_auto) || !o->data) {
-        fprintf(stderr, "cohort train: --model (or --resume) and --data are required (see cohort train --help)\n");
+        ch_cli_usage("cohort train: --model (or --resume) and --data are required (see cohort train --help)\n");
         return CH_EXIT_USAGE;
     }
     if ((o->resume_latest || o->resume_auto) && !o->cfg.checkpoint_dir) {
-        fprintf(stderr, "cohort train: --resume %s needs --checkpoint-dir\n", o->resume_auto ? "auto" : "without a PATH");
+        ch_cli_usage("cohort train: --resume %s needs --checkpoint-dir\n", o->resume_auto ? "auto" : "without a PATH");
         return CH_EXIT_USAGE;
     }
     if ((o->cfg.checkpoint_every || o->cfg.keep) && !o->cfg.checkpoint_dir) {
-        fprintf(stderr, "cohort train: --checkpoint-every and --keep need --checkpoint-dir\n");
+        ch_cli_usage("cohort train: --checkpoint-every and --keep need --checkpoint-dir\n");
         return CH_EXIT_USAGE;
     }
     return -1;
@@ -587,9 +593,7 @@ static ch_status check_outputs(const train_opts *o, ch_err *err)
 static ch_status resumed_model(train_opts *o, ch_graph **g, ch_err *err)
 {
     const char *path = o->resume ? o->resume : o->cfg.checkpoint_dir;
-    char latest[PATH_MAX];
-    snprintf(latest, sizeof latest, "%s/latest", path);
-    if (o->resume_auto && access(latest, F_OK) != 0)
+    if (o->resume_auto && !ch_checkpoint_has_latest(path))
         return ch_fail(err, CH_STATUS_BAD_INPUT, "--resume auto: %s has no checkpoint yet, so --model is needed to "
                        "start", path);
     char normalize[256];
@@ -604,6 +608,7 @@ int ch_cmd_train(int argc, char **argv)
 {
     train_opts o;
     int rc = parse_train(argc, argv, &o);
+    rc = ch_cli_parsed("train", rc, o.cfg.timeout_s > 0 ? o.cfg.timeout_s : 300);
     if (rc >= 0) return rc;
     ch_err err;
     if (check_outputs(&o, &err) != CH_STATUS_OK) return ch_exit_for("train", CH_STATUS_BAD_INPUT, &err);
@@ -630,13 +635,17 @@ int ch_cmd_train(int argc, char **argv)
     const bool server = st == CH_STATUS_OK && ch_trainer_is_ps_server(t);
     if (st == CH_STATUS_OK && !server && (o.resume || o.resume_latest))
         st = ch_trainer_resume(t, o.resume ? o.resume : o.cfg.checkpoint_dir, &err);
+    bool resumed = o.resume || o.resume_latest;
     if (st == CH_STATUS_OK && !server && o.resume_auto) {
-        bool resumed;
         st = ch_trainer_resume_auto(t, o.cfg.checkpoint_dir, &resumed, &err);
+        /* Without latest, epoch folders there are another run's (or one that lost latest). */
+        if (st == CH_STATUS_OK && !resumed) st = ch_trainer_start_fresh(t, o.overwrite, &err);
         if (st == CH_STATUS_OK && ch_world_rank() == 0)
             printf(resumed ? "cohort train: --resume auto: resuming from %s (%d epochs done)\n"
                            : "cohort train: --resume auto: no checkpoint in %s yet, starting fresh\n",
                    o.cfg.checkpoint_dir, ch_trainer_epochs_done(t));
+    } else if (st == CH_STATUS_OK && !server && !resumed && !o.dry_run) {
+        st = ch_trainer_start_fresh(t, o.overwrite, &err);
     }
     if (st == CH_STATUS_OK && !server) log_identity(t, train, test);
     if (st == CH_STATUS_OK && o.metrics && !o.dry_run && ch_world_rank() == 0 && !(metrics = fopen(o.metrics, "a")))

@@ -372,6 +372,14 @@ ch_status ch_mpi_test_p2p(ch_mpi_group *g, ch_request *req, bool *done, ch_err *
     return st;
 }
 
+void ch_mpi_timeout_words(const ch_mpi_group *g, double timeout_s, char *out, size_t len)
+{
+    const double k = timeout_s / g->timeout_s;
+    if (k == 1) snprintf(out, len, "%g s (--timeout)", timeout_s);
+    else if (k == 2) snprintf(out, len, "%g s (twice --timeout %g)", timeout_s, g->timeout_s);
+    else snprintf(out, len, "%g s (%g x --timeout %g)", timeout_s, k, g->timeout_s);
+}
+
 ch_status ch_mpi_wait(ch_mpi_group *g, ch_request *req, double timeout_s, const char *what, ch_err *err)
 {
     const double t0 = ch_clock_s();
@@ -380,9 +388,9 @@ ch_status ch_mpi_wait(ch_mpi_group *g, ch_request *req, double timeout_s, const 
         CH_TRY(ch_mpi_test_p2p(g, req, &done, err));
         if (done) return CH_STATUS_OK;
         if ((round & 63) == 63 && ch_clock_s() - t0 > timeout_s) {
-            char msg[512];
-            snprintf(msg, sizeof msg, "%s did not arrive within %g s (--timeout): a rank is stuck or gone", what,
-                     timeout_s);
+            char msg[512], why[96];
+            ch_mpi_timeout_words(g, timeout_s, why, sizeof why);
+            snprintf(msg, sizeof msg, "%s did not arrive within %s: a rank is stuck or gone", what, why);
             ch_world_fatal(1, msg);
         }
         ch_poll_pause(round);

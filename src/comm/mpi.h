@@ -43,6 +43,9 @@ typedef struct ch_mpi_msg {
     size_t bytes;
 } ch_mpi_msg;
 
+/* "10 s (twice --timeout 5)": how a wait of timeout_s stands to the group's --timeout, for messages. */
+void ch_mpi_timeout_words(const ch_mpi_group *g, double timeout_s, char *out, size_t len);
+
 #ifdef CH_HAVE_MPI
 /* Send or receive bytes (under 2 GiB) to or from rank peer of g with tag; req completes it. */
 ch_status ch_mpi_isend(ch_mpi_group *g, const void *buf, size_t bytes, int peer, int tag, ch_request *req,

@@ -238,3 +238,31 @@ ch_status ch_world_agree(const char *what, const char *const *names, const char 
     err->speaks = world.rank == speaker;
     return st;
 }
+
+ch_status ch_world_fail_together(const char *what, ch_status st, double timeout_s, ch_err *err)
+{
+    if (world.size == 1 || !world.mpi) return st;
+    const uint64_t mine[1] = { st != CH_STATUS_OK };
+    uint64_t *all = malloc(sizeof(uint64_t) * (size_t)world.size);
+    if (!all) return ch_fail(err, CH_STATUS_SYSTEM, "%s: allocation of %d ranks' verdicts failed", what, world.size);
+    ch_err e2;
+    const ch_status got = ch_mpi_world_allgather_u64(mine, 1, all, timeout_s, what, &e2);
+    int failed = 0, first = -1;
+    for (int r = 0; got == CH_STATUS_OK && r < world.size; r++)
+        if (all[r]) {
+            failed++;
+            if (first < 0) first = r;
+        }
+    free(all);
+    if (got != CH_STATUS_OK) {
+        if (st == CH_STATUS_OK) *err = e2;
+        return st == CH_STATUS_OK ? got : st;
+    }
+    if (failed == world.size) {
+        err->on_every_rank = true;
+        err->speaks = world.rank == 0;
+        return st;
+    }
+    if (st != CH_STATUS_OK || failed == 0) return st;
+    return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: rank %d refused what this rank accepted", what, first);
+}

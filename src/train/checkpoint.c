@@ -482,6 +482,32 @@ ch_status ch_checkpoint_check_path(const char *path, ch_err *err) { return check
 
 /* ---- loading ------------------------------------------------------------------------------ */
 
+bool ch_checkpoint_has_latest(const char *dir)
+{
+    char probe[PATH_MAX];
+    struct stat st;
+    join(probe, sizeof probe, dir, "latest");
+    return lstat(probe, &st) == 0;
+}
+
+bool ch_checkpoint_find_any(const char *dir, char *name, size_t len)
+{
+    if (ch_checkpoint_has_latest(dir)) {
+        snprintf(name, len, "latest");
+        return true;
+    }
+    DIR *d = opendir(dir);
+    if (!d) return false;
+    bool found = false;
+    for (struct dirent *e; !found && (e = readdir(d));)
+        if (strncmp(e->d_name, "epoch-", 6) == 0 || strncmp(e->d_name, "step-", 5) == 0) {
+            snprintf(name, len, "%s", e->d_name);
+            found = true;
+        }
+    closedir(d);
+    return found;
+}
+
 ch_status ch_checkpoint_resolve(const char *path, char *out, size_t len, ch_err *err)
 {
     CH_TRY(check_length(path, err));
@@ -492,8 +518,12 @@ ch_status ch_checkpoint_resolve(const char *path, char *out, size_t len, ch_err 
         return CH_STATUS_OK;
     }
     join(probe, sizeof probe, path, "latest");
-    if (access(probe, F_OK) != 0)
+    if (!ch_checkpoint_has_latest(path))
         return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: no checkpoint here (no trainer.json, no latest)", path);
+    struct stat st;
+    if (stat(probe, &st) != 0)   /* there (lstat), but a symlink that leads nowhere or loops */
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: a symbolic link that cannot be followed (%s): name a checkpoint "
+                       "with --resume DIR/epoch-NNNN, or repair latest", probe, strerror(errno));
     char *name = read_text(probe, 255, err);
     if (!name) return CH_STATUS_BAD_INPUT;
     name[strcspn(name, "\r\n")] = 0;

@@ -78,6 +78,12 @@ ch_status ch_checkpoint_check_path(const char *path, ch_err *err);
 /* Export straight from a checkpoint directory (no data set needed): its model.safetensors is read,
  * checked against the architecture in its trainer.json, and written to file. */
 ch_status ch_checkpoint_export_dir(const char *path, const char *file, ch_err *err);
+/* DIR/latest exists as an entry (lstat: a dangling or looping symlink counts, and is an error
+ * where it is read, never a reason to start afresh). */
+bool ch_checkpoint_has_latest(const char *dir);
+/* What of a run's checkpoints dir holds ("latest", else the first epoch-* or step-* entry) into
+ * name; false when it holds none (or cannot be read: nothing to lose there). */
+bool ch_checkpoint_find_any(const char *dir, char *name, size_t len);
 /* Resolve a --resume/--checkpoint argument: DIR/NAME as given, or DIR's latest. */
 ch_status ch_checkpoint_resolve(const char *path, char *out, size_t len, ch_err *err);
 /* The graph a checkpoint (a directory, or one with latest) keeps in graph.json, rebuilt; *out is

@@ -133,9 +133,10 @@ static ch_status push_test(ch_comm *c, ch_request *req, bool *done, ch_err *err)
         return CH_STATUS_OK;
     }
     if (ch_clock_s() - req->started > 2 * ps->cfg.timeout_s) {
-        char msg[512];
-        snprintf(msg, sizeof msg, "%s: server rank %d did not take the gradients within %g s (--timeout): a server "
-                 "is stuck or gone", req->what[0] ? req->what : "a push", waiting_for, 2 * ps->cfg.timeout_s);
+        char msg[512], why[96];
+        ch_mpi_timeout_words(ps->g, 2 * ps->cfg.timeout_s, why, sizeof why);
+        snprintf(msg, sizeof msg, "%s: server rank %d did not take the gradients within %s: a server "
+                 "is stuck or gone", req->what[0] ? req->what : "a push", waiting_for, why);
         ch_world_fatal(1, msg);
     }
     return CH_STATUS_OK;
@@ -248,6 +249,14 @@ ch_status ch_ps_stop(ch_ps *ps, ch_err *err)
 {
     for (int s = 0; s < ps->cfg.servers; s++)
         CH_TRY(ask(ps, s, CH_PS_TAG_STOP, 0, 0, NULL, 0, "the end of the run", err));
+    return CH_STATUS_OK;
+}
+
+ch_status ch_ps_abandon(ch_ps *ps, ch_status why, ch_err *err)
+{
+    if (ps->rank != 0) return CH_STATUS_OK;
+    for (int s = 0; s < ps->cfg.servers; s++)
+        CH_TRY(ask(ps, s, CH_PS_TAG_ABANDON, why, 0, NULL, 0, "the news that the workers give up", err));
     return CH_STATUS_OK;
 }
 

@@ -73,6 +73,9 @@ ch_status ch_ps_pull(ch_ps *ps, ch_real *params, ch_err *err);
 ch_status ch_ps_claim(ch_ps *ps, int epoch, int64_t *unit, ch_err *err);
 /* async, at an epoch's end: wait until every worker is done, then params <- the servers' shards. */
 ch_status ch_ps_flush(ch_ps *ps, ch_real *params, ch_err *err);
+/* Rank 0 (a no-op elsewhere): the workers end the job on an error every one of them holds, of
+ * status why; each server stops waiting for them and fails with the same status, saying nothing. */
+ch_status ch_ps_abandon(ch_ps *ps, ch_status why, ch_err *err);
 /* Rank 0: each server's shard of params and, with nstate > 0, of the optimizer state (host
  * memory, nparams each), and the optimizer's step count. */
 ch_status ch_ps_put_state(ch_ps *ps, const ch_real *params, ch_real *const *state, int nstate, long steps,

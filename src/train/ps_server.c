@@ -30,6 +30,7 @@ typedef struct server {
     double *since;          /* W: when the worker's wait began (sync: the step's first push) */
     ch_request *sends;      /* W: the last parameters sent to each worker */
     bool started;           /* the first SET has come */
+    double begun;           /* when serving began: the first SET is due within the timeout */
     ch_optim opt;
     bool opt_ready;
     int stopped;
@@ -292,8 +293,15 @@ static ch_status take_claim(server *sv, int w, ch_err *err)
 /* Nothing came for a while: past the timeout, name who the server has been waiting for. */
 static void check_waits(server *sv)
 {
-    if (!sv->started) return;   /* nothing allocated yet: rank 0 is still setting up */
     const double now = ch_clock_s(), limit = sv->ps->cfg.timeout_s;
+    if (!sv->started) {
+        /* Rank 0 sets up what the server was spared (its replicas, their plans): that is seconds. */
+        if (now - sv->begun <= limit) return;
+        char msg[256];
+        snprintf(msg, sizeof msg, "parameter server %d: rank 0 sent no starting parameters within %g s (--timeout): "
+                 "rank 0 is stuck or gone", sv->index + 1, limit);
+        ch_world_fatal(1, msg);
+    }
     char who[256] = "";
     const bool sync = sv->ps->cfg.mode == CH_PS_SYNC;
     bool any = false, late = false;
@@ -316,8 +324,23 @@ static void check_waits(server *sv)
     ch_world_fatal(1, msg);
 }
 
+/* Rank 0 says the workers end the job on an error each of them holds (rank 0 alone says it):
+ * end with their status, quietly. */
+static ch_status take_abandon(server *sv, int source, ch_err *err)
+{
+    if (source != 0) return ch_fail(err, CH_STATUS_SYSTEM, "an abandon from rank %d, not rank 0", source);
+    int64_t why;
+    CH_TRY(recv_from(sv, &why, sizeof why, source, CH_PS_TAG_ABANDON, "the workers' verdict", err));
+    ch_status st = ch_fail(err, why == CH_STATUS_BAD_INPUT ? CH_STATUS_BAD_INPUT : CH_STATUS_SYSTEM,
+                           "parameter server %d: the workers ended the job", sv->index + 1);
+    err->on_every_rank = true;
+    err->speaks = false;
+    return st;
+}
+
 static ch_status dispatch(server *sv, const ch_optim_config *oc, const ch_mpi_msg *m, ch_err *err)
 {
+    if (m->tag == CH_PS_TAG_ABANDON) return take_abandon(sv, m->source, err);
     if (!sv->started && m->tag != CH_PS_TAG_SET_HDR)
         return ch_fail(err, CH_STATUS_SYSTEM, "rank %d spoke (tag %d) before rank 0 sent the parameters", m->source,
                        m->tag);
@@ -346,7 +369,7 @@ static ch_status dispatch(server *sv, const ch_optim_config *oc, const ch_mpi_ms
 ch_status ch_ps_serve(ch_ps *ps, const ch_optim_config *oc, int64_t units_per_epoch, ch_err *err)
 {
     server sv = { .ps = ps, .be = ch_backend_host(), .index = ps->rank - ps->workers, .W = ps->workers,
-                  .units = units_per_epoch, .unit_epoch = -1 };
+                  .units = units_per_epoch, .unit_epoch = -1, .begun = ch_clock_s() };
     ch_status st = CH_STATUS_OK;
     for (int round = 0; st == CH_STATUS_OK && sv.stopped < sv.W;) {
         bool found = false;

@@ -11,7 +11,10 @@
  *   FLUSH               worker -> server: int64 0, the worker's epoch is over (async)
  *   GET -> STATE_HDR, STATE_DATA   rank 0 -> server: int64 0; the answer: ch_ps_state_hdr, then
  *                       nstate buffers of optimizer state
- *   STOP                worker -> server: int64 0, the worker is done */
+ *   STOP                worker -> server: int64 0, the worker is done
+ *   ABANDON             rank 0 -> server: int64 ch_status; the workers end the job together on an
+ *                       error each of them holds (a checkpoint rank 0 refused, a bad setting), so
+ *                       no start, push or stop will come: the server ends quietly with that status */
 #ifndef CH_TRAIN_PS_WIRE_H
 #define CH_TRAIN_PS_WIRE_H
 
@@ -20,7 +23,7 @@
 enum {
     CH_PS_TAG_SET_HDR = 1, CH_PS_TAG_SET_DATA, CH_PS_TAG_PUSH_HDR, CH_PS_TAG_PUSH_DATA, CH_PS_TAG_PARAMS,
     CH_PS_TAG_CLAIM, CH_PS_TAG_UNIT, CH_PS_TAG_FLUSH, CH_PS_TAG_GET, CH_PS_TAG_STATE_HDR, CH_PS_TAG_STATE_DATA,
-    CH_PS_TAG_STOP, CH_PS_TAG_ACK,
+    CH_PS_TAG_STOP, CH_PS_TAG_ACK, CH_PS_TAG_ABANDON,
 };
 
 typedef struct ch_ps_push_hdr {

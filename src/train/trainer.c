@@ -84,8 +84,16 @@ static ch_status check_ps(const ch_train_config *c, ch_err *err)
                           : c->loader_workers > 0 ? "-j (the loader plans a fixed part of every step)"
                           : c->trace ? "--trace (the ranks merge their parts after the same steps)" : NULL;
     if (refused) return ch_fail(err, CH_STATUS_BAD_INPUT, "--ps-mode async does not go with %s", refused);
+    ch_device_list devs;
+    CH_TRY(ch_device_list_parse(c->devices ? c->devices : "cpu:0", &devs, err));
+    if (devs.count > 1)
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "--ps-mode async: one device per worker rank (give each device "
+                       "its own rank)");
     return CH_STATUS_OK;
 }
+
+static ch_status optim_config(const ch_train_config *c, ch_optim_config *o, ch_err *err);
+static ch_status schedule_config(const ch_train_config *c, ch_schedule *s, ch_err *err);
 
 static ch_status check_config(const ch_train_config *c, ch_err *err)
 {
@@ -126,6 +134,10 @@ static ch_status check_config(const ch_train_config *c, ch_err *err)
                        c->checkpoint_every, c->keep);
     if (!(c->timeout_s >= 0 && c->timeout_s <= 1e6))
         return ch_fail(err, CH_STATUS_BAD_INPUT, "timeout %g s, expected 0..1000000", c->timeout_s);
+    ch_optim_config oc;
+    CH_TRY(optim_config(c, &oc, err));
+    ch_schedule sched;
+    CH_TRY(schedule_config(c, &sched, err));
     return check_ps(c, err);
 }
 
@@ -500,9 +512,6 @@ static ch_status setup(ch_trainer *t, ch_err *err)
         CH_TRY(ch_zoo_graph(t->model_name, (ch_shape3){ d->c, d->h, d->w }, d->classes, &t->zoo_graph, err));
     if (t->ps_server) return serve(t, err);
     const int D = t->nreplicas, B = t->cfg.batch_size, R = t->procs * D;
-    if (t->ps && ch_ps_mode_of(t->ps) == CH_PS_ASYNC && D > 1)
-        return ch_fail(err, CH_STATUS_BAD_INPUT, "--ps-mode async: one device per worker rank (give each device "
-                       "its own rank)");
     CH_TRY(ch_shares_init(&t->shares, t->cfg.shares, t->procs, D, err));
     t->counts = malloc(sizeof *t->counts * (size_t)R);
     t->offsets = malloc(sizeof *t->offsets * (size_t)R);
@@ -571,7 +580,13 @@ static ch_status setup(ch_trainer *t, ch_err *err)
 ch_status ch_trainer_create(const ch_train_config *cfg, const ch_dataset *train,
                             const ch_dataset *test, ch_trainer **out, ch_err *err)
 {
-    CH_TRY(check_config(cfg, err));
+    /* The ranks agreed on their settings (the CLI compares its flags first), so a setting refused is
+     * refused by every rank: one line from rank 0 and a clean exit, not one per rank and an abort. */
+    ch_status st = check_config(cfg, err);
+    if (!cfg->local_only)
+        st = ch_world_fail_together("set-up", st, cfg->timeout_s > 0 && cfg->timeout_s <= 1e6 ? cfg->timeout_s : 300,
+                                    err);
+    CH_TRY(st);
     ch_trainer *t = calloc(1, sizeof *t);
     CH_CHECK_ALLOC(err, t);
     t->ckpt_lock = -1;
@@ -605,7 +620,7 @@ ch_status ch_trainer_create(const ch_train_config *cfg, const ch_dataset *train,
     t->ps_part = -1;
     t->train = train;
     t->test = test;
-    ch_status st = setup(t, err);
+    st = setup(t, err);
     /* The caller's strings were borrowed for parsing only. */
     t->cfg.devices = t->devices_text;
     t->cfg.shares = NULL;   /* t->shares holds them */
@@ -988,7 +1003,25 @@ static ch_status train_claimed(ch_trainer *t, size_t *seen, double *loss, int64_
     return CH_STATUS_OK;
 }
 
+ch_status ch_trainer_ps_give_up(ch_trainer *t, ch_status st, const ch_err *err)
+{
+    /* A failure of one rank ends the job through MPI_Abort; one that every worker holds ends
+     * each of them with a clean exit, for which the servers would wait for ever. */
+    if (st == CH_STATUS_OK || !t->ps || t->ps_server || !err->on_every_rank || t->abandoned) return st;
+    t->abandoned = true;
+    ch_err e2;
+    if (ch_ps_abandon(t->ps, st, &e2) != CH_STATUS_OK) ch_world_fatal(1, e2.msg);
+    return st;
+}
+
+static ch_status run_epoch(ch_trainer *t, ch_epoch_stats *s, ch_err *err);
+
 ch_status ch_trainer_run_epoch(ch_trainer *t, ch_epoch_stats *s, ch_err *err)
+{
+    return ch_trainer_ps_give_up(t, run_epoch(t, s, err), err);
+}
+
+static ch_status run_epoch(ch_trainer *t, ch_epoch_stats *s, ch_err *err)
 {
     CH_TRY(check_usable(t, err));
     const ch_dataset *d = t->train;
@@ -1062,7 +1095,7 @@ ch_status ch_trainer_resume(ch_trainer *t, const char *path, ch_err *err)
 {
     CH_TRY(check_usable(t, err));
     ch_ckpt_position p;
-    ch_status st = ch_trainer_load_checkpoint(t, path, NULL, &p, err);
+    ch_status st = ch_trainer_ps_give_up(t, ch_trainer_load_checkpoint(t, path, NULL, &p, err), err);
     if (st != CH_STATUS_OK) {
         /* Checks fail before anything is copied; only a failed exchange leaves replicas apart. */
         for (int r = 0; r < t->nreplicas; r++)

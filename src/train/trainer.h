@@ -67,6 +67,7 @@ struct ch_trainer {
     double lr;              /* the learning rate of the next step (the schedule's) */
     ch_schedule sched;
     bool broken;            /* a replica failed: the replicas may disagree, no more steps */
+    bool abandoned;         /* the servers were told that the workers end the job */
     ch_err broken_err;
     ch_progress_fn progress;
     void *progress_user;
@@ -99,6 +100,9 @@ ch_status ch_trainer_ps_barrier(ch_trainer *t, const char *what, ch_err *err);
  * optimizer state) with the optimizer's step count, and every worker waits until they hold them
  * (ch_trainer_ps_barrier). At the start and after a checkpoint is loaded. Collective. */
 ch_status ch_trainer_ps_hand_over(ch_trainer *t, bool with_state, const char *what, ch_err *err);
+/* --ps-servers: st, unchanged; when it is a failure every worker holds (err->on_every_rank),
+ * rank 0 first tells the servers that no more will come, so they end too (once per run). */
+ch_status ch_trainer_ps_give_up(ch_trainer *t, ch_status st, const ch_err *err);
 
 /* trainer_ckpt.c: the trainer's side of checkpoints. */
 /* Checkpoint DIR/name of the run at pos into cfg.checkpoint_dir (rank 0 writes; others return). */

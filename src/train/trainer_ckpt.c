@@ -207,7 +207,7 @@ ch_status ch_trainer_resume_auto(ch_trainer *t, const char *dir, bool *resumed, 
     if (snprintf(probe, sizeof probe, "%s/latest", dir) >= (int)sizeof probe)
         return ch_fail(err, CH_STATUS_BAD_INPUT, "--checkpoint-dir: the path is too long");
     /* Rank 0 writes the checkpoints, so its folder is the one that counts. */
-    double found[1] = { t->proc == 0 && access(probe, F_OK) == 0 };
+    double found[1] = { t->proc == 0 && ch_checkpoint_has_latest(dir) };
     if (t->procs > 1) {
         snprintf(t->main_comm.what, sizeof t->main_comm.what, "--resume auto: looking for a checkpoint");
         CH_TRY(ch_comm_allreduce_sum_f64(&t->main_comm, found, 1, err));
@@ -215,4 +215,23 @@ ch_status ch_trainer_resume_auto(ch_trainer *t, const char *dir, bool *resumed, 
     if (found[0] == 0) return CH_STATUS_OK;
     *resumed = true;
     return ch_trainer_resume(t, dir, err);
+}
+
+ch_status ch_trainer_start_fresh(ch_trainer *t, bool overwrite, ch_err *err)
+{
+    const char *dir = t->cfg.checkpoint_dir;
+    if (!dir || overwrite) return CH_STATUS_OK;
+    char held[256] = "";
+    double found[1] = { t->proc == 0 && ch_checkpoint_find_any(dir, held, sizeof held) };
+    if (t->procs > 1) {
+        snprintf(t->main_comm.what, sizeof t->main_comm.what, "looking for earlier checkpoints");
+        CH_TRY(ch_comm_allreduce_sum_f64(&t->main_comm, found, 1, err));
+    }
+    if (found[0] == 0) return CH_STATUS_OK;
+    ch_status st = ch_fail(err, CH_STATUS_BAD_INPUT, "--checkpoint-dir %s already holds checkpoints (%s), which this "
+                           "fresh run would replace: --resume to continue that run, --overwrite to replace them, "
+                           "or another folder", dir, held);
+    err->on_every_rank = true;
+    err->speaks = t->proc == 0;
+    return ch_trainer_ps_give_up(t, st, err);
 }
