@@ -62,6 +62,16 @@ mkdir "$tmp/other"; cp "$tmp/lognet.onnx" "$tmp/other/densenet.onnx"
 expect "the checkpoint's model (its graph.json) is not this run's graph" -- \
     "$cohort" train --model "$tmp/other/densenet.onnx" --resume "$tmp/ck" "${T[@]}" --epochs 3
 expect "a checkpoint of" -- "$cohort" train --model lenet --resume "$tmp/ck" "${T[@]}" --epochs 3
+# cohort eval --model FILE beside a checkpoint reads FILE: the same graph evaluates as without it,
+# another graph, a missing file and random bytes are refused (FILE was once ignored, exit 0).
+"$cohort" eval --checkpoint "$tmp/ck" --model "$tmp/gone.onnx" --data "$data/fashion-mnist" --test-limit 256 >"$tmp/eval2"
+grep -q "test acc $acc " "$tmp/eval2" || fail "eval --model (the same graph) says '$(cat "$tmp/eval2")', want $acc"
+E2=(--data "$data/fashion-mnist" --test-limit 64)
+expect "is not $tmp/other/densenet.onnx's graph" -- "$cohort" eval --checkpoint "$tmp/ck" --model "$tmp/other/densenet.onnx" "${E2[@]}"
+expect "$tmp/missing.onnx" -- "$cohort" eval --checkpoint "$tmp/ck" --model "$tmp/missing.onnx" "${E2[@]}"
+head -c 3000 /dev/urandom >"$tmp/random.onnx"
+expect "$tmp/random.onnx" -- "$cohort" eval --checkpoint "$tmp/ck" --model "$tmp/random.onnx" "${E2[@]}"
+expect "a checkpoint of densenet, not lenet" -- "$cohort" eval --checkpoint "$tmp/ck" --model lenet "${E2[@]}"
 g=$tmp/ck/epoch-0002/graph.json
 cp "$g" "$tmp/graph.orig"
 edit() { "$py" -c "import json,sys; d=json.load(open('$g')); $1; json.dump(d, open('$g','w'))"; }

@@ -9,6 +9,8 @@
 #include "comm/world.h"
 #include "core/status.h"
 #include "data/augment.h"
+#include "graph/graph.h"
+#include "graph/graph_json.h"
 #include "train/checkpoint.h"
 
 static const char eval_usage[] =
@@ -113,14 +115,38 @@ static void print_result(ch_trainer *t, double loss, double acc, size_t n, const
 
 static ch_status evaluate_graph(const eval_opts *o, const ch_graph *g, ch_dataset *test, ch_err *err);
 
-/* The model: a checkpoint's graph.json or zoo name; for a bare file, --model (a name or an ONNX
- * file, whose weights are then replaced by the file's). */
+/* --model X.onnx beside a checkpoint directory: X's graph must be the one the checkpoint keeps in
+ * graph.json, up to the graph's name, which an import takes from the file's (a zoo checkpoint is
+ * refused by name in evaluate_graph). */
+static ch_status check_same_graph(const eval_opts *o, ch_graph *given, const ch_graph *kept, ch_err *err)
+{
+    if (!given || !kept) return CH_STATUS_OK;
+    snprintf(given->name, sizeof given->name, "%s", kept->name);
+    uint64_t a, b;
+    CH_TRY(ch_graph_fingerprint(given, &a, err));
+    CH_TRY(ch_graph_fingerprint(kept, &b, err));
+    if (a != b)
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: the checkpoint's model (its graph.json, '%s') is not %s's graph; "
+                       "leave --model out to evaluate the checkpoint's own", o->checkpoint, kept->name, o->model);
+    return CH_STATUS_OK;
+}
+
+/* The model: a checkpoint's graph.json or zoo name, which --model, when given, must match; for a
+ * bare file, --model (a name or an ONNX file, whose weights are then replaced by the file's). */
 static ch_status evaluate(const eval_opts *o, ch_dataset *test, ch_err *err)
 {
-    ch_graph *g = NULL;
-    ch_status st = is_file(o->checkpoint) ? (o->model ? ch_cli_model(o->model, &g, err) : CH_STATUS_OK)
-                                          : ch_checkpoint_graph(o->checkpoint, &g, err);
+    ch_graph *given = NULL, *g = NULL;
+    /* An ONNX --model is read in every case: a missing or broken file is an error, never ignored. */
+    ch_status st = o->model ? ch_cli_model(o->model, &given, err) : CH_STATUS_OK;
+    if (st == CH_STATUS_OK && is_file(o->checkpoint)) {
+        g = given;
+        given = NULL;
+    } else if (st == CH_STATUS_OK) {
+        st = ch_checkpoint_graph(o->checkpoint, &g, err);
+        if (st == CH_STATUS_OK) st = check_same_graph(o, given, g, err);
+    }
     if (st == CH_STATUS_OK) st = evaluate_graph(o, g, test, err);
+    ch_graph_free(given);
     ch_graph_free(g);
     return st;
 }
