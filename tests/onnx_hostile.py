@@ -100,6 +100,18 @@ class Shared(nn.Module):
         return self.fc(torch.flatten(self.conv(self.conv(x)), 1))
 
 
+class Between(Net):
+    """Net with one operation (f) between its ReLU and its pooling, as a user writes it."""
+    def __init__(self, f, eps=1e-5):
+        super().__init__()
+        self.f = f
+        self.bn1 = nn.BatchNorm2d(4, eps=eps)
+
+    def forward(self, x):
+        x = F.max_pool2d(self.f(F.relu(self.bn1(self.conv1(x)))), 2)
+        return self.fc(x.view(x.size(0), -1))
+
+
 def export(m, path, training=True, opset=13, channels=1, fold=None):
     torch.manual_seed(0)
     with warnings.catch_warnings():
@@ -198,7 +210,7 @@ def main(out):
         a = numpy_helper.to_array(t).copy()
         a[3] = np.nan
         t.CopyFrom(numpy_helper.from_array(a, "fc.bias"))
-    case("nan_weight", "holds a NaN or an infinity", nan)
+    case("nan_weight", "tensor 'fc.bias' holds nan at element 3", nan)
 
     def external(m):
         t = init(m, "fc.weight")
@@ -282,6 +294,27 @@ def main(out):
         relu.op_type = "HardSigmoid"
         relu.attribute.append(helper.make_attribute("alpha", 0.2))
     case("hardsigmoid_alpha", "only PyTorch's hardsigmoid (alpha 1/6, beta 0.5)", hardsigmoid)
+
+    # Arguments the checkpoint reader (graph.json) would refuse are refused at import: one range
+    # table for the builder, the importer and the reader (training with them once exited 0 and left
+    # checkpoints nothing could load).
+    export(Between(lambda x: x, eps=1e-13), p("bn_eps_tiny"))
+    case("bn_eps_tiny", "(batchnorm): eps 1e-13 is not in 1e-12..1")
+    export(Between(nn.LeakyReLU(2e6)), p("leaky_slope_huge"))
+    case("leaky_slope_huge", "(leaky_relu): negative_slope (as float) 2000000 is not in -1e+06..1e+06")
+    export(Between(lambda x: torch.clamp(x, 0, 1e31)), p("clip_huge"))
+    case("clip_huge", "(clip): max (as float) 9.99999985e+30 is not in -1e+30..1e+30")
+    export(Between(nn.Dropout(0.9999995)), p("dropout_p_huge"))
+    case("dropout_p_huge", "(dropout): p 0.999999523 is not in 0..0.999999")
+    export(Between(lambda x: x / 1e-30), p("divide_tiny"))
+    case("divide_tiny", "(affine): scale (as float) 1.00000002e+30 is not in -1e+30..1e+30")
+
+    def negative_variance(m):
+        t = init(m, "bn1.running_var")
+        a = numpy_helper.to_array(t).copy()
+        a[2] = -0.5
+        t.CopyFrom(numpy_helper.from_array(a, "bn1.running_var"))
+    case("negative_variance", "tensor 'bn1.running_var' holds a negative variance -0.5 at element 2", negative_variance)
 
     export(ExpandIntoConv(), p("expand_into_conv"), opset=14)
     case("expand_into_conv", "(Conv): reads '/Expand_output_0', the output of an Expand")

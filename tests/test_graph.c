@@ -92,7 +92,7 @@ static void builder_refusals(void **state)
     g = fresh();
     x = ch_graph_input(g, "x", 1, 8, 8);
     ch_graph_dropout(g, "d", x, 1.0);
-    expect_error(g, "node 'd' (dropout): p 1 is not in [0, 1)");
+    expect_error(g, "node 'd' (dropout): p 1 is not in 0..0.999999");
 
     g = fresh();
     x = ch_graph_input(g, "x", 1, 8, 8);
@@ -313,6 +313,64 @@ static void json_keeps_every_op(void **state)
     }
 }
 
+/* One op on a 4x6x6 input with argument v; -1 when the builder refuses it. */
+static int one_op(ch_graph *g, int which, double v)
+{
+    const int x = ch_graph_input(g, "x", 4, 6, 6);
+    switch (which) {
+    case 0: return ch_graph_batchnorm2d(g, "n", x, &(ch_batchnorm_args){ .eps = v, .momentum = 0.3 });
+    case 1: return ch_graph_batchnorm2d(g, "n", x, &(ch_batchnorm_args){ .eps = 1e-3, .momentum = v });
+    case 2: return ch_graph_leaky_relu(g, "n", x, v);
+    case 3: return ch_graph_clip(g, "n", x, -1, v);
+    case 4: return ch_graph_clip(g, "n", x, v, INFINITY);
+    case 5: return ch_graph_affine(g, "n", x, v, 0.5);
+    case 6: return ch_graph_affine(g, "n", x, 2, v);
+    default: return ch_graph_dropout(g, "n", x, v);
+    }
+}
+
+/* What is written is always readable: for every real argument, at and around the edges of its
+ * range (and the float roundings that cross them: 1e30 as float is above 1e30), a graph the
+ * builder accepts reads back from graph.json to the same JSON, and the builder refuses what the
+ * reader would. Once the importer took BatchNorm eps 1e-13 or x / 1e-30 and every checkpoint of
+ * the run was refused. */
+static void json_reads_what_the_builder_takes(void **state)
+{
+    (void)state;
+    static const double edges[] = { 0, 1e-13, 1e-12, 9.99e-13, 1e-5, 0.5, 0.999999, 0.9999995, 1, 1.5, 1e6, 1.0000001e6,
+                                    -1e6, 2e6, 1e29, 9.9999997e29, 1e30, 1.00000002e30, -1e30, 1e31, INFINITY, NAN };
+    int accepted = 0, refused = 0;
+    for (int which = 0; which < 8; which++)
+        for (size_t i = 0; i < sizeof edges / sizeof *edges; i++) {
+            const double v = edges[i];
+            ch_graph *g;
+            ch_err err;
+            assert_int_equal(ch_graph_create("edge", &g, &err), CH_STATUS_OK);
+            const int y = one_op(g, which, v);
+            if (y < 0) {
+                refused++;
+                ch_graph_free(g);
+                continue;
+            }
+            accepted++;
+            ch_graph_output(g, ch_graph_linear(g, "fc", ch_graph_flatten(g, "flat", y), 3, true));
+            assert_int_equal(ch_graph_status(g, &err), CH_STATUS_OK);
+            char *text = ch_graph_to_json(g), *again = NULL;
+            assert_non_null(text);
+            ch_graph *back = NULL;
+            if (ch_graph_from_json(text, strlen(text), "edge", &back, &err) != CH_STATUS_OK)
+                fail_msg("op %d, value %.17g: the builder took it, graph.json refuses it: %s", which, v, err.msg);
+            assert_non_null(again = ch_graph_to_json(back));
+            assert_string_equal(text, again);
+            free(text);
+            free(again);
+            ch_graph_free(back);
+            ch_graph_free(g);
+        }
+    /* Both sides of every range are tried. */
+    assert_true(accepted > 40 && refused > 40);
+}
+
 static void fingerprint_follows_the_graph(void **state)
 {
     (void)state;
@@ -350,6 +408,7 @@ int main(void)
         cmocka_unit_test(broadcasting_follows_pytorch),
         cmocka_unit_test(fingerprint_follows_the_graph),
         cmocka_unit_test(json_keeps_every_op),
+        cmocka_unit_test(json_reads_what_the_builder_takes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

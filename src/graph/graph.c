@@ -78,10 +78,27 @@ ch_status ch_graph_status(const ch_graph *g, ch_err *err)
 
 const char *ch_graph_name(const ch_graph *g) { return g->name; }
 
+/* Starting values training cannot start from, refused as a checkpoint's are (checkpoint.c): NaN or
+ * infinity anywhere, a negative running variance (BatchNorm takes its square root). */
+static ch_status check_initial(const char *tensor, const float *v, size_t n, ch_err *err)
+{
+    const size_t len = strlen(tensor);
+    const bool variance = len >= 11 && strcmp(tensor + len - 11, "running_var") == 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(v[i]))
+            return ch_fail(err, CH_STATUS_BAD_INPUT, "tensor '%s' holds %s at element %zu: training cannot start from "
+                           "it", tensor, isnan(v[i]) ? "nan" : v[i] > 0 ? "inf" : "-inf", i);
+        if (variance && v[i] < 0)
+            return ch_fail(err, CH_STATUS_BAD_INPUT, "tensor '%s' holds a negative variance %g at element %zu",
+                           tensor, (double)v[i], i);
+    }
+    return CH_STATUS_OK;
+}
+
 ch_status ch_graph_take_initial(ch_graph *g, const char *tensor, float *data, size_t count, ch_err *err)
 {
-    ch_status st = CH_STATUS_OK;
-    if (strlen(tensor) >= CH_NAME_MAX)
+    ch_status st = check_initial(tensor, data, count, err);
+    if (st == CH_STATUS_OK && strlen(tensor) >= CH_NAME_MAX)
         st = ch_fail(err, CH_STATUS_BAD_INPUT, "tensor name '%.60s...' is longer than %d characters", tensor,
                      CH_NAME_MAX - 1);
     for (int i = 0; st == CH_STATUS_OK && i < g->ninits; i++)
@@ -333,17 +350,44 @@ static int add_node(ch_graph *g, const char *name, ch_gnode *nd, const int *in, 
 
 static ch_gnode node_of(ch_gop op) { return (ch_gnode){ .op = op }; }
 
+/* Why these bounds: eps keeps BatchNorm's 1/sqrt(var + eps) finite in float; slopes, clip bounds
+ * and affine constants stay finite as floats with room to spare; dropout keeps 1/(1 - p) finite;
+ * sizes stay within what the kernels' int arithmetic and the planner take. */
+static const ch_garg_range garg_ranges[CH_GARG_COUNT] = {
+    [CH_GARG_BN_EPS] = { 1e-12, 1 },       [CH_GARG_BN_MOMENTUM] = { 0, 1 },
+    [CH_GARG_LEAKY_ALPHA] = { -1e6, 1e6 }, [CH_GARG_CLIP_BOUND] = { -1e30, 1e30 },
+    [CH_GARG_AFFINE] = { -1e30, 1e30 },    [CH_GARG_DROPOUT_P] = { 0, 0.999999 },
+    [CH_GARG_KERNEL] = { 1, 1 << 12 },     [CH_GARG_STRIDE] = { 1, 1 << 12 },
+    [CH_GARG_PADDING] = { 0, 1 << 12 },    [CH_GARG_DILATION] = { 1, 1 << 12 },
+    [CH_GARG_CHANNELS] = { 1, 1 << 16 },   [CH_GARG_FEATURES] = { 1, 1 << 20 },
+};
+
+ch_garg_range ch_garg_range_of(ch_garg a) { return garg_ranges[a]; }
+
+bool ch_garg_ok(ch_garg a, double v) { return v >= garg_ranges[a].lo && v <= garg_ranges[a].hi; }
+
+/* "node 'n' (op): what v is not in lo..hi" into g; -1. */
+static int refuse_arg(ch_graph *g, const char *name, const char *op, const char *what, double v, ch_garg a)
+{
+    return g ? fail(g, CH_STATUS_BAD_INPUT, "node '%s' (%s): %s %.9g is not in %g..%g", name ? name : "", op, what, v,
+                    garg_ranges[a].lo, garg_ranges[a].hi) : -1;
+}
+
+/* A size argument where 0 means the op's default (stride, dilation, groups). */
+static bool size_ok(ch_garg a, int v, bool zero_default) { return (zero_default && v == 0) || ch_garg_ok(a, v); }
+
 int ch_graph_conv2d(ch_graph *g, const char *name, int x, const ch_conv2d_args *a)
 {
     ch_gnode nd = node_of(CH_GOP_CONV2D);
     if (!a) return g ? fail(g, CH_STATUS_BAD_INPUT, "node '%s' (conv2d): no arguments", name ? name : "") : -1;
     nd.conv = *a;
-    if (a->out_channels < 1 || a->out_channels > MAX_DIM || a->kernel < 1 || a->kernel > MAX_DIM ||
-        a->stride < 0 || a->stride > MAX_DIM || a->padding < 0 || a->padding > MAX_DIM ||
-        a->dilation < 0 || a->dilation > MAX_DIM || a->groups < 0 || a->groups > MAX_DIM)
+    if (!size_ok(CH_GARG_CHANNELS, a->out_channels, false) || !size_ok(CH_GARG_KERNEL, a->kernel, false) ||
+        !size_ok(CH_GARG_STRIDE, a->stride, true) || !size_ok(CH_GARG_PADDING, a->padding, false) ||
+        !size_ok(CH_GARG_DILATION, a->dilation, true) || !size_ok(CH_GARG_CHANNELS, a->groups, true))
         return g ? fail(g, CH_STATUS_BAD_INPUT, "node '%s' (conv2d): out_channels %d, kernel %d, stride %d, "
-                        "padding %d, dilation %d, groups %d (each up to %d)", name ? name : "", a->out_channels,
-                        a->kernel, a->stride, a->padding, a->dilation, a->groups, MAX_DIM) : -1;
+                        "padding %d, dilation %d, groups %d (channels and groups up to %d, the others up to %d)",
+                        name ? name : "", a->out_channels, a->kernel, a->stride, a->padding, a->dilation, a->groups,
+                        1 << 16, 1 << 12) : -1;
     return add_node(g, name, &nd, &x, 1);
 }
 
@@ -352,6 +396,10 @@ int ch_graph_batchnorm2d(ch_graph *g, const char *name, int x, const ch_batchnor
     ch_gnode nd = node_of(CH_GOP_BATCHNORM2D);
     nd.bn = (ch_batchnorm_args){ .eps = a && a->eps != 0 ? a->eps : 1e-5,
                                  .momentum = a && a->momentum != 0 ? a->momentum : 0.1 };
+    if (!ch_garg_ok(CH_GARG_BN_EPS, nd.bn.eps))
+        return refuse_arg(g, name, "batchnorm", "eps", nd.bn.eps, CH_GARG_BN_EPS);
+    if (!ch_garg_ok(CH_GARG_BN_MOMENTUM, nd.bn.momentum))
+        return refuse_arg(g, name, "batchnorm", "momentum", nd.bn.momentum, CH_GARG_BN_MOMENTUM);
     return add_node(g, name, &nd, &x, 1);
 }
 
@@ -378,11 +426,18 @@ static int act(ch_graph *g, const char *name, int x, ch_act a)
 
 int ch_graph_leaky_relu(ch_graph *g, const char *name, int x, double negative_slope)
 {
+    if (!ch_garg_ok(CH_GARG_LEAKY_ALPHA, (float)negative_slope))
+        return refuse_arg(g, name, "leaky_relu", "negative_slope (as float)", (float)negative_slope, CH_GARG_LEAKY_ALPHA);
     return act(g, name, x, (ch_act){ .kind = CH_ACT_LEAKY_RELU, .alpha = (float)negative_slope });
 }
 
 int ch_graph_clip(ch_graph *g, const char *name, int x, double min, double max)
 {
+    /* An open bound is an infinity (ONNX's Clip without min or max); a given one is a float. */
+    if (!(min == -INFINITY || ch_garg_ok(CH_GARG_CLIP_BOUND, (float)min)))
+        return refuse_arg(g, name, "clip", "min (as float)", (float)min, CH_GARG_CLIP_BOUND);
+    if (!(max == INFINITY || ch_garg_ok(CH_GARG_CLIP_BOUND, (float)max)))
+        return refuse_arg(g, name, "clip", "max (as float)", (float)max, CH_GARG_CLIP_BOUND);
     return act(g, name, x, (ch_act){ .kind = CH_ACT_CLIP, .lo = (float)min, .hi = (float)max });
 }
 
@@ -410,10 +465,11 @@ int ch_graph_hardswish(ch_graph *g, const char *name, int x)
 
 int ch_graph_affine(ch_graph *g, const char *name, int x, double scale, double shift)
 {
-    /* As float, the precision of the tensors it scales: a bound keeps the float finite. */
-    if (!(fabs(scale) <= 1e30 && fabs(shift) <= 1e30))
-        return g ? fail(g, CH_STATUS_BAD_INPUT, "node '%s' (affine): scale %g, shift %g (each finite, up to 1e30)",
-                        name ? name : "", scale, shift) : -1;
+    /* As float, the precision of the tensors it scales (x / 1e-30 is a scale just above 1e30). */
+    if (!ch_garg_ok(CH_GARG_AFFINE, (float)scale))
+        return refuse_arg(g, name, "affine", "scale (as float)", (float)scale, CH_GARG_AFFINE);
+    if (!ch_garg_ok(CH_GARG_AFFINE, (float)shift))
+        return refuse_arg(g, name, "affine", "shift (as float)", (float)shift, CH_GARG_AFFINE);
     return act(g, name, x, (ch_act){ .kind = CH_ACT_AFFINE, .alpha = (float)scale, .beta = (float)shift });
 }
 
@@ -421,8 +477,8 @@ static int pool(ch_graph *g, const char *name, int x, ch_gop op, const ch_pool2d
 {
     ch_gnode nd = node_of(op);
     if (!a) return g ? fail(g, CH_STATUS_BAD_INPUT, "node '%s' (%s): no arguments", name ? name : "", ch_gop_name(op)) : -1;
-    if (a->kernel < 1 || a->kernel > MAX_DIM || a->stride < 0 || a->stride > MAX_DIM || a->padding < 0 ||
-        a->padding > MAX_DIM)
+    if (!size_ok(CH_GARG_KERNEL, a->kernel, false) || !size_ok(CH_GARG_STRIDE, a->stride, true) ||
+        !size_ok(CH_GARG_PADDING, a->padding, false))
         return g ? fail(g, CH_STATUS_BAD_INPUT, "node '%s' (%s): kernel %d, stride %d, padding %d",
                         name ? name : "", ch_gop_name(op), a->kernel, a->stride, a->padding) : -1;
     nd.pool = *a;
@@ -472,7 +528,7 @@ int ch_graph_view(ch_graph *g, const char *name, int x, int c, int h, int w)
 int ch_graph_linear(ch_graph *g, const char *name, int x, int out_features, bool bias)
 {
     ch_gnode nd = node_of(CH_GOP_LINEAR);
-    if (out_features < 1 || out_features > MAX_DIM * 16)
+    if (!ch_garg_ok(CH_GARG_FEATURES, out_features))
         return g ? fail(g, CH_STATUS_BAD_INPUT, "node '%s' (linear): %d out_features", name ? name : "",
                         out_features) : -1;
     if (g && g->st == CH_STATUS_OK && x >= 0 && x < g->ntensors && g->tensors[x].rank == 3 &&
@@ -487,8 +543,7 @@ int ch_graph_linear(ch_graph *g, const char *name, int x, int out_features, bool
 int ch_graph_dropout(ch_graph *g, const char *name, int x, double p)
 {
     ch_gnode nd = node_of(CH_GOP_DROPOUT);
-    if (!(p >= 0 && p < 1))
-        return g ? fail(g, CH_STATUS_BAD_INPUT, "node '%s' (dropout): p %g is not in [0, 1)", name ? name : "", p) : -1;
+    if (!ch_garg_ok(CH_GARG_DROPOUT_P, p)) return refuse_arg(g, name, "dropout", "p", p, CH_GARG_DROPOUT_P);
     nd.p = p;
     return add_node(g, name, &nd, &x, 1);
 }

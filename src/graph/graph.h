@@ -19,6 +19,23 @@ typedef enum ch_gop {
 
 typedef enum ch_dtype { CH_DTYPE_F32 = 0 } ch_dtype;
 
+/* The ops' numeric arguments, each with the one range the builder, the importers (which build
+ * through it) and graph.json's reader accept, so that what is written is always readable. Values
+ * are checked as stored: a float argument after its rounding to float. */
+typedef enum ch_garg {
+    CH_GARG_BN_EPS, CH_GARG_BN_MOMENTUM, CH_GARG_LEAKY_ALPHA, CH_GARG_CLIP_BOUND, CH_GARG_AFFINE,
+    CH_GARG_DROPOUT_P, CH_GARG_KERNEL, CH_GARG_STRIDE, CH_GARG_PADDING, CH_GARG_DILATION, CH_GARG_CHANNELS,
+    CH_GARG_FEATURES, CH_GARG_COUNT
+} ch_garg;
+
+typedef struct ch_garg_range {
+    double lo, hi;
+} ch_garg_range;
+
+ch_garg_range ch_garg_range_of(ch_garg a);
+/* v within a's range (NaN never is). */
+bool ch_garg_ok(ch_garg a, double v);
+
 typedef struct ch_gtensor {
     int rank;           /* 3: (c, h, w); 1: (features) in dims[0] */
     int dims[3];        /* unused dimensions are 1 */

@@ -128,10 +128,17 @@ static ch_status num(reader *r, const char *k, double lo, double hi, double def,
     return CH_STATUS_OK;
 }
 
-static ch_status whole(reader *r, const char *k, int lo, int hi, int def, int *out)
+/* Key k, an argument of range a (graph.h's table, the builder's). */
+static ch_status arg(reader *r, const char *k, ch_garg a, double def, double *out)
+{
+    const ch_garg_range g = ch_garg_range_of(a);
+    return num(r, k, g.lo, g.hi, def, out);
+}
+
+static ch_status whole(reader *r, const char *k, ch_garg a, int def, int *out)
 {
     double d = 0;
-    CH_TRY(num(r, k, lo, hi, def, &d));
+    CH_TRY(arg(r, k, a, def, &d));
     if (d != floor(d))
         return ch_fail(r->err, CH_STATUS_BAD_INPUT, "%s: node %d: '%s' is not a whole number", r->path, r->index, k);
     *out = (int)d;
@@ -173,27 +180,27 @@ static ch_status replay(reader *r, ch_graph *g, const char *op, const char *name
     int k = 0, s = 0, p = 0, d = 0, gr = 0, f = 0;
     double a = 0, lo = 0, hi = 0;
     if (strcmp(op, "conv2d") == 0) {
-        CH_TRY(whole(r, "out_channels", 1, 1 << 16, 0, &f));
-        CH_TRY(whole(r, "kernel", 1, 1 << 12, 0, &k));
-        CH_TRY(whole(r, "stride", 1, 1 << 12, 1, &s));
-        CH_TRY(whole(r, "padding", 0, 1 << 12, 0, &p));
-        CH_TRY(whole(r, "dilation", 1, 1 << 12, 1, &d));
-        CH_TRY(whole(r, "groups", 1, 1 << 16, 1, &gr));
+        CH_TRY(whole(r, "out_channels", CH_GARG_CHANNELS, 0, &f));
+        CH_TRY(whole(r, "kernel", CH_GARG_KERNEL, 0, &k));
+        CH_TRY(whole(r, "stride", CH_GARG_STRIDE, 1, &s));
+        CH_TRY(whole(r, "padding", CH_GARG_PADDING, 0, &p));
+        CH_TRY(whole(r, "dilation", CH_GARG_DILATION, 1, &d));
+        CH_TRY(whole(r, "groups", CH_GARG_CHANNELS, 1, &gr));
         CH_TRY(flag(r, "bias", &b));
         *t = ch_graph_conv2d(g, name, x, &(ch_conv2d_args){ .out_channels = f, .kernel = k, .stride = s,
                                                             .padding = p, .dilation = d, .groups = gr, .no_bias = !b });
     } else if (strcmp(op, "batchnorm2d") == 0) {
-        CH_TRY(num(r, "eps", 1e-12, 1, 1e-5, &a));
-        CH_TRY(num(r, "momentum", 0, 1, 0.1, &lo));
+        CH_TRY(arg(r, "eps", CH_GARG_BN_EPS, 1e-5, &a));
+        CH_TRY(arg(r, "momentum", CH_GARG_BN_MOMENTUM, 0.1, &lo));
         *t = ch_graph_batchnorm2d(g, name, x, &(ch_batchnorm_args){ .eps = a, .momentum = lo });
     } else if (strcmp(op, "relu") == 0) {
         *t = ch_graph_relu(g, name, x);
     } else if (strcmp(op, "leaky_relu") == 0) {
-        CH_TRY(num(r, "alpha", -1e6, 1e6, 0.01, &a));
+        CH_TRY(arg(r, "alpha", CH_GARG_LEAKY_ALPHA, 0.01, &a));
         *t = ch_graph_leaky_relu(g, name, x, a);
     } else if (strcmp(op, "clip") == 0) {
-        CH_TRY(num(r, "min", -1e30, 1e30, -INFINITY, &lo));
-        CH_TRY(num(r, "max", -1e30, 1e30, INFINITY, &hi));
+        CH_TRY(arg(r, "min", CH_GARG_CLIP_BOUND, -INFINITY, &lo));
+        CH_TRY(arg(r, "max", CH_GARG_CLIP_BOUND, INFINITY, &hi));
         *t = ch_graph_clip(g, name, x, lo, hi);
     } else if (strcmp(op, "sigmoid") == 0) {
         *t = ch_graph_sigmoid(g, name, x);
@@ -204,14 +211,14 @@ static ch_status replay(reader *r, ch_graph *g, const char *op, const char *name
     } else if (strcmp(op, "hardswish") == 0) {
         *t = ch_graph_hardswish(g, name, x);
     } else if (strcmp(op, "affine") == 0) {
-        CH_TRY(num(r, "scale", -1e30, 1e30, 1, &a));
-        CH_TRY(num(r, "shift", -1e30, 1e30, 0, &lo));
+        CH_TRY(arg(r, "scale", CH_GARG_AFFINE, 1, &a));
+        CH_TRY(arg(r, "shift", CH_GARG_AFFINE, 0, &lo));
         *t = ch_graph_affine(g, name, x, a, lo);
     } else if (strcmp(op, "max_pool2d") == 0 || strcmp(op, "avg_pool2d") == 0) {
         bool ceil = false;
-        CH_TRY(whole(r, "kernel", 1, 1 << 12, 0, &k));
-        CH_TRY(whole(r, "stride", 1, 1 << 12, k, &s));
-        CH_TRY(whole(r, "padding", 0, 1 << 12, 0, &p));
+        CH_TRY(whole(r, "kernel", CH_GARG_KERNEL, 0, &k));
+        CH_TRY(whole(r, "stride", CH_GARG_STRIDE, k, &s));
+        CH_TRY(whole(r, "padding", CH_GARG_PADDING, 0, &p));
         CH_TRY(flag(r, "ceil_mode", &ceil));
         CH_TRY(flag(r, "exclude_pad", &b));
         const ch_pool2d_args pa = { .kernel = k, .stride = s, .padding = p, .ceil_mode = ceil, .exclude_pad = b };
@@ -228,11 +235,11 @@ static ch_status replay(reader *r, ch_graph *g, const char *op, const char *name
         CH_TRY(shape3(r, "shape", v));
         *t = ch_graph_view(g, name, x, v[0], v[1], v[2]);
     } else if (strcmp(op, "linear") == 0) {
-        CH_TRY(whole(r, "features", 1, 1 << 20, 0, &f));
+        CH_TRY(whole(r, "features", CH_GARG_FEATURES, 0, &f));
         CH_TRY(flag(r, "bias", &b));
         *t = ch_graph_linear(g, name, x, f, b);
     } else if (strcmp(op, "dropout") == 0) {
-        CH_TRY(num(r, "p", 0, 0.999999, 0.5, &a));
+        CH_TRY(arg(r, "p", CH_GARG_DROPOUT_P, 0.5, &a));
         *t = ch_graph_dropout(g, name, x, a);
     } else if ((strcmp(op, "add") == 0 || strcmp(op, "mul") == 0) && nin == 2) {
         *t = op[0] == 'a' ? ch_graph_add(g, name, in[0], in[1]) : ch_graph_mul(g, name, in[0], in[1]);

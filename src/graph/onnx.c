@@ -312,12 +312,9 @@ static ch_status param(imp *m, size_t k, const char *prefix, const char *suffix,
     ch_err e;
     snprintf(what, sizeof what, "initializer '%s'", sh(m, 0, v->name));
     if (ch_onnx_tensor_floats(t, what, &data, &count, &e) != CH_STATUS_OK) return bad(m, "%s", e.msg);
-    for (size_t i = 0; i < count; i++)
-        if (!isfinite(data[i])) {
-            free(data);
-            return bad(m, "initializer '%s' holds a NaN or an infinity at %zu", sh(m, 0, v->name), i);
-        }
-    return ch_graph_take_initial(m->g, v->name, data, count, m->err);
+    /* The graph checks the values as a checkpoint's are checked (NaN, a negative running_var). */
+    if (ch_graph_take_initial(m->g, v->name, data, count, &e) != CH_STATUS_OK) return bad(m, "initializer: %s", e.msg);
+    return CH_STATUS_OK;
 }
 
 /* The weight input k (an initializer, maybe transposed) and its module path. */
