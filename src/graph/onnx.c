@@ -158,6 +158,9 @@ static ch_status tensor_val(imp *m, size_t k, ch_oval **out)
     if ((*out)->pending)
         return bad(m, "reads '%s', a (batch, %d, %d) tensor: cohort has (batch, features) and (batch, c, h, w) "
                    "tensors only", sh(m, 0, (*out)->name), (*out)->pdims[0], (*out)->pdims[1]);
+    if ((*out)->padded && strcmp(m->node->op_type, "AveragePool") != 0)
+        return bad(m, "reads '%s', the output of a Pad: cohort supports a zero Pad only before an AveragePool "
+                   "(AvgPool2d's count_include_pad); pad in the Conv or the pooling instead", sh(m, 0, (*out)->name));
     return CH_STATUS_OK;
 }
 
@@ -430,7 +433,9 @@ static ch_status op_pool(imp *m)
     int64_t ceil_mode = 0, include_pad = 0, order = 0;
     char buf[CH_NODE_NAME_MAX];
     const bool is_max = strcmp(m->node->op_type, "MaxPool") == 0;
-    CH_TRY(tensor_in(m, 0, &x));
+    ch_oval *xv;
+    CH_TRY(tensor_val(m, 0, &xv));
+    x = xv->tensor;
     CH_TRY(no_auto_pad(m));
     if (!attr(m->node, "kernel_shape")) return bad(m, "no kernel_shape");
     CH_TRY(attr_square(m, "kernel_shape", 2, 1, 1, 1 << 12, &k));
@@ -441,6 +446,13 @@ static ch_status op_pool(imp *m)
     CH_TRY(attr_int(m, "count_include_pad", 0, &include_pad));
     CH_TRY(attr_int(m, "storage_order", 0, &order));
     if (order != 0) return bad(m, "storage_order %lld (column-major indices) is not supported", (long long)order);
+    if (xv->padded) {
+        /* Pad + AveragePool: AvgPool2d(padding=p) with count_include_pad, as torch exports it. */
+        if (pad != 0 || ceil_mode != 0)
+            return bad(m, "an AveragePool with pads or ceil_mode after a Pad is not supported");
+        pad = xv->padded;
+        include_pad = 1;
+    }
     const ch_pool2d_args a = { .kernel = k, .stride = stride, .padding = pad, .ceil_mode = ceil_mode != 0,
                                .exclude_pad = include_pad == 0 };
     const char *name = node_name(m, buf, sizeof buf);
@@ -716,16 +728,31 @@ static ch_status op_dropout(imp *m)
     return dead_from(m, 1, "Dropout's mask, which cohort does not give out");
 }
 
+/* Pad of a (batch, c, h, w) tensor with zeros: nothing, or the same number of pixels on every
+ * side of h and w, marked for the AveragePool that must read it (tensor_val). */
 static ch_status op_pad(imp *m)
 {
-    ch_oval *v, *pads;
+    ch_oval *v, *pads, *value;
     CH_TRY(tensor_val(m, 0, &v));
     CH_TRY(const_in(m, 1, true, &pads));
-    for (int i = 0; i < pads->n; i++)
-        if (pads->i[i] != 0)
-            return bad(m, "padding by Pad is not supported (only a zero Pad, as PyTorch puts before pooling): "
-                       "pad in the Conv or the pooling instead");
-    return alias_out(m, v);
+    CH_TRY(const_in(m, 2, false, &value));
+    const Onnx__AttributeProto *mode = attr(m->node, "mode");
+    if (mode && !(mode->type == ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__STRING && mode->s.len == 8 &&
+                  memcmp(mode->s.data, "constant", 8) == 0))
+        return bad(m, "only constant padding is supported (reflect and edge are not)");
+    if (value && (value->n != 1 || value->f[0] != 0)) return bad(m, "only padding with zeros is supported");
+    bool zero = true;
+    for (int i = 0; i < pads->n; i++) zero = zero && pads->i[i] == 0;
+    if (zero) return alias_out(m, v);
+    /* pads: (n, c, h, w) begins, then ends. */
+    const int64_t *p = pads->i;
+    if (pads->n != 8 || m->g->tensors[v->tensor].rank != 3 || p[0] || p[1] || p[4] || p[5] || p[2] != p[3] ||
+        p[2] != p[6] || p[2] != p[7] || p[2] < 1 || p[2] > 1 << 12)
+        return bad(m, "only the same zero padding on every side of h and w is supported (as before an "
+                   "AvgPool2d with count_include_pad); pad in the Conv or the pooling instead");
+    CH_TRY(alias_out(m, v));
+    ch_ovals_find(&m->vals, m->node->output[0])->padded = (int)p[2];
+    return CH_STATUS_OK;
 }
 
 /* The cross-entropy's log-softmax, exported by a model that ends in log_softmax (or softmax):

@@ -42,6 +42,10 @@ typedef struct ch_oval {
      * graph tensor holds its values; only Squeeze and Unsqueeze may read it. */
     bool pending;
     int pdims[2];
+    /* A tensor that a zero Pad surrounds by padded pixels on each side of h and w, as PyTorch exports
+     * AvgPool2d(padding=p) with count_include_pad: only an AveragePool may read it, which folds
+     * the padding into its own, counting the zeros. */
+    int padded;
     const char *why;
 } ch_oval;
 
