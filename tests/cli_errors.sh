@@ -49,6 +49,13 @@ expect 2 "--shares '0': expected auto or one whole number" -- "$cohort" train --
 expect 2 "--shares '3,x'" -- "$cohort" train --model lenet --data "$tmp/ok" --shares 3,x
 expect 2 "--shares '3,1': more shares than the job's 1 rank" -- "$cohort" train --model lenet --data "$tmp/ok" --shares 3,1
 expect 2 "--shares '9999999999999'" -- "$cohort" train --model lenet --data "$tmp/ok" --shares 9999999999999
+# Empty and blank-led values: refused alike by every numeric flag and --shares (--shares "" once
+# meant no shares, and --accum-steps " 2" was read as 2 while --shares " 2" was refused).
+expect 2 "--shares '': expected auto" -- "$cohort" train --model lenet --data "$tmp/ok" --shares ""
+expect 2 "--accum-steps '': expected an integer" -- "$cohort" train --model lenet --data "$tmp/ok" --accum-steps ""
+expect 2 "--accum-steps ' 2': expected an integer" -- "$cohort" train --model lenet --data "$tmp/ok" --accum-steps " 2"
+expect 2 "--shares ' 2': expected auto" -- "$cohort" train --model lenet --data "$tmp/ok" --shares " 2"
+expect 2 "--lr ' 0.1': expected a number" -- "$cohort" train --model lenet --data "$tmp/ok" --lr " 0.1"
 expect 2 "--precision bf16" -- "$cohort" train --model lenet --data "$tmp/ok" --precision bf16
 
 # A file name with a newline in it: still one line (escaped).

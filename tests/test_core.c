@@ -9,6 +9,7 @@
 #include "core/file.h"
 #include "core/rng.h"
 #include "core/status.h"
+#include "train/shares.h"
 
 static void rng_is_a_pure_function_of_key_and_counter(void **state)
 {
@@ -114,10 +115,60 @@ static void file_read_returns_the_bytes_and_enforces_the_limit(void **state)
     assert_non_null(strstr(err.msg, "cannot open"));
 }
 
+/* cut "text" of n over procs x devices into want (procs * devices counts). */
+static void assert_cut(const char *text, int procs, int devices, int n, const int *want)
+{
+    ch_shares sh;
+    ch_err err;
+    assert_int_equal(ch_shares_init(&sh, text, procs, devices, &err), CH_STATUS_OK);
+    int got[16];
+    ch_shares_split(&sh, n, got);
+    for (int g = 0; g < procs * devices; g++)
+        if (got[g] != want[g]) fail_msg("--shares %s, %d over %dx%d: replica %d gets %d, want %d", text ? text : "(none)", n, procs,
+                                        devices, g, got[g], want[g]);
+    ch_shares_free(&sh);
+}
+
+/* The cut by largest remainders, ties to the lower index (--shares 3,1 on batch 64 leaves no
+ * remainder, so the trainer's tests never tried this): 7 over 1,1,1 is 3,2,2; 7 over 3,1 is 5.25 +
+ * 1.75, so the leftover goes to the second (smallest remainders would give 6,1); 11 over 5,3,2 is
+ * 6,3,2; and every cut sums to n with each part within one of its exact share. */
+static void shares_cut_by_largest_remainders(void **state)
+{
+    (void)state;
+    assert_cut("1,1,1", 3, 1, 7, (const int[]){ 3, 2, 2 });
+    assert_cut("3,1", 2, 1, 7, (const int[]){ 5, 2 });
+    assert_cut("5,3,2", 3, 1, 11, (const int[]){ 6, 3, 2 });
+    assert_cut("1,3", 2, 1, 6, (const int[]){ 2, 4 });          /* 1.5 + 4.5: the tie to the lower index */
+    assert_cut("3,1", 2, 2, 9, (const int[]){ 4, 3, 1, 1 });    /* 3.375 x 2 + 1.125 x 2 */
+    assert_cut(NULL, 3, 1, 8, (const int[]){ 3, 3, 2 });
+    static const char *const lists[] = { "3,1", "1,2,4", "7,7,1", "1000000,1", "2,3,5,7" };
+    static const int nprocs[] = { 2, 3, 3, 2, 4 };
+    for (int l = 0; l < 5; l++)
+        for (int devices = 1; devices <= 3; devices++)
+            for (int n = 0; n <= 300; n += 7) {
+                ch_shares sh;
+                ch_err err;
+                assert_int_equal(ch_shares_init(&sh, lists[l], nprocs[l], devices, &err), CH_STATUS_OK);
+                int got[16], sum = 0;
+                ch_shares_split(&sh, n, got);
+                double T = 0;
+                for (int r = 0; r < nprocs[l]; r++) T += (double)sh.w[r] * devices;
+                for (int g = 0; g < nprocs[l] * devices; g++) {
+                    const double exact = n * (double)sh.w[g / devices] / T;
+                    assert_true(got[g] >= floor(exact) && got[g] <= floor(exact) + 1);
+                    sum += got[g];
+                }
+                assert_int_equal(sum, n);
+                ch_shares_free(&sh);
+            }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(rng_is_a_pure_function_of_key_and_counter),
+        cmocka_unit_test(shares_cut_by_largest_remainders),
         cmocka_unit_test(rng_uniform_and_normal_have_the_right_moments),
         cmocka_unit_test(permutation_is_a_permutation_and_depends_on_the_seed),
         cmocka_unit_test(below_is_in_range_and_covers_it),

@@ -43,12 +43,15 @@ int ch_cli_parsed(const char *cmd, int rc, double timeout_s)
     ch_world_fatal_as(who, rc, msg);
 }
 
+static bool starts_number(const char *s) { return *s == '-' || *s == '+' || *s == '.' || (*s >= '0' && *s <= '9'); }
+
 bool ch_arg_int(const char *cmd, const char *flag, const char *s, long lo, long hi, long *out)
 {
     char *end;
     errno = 0;
     long v = strtol(s, &end, 10);
-    if (errno || end == s || *end != '\0' || v < lo || v > hi) {
+    /* The whole string is the number: strtol would skip leading blanks, which --shares does not. */
+    if (errno || end == s || *end != '\0' || !starts_number(s) || v < lo || v > hi) {
         ch_cli_usage("cohort %s: --%s '%s': expected an integer in %ld..%ld\n", cmd, flag, s,
                 lo, hi);
         return false;
@@ -63,7 +66,7 @@ bool ch_arg_double(const char *cmd, const char *flag, const char *s, double lo, 
     char *end;
     errno = 0;
     double v = strtod(s, &end);
-    if (errno || end == s || *end != '\0' || !isfinite(v) || v < lo || v > hi) {
+    if (errno || end == s || *end != '\0' || !starts_number(s) || !isfinite(v) || v < lo || v > hi) {
         ch_cli_usage("cohort %s: --%s '%s': expected a number in [%g, %g]\n", cmd, flag, s, lo,
                 hi);
         return false;

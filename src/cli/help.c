@@ -140,6 +140,8 @@ static const char train_page[] =
     "                          ranks, bit for bit\n"
     "    --resume auto         from DIR/latest when it exists, else start fresh: run the same\n"
     "                          command again after a failure (a restart loop, Slurm --requeue)\n"
+    "    --overwrite           a fresh run may replace the checkpoints DIR holds; without it (and\n"
+    "                          without --resume) a folder with checkpoints is refused\n"
     "\n"
     "OUTPUT\n"
     "    --metrics FILE        append one JSON object per epoch (JSON Lines): epoch, loss,\n"

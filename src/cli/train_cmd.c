@@ -260,7 +260,14 @@ static int parse_one(int c, const char *arg, train_opts *o)
     case OPT_DEVICES: cfg->devices = arg; return -1;
     case OPT_SYNC_BN: cfg->sync_bn = true; return -1;
     case OPT_PRECISION: cfg->precision = arg; return -1;
-    case OPT_SHARES: cfg->shares = arg; return -1;
+    case OPT_SHARES:
+        /* "" would read as no shares at all: as --accum-steps "" is, it is refused. */
+        if (!*arg) {
+            ch_cli_usage("cohort train: --shares '': expected auto or one whole number per rank (e.g. 3,1)\n");
+            return CH_EXIT_USAGE;
+        }
+        cfg->shares = arg;
+        return -1;
     case OPT_GRAD_COMPRESS: cfg->grad_compress = arg; return -1;
     case OPT_PS_SERVERS:
         if (!ch_arg_int("train", "ps-servers", arg, 1, CH_PS_MAX_SERVERS, &v)) return CH_EXIT_USAGE;

@@ -110,7 +110,7 @@ ch_status ch_onnx_tensor_floats(const Onnx__TensorProto *t, const char *what, fl
     float *v = malloc(sizeof(float) * (n ? n : 1));
     CH_CHECK_ALLOC(err, v);
     if (t->has_raw_data && t->raw_data.len == n * sizeof(float)) {
-        memcpy(v, t->raw_data.data, n * sizeof(float)); /* little-endian, as ONNX stores it */
+        if (n) memcpy(v, t->raw_data.data, n * sizeof(float)); /* little-endian, as ONNX stores it */
     } else if (!t->has_raw_data && t->n_float_data == n) {
         if (n) memcpy(v, t->float_data, n * sizeof(float));
     } else {
