@@ -83,6 +83,10 @@ cp "$tmp/graph.orig" "$g"; edit "d['nodes'][0]['kernel']=1e9"
 expect "'kernel' is not a number in 1..4096" -- "$cohort" export --checkpoint "$tmp/ck" --out "$tmp/x.safetensors"
 cp "$tmp/graph.orig" "$g"; edit "d['nodes'][0]['out_channels']=9"
 expect "tensor 'conv0.weight' has shape [8x1x3x3], the model needs [9x1x3x3]" -- "$cohort" eval --checkpoint "$tmp/ck" --data "$data/fashion-mnist" --test-limit 64
+cp "$tmp/graph.orig" "$g"; edit "d['nodes']={}"
+expect "'nodes' is not a list of at most" -- "$cohort" eval --checkpoint "$tmp/ck" --data "$data/fashion-mnist" --test-limit 64
+cp "$tmp/graph.orig" "$g"; edit "d['output']=10**6"
+expect "'output'" -- "$cohort" eval --checkpoint "$tmp/ck" --data "$data/fashion-mnist" --test-limit 64
 printf '{"format_version": 1, "name": "x", "name": "y"}' >"$g"
 expect "key 'name' appears twice" -- "$cohort" eval --checkpoint "$tmp/ck" --data "$data/fashion-mnist" --test-limit 64
 echo "onnx_checkpoint: all checks passed"

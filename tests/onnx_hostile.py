@@ -316,6 +316,19 @@ def main(out):
         t.CopyFrom(numpy_helper.from_array(a, "bn1.running_var"))
     case("negative_variance", "tensor 'bn1.running_var' holds a negative variance -0.5 at element 2", negative_variance)
 
+    # Inputs no handler reads are refused, not dropped.
+    def conv_five(m):
+        conv = node(m, "Conv")
+        conv.input.extend([conv.input[1], conv.input[2]])
+        conv.name = "/conv1/Conv"
+    case("conv_five_inputs", "node '/conv1/Conv' (Conv): 5 inputs; Conv takes at most 3", conv_five)
+
+    def relu_two(m):
+        relu = node(m, "Relu")
+        relu.input.append(relu.input[0])
+        relu.name = "/Relu"
+    case("relu_two_inputs", "node '/Relu' (Relu): 2 inputs; Relu takes at most 1", relu_two)
+
     export(ExpandIntoConv(), p("expand_into_conv"), opset=14)
     case("expand_into_conv", "(Conv): reads '/Expand_output_0', the output of an Expand")
     export(WideExpand(), p("wide_expand"), opset=14)

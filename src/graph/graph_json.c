@@ -312,7 +312,11 @@ static ch_status read_graph(const cJSON *j, const char *path, ch_graph *g, ch_er
     reader r = { .path = path, .err = err, .index = -1 };
     const cJSON *in = get(j, "input"), *shape = get(in, "shape"), *iname = get(in, "name");
     const cJSON *nodes = get(j, "nodes");
-    const int nmap = (cJSON_IsArray(nodes) ? cJSON_GetArraySize(nodes) : 0) + 1;
+    /* First, since the ids' ranges below follow from it (a 'nodes' that is no list once made
+     * the message blame 'output'). */
+    if (!cJSON_IsArray(nodes) || cJSON_GetArraySize(nodes) > MAX_NODES)
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: 'nodes' is not a list of at most %d", path, MAX_NODES);
+    const int nmap = cJSON_GetArraySize(nodes) + 1;
     uint64_t id = 0, out = 0;
     int dims[3] = { 0, 0, 0 };
     if (!cJSON_IsString(iname) || !cJSON_IsArray(shape) || cJSON_GetArraySize(shape) != 3)

@@ -995,20 +995,21 @@ static ch_status op_concat(imp *m)
 typedef struct op_entry {
     const char *name;
     ch_status (*fn)(imp *m);
+    int max_in;     /* inputs the operator has in opsets 13 to 17 (-1: any number) */
 } op_entry;
 
 static const op_entry ops[] = {
-    { "Conv", op_conv }, { "BatchNormalization", op_batchnorm }, { "Relu", op_activation },
-    { "LeakyRelu", op_activation }, { "Clip", op_activation }, { "Sigmoid", op_activation },
-    { "Tanh", op_activation }, { "MaxPool", op_pool }, { "AveragePool", op_pool },
-    { "GlobalAveragePool", op_global_pool }, { "ReduceMean", op_reduce_mean }, { "Flatten", op_flatten },
-    { "Reshape", op_reshape }, { "Gemm", op_gemm }, { "MatMul", op_matmul }, { "Transpose", op_transpose },
-    { "Add", op_binary }, { "Mul", op_binary }, { "Sub", op_binary }, { "Div", op_binary },
-    { "Expand", op_expand }, { "HardSigmoid", op_activation }, { "HardSwish", op_activation },
-    { "Concat", op_concat }, { "Dropout", op_dropout },
-    { "Pad", op_pad }, { "LogSoftmax", op_softmax }, { "Softmax", op_softmax }, { "Identity", op_identity },
-    { "Cast", op_cast }, { "Constant", op_constant }, { "Shape", op_shape }, { "Gather", op_gather },
-    { "Unsqueeze", op_squeeze }, { "Squeeze", op_squeeze },
+    { "Conv", op_conv, 3 }, { "BatchNormalization", op_batchnorm, 5 }, { "Relu", op_activation, 1 },
+    { "LeakyRelu", op_activation, 1 }, { "Clip", op_activation, 3 }, { "Sigmoid", op_activation, 1 },
+    { "Tanh", op_activation, 1 }, { "MaxPool", op_pool, 1 }, { "AveragePool", op_pool, 1 },
+    { "GlobalAveragePool", op_global_pool, 1 }, { "ReduceMean", op_reduce_mean, 1 }, { "Flatten", op_flatten, 1 },
+    { "Reshape", op_reshape, 2 }, { "Gemm", op_gemm, 3 }, { "MatMul", op_matmul, 2 }, { "Transpose", op_transpose, 1 },
+    { "Add", op_binary, 2 }, { "Mul", op_binary, 2 }, { "Sub", op_binary, 2 }, { "Div", op_binary, 2 },
+    { "Expand", op_expand, 2 }, { "HardSigmoid", op_activation, 1 }, { "HardSwish", op_activation, 1 },
+    { "Concat", op_concat, -1 }, { "Dropout", op_dropout, 3 },
+    { "Pad", op_pad, 3 }, { "LogSoftmax", op_softmax, 1 }, { "Softmax", op_softmax, 1 }, { "Identity", op_identity, 1 },
+    { "Cast", op_cast, 1 }, { "Constant", op_constant, 0 }, { "Shape", op_shape, 1 }, { "Gather", op_gather, 2 },
+    { "Unsqueeze", op_squeeze, 2 }, { "Squeeze", op_squeeze, 2 },
 };
 
 static ch_status import_node(imp *m, const Onnx__NodeProto *n)
@@ -1016,8 +1017,13 @@ static ch_status import_node(imp *m, const Onnx__NodeProto *n)
     m->node = n;
     if (n->domain && n->domain[0] && strcmp(n->domain, "ai.onnx") != 0)
         return bad(m, "operator domain '%s' is not supported (only ONNX's own operators)", sh(m, 0, n->domain));
-    for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++)
-        if (n->op_type && strcmp(n->op_type, ops[i].name) == 0) return ops[i].fn(m);
+    for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) {
+        if (!n->op_type || strcmp(n->op_type, ops[i].name) != 0) continue;
+        /* An input the handler would never read is not dropped silently. */
+        if (ops[i].max_in >= 0 && n->n_input > (size_t)ops[i].max_in)
+            return bad(m, "%zu inputs; %s takes at most %d", n->n_input, ops[i].name, ops[i].max_in);
+        return ops[i].fn(m);
+    }
     return bad(m, "operator '%s' is not supported; cohort imports Conv, BatchNormalization, Relu, LeakyRelu, Clip, "
                "Sigmoid, Tanh, HardSigmoid, HardSwish, MaxPool, AveragePool, GlobalAveragePool, ReduceMean, Flatten, "
                "Reshape, Gemm, MatMul, Add, Mul (of tensors or by numbers), Sub and Div by numbers, Expand into Add "
