@@ -95,6 +95,10 @@ ch_status ch_dataset_load(const char *dir, const char *kind, ch_split split, con
 /* Files of an ImageFolder replaced because they did not decode, so far (0 for other data sets);
  * first: the first one's message, when there is one. */
 size_t ch_dataset_skipped(const ch_dataset *d, char *first, size_t len);
+/* Entries of an ImageFolder named like images (.png, .jpg, .jpeg) that are no regular files (a
+ * dangling link, a link loop, a FIFO, a folder), left out of it when it was loaded (0 for other
+ * data sets); first: the first one and what it is, when there is one. */
+size_t ch_dataset_left_out(const ch_dataset *d, char *first, size_t len);
 size_t ch_dataset_size(const ch_dataset *d);
 int ch_dataset_classes(const ch_dataset *d);
 void ch_dataset_shape(const ch_dataset *d, int *c, int *h, int *w);

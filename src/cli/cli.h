@@ -42,6 +42,9 @@ void ch_cli_usage(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
  * shown and every rank exits with rc; when some did, each names itself and the job ends; when
  * none did, returns rc. Alone: returns rc. */
 int ch_cli_parsed(const char *cmd, int rc, double timeout_s);
+/* "cohort CMD: left out N WHICH entries named like an image that are no regular file (the first:
+ * ...)" on stderr (rank 0) and in the worker log, when the ImageFolder d left any out. */
+void ch_cli_report_left_out(const char *cmd, const ch_dataset *d, const char *which);
 /* Map a library status to an exit code after printing "cohort CMD: MESSAGE". In a job of several
  * ranks it names the rank and host, and ends the whole job (ch_world_abort) instead of returning. */
 int ch_exit_for(const char *cmd, ch_status st, const ch_err *err);

@@ -235,6 +235,7 @@ int ch_cmd_eval(int argc, char **argv)
                                        .limit = (size_t)o.test_limit };
     ch_status st = ch_dataset_load(o.data, o.dataset, CH_SPLIT_TEST, &folder, &test, &err);
     if (st == CH_STATUS_OK) {
+        ch_cli_report_left_out("eval", test, "test");
         ch_dataset_truncate(test, (size_t)o.test_limit);
         st = evaluate(&o, test, &err);
     }

@@ -467,6 +467,17 @@ static int run_epochs(const train_opts *o, ch_trainer *t, FILE *metrics, ch_plot
 
 /* --skip-bad-images: how many files were replaced, said once at the end (by every rank: each
  * decodes its own share). */
+void ch_cli_report_left_out(const char *cmd, const ch_dataset *d, const char *which)
+{
+    char first[1100], line[1400];
+    const size_t n = ch_dataset_left_out(d, first, sizeof first);
+    if (!n) return;
+    snprintf(line, sizeof line, "cohort %s: left out %zu %s entr%s named like an image that %s no regular file (the "
+             "first: %.1000s)", cmd, n, which, n == 1 ? "y" : "ies", n == 1 ? "is" : "are", first);
+    if (ch_world_rank() == 0) fprintf(stderr, "%s\n", line);
+    ch_world_log(line);
+}
+
 static void report_skipped(const ch_dataset *train, const ch_dataset *test)
 {
     const ch_dataset *sets[2] = { train, test };
@@ -634,6 +645,8 @@ int ch_cmd_train(int argc, char **argv)
     if (st == CH_STATUS_OK) st = ch_dataset_load(o.data, o.dataset, CH_SPLIT_TRAIN, &train_load, &train, &err);
     if (st == CH_STATUS_OK) st = ch_dataset_load(o.data, o.dataset, CH_SPLIT_TEST, &test_load, &test, &err);
     if (st == CH_STATUS_OK) {
+        ch_cli_report_left_out("train", train, "training");
+        ch_cli_report_left_out("train", test, "test");
         ch_dataset_truncate(train, (size_t)o.train_limit);
         ch_dataset_truncate(test, (size_t)o.test_limit);
         st = ch_trainer_create(&o.cfg, train, test, &t, &err);

@@ -82,14 +82,6 @@ static bool is_dir(const char *path)
     return stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
 }
 
-static bool is_image_file(const char *path, const char *name)
-{
-    const char *dot = strrchr(name, '.');
-    if (!dot || (strcasecmp(dot, ".png") && strcasecmp(dot, ".jpg") && strcasecmp(dot, ".jpeg"))) return false;
-    struct stat sb;
-    return stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
-}
-
 static ch_status join(char *out, size_t len, const char *dir, const char *name, ch_err *err)
 {
     if (snprintf(out, len, "%s/%s", dir, name) >= (int)len)
@@ -102,9 +94,28 @@ static ch_status join(char *out, size_t len, const char *dir, const char *name, 
 typedef struct scan {
     struct { dev_t dev; ino_t ino; } *seen;
     size_t nseen, cap;
+    size_t left_out;            /* named like an image, but no regular file: counted, not read */
+    char first_left_out[1024];
 } scan;
 
 static void scan_free(scan *sc) { free(sc->seen); }
+
+/* A .png, .jpg or .jpeg that is a regular file (through links). One named so that is not (a
+ * dangling link, a link loop, a FIFO, a socket, a folder) is left out and counted in sc, with what
+ * it is, so the user hears of it. */
+static bool is_image_file(scan *sc, const char *path, const char *name)
+{
+    const char *dot = strrchr(name, '.');
+    if (!dot || (strcasecmp(dot, ".png") && strcasecmp(dot, ".jpg") && strcasecmp(dot, ".jpeg"))) return false;
+    struct stat sb;
+    const bool there = stat(path, &sb) == 0;
+    if (there && S_ISREG(sb.st_mode)) return true;
+    const char *what = !there ? (errno == ELOOP ? "a symbolic link loop" : "a dangling symbolic link")
+                       : S_ISFIFO(sb.st_mode) ? "a FIFO" : S_ISSOCK(sb.st_mode) ? "a socket"
+                       : S_ISDIR(sb.st_mode) ? "a folder" : "no regular file";
+    if (sc->left_out++ == 0) snprintf(sc->first_left_out, sizeof sc->first_left_out, "%.900s: %s", path, what);
+    return false;
+}
 
 /* True when path is new to this scan (and now recorded); false when walked already. */
 static ch_status first_visit(scan *sc, const char *path, bool *first, ch_err *err)
@@ -163,7 +174,7 @@ static ch_status walk(scan *sc, const char *top, const char *dir, int depth, nam
             st = join(path, sizeof path, dir, entries.v[i], err);
             if (st == CH_STATUS_OK) st = check_link(top, path, err);
             if (st != CH_STATUS_OK) break;
-            if (pass == 0 && is_image_file(path, entries.v[i]) && !names_push(files, path))
+            if (pass == 0 && is_image_file(sc, path, entries.v[i]) && !names_push(files, path))
                 st = CH_SYS_FAIL(err, "allocation of a file list");
             else if (pass == 1 && depth < MAX_DEPTH && is_dir(path))
                 st = walk(sc, top, path, depth + 1, files, err);
@@ -292,7 +303,9 @@ ch_status ch_dataset_load_folder(const char *dir, ch_split split, const ch_folde
         return CH_SYS_FAIL(err, "allocation of a data set");
     }
     *f = (ch_folder){ .root = root_copy, .paths = files.v, .npaths = files.n, .class_names = classes.v,
-                      .nclasses = (int)classes.n, .image_size = o->image_size, .skip_bad = o->skip_bad_images, .bad = bad };
+                      .nclasses = (int)classes.n, .image_size = o->image_size, .skip_bad = o->skip_bad_images, .bad = bad,
+                      .left_out = sc.left_out };
+    memcpy(f->first_left_out, sc.first_left_out, sizeof f->first_left_out);
     atomic_init(&f->skipped, 0);
     atomic_flag_clear(&f->first_taken);
     *d = (ch_dataset){ .n = files.n, .c = 3, .h = o->image_size, .w = o->image_size,
@@ -333,6 +346,13 @@ ch_status ch_folder_decode(const ch_dataset *d, uint32_t i, ch_image *img, int *
     }
     return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: this and the next %d images did not decode (the last: %s)",
                    f->paths[i], MAX_BAD_IN_A_ROW - 1, bad.msg);
+}
+
+size_t ch_dataset_left_out(const ch_dataset *d, char *first, size_t len)
+{
+    if (!d || !d->folder || !d->folder->left_out) return 0;
+    snprintf(first, len, "%s", d->folder->first_left_out);
+    return d->folder->left_out;
 }
 
 size_t ch_dataset_skipped(const ch_dataset *d, char *first, size_t len)

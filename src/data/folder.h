@@ -21,6 +21,8 @@ struct ch_folder {
     atomic_size_t skipped;  /* distinct files replaced because they did not decode */
     atomic_flag first_taken;
     char first_bad[1024];    /* the first replaced file's message */
+    size_t left_out;         /* entries named like images that are no regular files */
+    char first_left_out[1024];  /* the first of them, and what it is */
 };
 
 /* The largest file read as an image (a guard against reading a huge non-image into memory). */
