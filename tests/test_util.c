@@ -91,6 +91,17 @@ struct ch_dataset *tu_synthetic(size_t n, int size, uint64_t seed)
     return d;
 }
 
+struct ch_dataset *tu_identical(size_t n, int size, uint64_t seed)
+{
+    ch_dataset *d = tu_synthetic(n, size, seed);
+    const size_t px = (size_t)size * size;
+    for (size_t i = 1; i < n; i++) {
+        memcpy(d->images + i * px, d->images, px);
+        d->labels[i] = d->labels[0];
+    }
+    return d;
+}
+
 double tu_grad_error(const struct ch_model *m, const ch_real *a, const ch_real *b)
 {
     double total = 0;
@@ -120,6 +131,17 @@ static ch_trainer *shape_trainer(const char *model, const ch_dataset *d, const c
     if (ch_device_list_parse(devices, &l, &err) != CH_STATUS_OK) fail_msg("%s", err.msg);
     ch_train_config cfg = ch_train_config_default();
     cfg.model = model;
+    ch_graph *g = NULL;
+    if (strcmp(model, TU_BN_NET) == 0) { /* BatchNorm over whole planes: never a plane of one pixel */
+        if (ch_graph_create(TU_BN_NET, &g, &err) != CH_STATUS_OK) fail_msg("%s", err.msg);
+        int x = ch_graph_input(g, "x", d->c, d->h, d->w);
+        x = ch_graph_conv2d(g, "conv", x, &(ch_conv2d_args){ .out_channels = 8, .kernel = 3, .padding = 1 });
+        x = ch_graph_relu(g, "relu", ch_graph_batchnorm2d(g, "bn", x, &(ch_batchnorm_args){ .eps = 1e-3, .momentum = 0.3 }));
+        ch_graph_output(g, ch_graph_linear(g, "fc", ch_graph_flatten(g, "flat", ch_graph_global_avg_pool(g, "gap", x)),
+                                           d->classes, true));
+        cfg.graph = g;
+        cfg.model = NULL;
+    }
     cfg.batch_size = batch;
     cfg.accum_steps = accum;
     cfg.lr = lr;
@@ -133,7 +155,9 @@ static ch_trainer *shape_trainer(const char *model, const ch_dataset *d, const c
     cfg.shares = shares;
     cfg.timeout_s = 120;
     ch_trainer *t = NULL;
-    if (ch_trainer_create(&cfg, d, NULL, &t, &err) != CH_STATUS_OK) fail_msg("%s", err.msg);
+    const ch_status st = ch_trainer_create(&cfg, d, NULL, &t, &err);
+    ch_graph_free(g);   /* the trainer keeps what it needs */
+    if (st != CH_STATUS_OK) fail_msg("%s", err.msg);
     return t;
 }
 
@@ -143,14 +167,23 @@ double tu_job_shape_error(const char *model, const ch_dataset *d, const char *de
     return tu_accum_error(model, d, devices, batch, 1, lr, sync_bn, local_only);
 }
 
-static double pair_error(ch_trainer *one, ch_trainer *job, int epochs, char *shares_out, size_t len, size_t *mine);
+static double pair_error(ch_trainer *one, ch_trainer *job, int epochs, char *shares_out, size_t len, size_t *mine,
+                         tu_gaps *gaps);
 
 double tu_accum_error(const char *model, const ch_dataset *d, const char *devices, int batch, int accum,
                       double lr, bool sync_bn, bool local_only)
 {
+    return tu_accum_gaps(model, d, devices, batch, accum, lr, sync_bn, local_only).params;
+}
+
+tu_gaps tu_accum_gaps(const char *model, const ch_dataset *d, const char *devices, int batch, int accum, double lr,
+                      bool sync_bn, bool local_only)
+{
     ch_trainer *one = shape_trainer(model, d, "cpu:0", batch, 1, lr, sync_bn, true, NULL);
     ch_trainer *job = shape_trainer(model, d, devices, batch, accum, lr, sync_bn, local_only, NULL);
-    return pair_error(one, job, 1, NULL, 0, NULL);
+    tu_gaps g;
+    g.params = pair_error(one, job, 1, NULL, 0, NULL, &g);
+    return g;
 }
 
 double tu_shares_error(const char *model, const ch_dataset *d, const char *devices, int batch, const char *shares,
@@ -158,19 +191,25 @@ double tu_shares_error(const char *model, const ch_dataset *d, const char *devic
 {
     ch_trainer *one = shape_trainer(model, d, "cpu:0", batch, 1, 0.05, false, true, NULL);
     ch_trainer *job = shape_trainer(model, d, devices, batch, 1, 0.05, false, false, shares);
-    return pair_error(one, job, epochs, shares_out, len, mine);
+    return pair_error(one, job, epochs, shares_out, len, mine, NULL);
 }
 
 /* Train both for epochs; the job's parameters' distance from one's (relative to one's largest),
- * its shares after into shares_out and this rank's training samples per epoch into mine (when
- * given); frees both. */
-static double pair_error(ch_trainer *one, ch_trainer *job, int epochs, char *shares_out, size_t len, size_t *mine)
+ * its shares after into shares_out, this rank's training samples per epoch into mine and the last
+ * epoch's loss and accuracy gaps into gaps (when given); frees both. */
+static double pair_error(ch_trainer *one, ch_trainer *job, int epochs, char *shares_out, size_t len, size_t *mine,
+                         tu_gaps *gaps)
 {
-    ch_epoch_stats s;
+    ch_epoch_stats s, so;
     ch_err err;
     for (int e = 0; e < epochs; e++) {
-        if (ch_trainer_run_epoch(one, &s, &err) != CH_STATUS_OK) fail_msg("%s", err.msg);
+        if (ch_trainer_run_epoch(one, &so, &err) != CH_STATUS_OK) fail_msg("%s", err.msg);
         if (ch_trainer_run_epoch(job, &s, &err) != CH_STATUS_OK) fail_msg("%s", err.msg);
+    }
+    if (gaps) {
+        *gaps = (tu_gaps){ .loss = fabs(s.loss - so.loss) / fmax(fabs(so.loss), 1e-30),
+                           .acc = fabs(s.train_acc - so.train_acc) };
+        if (!(gaps->loss == gaps->loss)) gaps->loss = INFINITY;
     }
     if (shares_out) ch_trainer_shares(job, shares_out, len);
     size_t test_n;

@@ -37,6 +37,19 @@ double tu_job_shape_error(const char *model, const struct ch_dataset *d, const c
  * device with whole batches. */
 double tu_accum_error(const char *model, const struct ch_dataset *d, const char *devices, int batch, int accum,
                       double lr, bool sync_bn, bool local_only);
+/* tu_accum_error's run, with the epoch's figures too: the parameters' distance as above, the
+ * reported loss's relative distance from one device's, and the training accuracies' difference. */
+typedef struct tu_gaps {
+    double params, loss, acc;
+} tu_gaps;
+tu_gaps tu_accum_gaps(const char *model, const struct ch_dataset *d, const char *devices, int batch, int accum,
+                      double lr, bool sync_bn, bool local_only);
+/* A model name the helpers above take besides the zoo's: conv 3x3 (8), BatchNorm (eps 1e-3,
+ * momentum 0.3), ReLU, global average pool, linear. */
+#define TU_BN_NET "tu-bn-net"
+/* n copies of one image and label (tu_synthetic's first): any subset of a batch has the same
+ * BatchNorm statistics, so only their counts can make a split differ. */
+struct ch_dataset *tu_identical(size_t n, int size, uint64_t seed);
 /* epochs of d on one device and as a job over [devices] of every rank with --shares shares (lr
  * 0.05): the parameters' distance from one device as above; the job's shares after, in shares_out,
  * and this rank's training samples per epoch with them, in mine. */
