@@ -40,7 +40,8 @@ static void resnet(ch_graph *g)
 {
     int x = ch_graph_input(g, "x", 1, 28, 28);
     x = conv(g, "conv1", x, 8, 3, 1, 1, 1, false);
-    x = ch_graph_batchnorm2d(g, "bn1", x, NULL);
+    /* Not PyTorch's defaults, as graph_models.py: a dropped eps or momentum shows. */
+    x = ch_graph_batchnorm2d(g, "bn1", x, &(ch_batchnorm_args){ .eps = 1e-3, .momentum = 0.3 });
     x = ch_graph_relu(g, "relu", x);
     x = basic_block(g, "layer1.0", x, 8, 8, 1);
     x = basic_block(g, "layer2.0", x, 8, 16, 2);
@@ -116,7 +117,7 @@ static void densenet(ch_graph *g)
                                                                .exclude_pad = true });
     x = dense_layer(g, "block2.0", x, 4);
     x = dense_layer(g, "block2.1", x, 4);
-    x = ch_graph_batchnorm2d(g, "norm5", x, NULL);
+    x = ch_graph_batchnorm2d(g, "norm5", x, &(ch_batchnorm_args){ .eps = 1e-4, .momentum = 0.05 });
     x = ch_graph_relu(g, "relu5", x);
     x = ch_graph_global_avg_pool(g, "pool5", x);
     x = ch_graph_flatten(g, "flatten", x);

@@ -32,7 +32,8 @@ class ResNet(nn.Module):
     def __init__(self):
         super().__init__()
         self.conv1 = nn.Conv2d(1, 8, 3, 1, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(8)
+        # Not PyTorch's defaults: an importer or a builder that dropped eps or momentum shows.
+        self.bn1 = nn.BatchNorm2d(8, eps=1e-3, momentum=0.3)
         self.layer1 = nn.Sequential(BasicBlock(8, 8, 1))
         self.layer2 = nn.Sequential(BasicBlock(8, 16, 2))
         self.layer3 = nn.Sequential(BasicBlock(16, 32, 2))
@@ -104,7 +105,7 @@ class DenseNet(nn.Module):
         self.trans = nn.Sequential(nn.BatchNorm2d(16), nn.ReLU(), nn.Conv2d(16, 8, 1, bias=False),
                                    nn.AvgPool2d(3, 2, 1, count_include_pad=False))
         self.block2 = nn.Sequential(DenseLayer(8, 4), DenseLayer(12, 4))
-        self.norm5 = nn.BatchNorm2d(16)
+        self.norm5 = nn.BatchNorm2d(16, eps=1e-4, momentum=0.05)   # not the defaults: dropped, they show
         self.classifier = nn.Linear(16, 10)
 
     def forward(self, x):
