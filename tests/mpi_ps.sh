@@ -112,6 +112,20 @@ units_ok() { awk '/epoch done/ { n++; s = $(NF-1) + $NF; d = $(NF-1) - $NF; if (
 units_ok "$tmp/alogs/workerlog.2" 126 && ok || { bad "async: the server's epochs"; cat "$tmp/alogs/workerlog.2"; }
 units_ok "$tmp/slogs/workerlog.2" 3 && ok || { bad "async --staleness 2: the server's epochs"; cat "$tmp/slogs/workerlog.2"; }
 
+# The async update rule, exactly: with --staleness 0 two workers run in lockstep, each push is one
+# SGD step (no momentum) at the parameters both pulled, so an epoch ends where the 2-rank allreduce
+# run ends, float rounding apart (a server stepping with lr/W passed the accuracy checks above).
+U=(--epochs 1 --lr 0.02)
+run upd_ar 2 "${U[@]}" && run upd_async 3 "${U[@]}" --ps-servers 1 --ps-mode async --staleness 0 &&
+    close upd_ar upd_async epoch-0001 1e-5
+# The staleness bound as it holds during the epoch, not at its end: with worker 1 slowed (1 ms per
+# sample) worker 0 runs ahead until the bound holds it, and the server records the largest lead it
+# allowed: 2 with --staleness 2 in every epoch (a bound off by one allowed 3).
+timeout 300 "${mpirun[@]}" -np 3 -x COHORT_INJECT_FAULT=slow:1:1000 "$cohort" "${T[@]}" "${SGD[@]}" --ps-servers 1 \
+    --ps-mode async --staleness 2 --log-dir "$tmp/leadlogs" >"$tmp/lead.out" 2>&1 || bad "the slowed async run: exit $?"
+if [ "$(grep -c 'epoch done, [0-9]* updates, largest lead 2,' "$tmp/leadlogs/workerlog.2" 2>/dev/null)" = 2 ]; then ok
+else bad "async --staleness 2 with a slow worker: the largest lead is not 2 in both epochs"; cat "$tmp/leadlogs/workerlog.2"; fi
+
 # Faults: each ends the job within 30 s, naming the rank.
 ends() { # label seconds-limit output-file
     if [ "$2" -le 30 ] && grep -q "rank $4" "$3"; then ok; else bad "$1: took $2 s or did not name rank $4"; cat "$3"; fi

@@ -38,6 +38,7 @@ typedef struct server {
     int64_t units, next_unit;
     int unit_epoch;
     long updates;           /* applied this epoch, for the log */
+    long lead;              /* async: the most pushes an answered worker was ahead of the slowest, this epoch */
 } server;
 
 static ch_status recv_from(server *sv, void *buf, size_t bytes, int source, int tag, const char *what,
@@ -211,6 +212,8 @@ static ch_status release_pulls(server *sv, ch_err *err)
     const int s = sv->ps->cfg.staleness;
     for (int w = 0; w < sv->W; w++) {
         if (!sv->waiting[w] || (s >= 0 && slowest >= 0 && sv->clock[w] - slowest > s)) continue;
+        /* What the bound allowed, recorded as it happens (at the epoch's end the gap is gone). */
+        if (slowest >= 0 && sv->clock[w] - slowest > sv->lead) sv->lead = sv->clock[w] - slowest;
         CH_TRY(wait_send(sv, w, err));
         memcpy(sv->out[w], sv->params, sizeof(ch_real) * sv->n);
         CH_TRY(send_params(sv, w, sv->out[w], err));
@@ -258,8 +261,8 @@ static ch_status take_flush(server *sv, int w, ch_err *err)
     for (int v = 0; v < sv->W; v++) all = all && sv->flushed[v] && !sv->waiting[v] && sv->got[v] == 0;
     if (!all) return release_pulls(sv, err);
     char line[200];
-    snprintf(line, sizeof line, "parameter server %d: epoch done, %ld updates, pushes per worker:", sv->index + 1,
-             sv->updates);
+    snprintf(line, sizeof line, "parameter server %d: epoch done, %ld updates, largest lead %ld, pushes per worker:",
+             sv->index + 1, sv->updates, sv->lead);
     for (int v = 0; v < sv->W; v++) {
         const size_t len = strlen(line);
         snprintf(line + len, sizeof line - len, " %ld", sv->clock[v]);
@@ -273,6 +276,7 @@ static ch_status take_flush(server *sv, int w, ch_err *err)
         CH_TRY(send_params(sv, v, sv->out[v], err));
     }
     sv->updates = 0;
+    sv->lead = 0;
     return CH_STATUS_OK;
 }
 
