@@ -1,7 +1,10 @@
 /* Whole-file reads, inputs that must be regular files, atomic outputs: see file.h. */
 #include "core/file.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <limits.h>
+#include <stdio.h>
 #include <fcntl.h>
 #include <libgen.h>
 #include <stdlib.h>
@@ -154,4 +157,55 @@ ch_status ch_out_commit(ch_out *o, ch_err *err)
         return ch_fail(err, CH_STATUS_SYSTEM, "%s: rename failed (%s)", o->path, strerror(re));
     }
     return CH_STATUS_OK;
+}
+
+ch_status ch_file_make_dirs(const char *dir, const char *flag, ch_err *err)
+{
+    char p[PATH_MAX];
+    if (snprintf(p, sizeof p, "%s", dir) >= (int)sizeof p)
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "%s %.80s...: path too long", flag, dir);
+    for (char *s = p + 1;; s++) {
+        const bool end = *s == 0;
+        if (*s == '/' || end) {
+            *s = 0;
+            if (mkdir(p, 0777) != 0 && errno != EEXIST)
+                return ch_fail(err, CH_STATUS_BAD_INPUT, "%s %s: cannot create %s (%s)", flag, dir, p, strerror(errno));
+            if (end) return CH_STATUS_OK;
+            *s = '/';
+        }
+    }
+}
+
+ch_status ch_file_sync_path(const char *path, ch_err *err)
+{
+    const int fd = open(path, O_RDONLY);
+    if (fd < 0) return ch_fail(err, CH_STATUS_SYSTEM, "%s: cannot open to sync (%s)", path, strerror(errno));
+    const int rc = fsync(fd);
+    close(fd);
+    if (rc != 0) return ch_fail(err, CH_STATUS_SYSTEM, "%s: fsync failed (%s)", path, strerror(errno));
+    return CH_STATUS_OK;
+}
+
+ch_status ch_file_write_text(const char *path, const char *text, ch_err *err)
+{
+    FILE *f = fopen(path, "w");
+    if (!f) return ch_fail(err, CH_STATUS_SYSTEM, "%s: cannot create (%s)", path, strerror(errno));
+    const size_t n = strlen(text);
+    bool ok = fwrite(text, 1, n, f) == n && fflush(f) == 0 && fsync(fileno(f)) == 0;
+    ok = fclose(f) == 0 && ok;
+    return ok ? CH_STATUS_OK : ch_fail(err, CH_STATUS_SYSTEM, "%s: write failed (%s)", path, strerror(errno));
+}
+
+void ch_file_remove_flat_dir(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *e;
+    char p[PATH_MAX];
+    while ((e = readdir(d)))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..") &&
+            snprintf(p, sizeof p, "%s/%s", dir, e->d_name) < (int)sizeof p)
+            unlink(p);
+    closedir(d);
+    rmdir(dir);
 }

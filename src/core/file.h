@@ -41,4 +41,13 @@ ch_status ch_out_commit(ch_out *o, ch_err *err);
 /* Close and remove the temporary: nothing at path changes. */
 void ch_out_abandon(ch_out *o);
 
+/* The little file layer of folders cohort writes (checkpoints): mkdir -p of dir (flag names it in
+ * the message, BAD_INPUT when a part cannot be made); fsync of a file or folder by path; a small
+ * text file written, flushed and synced (not atomically: the caller writes it into a folder it
+ * renames into place); and a folder of plain files removed with them (nothing deeper). */
+ch_status ch_file_make_dirs(const char *dir, const char *flag, ch_err *err);
+ch_status ch_file_sync_path(const char *path, ch_err *err);
+ch_status ch_file_write_text(const char *path, const char *text, ch_err *err);
+void ch_file_remove_flat_dir(const char *dir);
+
 #endif

@@ -26,9 +26,7 @@
 
 /* ---- files -------------------------------------------------------------------------------- */
 
-/* The names of a save in progress all start with this marker, so that clearing up after a save
- * that was killed touches only what cohort made, never the user's own dot files. */
-#define MARK ".cohort-"
+#define MARK CH_CHECKPOINT_MARK
 
 /* out <- a/b. The entry points refuse directories longer than PATH_MAX - 512, so this never
  * truncates. */
@@ -38,49 +36,11 @@ static void join(char *out, size_t len, const char *a, const char *b)
     CH_ASSERT(n >= 0 && (size_t)n < len);
 }
 
-/* mkdir -p */
-static ch_status make_dirs(const char *dir, ch_err *err)
-{
-    char p[PATH_MAX];
-    snprintf(p, sizeof p, "%s", dir);
-    for (char *s = p + 1;; s++) {
-        const bool end = *s == 0;
-        if (*s == '/' || end) {
-            *s = 0;
-            if (mkdir(p, 0777) != 0 && errno != EEXIST)
-                return ch_fail(err, CH_STATUS_BAD_INPUT, "--checkpoint-dir %s: cannot create %s (%s)", dir,
-                               p, strerror(errno));
-            if (end) return CH_STATUS_OK;
-            *s = '/';
-        }
-    }
-}
-
 static ch_status check_length(const char *path, ch_err *err)
 {
     if (strlen(path) > PATH_MAX - 512)
         return ch_fail(err, CH_STATUS_BAD_INPUT, "%.80s...: path too long", path);
     return CH_STATUS_OK;
-}
-
-static ch_status fsync_path(const char *path, ch_err *err)
-{
-    const int fd = open(path, O_RDONLY);
-    if (fd < 0) return ch_fail(err, CH_STATUS_SYSTEM, "%s: cannot open to sync (%s)", path, strerror(errno));
-    const int rc = fsync(fd);
-    close(fd);
-    if (rc != 0) return ch_fail(err, CH_STATUS_SYSTEM, "%s: fsync failed (%s)", path, strerror(errno));
-    return CH_STATUS_OK;
-}
-
-static ch_status write_text(const char *path, const char *text, ch_err *err)
-{
-    FILE *f = fopen(path, "w");
-    if (!f) return ch_fail(err, CH_STATUS_SYSTEM, "%s: cannot create (%s)", path, strerror(errno));
-    const size_t n = strlen(text);
-    bool ok = fwrite(text, 1, n, f) == n && fflush(f) == 0 && fsync(fileno(f)) == 0;
-    ok = fclose(f) == 0 && ok;
-    return ok ? CH_STATUS_OK : ch_fail(err, CH_STATUS_SYSTEM, "%s: write failed (%s)", path, strerror(errno));
 }
 
 /* The file at path as a string, or NULL (err filled) if it cannot be read or is over max bytes. */
@@ -89,22 +49,6 @@ static char *read_text(const char *path, size_t max, ch_err *err)
     uint8_t *data = NULL;
     size_t len = 0;
     return ch_file_read(path, max, &data, &len, err) == CH_STATUS_OK ? (char *)data : NULL;
-}
-
-/* A checkpoint directory holds plain files only: remove them, then it. */
-static void remove_tree(const char *dir)
-{
-    DIR *d = opendir(dir);
-    if (!d) return;
-    struct dirent *e;
-    char p[PATH_MAX];
-    while ((e = readdir(d)))
-        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
-            join(p, sizeof p, dir, e->d_name);
-            unlink(p);
-        }
-    closedir(d);
-    rmdir(dir);
 }
 
 /* COHORT_INJECT_CKPT_CRASH=STAGE: the process kills itself (SIGKILL) right after STAGE of a save
@@ -280,15 +224,15 @@ static ch_status write_into(const ch_ckpt_run *run, const char *tmp, const ch_ck
     /* A graph model's description: eval, export and --resume need no original file. */
     if (run->graph_json) {
         join(path, sizeof path, tmp, "graph.json");
-        CH_TRY(write_text(path, run->graph_json, err));
+        CH_TRY(ch_file_write_text(path, run->graph_json, err));
     }
     char *text = trainer_json(run, p);
     if (!text) return CH_SYS_FAIL(err, "building trainer.json");
     join(path, sizeof path, tmp, "trainer.json");
-    ch_status st = write_text(path, text, err);
+    ch_status st = ch_file_write_text(path, text, err);
     free(text);
     crash_point("trainer");
-    if (st == CH_STATUS_OK) st = fsync_path(tmp, err);
+    if (st == CH_STATUS_OK) st = ch_file_sync_path(tmp, err);
     return st;
 }
 
@@ -299,10 +243,10 @@ static ch_status point_latest(const char *dir, const char *name, ch_err *err)
     CH_ASSERT(snprintf(tmp, sizeof tmp, "%s/" MARK "latest.%ld", dir, (long)getpid()) < (int)sizeof tmp);
     join(dst, sizeof dst, dir, "latest");
     snprintf(line, sizeof line, "%s\n", name);
-    CH_TRY(write_text(tmp, line, err));
+    CH_TRY(ch_file_write_text(tmp, line, err));
     if (rename(tmp, dst) != 0)
         return ch_fail(err, CH_STATUS_SYSTEM, "%s: rename failed (%s)", dst, strerror(errno));
-    return fsync_path(dir, err);
+    return ch_file_sync_path(dir, err);
 }
 
 static uint64_t step_of(const char *dir, const char *name)
@@ -353,74 +297,9 @@ static void prune(const char *dir, int keep, const char *current)
         if (strcmp(list[i].name, current) == 0) continue;
         char p[PATH_MAX];
         join(p, sizeof p, dir, list[i].name);
-        remove_tree(p);
+        ch_file_remove_flat_dir(p);
     }
     free(list);
-}
-
-/* What a save that was killed half-way leaves behind (never a checkpoint anyone points at). The
- * caller holds the folder's lock, so no other cohort is saving here. */
-static void remove_leftovers(const char *dir)
-{
-    DIR *d = opendir(dir);
-    if (!d) return;
-    struct dirent *e;
-    char p[PATH_MAX];
-    while ((e = readdir(d))) {
-        const char *n = e->d_name;
-        const bool tmp = strncmp(n, MARK "tmp-", 12) == 0 || strncmp(n, MARK "old-", 12) == 0;
-        if (!tmp && strncmp(n, MARK "latest.", 15) != 0) continue;
-        join(p, sizeof p, dir, n);
-        if (tmp) remove_tree(p);
-        else unlink(p);
-    }
-    closedir(d);
-}
-
-ch_status ch_checkpoint_prepare(const char *dir, ch_err *err)
-{
-    CH_TRY(check_length(dir, err));
-    CH_TRY(make_dirs(dir, err));
-    struct stat st;
-    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
-        return ch_fail(err, CH_STATUS_BAD_INPUT, "--checkpoint-dir %s: not a directory", dir);
-    if (access(dir, W_OK) != 0)
-        return ch_fail(err, CH_STATUS_BAD_INPUT, "--checkpoint-dir %s: not writable (%s)", dir, strerror(errno));
-    return CH_STATUS_OK;
-}
-
-ch_status ch_checkpoint_lock(const char *dir, int *fd, ch_err *err)
-{
-    CH_TRY(ch_checkpoint_prepare(dir, err));
-    char path[PATH_MAX];
-    join(path, sizeof path, dir, MARK "lock");
-    *fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0666);
-    if (*fd < 0)
-        return ch_fail(err, CH_STATUS_BAD_INPUT, "--checkpoint-dir %s: cannot open its lock file (%s)", dir,
-                       strerror(errno));
-    if (flock(*fd, LOCK_EX | LOCK_NB) != 0) {
-        const int e = errno;
-        char who[32] = "";
-        const ssize_t n = pread(*fd, who, sizeof who - 1, 0);
-        who[n > 0 ? n : 0] = 0;
-        who[strcspn(who, "\n")] = 0;
-        close(*fd);
-        *fd = -1;
-        if (e == EWOULDBLOCK)
-            return ch_fail(err, CH_STATUS_BAD_INPUT, "--checkpoint-dir %s: another cohort (pid %s) is writing "
-                           "checkpoints there", dir, who[0] ? who : "?");
-        return ch_fail(err, CH_STATUS_SYSTEM, "--checkpoint-dir %s: cannot lock (%s)", dir, strerror(e));
-    }
-    char pid[32];
-    const int len = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
-    if (ftruncate(*fd, 0) != 0 || pwrite(*fd, pid, (size_t)len, 0) != len) { /* only informative */ }
-    remove_leftovers(dir);
-    return CH_STATUS_OK;
-}
-
-void ch_checkpoint_unlock(int fd)
-{
-    if (fd >= 0) close(fd);
 }
 
 ch_status ch_checkpoint_save(const ch_ckpt_run *run, const char *dir, const char *name,
@@ -431,12 +310,12 @@ ch_status ch_checkpoint_save(const ch_ckpt_run *run, const char *dir, const char
     CH_ASSERT(snprintf(tmp, sizeof tmp, "%s/" MARK "tmp-%s-%ld", dir, name, (long)getpid()) < (int)sizeof tmp);
     join(dst, sizeof dst, dir, name);
     CH_ASSERT(snprintf(old, sizeof old, "%s/" MARK "old-%s-%ld", dir, name, (long)getpid()) < (int)sizeof old);
-    remove_tree(tmp);
+    ch_file_remove_flat_dir(tmp);
     if (mkdir(tmp, 0777) != 0)
         return ch_fail(err, CH_STATUS_SYSTEM, "%s: cannot create (%s)", tmp, strerror(errno));
     ch_status st = write_into(run, tmp, pos, err);
     if (st != CH_STATUS_OK) {
-        remove_tree(tmp);
+        ch_file_remove_flat_dir(tmp);
         return st;
     }
     /* A checkpoint of the same name (a rerun) moves aside first: rename cannot replace a
@@ -445,14 +324,14 @@ ch_status ch_checkpoint_save(const ch_ckpt_run *run, const char *dir, const char
     if (rename(tmp, dst) != 0) {
         st = ch_fail(err, CH_STATUS_SYSTEM, "%s: rename failed (%s)", dst, strerror(errno));
         if (had) rename(old, dst);
-        remove_tree(tmp);
+        ch_file_remove_flat_dir(tmp);
         return st;
     }
-    CH_TRY(fsync_path(dir, err));
+    CH_TRY(ch_file_sync_path(dir, err));
     crash_point("rename");
     CH_TRY(point_latest(dir, name, err));
     crash_point("latest");
-    if (had) remove_tree(old);
+    if (had) ch_file_remove_flat_dir(old);
     prune(dir, run->cfg->keep, name);
     return CH_STATUS_OK;
 }

@@ -20,6 +20,11 @@
 #include "optim/schedule.h"
 #include "train/position.h"
 
+/* The names of a save in progress (and the folder's lock) all start with this marker, so that
+ * clearing up after a save that was killed touches only what cohort made, never the user's own
+ * dot files. */
+#define CH_CHECKPOINT_MARK ".cohort-"
+
 enum { CH_CHECKPOINT_FORMAT = CH_POSITION_FORMAT };
 
 

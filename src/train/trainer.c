@@ -1,18 +1,18 @@
-/* The training loop over D replicas: epoch order, the split of each global batch, the crew's jobs,
- * exact metrics and failure reporting. The replicas' own work is in replica.c. */
+/* The training loop over D replicas: the trainer's set-up, epoch order, the split of each global
+ * batch, the crew's jobs, exact metrics and failure reporting. Its configuration checks, ranks,
+ * parameter servers, trace and checkpoints have files of their own (trainer_*.c); the replicas'
+ * own work is in replica.c. */
 #include "train/trainer.h"
 
 #include "train/checkpoint.h"
 
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <errno.h>
 #include <unistd.h>
-#include <zlib.h>
 
 #include "comm/world.h"
 #include "core/clock.h"
@@ -35,134 +35,6 @@ ch_train_config ch_train_config_default(void)
                               .devices = "cpu:0", .bucket_mb = 25,
                               .timeout_s = 300, .trace_steps = 20, .eps = -1,
                               .gamma = 0.1, .staleness = -1 };
-}
-
-/* fp32 or nothing: bf16 is refused with the reason that applies on this CPU. */
-static ch_status check_precision(const char *p, ch_err *err)
-{
-    if (!p || strcmp(p, "fp32") == 0) return CH_STATUS_OK;
-    if (strcmp(p, "bf16") != 0)
-        return ch_fail(err, CH_STATUS_BAD_INPUT, "--precision '%s': expected fp32 or bf16", p);
-    char isa[32];
-    if (!ch_cpu_bf16_native(isa, sizeof isa))
-        return ch_fail(err, CH_STATUS_BAD_INPUT, "--precision bf16 needs a CPU with native bf16 (AVX512-BF16 or "
-                       "AMX); this one offers %s, where bf16 would run slower than fp32: use fp32", isa);
-    return ch_fail(err, CH_STATUS_BAD_INPUT, "--precision bf16: this CPU has native bf16 (%s), but this build "
-                   "has no bf16 kernels yet: use fp32", isa);
-}
-
-/* --ps-servers and what it cannot go with. */
-static ch_status check_ps(const ch_train_config *c, ch_err *err)
-{
-    ch_ps_mode mode;
-    if (!ch_ps_mode_parse(c->ps_mode, &mode))
-        return ch_fail(err, CH_STATUS_BAD_INPUT, "--ps-mode '%s': expected sync or async", c->ps_mode);
-    if (c->staleness < -1 || c->staleness > 1000000)
-        return ch_fail(err, CH_STATUS_BAD_INPUT, "--staleness %d, expected 0..1000000 (steps)", c->staleness);
-    if (c->ps_servers < 0 || c->ps_servers > CH_PS_MAX_SERVERS)
-        return ch_fail(err, CH_STATUS_BAD_INPUT, "--ps-servers %d, expected 1..%d", c->ps_servers, CH_PS_MAX_SERVERS);
-    if (c->ps_servers == 0) {
-        if (mode == CH_PS_ASYNC || c->staleness >= 0)
-            return ch_fail(err, CH_STATUS_BAD_INPUT, "--ps-mode and --staleness need --ps-servers");
-        return CH_STATUS_OK;
-    }
-    if (c->local_only || ch_world_size() <= c->ps_servers)
-        return ch_fail(err, CH_STATUS_BAD_INPUT, "--ps-servers %d needs more ranks than servers (mpirun -np N with "
-                       "N > %d: the others train)", c->ps_servers, c->ps_servers);
-    if (c->zero)
-        return ch_fail(err, CH_STATUS_BAD_INPUT, "--zero 1 with --ps-servers: the servers already hold the optimizer "
-                       "state in shards");
-    if (c->grad_compress && strcmp(c->grad_compress, "none") != 0)
-        return ch_fail(err, CH_STATUS_BAD_INPUT, "--grad-compress with --ps-servers: gradients go to the servers "
-                       "as fp32");
-    if (mode == CH_PS_SYNC && c->staleness >= 0)
-        return ch_fail(err, CH_STATUS_BAD_INPUT, "--staleness is for --ps-mode async");
-    if (mode == CH_PS_SYNC) return CH_STATUS_OK;
-    const char *refused = c->sync_bn ? "--sync-bn (a collective every step)"
-                          : c->shares && *c->shares ? "--shares (workers claim the work as they go)"
-                          : c->checkpoint_every > 0 ? "--checkpoint-every (checkpoints come at epoch ends)"
-                          : c->loader_workers > 0 ? "-j (the loader plans a fixed part of every step)"
-                          : c->trace ? "--trace (the ranks merge their parts after the same steps)" : NULL;
-    if (refused) return ch_fail(err, CH_STATUS_BAD_INPUT, "--ps-mode async does not go with %s", refused);
-    ch_device_list devs;
-    CH_TRY(ch_device_list_parse(c->devices ? c->devices : "cpu:0", &devs, err));
-    if (devs.count > 1)
-        return ch_fail(err, CH_STATUS_BAD_INPUT, "--ps-mode async: one device per worker rank (give each device "
-                       "its own rank)");
-    return CH_STATUS_OK;
-}
-
-static ch_status optim_config(const ch_train_config *c, ch_optim_config *o, ch_err *err);
-static ch_status schedule_config(const ch_train_config *c, ch_schedule *s, ch_err *err);
-
-static ch_status check_config(const ch_train_config *c, ch_err *err)
-{
-    CH_TRY(check_precision(c->precision, err));
-    if (!c->model && !c->graph) return ch_fail(err, CH_STATUS_BAD_INPUT, "no model given");
-    if (c->graph) CH_TRY(ch_graph_status(c->graph, err));
-    if (c->init && strcmp(c->init, "file") == 0 && !(c->graph && c->graph->ninits > 0))
-        return ch_fail(err, CH_STATUS_BAD_INPUT, "--init file: the model carries no weights (an imported ONNX "
-                       "file does)");
-    if (c->epochs < 0) return ch_fail(err, CH_STATUS_BAD_INPUT, "epochs %d < 0", c->epochs);
-    if (c->batch_size < 1 || c->batch_size > (1 << 20))
-        return ch_fail(err, CH_STATUS_BAD_INPUT, "batch size %d, expected 1..1048576", c->batch_size);
-    ch_grad_compress how;
-    if (!ch_grad_compress_parse(c->grad_compress, &how))
-        return ch_fail(err, CH_STATUS_BAD_INPUT, "--grad-compress '%s': expected none, bf16 or bf16-ef",
-                       c->grad_compress);
-    if (c->zero != 0 && c->zero != 1)
-        return ch_fail(err, CH_STATUS_BAD_INPUT, "--zero %d: expected 0 or 1 (stage 1: sharded optimizer state)",
-                       c->zero);
-    if (c->accum_steps < 0 || c->accum_steps > 4096)
-        return ch_fail(err, CH_STATUS_BAD_INPUT, "--accum-steps %d, expected 1..4096", c->accum_steps);
-    if (!(c->lr >= 0) || !isfinite(c->lr))
-        return ch_fail(err, CH_STATUS_BAD_INPUT, "learning rate %g, expected a finite value >= 0", c->lr);
-    if (!(c->dampening >= 0 && c->dampening <= 1))
-        return ch_fail(err, CH_STATUS_BAD_INPUT, "dampening %g, expected 0..1", c->dampening);
-    if (!(c->momentum >= 0 && c->momentum < 1))
-        return ch_fail(err, CH_STATUS_BAD_INPUT, "momentum %g, expected 0 <= m < 1", c->momentum);
-    if (!(c->weight_decay >= 0) || !isfinite(c->weight_decay))
-        return ch_fail(err, CH_STATUS_BAD_INPUT, "weight decay %g, expected >= 0", c->weight_decay);
-    if (c->threads < 0 || c->threads > 1024)
-        return ch_fail(err, CH_STATUS_BAD_INPUT, "threads %d, expected 0..1024", c->threads);
-    if (!(c->bucket_mb >= 0 && c->bucket_mb <= 4096))
-        return ch_fail(err, CH_STATUS_BAD_INPUT, "bucket size %g MiB, expected 0..4096", c->bucket_mb);
-    if (c->trace && (c->trace_steps < 1 || c->trace_steps > 100000))
-        return ch_fail(err, CH_STATUS_BAD_INPUT, "trace steps %d, expected 1..100000", c->trace_steps);
-    if (c->checkpoint_every < 0 || c->keep < 0)
-        return ch_fail(err, CH_STATUS_BAD_INPUT, "checkpoint-every %d / keep %d, expected >= 0",
-                       c->checkpoint_every, c->keep);
-    if (!(c->timeout_s >= 0 && c->timeout_s <= 1e6))
-        return ch_fail(err, CH_STATUS_BAD_INPUT, "timeout %g s, expected 0..1000000", c->timeout_s);
-    ch_optim_config oc;
-    CH_TRY(optim_config(c, &oc, err));
-    ch_schedule sched;
-    CH_TRY(schedule_config(c, &sched, err));
-    return check_ps(c, err);
-}
-
-/* COHORT_INJECT_FAULT=alloc:R | error:R:STEP | nan:R:STEP | kill:R:STEP | hang:R:STEP, for the
- * failure tests (R: the global replica index). */
-static ch_status parse_fault(ch_fault *f, ch_err *err)
-{
-    *f = (ch_fault){ 0 };
-    const char *s = getenv("COHORT_INJECT_FAULT");
-    if (!s || !*s) return CH_STATUS_OK;
-    char kind[8];
-    int r = -1;
-    unsigned long long step = 0;
-    const int got = sscanf(s, "%7[a-z]:%d:%llu", kind, &r, &step);
-    if (got >= 2 && strcmp(kind, "alloc") == 0) *f = (ch_fault){ CH_FAULT_ALLOC, r, 0 };
-    else if (got == 3 && strcmp(kind, "error") == 0) *f = (ch_fault){ CH_FAULT_ERROR, r, step };
-    else if (got == 3 && strcmp(kind, "nan") == 0) *f = (ch_fault){ CH_FAULT_NAN, r, step };
-    else if (got == 3 && strcmp(kind, "kill") == 0) *f = (ch_fault){ CH_FAULT_KILL, r, step };
-    else if (got == 3 && strcmp(kind, "hang") == 0) *f = (ch_fault){ CH_FAULT_HANG, r, step };
-    else if (got == 3 && strcmp(kind, "slow") == 0 && step <= 1000000) *f = (ch_fault){ CH_FAULT_SLOW, r, step };
-    else
-        return ch_fail(err, CH_STATUS_BAD_INPUT,
-                       "COHORT_INJECT_FAULT='%s': expected alloc:R, error:R:STEP, nan:R:STEP, "
-                       "kill:R:STEP, hang:R:STEP or slow:R:MICROSECONDS_PER_SAMPLE", s);
-    return CH_STATUS_OK;
 }
 
 void ch_trainer_slice(int n, int nreplicas, int r, int *offset, int *count)
@@ -245,257 +117,6 @@ static ch_status make_replicas(ch_trainer *t, ch_err *err)
     return collect_failure(t, err);
 }
 
-/* The optimizer: PyTorch's defaults for the kind, then what the configuration sets. */
-static ch_status optim_config(const ch_train_config *c, ch_optim_config *o, ch_err *err)
-{
-    ch_optim_kind kind = CH_OPTIM_SGD;
-    if (c->optimizer) CH_TRY(ch_optim_kind_parse(c->optimizer, &kind, err));
-    *o = ch_optim_defaults(kind);
-    o->momentum = c->momentum;
-    o->dampening = c->dampening;
-    o->nesterov = c->nesterov;
-    if (kind != CH_OPTIM_ADAMW || c->weight_decay > 0) o->weight_decay = c->weight_decay;
-    if (c->beta1 > 0 || c->beta2 > 0) {
-        o->beta1 = c->beta1;
-        o->beta2 = c->beta2;
-    }
-    if (c->eps >= 0) o->eps = c->eps;
-    if (kind != CH_OPTIM_SGD && (c->momentum != 0 || c->nesterov || c->dampening != 0))
-        return ch_fail(err, CH_STATUS_BAD_INPUT, "--momentum, --nesterov and --dampening are for sgd, not %s",
-                       c->optimizer);
-    return CH_STATUS_OK;
-}
-
-/* The schedule; --scale-lr applies the linear scaling rule to its base rate. */
-static ch_status schedule_config(const ch_train_config *c, ch_schedule *s, ch_err *err)
-{
-    *s = (ch_schedule){ .kind = CH_SCHED_CONSTANT, .lr = c->lr, .step_size = c->step_size,
-                        .gamma = c->gamma, .t_max = c->t_max, .eta_min = c->eta_min,
-                        .warmup_epochs = c->warmup_epochs };
-    if (c->scale_lr) s->lr = c->lr * c->batch_size / 256.0;
-    if (c->schedule) CH_TRY(ch_schedule_kind_parse(c->schedule, &s->kind, err));
-    /* Cosine without --t-max anneals over the run (--epochs counts all epochs, resumed ones too),
-     * as CosineAnnealingLR(T_max=epochs) usually is. */
-    if (s->kind == CH_SCHED_COSINE && s->t_max < 1) s->t_max = c->epochs > 0 ? c->epochs : 1;
-    if (c->milestones) CH_TRY(ch_schedule_parse_milestones(s, c->milestones, err));
-    return ch_schedule_check(s, err);
-}
-
-static ch_status check_ranks_agree(ch_trainer *t, ch_err *err);
-
-/* The MPI groups, made in the same order on every rank, once the ranks agree on the job (so that
- * a rank with other settings never reaches a collective the others do not run). */
-static ch_status join_ranks(ch_trainer *t, ch_err *err)
-{
-    t->procs = t->cfg.local_only ? 1 : ch_world_size();
-    t->proc = t->cfg.local_only ? 0 : ch_world_rank();
-    if (t->procs == 1) return CH_STATUS_OK;
-    CH_TRY(check_ranks_agree(t, err));
-    if (t->cfg.ps_servers > 0) {
-        /* The servers leave the trainers' communicators to the workers. */
-        ch_ps_config pc = { .servers = t->cfg.ps_servers, .staleness = t->cfg.staleness,
-                            .timeout_s = t->cfg.timeout_s > 0 ? t->cfg.timeout_s : 300 };
-        ch_ps_mode_parse(t->cfg.ps_mode, &pc.mode);   /* checked by check_config */
-        CH_TRY(ch_ps_create(&pc, &t->ps, &t->ps_job, err));
-        t->ps_server = ch_ps_is_server(t->ps);
-        t->procs = ch_ps_workers(t->ps);
-        if (t->ps_server || t->procs == 1) return CH_STATUS_OK;
-        CH_TRY(ch_mpi_group_dup(t->ps_job, &t->mpi_grads, err));
-        CH_TRY(ch_mpi_group_dup(t->ps_job, &t->mpi_ctl, err));
-        CH_TRY(ch_mpi_group_dup(t->ps_job, &t->mpi_main, err));
-        ch_mpi_comm_init(&t->mpi_grads_comm, t->mpi_grads);
-        ch_mpi_comm_init(&t->mpi_ctl_comm, t->mpi_ctl);
-        ch_mpi_comm_init(&t->main_comm, t->mpi_main);
-        return CH_STATUS_OK;
-    }
-    CH_TRY(ch_mpi_group_create(t->cfg.timeout_s, &t->mpi_grads, err));
-    CH_TRY(ch_mpi_group_create(t->cfg.timeout_s, &t->mpi_ctl, err));
-    CH_TRY(ch_mpi_group_create(t->cfg.timeout_s, &t->mpi_main, err));
-    ch_mpi_comm_init(&t->mpi_grads_comm, t->mpi_grads);
-    ch_mpi_comm_init(&t->mpi_ctl_comm, t->mpi_ctl);
-    ch_mpi_comm_init(&t->main_comm, t->mpi_main);
-    return CH_STATUS_OK;
-}
-
-static uLong crc32_bytes(uLong crc, const uint8_t *p, size_t len)
-{
-    for (size_t at = 0; at < len; at += 1u << 30)
-        crc = crc32(crc, p + at, (uInt)(len - at < (1u << 30) ? len - at : (1u << 30)));
-    return crc;
-}
-
-/* A data set as text: size, shape, classes and a CRC-32 of its contents (an ImageFolder's: its
- * file names relative to the split's folder, since hosts may mount it elsewhere). */
-static void describe_dataset(const ch_dataset *d, char *out, size_t len)
-{
-    if (!d) {
-        snprintf(out, len, "none");
-        return;
-    }
-    uLong crc = crc32(0L, Z_NULL, 0);
-    if (d->folder)
-        for (size_t i = 0; i < d->n; i++) {
-            const char *p = d->folder->paths[i] + strlen(d->folder->root);
-            crc = crc32(crc, (const Bytef *)p, (uInt)strlen(p));
-        }
-    else
-        crc = crc32_bytes(crc, d->images, d->n * (size_t)d->c * d->h * d->w);
-    crc = crc32_bytes(crc, (const uint8_t *)d->labels, d->n * sizeof *d->labels);
-    snprintf(out, len, "%zu samples of %dx%dx%d, %d classes, crc %08lx", d->n, d->c, d->h, d->w, d->classes,
-             (unsigned long)crc);
-}
-
-enum { AGREE_MAX = 48 };
-
-typedef struct settings {
-    const char *names[AGREE_MAX];
-    const char *values[AGREE_MAX];
-    char text[AGREE_MAX][128];
-    int n;
-} settings;
-
-static void put_setting(settings *s, const char *name, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void put_setting(settings *s, const char *name, const char *fmt, ...)
-{
-    CH_ASSERT(s->n < AGREE_MAX);
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(s->text[s->n], sizeof s->text[s->n], fmt, ap);
-    va_end(ap);
-    s->names[s->n] = name;
-    s->values[s->n] = s->text[s->n];
-    s->n++;
-}
-
-static const char *or_none(const char *s) { return s ? s : "(none)"; }
-
-/* Everything the ranks must share, named as the flags that set it: the data (or the ranks' shares
- * overlap and the sums mean nothing), every setting that changes the arithmetic, and every one
- * that decides which collectives run (a checkpoint's sums, the trace's barrier, the epochs). */
-static void job_settings(const ch_trainer *t, settings *s)
-{
-    const ch_train_config *c = &t->cfg;
-    s->n = 0;
-    char data[128];
-    describe_dataset(t->train, data, sizeof data);
-    put_setting(s, "the training data (--data, --train-limit)", "%s", data);
-    describe_dataset(t->test, data, sizeof data);
-    put_setting(s, "the test data (--data, --test-limit)", "%s", data);
-    put_setting(s, "--model", "%s", c->model ? c->model : "(a graph)");
-    put_setting(s, "the model's graph", "%016llx", (unsigned long long)t->graph_print);
-    put_setting(s, "--init", "%s", or_none(c->init));
-    put_setting(s, "--devices (their number)", "%d", t->nreplicas);
-    put_setting(s, "--batch-size", "%d", c->batch_size);
-    put_setting(s, "--accum-steps", "%d", c->accum_steps > 1 ? c->accum_steps : 1);
-    put_setting(s, "--shares", "%s", c->shares && *c->shares ? c->shares : "(equal)");
-    put_setting(s, "--grad-compress", "%s", ch_grad_compress_name(t->compress));
-    put_setting(s, "--zero", "%d", c->zero);
-    put_setting(s, "--ps-servers", "%d", c->ps_servers);
-    put_setting(s, "--ps-mode", "%s", or_none(c->ps_mode));
-    put_setting(s, "--staleness", "%d", c->staleness);
-    put_setting(s, "--epochs", "%d", c->epochs);
-    put_setting(s, "--seed", "%llu", (unsigned long long)c->seed);
-    put_setting(s, "--optimizer", "%s", or_none(c->optimizer));
-    put_setting(s, "--lr", "%.17g", c->lr);
-    put_setting(s, "--momentum", "%.17g", c->momentum);
-    put_setting(s, "--nesterov", "%d", c->nesterov);
-    put_setting(s, "--dampening", "%.17g", c->dampening);
-    put_setting(s, "--betas", "%.17g,%.17g", c->beta1, c->beta2);
-    put_setting(s, "--eps", "%.17g", c->eps);
-    put_setting(s, "--weight-decay", "%.17g", c->weight_decay);
-    put_setting(s, "--schedule", "%s", or_none(c->schedule));
-    put_setting(s, "--step-size", "%d", c->step_size);
-    put_setting(s, "--gamma", "%.17g", c->gamma);
-    put_setting(s, "--milestones", "%s", or_none(c->milestones));
-    put_setting(s, "--t-max", "%d", c->t_max);
-    put_setting(s, "--eta-min", "%.17g", c->eta_min);
-    put_setting(s, "--warmup-epochs", "%d", c->warmup_epochs);
-    put_setting(s, "--scale-lr", "%d", c->scale_lr);
-    put_setting(s, "--random-crop", "%d", c->random_crop);
-    put_setting(s, "--random-flip", "%d", c->random_flip);
-    put_setting(s, "--normalize", "%s", or_none(c->normalize));
-    put_setting(s, "--sync-bn", "%d", c->sync_bn);
-    put_setting(s, "--bucket-mb", "%.17g", c->bucket_mb);
-    put_setting(s, "--nan-check", "%d", c->nan_check);
-    put_setting(s, "--checkpoint-dir (given or not)", "%d", c->checkpoint_dir != NULL);
-    put_setting(s, "--checkpoint-every", "%d", c->checkpoint_dir ? c->checkpoint_every : 0);
-    put_setting(s, "--trace (given or not)", "%d", c->trace != NULL);
-    put_setting(s, "--trace-steps", "%d", c->trace ? c->trace_steps : 0);
-}
-
-/* Before any collective that depends on them: every rank must have the same settings. */
-static ch_status check_ranks_agree(ch_trainer *t, ch_err *err)
-{
-    if (t->procs == 1) return CH_STATUS_OK;
-    settings s;
-    job_settings(t, &s);
-    return ch_world_agree("set-up", s.names, s.values, s.n, t->cfg.timeout_s, err);
-}
-
-/* The ranks' monotonic clocks differ (other hosts): take rank 0's reading right after a barrier as
- * the common origin. Good to the barrier's skew, microseconds on one host. */
-static ch_status align_trace_clocks(ch_trainer *t, ch_err *err)
-{
-    if (!t->cfg.trace || t->procs == 1) return CH_STATUS_OK;
-    snprintf(t->main_comm.what, sizeof t->main_comm.what, "set-up, trace clocks");
-    CH_TRY(ch_comm_barrier(&t->main_comm, err));
-    const int64_t mine = ch_trace_now();
-    double root[1] = { t->proc == 0 ? (double)mine : 0 };
-    CH_TRY(ch_comm_allreduce_sum_f64(&t->main_comm, root, 1, err));
-    t->trace_offset_ns = (int64_t)root[0] - mine;
-    return CH_STATUS_OK;
-}
-
-/* A server rank's whole part in the job: serve until every worker has stopped. */
-static ch_status serve(ch_trainer *t, ch_err *err)
-{
-    ch_optim_config oc;
-    CH_TRY(optim_config(&t->cfg, &oc, err));
-    const int64_t B = t->cfg.batch_size, steps = ((int64_t)t->train->n + B - 1) / B;
-    char line[256];
-    snprintf(line, sizeof line, "rank %d of %d, host %s, pid %ld: parameter server %d of %d (%s), for %d workers",
-             ch_world_rank(), ch_world_size(), ch_world_host(), (long)getpid(), ch_world_rank() - t->procs + 1,
-             ch_ps_servers(t->ps), ch_ps_mode_name(ch_ps_mode_of(t->ps)), t->procs);
-    ch_world_log(line);
-    return ch_ps_serve(t->ps, &oc, steps * t->procs, err);
-}
-
-ch_status ch_trainer_ps_barrier(ch_trainer *t, const char *what, ch_err *err)
-{
-    if (t->procs == 1) return CH_STATUS_OK;
-    snprintf(t->main_comm.what, sizeof t->main_comm.what, "%s", what);
-    return ch_comm_barrier(&t->main_comm, err);
-}
-
-/* Rank 0's host copies of global replica 0's parameters and optimizer state (the state only
- * with_state), then to the servers. */
-static ch_status give_servers(ch_trainer *t, bool with_state, ch_err *err)
-{
-    const ch_replica *r0 = &t->replicas[0];
-    const size_t P = r0->model->nparams;
-    const int nstate = with_state ? r0->opt.nstate : 0;
-    ch_real *params = malloc(sizeof(ch_real) * (P + 1)), *state[CH_OPTIM_MAX_STATE] = { 0 };
-    ch_status st = params ? CH_STATUS_OK : CH_SYS_FAIL(err, "allocation of the parameters for the servers");
-    for (int b = 0; b < nstate && st == CH_STATUS_OK; b++)
-        if (!(state[b] = malloc(sizeof(ch_real) * (P + 1)))) st = CH_SYS_FAIL(err, "allocation of optimizer state");
-    if (st == CH_STATUS_OK) {
-        ch_backend_download(r0->be, params, r0->model->params, sizeof(ch_real) * P);
-        for (int b = 0; b < nstate; b++) ch_backend_download(r0->be, state[b], r0->opt.state[b], sizeof(ch_real) * P);
-        st = ch_ps_put_state(t->ps, params, state, nstate, r0->opt.steps, err);
-    }
-    free(params);
-    for (int b = 0; b < CH_OPTIM_MAX_STATE; b++) free(state[b]);
-    return st;
-}
-
-ch_status ch_trainer_ps_hand_over(ch_trainer *t, bool with_state, const char *what, ch_err *err)
-{
-    if (t->proc == 0) CH_TRY(give_servers(t, with_state, err));
-    return ch_trainer_ps_barrier(t, what, err);
-}
-
 static ch_status setup(ch_trainer *t, ch_err *err)
 {
     const ch_dataset *d = t->train;
@@ -507,10 +128,10 @@ static ch_status setup(ch_trainer *t, ch_err *err)
     CH_TRY(ch_device_list_parse(t->cfg.devices ? t->cfg.devices : "cpu:0", &t->devices, err));
     ch_device_list_format(&t->devices, t->devices_text, sizeof t->devices_text);
     t->nreplicas = t->devices.count;
-    CH_TRY(join_ranks(t, err));
+    CH_TRY(ch_trainer_join_ranks(t, err));
     if (!t->cfg.graph)
         CH_TRY(ch_zoo_graph(t->model_name, (ch_shape3){ d->c, d->h, d->w }, d->classes, &t->zoo_graph, err));
-    if (t->ps_server) return serve(t, err);
+    if (t->ps_server) return ch_trainer_serve(t, err);
     const int D = t->nreplicas, B = t->cfg.batch_size, R = t->procs * D;
     CH_TRY(ch_shares_init(&t->shares, t->cfg.shares, t->procs, D, err));
     t->counts = malloc(sizeof *t->counts * (size_t)R);
@@ -536,9 +157,9 @@ static ch_status setup(ch_trainer *t, ch_err *err)
     ch_backend *probe;   /* a bad COHORT_BACKEND is one line here, not one per replica */
     CH_TRY(ch_backend_create(t->spec.backend, 1, &probe, err));
     ch_backend_free(probe);
-    CH_TRY(parse_fault(&t->spec.fault, err));
-    CH_TRY(optim_config(&t->cfg, &t->spec.optim, err));
-    CH_TRY(schedule_config(&t->cfg, &t->sched, err));
+    CH_TRY(ch_trainer_parse_fault(&t->spec.fault, err));
+    CH_TRY(ch_trainer_optim_config(&t->cfg, &t->spec.optim, err));
+    CH_TRY(ch_trainer_schedule_config(&t->cfg, &t->sched, err));
     t->spec.augment = (ch_augment){ .crop_padding = t->cfg.random_crop, .flip = t->cfg.random_flip };
     if (t->cfg.random_crop < 0 || t->cfg.random_crop > 1024)
         return ch_fail(err, CH_STATUS_BAD_INPUT, "random crop padding %d, expected 0..1024", t->cfg.random_crop);
@@ -574,7 +195,7 @@ static ch_status setup(ch_trainer *t, ch_err *err)
     /* Before the first step's sums; error feedback keeps one value per gradient. */
     if (t->mpi_grads)
         CH_TRY(ch_mpi_group_set_compress(t->mpi_grads, t->compress, t->replicas[0].model->nparams, err));
-    return align_trace_clocks(t, err);
+    return ch_trainer_align_trace_clocks(t, err);
 }
 
 ch_status ch_trainer_create(const ch_train_config *cfg, const ch_dataset *train,
@@ -582,7 +203,7 @@ ch_status ch_trainer_create(const ch_train_config *cfg, const ch_dataset *train,
 {
     /* The ranks agreed on their settings (the CLI compares its flags first), so a setting refused is
      * refused by every rank: one line from rank 0 and a clean exit, not one per rank and an abort. */
-    ch_status st = check_config(cfg, err);
+    ch_status st = ch_trainer_check_config(cfg, err);
     if (!cfg->local_only)
         st = ch_world_fail_together("set-up", st, cfg->timeout_s > 0 && cfg->timeout_s <= 1e6 ? cfg->timeout_s : 300,
                                     err);
@@ -745,70 +366,6 @@ ch_status ch_trainer_step(ch_trainer *t, const uint32_t *idx, int n, double *los
 }
 
 /* This rank's spans as JSON array elements (no brackets), in memory: *text (malloc'ed), *len. */
-static ch_status trace_part(const ch_trainer *t, char **text, size_t *len, ch_err *err)
-{
-    *text = NULL;
-    FILE *f = open_memstream(text, len);
-    if (!f) return CH_SYS_FAIL(err, "open_memstream for the trace");
-    char process[300];
-    snprintf(process, sizeof process, "rank %d (%s)", t->proc, ch_world_host());
-    int first = 1;
-    ch_trace_track tracks[2 * CH_MAX_DEVICES];
-    for (int r = 0; r < t->nreplicas; r++) {
-        tracks[2 * r] = t->replicas[r].trace_compute;
-        tracks[2 * r + 1] = t->replicas[r].trace_sync;
-    }
-    ch_trace_write_events(f, tracks, 2 * t->nreplicas, t->proc, process, t->trace_offset_ns, &first);
-    const bool ok = !ferror(f);
-    if (fclose(f) != 0 || !ok) {
-        free(*text);
-        *text = NULL;
-        return CH_SYS_FAIL(err, "writing the trace in memory");
-    }
-    return CH_STATUS_OK;
-}
-
-/* Rank 0: the file is {"traceEvents": [part 0, part 1, ...]}, written atomically (core/file.h). */
-static ch_status write_trace_file(const ch_trainer *t, const char *parts, const size_t *lens, ch_err *err)
-{
-    ch_out out;
-    CH_TRY(ch_out_open(&out, t->trace_path, "--trace", err));
-    fputs("{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n", out.f);
-    for (int r = 0, at = 0; r < t->procs; at += (int)lens[r], r++) {
-        if (r > 0) fputs(",\n", out.f);
-        fwrite(parts + at, 1, lens[r], out.f);
-    }
-    fputs("\n]}\n", out.f);
-    return ch_out_commit(&out, err);
-}
-
-/* Every rank's part reaches rank 0 over MPI (no directory the ranks share is needed), which writes
- * the one file. */
-ch_status ch_trainer_write_trace(ch_trainer *t, ch_err *err)
-{
-    if (!t->cfg.trace || t->trace_done) return CH_STATUS_OK;
-    t->trace_done = true;
-    for (int r = 0; r < t->nreplicas; r++) t->replicas[r].tracing = false;
-    char *mine;
-    size_t len;
-    CH_TRY(trace_part(t, &mine, &len, err));
-    ch_status st = CH_STATUS_OK;
-    if (t->procs == 1) {
-        st = write_trace_file(t, mine, &len, err);
-    } else {
-        char *all = NULL;
-        size_t *lens = calloc((size_t)t->procs, sizeof *lens);
-        snprintf(t->main_comm.what, sizeof t->main_comm.what, "writing the trace: every rank's part to rank 0");
-        st = lens ? ch_mpi_gather_bytes(&t->main_comm, mine, len, &all, lens, err)
-                  : CH_SYS_FAIL(err, "allocation of the trace's part lengths");
-        if (st == CH_STATUS_OK && t->proc == 0) st = write_trace_file(t, all, lens, err);
-        free(all);
-        free(lens);
-    }
-    free(mine);
-    return st;
-}
-
 bool ch_trainer_shares(const ch_trainer *t, char *out, size_t len)
 {
     out[0] = '\0';
@@ -1001,17 +558,6 @@ static ch_status train_claimed(ch_trainer *t, size_t *seen, double *loss, int64_
     t->step = base + (uint64_t)per_epoch;
     *seen = N;
     return CH_STATUS_OK;
-}
-
-ch_status ch_trainer_ps_give_up(ch_trainer *t, ch_status st, const ch_err *err)
-{
-    /* A failure of one rank ends the job through MPI_Abort; one that every worker holds ends
-     * each of them with a clean exit, for which the servers would wait for ever. */
-    if (st == CH_STATUS_OK || !t->ps || t->ps_server || !err->on_every_rank || t->abandoned) return st;
-    t->abandoned = true;
-    ch_err e2;
-    if (ch_ps_abandon(t->ps, st, &e2) != CH_STATUS_OK) ch_world_fatal(1, e2.msg);
-    return st;
 }
 
 static ch_status run_epoch(ch_trainer *t, ch_epoch_stats *s, ch_err *err);

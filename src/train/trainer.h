@@ -104,6 +104,21 @@ ch_status ch_trainer_ps_hand_over(ch_trainer *t, bool with_state, const char *wh
  * rank 0 first tells the servers that no more will come, so they end too (once per run). */
 ch_status ch_trainer_ps_give_up(ch_trainer *t, ch_status st, const ch_err *err);
 
+/* trainer_config.c: the checks of a configuration that need no other rank (BAD_INPUT, one line),
+ * and the optimizer, schedule and injected fault (COHORT_INJECT_FAULT) it gives. */
+ch_status ch_trainer_check_config(const ch_train_config *c, ch_err *err);
+ch_status ch_trainer_optim_config(const ch_train_config *c, ch_optim_config *o, ch_err *err);
+ch_status ch_trainer_schedule_config(const ch_train_config *c, ch_schedule *s, ch_err *err);
+ch_status ch_trainer_parse_fault(ch_fault *f, ch_err *err);
+
+/* trainer_ranks.c: t->procs and t->proc, the ranks' agreement on the job, the MPI groups (and the
+ * parameter servers' roles); collective over every rank. Then the trace's common clock origin. */
+ch_status ch_trainer_join_ranks(ch_trainer *t, ch_err *err);
+ch_status ch_trainer_align_trace_clocks(ch_trainer *t, ch_err *err);
+
+/* trainer_ps.c: a server rank's whole part in the job (serve until every worker has stopped). */
+ch_status ch_trainer_serve(ch_trainer *t, ch_err *err);
+
 /* trainer_ckpt.c: the trainer's side of checkpoints. */
 /* Checkpoint DIR/name of the run at pos into cfg.checkpoint_dir (rank 0 writes; others return). */
 ch_status ch_trainer_save_checkpoint(ch_trainer *t, const char *name, const ch_ckpt_position *pos,

@@ -1,0 +1,183 @@
+/* The trainer's place among the ranks: its MPI groups (and parameter servers' roles), the ranks'
+ * agreement on every setting and on the data before any collective depends on them, and a common
+ * clock origin for traces. */
+#include "train/trainer.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <zlib.h>
+
+#include "comm/world.h"
+#include "core/trace.h"
+#include "data/folder.h"
+#include "train/ps.h"
+
+static ch_status check_ranks_agree(ch_trainer *t, ch_err *err);
+
+/* The MPI groups, made in the same order on every rank, once the ranks agree on the job (so that
+ * a rank with other settings never reaches a collective the others do not run). */
+ch_status ch_trainer_join_ranks(ch_trainer *t, ch_err *err)
+{
+    t->procs = t->cfg.local_only ? 1 : ch_world_size();
+    t->proc = t->cfg.local_only ? 0 : ch_world_rank();
+    if (t->procs == 1) return CH_STATUS_OK;
+    CH_TRY(check_ranks_agree(t, err));
+    if (t->cfg.ps_servers > 0) {
+        /* The servers leave the trainers' communicators to the workers. */
+        ch_ps_config pc = { .servers = t->cfg.ps_servers, .staleness = t->cfg.staleness,
+                            .timeout_s = t->cfg.timeout_s > 0 ? t->cfg.timeout_s : 300 };
+        ch_ps_mode_parse(t->cfg.ps_mode, &pc.mode);   /* checked by check_config */
+        CH_TRY(ch_ps_create(&pc, &t->ps, &t->ps_job, err));
+        t->ps_server = ch_ps_is_server(t->ps);
+        t->procs = ch_ps_workers(t->ps);
+        if (t->ps_server || t->procs == 1) return CH_STATUS_OK;
+        CH_TRY(ch_mpi_group_dup(t->ps_job, &t->mpi_grads, err));
+        CH_TRY(ch_mpi_group_dup(t->ps_job, &t->mpi_ctl, err));
+        CH_TRY(ch_mpi_group_dup(t->ps_job, &t->mpi_main, err));
+        ch_mpi_comm_init(&t->mpi_grads_comm, t->mpi_grads);
+        ch_mpi_comm_init(&t->mpi_ctl_comm, t->mpi_ctl);
+        ch_mpi_comm_init(&t->main_comm, t->mpi_main);
+        return CH_STATUS_OK;
+    }
+    CH_TRY(ch_mpi_group_create(t->cfg.timeout_s, &t->mpi_grads, err));
+    CH_TRY(ch_mpi_group_create(t->cfg.timeout_s, &t->mpi_ctl, err));
+    CH_TRY(ch_mpi_group_create(t->cfg.timeout_s, &t->mpi_main, err));
+    ch_mpi_comm_init(&t->mpi_grads_comm, t->mpi_grads);
+    ch_mpi_comm_init(&t->mpi_ctl_comm, t->mpi_ctl);
+    ch_mpi_comm_init(&t->main_comm, t->mpi_main);
+    return CH_STATUS_OK;
+}
+
+static uLong crc32_bytes(uLong crc, const uint8_t *p, size_t len)
+{
+    for (size_t at = 0; at < len; at += 1u << 30)
+        crc = crc32(crc, p + at, (uInt)(len - at < (1u << 30) ? len - at : (1u << 30)));
+    return crc;
+}
+
+/* A data set as text: size, shape, classes and a CRC-32 of its contents (an ImageFolder's: its
+ * file names relative to the split's folder, since hosts may mount it elsewhere). */
+static void describe_dataset(const ch_dataset *d, char *out, size_t len)
+{
+    if (!d) {
+        snprintf(out, len, "none");
+        return;
+    }
+    uLong crc = crc32(0L, Z_NULL, 0);
+    if (d->folder)
+        for (size_t i = 0; i < d->n; i++) {
+            const char *p = d->folder->paths[i] + strlen(d->folder->root);
+            crc = crc32(crc, (const Bytef *)p, (uInt)strlen(p));
+        }
+    else
+        crc = crc32_bytes(crc, d->images, d->n * (size_t)d->c * d->h * d->w);
+    crc = crc32_bytes(crc, (const uint8_t *)d->labels, d->n * sizeof *d->labels);
+    snprintf(out, len, "%zu samples of %dx%dx%d, %d classes, crc %08lx", d->n, d->c, d->h, d->w, d->classes,
+             (unsigned long)crc);
+}
+
+enum { AGREE_MAX = 48 };
+
+typedef struct settings {
+    const char *names[AGREE_MAX];
+    const char *values[AGREE_MAX];
+    char text[AGREE_MAX][128];
+    int n;
+} settings;
+
+static void put_setting(settings *s, const char *name, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void put_setting(settings *s, const char *name, const char *fmt, ...)
+{
+    CH_ASSERT(s->n < AGREE_MAX);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(s->text[s->n], sizeof s->text[s->n], fmt, ap);
+    va_end(ap);
+    s->names[s->n] = name;
+    s->values[s->n] = s->text[s->n];
+    s->n++;
+}
+
+static const char *or_none(const char *s) { return s ? s : "(none)"; }
+
+/* Everything the ranks must share, named as the flags that set it: the data (or the ranks' shares
+ * overlap and the sums mean nothing), every setting that changes the arithmetic, and every one
+ * that decides which collectives run (a checkpoint's sums, the trace's barrier, the epochs). */
+static void job_settings(const ch_trainer *t, settings *s)
+{
+    const ch_train_config *c = &t->cfg;
+    s->n = 0;
+    char data[128];
+    describe_dataset(t->train, data, sizeof data);
+    put_setting(s, "the training data (--data, --train-limit)", "%s", data);
+    describe_dataset(t->test, data, sizeof data);
+    put_setting(s, "the test data (--data, --test-limit)", "%s", data);
+    put_setting(s, "--model", "%s", c->model ? c->model : "(a graph)");
+    put_setting(s, "the model's graph", "%016llx", (unsigned long long)t->graph_print);
+    put_setting(s, "--init", "%s", or_none(c->init));
+    put_setting(s, "--devices (their number)", "%d", t->nreplicas);
+    put_setting(s, "--batch-size", "%d", c->batch_size);
+    put_setting(s, "--accum-steps", "%d", c->accum_steps > 1 ? c->accum_steps : 1);
+    put_setting(s, "--shares", "%s", c->shares && *c->shares ? c->shares : "(equal)");
+    put_setting(s, "--grad-compress", "%s", ch_grad_compress_name(t->compress));
+    put_setting(s, "--zero", "%d", c->zero);
+    put_setting(s, "--ps-servers", "%d", c->ps_servers);
+    put_setting(s, "--ps-mode", "%s", or_none(c->ps_mode));
+    put_setting(s, "--staleness", "%d", c->staleness);
+    put_setting(s, "--epochs", "%d", c->epochs);
+    put_setting(s, "--seed", "%llu", (unsigned long long)c->seed);
+    put_setting(s, "--optimizer", "%s", or_none(c->optimizer));
+    put_setting(s, "--lr", "%.17g", c->lr);
+    put_setting(s, "--momentum", "%.17g", c->momentum);
+    put_setting(s, "--nesterov", "%d", c->nesterov);
+    put_setting(s, "--dampening", "%.17g", c->dampening);
+    put_setting(s, "--betas", "%.17g,%.17g", c->beta1, c->beta2);
+    put_setting(s, "--eps", "%.17g", c->eps);
+    put_setting(s, "--weight-decay", "%.17g", c->weight_decay);
+    put_setting(s, "--schedule", "%s", or_none(c->schedule));
+    put_setting(s, "--step-size", "%d", c->step_size);
+    put_setting(s, "--gamma", "%.17g", c->gamma);
+    put_setting(s, "--milestones", "%s", or_none(c->milestones));
+    put_setting(s, "--t-max", "%d", c->t_max);
+    put_setting(s, "--eta-min", "%.17g", c->eta_min);
+    put_setting(s, "--warmup-epochs", "%d", c->warmup_epochs);
+    put_setting(s, "--scale-lr", "%d", c->scale_lr);
+    put_setting(s, "--random-crop", "%d", c->random_crop);
+    put_setting(s, "--random-flip", "%d", c->random_flip);
+    put_setting(s, "--normalize", "%s", or_none(c->normalize));
+    put_setting(s, "--sync-bn", "%d", c->sync_bn);
+    put_setting(s, "--bucket-mb", "%.17g", c->bucket_mb);
+    put_setting(s, "--nan-check", "%d", c->nan_check);
+    put_setting(s, "--checkpoint-dir (given or not)", "%d", c->checkpoint_dir != NULL);
+    put_setting(s, "--checkpoint-every", "%d", c->checkpoint_dir ? c->checkpoint_every : 0);
+    put_setting(s, "--trace (given or not)", "%d", c->trace != NULL);
+    put_setting(s, "--trace-steps", "%d", c->trace ? c->trace_steps : 0);
+}
+
+/* Before any collective that depends on them: every rank must have the same settings. */
+static ch_status check_ranks_agree(ch_trainer *t, ch_err *err)
+{
+    if (t->procs == 1) return CH_STATUS_OK;
+    settings s;
+    job_settings(t, &s);
+    return ch_world_agree("set-up", s.names, s.values, s.n, t->cfg.timeout_s, err);
+}
+
+/* The ranks' monotonic clocks differ (other hosts): take rank 0's reading right after a barrier as
+ * the common origin. Good to the barrier's skew, microseconds on one host. */
+ch_status ch_trainer_align_trace_clocks(ch_trainer *t, ch_err *err)
+{
+    if (!t->cfg.trace || t->procs == 1) return CH_STATUS_OK;
+    snprintf(t->main_comm.what, sizeof t->main_comm.what, "set-up, trace clocks");
+    CH_TRY(ch_comm_barrier(&t->main_comm, err));
+    const int64_t mine = ch_trace_now();
+    double root[1] = { t->proc == 0 ? (double)mine : 0 };
+    CH_TRY(ch_comm_allreduce_sum_f64(&t->main_comm, root, 1, err));
+    t->trace_offset_ns = (int64_t)root[0] - mine;
+    return CH_STATUS_OK;
+}
