@@ -1,0 +1,709 @@
+/* The ONNX importer's operators: each node's attributes and inputs checked and turned into graph
+ * builder calls, or refused in one line naming the node; what PyTorch emits around a model (the
+ * shape arithmetic of view, a final softmax, Identity, Cast, a zero Pad) folded, not run. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "graph/graph.h"
+#include "graph/onnx_imp.h"
+
+/* ---- operators ---- */
+
+static int features_of(const ch_graph *g, int t)
+{
+    const ch_gtensor *x = &g->tensors[t];
+    return x->rank == 1 ? x->dims[0] : x->dims[1] == 1 && x->dims[2] == 1 ? x->dims[0] : -1;
+}
+
+static ch_status op_conv(ch_onnx_imp *m)
+{
+    int x = 0, k = 0, stride = 0, pad = 0, dil = 0;
+    int64_t group = 0;
+    const Onnx__TensorProto *w = NULL;
+    char prefix[CH_NODE_NAME_MAX];
+    CH_TRY(ch_onnx_tensor_in(m, 0, &x));
+    CH_TRY(ch_onnx_weight_of(m, 1, &w, prefix));
+    CH_TRY(ch_onnx_no_auto_pad(m));
+    if (w->n_dims != 4) return ch_onnx_bad(m, "weight '%s' has %zu dimensions, not 4", ch_onnx_show(m, 0, w->name), w->n_dims);
+    CH_TRY(ch_onnx_attr_square(m, "kernel_shape", 2, w->dims[2], 1, 1 << 12, &k));
+    CH_TRY(ch_onnx_attr_square(m, "strides", 2, 1, 1, 1 << 12, &stride));
+    CH_TRY(ch_onnx_attr_square(m, "pads", 4, 0, 0, 1 << 12, &pad));
+    CH_TRY(ch_onnx_attr_square(m, "dilations", 2, 1, 1, 1 << 12, &dil));
+    CH_TRY(ch_onnx_attr_int(m, "group", 1, &group));
+    const int cin = m->g->tensors[x].dims[0];
+    if (m->g->tensors[x].rank != 3) return ch_onnx_bad(m, "needs a (batch, c, h, w) input");
+    if (group < 1 || group > cin || cin % group != 0 || w->dims[0] % group != 0 || w->dims[0] < 1 ||
+        w->dims[0] > (1 << 16))
+        return ch_onnx_bad(m, "group %lld does not divide %d input and %lld output channels", (long long)group, cin,
+                   (long long)w->dims[0]);
+    const int64_t shape[4] = { w->dims[0], cin / group, k, k };
+    bool has_bias;
+    CH_TRY(ch_onnx_param(m, 1, prefix, "weight", shape, 4, NULL));
+    CH_TRY(ch_onnx_param(m, 2, prefix, "bias", shape, 1, &has_bias));
+    const ch_conv2d_args a = { .out_channels = (int)w->dims[0], .kernel = k, .stride = stride, .padding = pad,
+                               .dilation = dil, .groups = (int)group, .no_bias = !has_bias };
+    return ch_onnx_tensor_out(m, ch_graph_conv2d(m->g, prefix, x, &a));
+}
+
+static ch_status op_batchnorm(ch_onnx_imp *m)
+{
+    int x = 0;
+    const Onnx__TensorProto *w = NULL;
+    char prefix[CH_NODE_NAME_MAX];
+    CH_TRY(ch_onnx_tensor_in(m, 0, &x));
+    int64_t training = m->node->n_output > 1; /* opset 13: five outputs in training mode */
+    if (m->opset >= 14) CH_TRY(ch_onnx_attr_int(m, "training_mode", 0, &training));
+    if (!training) return ch_onnx_inference_export(m, m->node->n_input > 3 ? m->node->input[3] : "?");
+    CH_TRY(ch_onnx_weight_of(m, 1, &w, prefix));
+    /* A (batch, features) input is BatchNorm1d's; a (batch, c, length) one has no cohort shape. */
+    const int64_t c[1] = { m->g->tensors[x].dims[0] };
+    static const char *const names[4] = { "weight", "bias", "running_mean", "running_var" };
+    for (size_t i = 0; i < 4; i++) CH_TRY(ch_onnx_param(m, i + 1, prefix, names[i], c, 1, NULL));
+    double eps = 0, momentum = 0;
+    CH_TRY(ch_onnx_attr_float(m, "epsilon", 1e-5, &eps));
+    CH_TRY(ch_onnx_attr_float(m, "momentum", 0.9, &momentum));
+    if (!(eps > 0 && eps < 1) || !(momentum >= 0 && momentum < 1))
+        return ch_onnx_bad(m, "epsilon %g or momentum %g outside (0, 1)", eps, momentum);
+    /* ONNX keeps momentum * running + (1 - momentum) * batch: PyTorch's momentum is 1 - it. */
+    const ch_batchnorm_args a = { .eps = ch_onnx_as_typed(eps), .momentum = ch_onnx_as_typed(1 - momentum) };
+    CH_TRY(ch_onnx_tensor_out(m, ch_graph_batchnorm2d(m->g, prefix, x, &a)));
+    return ch_onnx_dead_from(m, 1, "a running statistic of BatchNormalization, which cohort keeps itself");
+}
+
+static ch_status op_activation(ch_onnx_imp *m)
+{
+    int x = 0;
+    char buf[CH_NODE_NAME_MAX];
+    CH_TRY(ch_onnx_tensor_in(m, 0, &x));
+    const char *op = m->node->op_type, *name = ch_onnx_node_name(m, buf, sizeof buf);
+    if (strcmp(op, "Relu") == 0) return ch_onnx_tensor_out(m, ch_graph_relu(m->g, name, x));
+    if (strcmp(op, "Sigmoid") == 0) return ch_onnx_tensor_out(m, ch_graph_sigmoid(m->g, name, x));
+    if (strcmp(op, "Tanh") == 0) return ch_onnx_tensor_out(m, ch_graph_tanh(m->g, name, x));
+    if (strcmp(op, "HardSwish") == 0) return ch_onnx_tensor_out(m, ch_graph_hardswish(m->g, name, x));
+    if (strcmp(op, "HardSigmoid") == 0) {
+        double alpha = 0, beta = 0;
+        CH_TRY(ch_onnx_attr_float(m, "alpha", 0.2, &alpha));
+        CH_TRY(ch_onnx_attr_float(m, "beta", 0.5, &beta));
+        if ((float)alpha != (float)(1.0 / 6) || beta != 0.5)
+            return ch_onnx_bad(m, "alpha %g, beta %g: only PyTorch's hardsigmoid (alpha 1/6, beta 0.5) is supported", alpha,
+                       beta);
+        return ch_onnx_tensor_out(m, ch_graph_hardsigmoid(m->g, name, x));
+    }
+    if (strcmp(op, "LeakyRelu") == 0) {
+        double alpha = 0;
+        CH_TRY(ch_onnx_attr_float(m, "alpha", 0.01, &alpha));
+        return ch_onnx_tensor_out(m, ch_graph_leaky_relu(m->g, name, x, ch_onnx_as_typed(alpha)));
+    }
+    /* Clip: bounds are optional constant inputs (opset 11 on). */
+    ch_oval *lo, *hi;
+    CH_TRY(ch_onnx_const_in(m, 1, false, &lo));
+    CH_TRY(ch_onnx_const_in(m, 2, false, &hi));
+    if ((lo && lo->n != 1) || (hi && hi->n != 1)) return ch_onnx_bad(m, "Clip bounds must be scalars");
+    return ch_onnx_tensor_out(m, ch_graph_clip(m->g, name, x, lo ? lo->f[0] : -INFINITY, hi ? hi->f[0] : INFINITY));
+}
+
+static ch_status op_pool(ch_onnx_imp *m)
+{
+    int x = 0, k = 0, stride = 0, pad = 0, dil = 0;
+    int64_t ceil_mode = 0, include_pad = 0, order = 0;
+    char buf[CH_NODE_NAME_MAX];
+    const bool is_max = strcmp(m->node->op_type, "MaxPool") == 0;
+    ch_oval *xv;
+    CH_TRY(ch_onnx_tensor_val(m, 0, &xv));
+    x = xv->tensor;
+    CH_TRY(ch_onnx_no_auto_pad(m));
+    if (!ch_onnx_attr(m->node, "kernel_shape")) return ch_onnx_bad(m, "no kernel_shape");
+    CH_TRY(ch_onnx_attr_square(m, "kernel_shape", 2, 1, 1, 1 << 12, &k));
+    CH_TRY(ch_onnx_attr_square(m, "strides", 2, 1, 1, 1 << 12, &stride));
+    CH_TRY(ch_onnx_attr_square(m, "pads", 4, 0, 0, 1 << 12, &pad));
+    CH_TRY(ch_onnx_attr_square(m, "dilations", 2, 1, 1, 1, &dil));
+    CH_TRY(ch_onnx_attr_int(m, "ceil_mode", 0, &ceil_mode));
+    CH_TRY(ch_onnx_attr_int(m, "count_include_pad", 0, &include_pad));
+    CH_TRY(ch_onnx_attr_int(m, "storage_order", 0, &order));
+    if (order != 0) return ch_onnx_bad(m, "storage_order %lld (column-major indices) is not supported", (long long)order);
+    if (xv->padded) {
+        /* Pad + AveragePool: AvgPool2d(padding=p) with count_include_pad, as torch exports it. */
+        if (pad != 0 || ceil_mode != 0)
+            return ch_onnx_bad(m, "an AveragePool with pads or ceil_mode after a Pad is not supported");
+        pad = xv->padded;
+        include_pad = 1;
+    }
+    const ch_pool2d_args a = { .kernel = k, .stride = stride, .padding = pad, .ceil_mode = ceil_mode != 0,
+                               .exclude_pad = include_pad == 0 };
+    const char *name = ch_onnx_node_name(m, buf, sizeof buf);
+    CH_TRY(ch_onnx_tensor_out(m, is_max ? ch_graph_max_pool2d(m->g, name, x, &a) : ch_graph_avg_pool2d(m->g, name, x, &a)));
+    return ch_onnx_dead_from(m, 1, "MaxPool's indices, which cohort does not compute");
+}
+
+static ch_status op_global_pool(ch_onnx_imp *m)
+{
+    int x = 0;
+    char buf[CH_NODE_NAME_MAX];
+    CH_TRY(ch_onnx_tensor_in(m, 0, &x));
+    return ch_onnx_tensor_out(m, ch_graph_global_avg_pool(m->g, ch_onnx_node_name(m, buf, sizeof buf), x));
+}
+
+static ch_status op_reduce_mean(ch_onnx_imp *m)
+{
+    int x = 0;
+    int64_t keep = 0;
+    char buf[CH_NODE_NAME_MAX];
+    CH_TRY(ch_onnx_tensor_in(m, 0, &x));
+    CH_TRY(ch_onnx_attr_int(m, "keepdims", 1, &keep));
+    const Onnx__AttributeProto *a = ch_onnx_attr(m->node, "axes");
+    bool hw = a && a->type == ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__INTS && a->n_ints == 2 &&
+              m->g->tensors[x].rank == 3;
+    for (size_t i = 0; hw && i < 2; i++) hw = a->ints[i] == 2 || a->ints[i] == 3 || a->ints[i] == -1 || a->ints[i] == -2;
+    if (hw) hw = (a->ints[0] + 4) % 4 != (a->ints[1] + 4) % 4;
+    if (!hw) return ch_onnx_bad(m, "only the mean over height and width (axes 2, 3) of a (batch, c, h, w) tensor is supported");
+    return ch_onnx_tensor_out(m, ch_graph_mean_hw(m->g, ch_onnx_node_name(m, buf, sizeof buf), x, keep != 0));
+}
+
+static ch_status op_flatten(ch_onnx_imp *m)
+{
+    ch_oval *v;
+    int64_t axis = 0;
+    char buf[CH_NODE_NAME_MAX];
+    CH_TRY(ch_onnx_tensor_val(m, 0, &v));
+    CH_TRY(ch_onnx_attr_int(m, "axis", 1, &axis));
+    if (axis != 1) return ch_onnx_bad(m, "axis %lld: only flattening all but the batch dimension (axis 1) is supported",
+                              (long long)axis);
+    if (m->g->tensors[v->tensor].rank == 1) return ch_onnx_alias_out(m, v);
+    return ch_onnx_tensor_out(m, ch_graph_flatten(m->g, ch_onnx_node_name(m, buf, sizeof buf), v->tensor));
+}
+
+/* Reshape with the batch symbolic: to (batch, c*h*w) is flatten; to the same shape, nothing; to
+ * another (batch, c, h, w), a view. */
+static ch_status op_reshape(ch_onnx_imp *m)
+{
+    ch_oval *v, *s;
+    int64_t allowzero = 0;
+    char buf[CH_NODE_NAME_MAX];
+    CH_TRY(ch_onnx_tensor_val(m, 0, &v));
+    CH_TRY(ch_onnx_const_in(m, 1, true, &s));
+    CH_TRY(ch_onnx_attr_int(m, "allowzero", 0, &allowzero));
+    const ch_gtensor *x = &m->g->tensors[v->tensor];
+    const int64_t in[4] = { CH_ONNX_BATCH, x->dims[0], x->rank == 3 ? x->dims[1] : 1, x->rank == 3 ? x->dims[2] : 1 };
+    const int in_rank = x->rank + 1;
+    const double per = (double)x->dims[0] * x->dims[1] * x->dims[2];
+    if (s->is_float || s->rank != 1 || s->n < 2 || s->n > 4 || allowzero)
+        return ch_onnx_bad(m, "the target shape must be 2 to 4 integers (batch first)");
+    int64_t t[4];
+    int infer = -1;
+    double known = 1;
+    for (int i = 0; i < s->n; i++) {
+        t[i] = s->i[i];
+        if (t[i] == 0 && i < in_rank) t[i] = in[i];
+        if (t[i] == -1) {
+            if (infer >= 0) return ch_onnx_bad(m, "two dimensions of the target shape are -1");
+            infer = i;
+        } else if (i > 0 && (t[i] < 1 || t[i] > (1 << 30))) {
+            return ch_onnx_bad(m, "target dimension %d is %lld", i, t[i] == CH_ONNX_BATCH ? -2LL : (long long)t[i]);
+        } else if (i > 0) {
+            known *= (double)t[i];
+        }
+    }
+    if (t[0] != CH_ONNX_BATCH && infer != 0)
+        return ch_onnx_bad(m, "reshapes to a batch of %lld, fixed when the model was exported: write x.view(x.size(0), -1) "
+                   "or torch.flatten(x, 1)", (long long)t[0]);
+    if (infer > 0) t[infer] = (int64_t)(per / known);
+    if (infer > 0 ? fmod(per, known) != 0 : known != per)
+        return ch_onnx_bad(m, "target shape does not hold the %.0f values of a sample", per);
+    if (s->n == 2) {
+        if (x->rank == 1) return ch_onnx_alias_out(m, v);
+        return ch_onnx_tensor_out(m, ch_graph_flatten(m->g, ch_onnx_node_name(m, buf, sizeof buf), v->tensor));
+    }
+    if (s->n == in_rank && x->rank == 3 && t[1] == in[1] && t[2] == in[2] && t[3] == in[3]) return ch_onnx_alias_out(m, v);
+    if (s->n == 4)
+        return ch_onnx_tensor_out(m, ch_graph_view(m->g, ch_onnx_node_name(m, buf, sizeof buf), v->tensor, (int)t[1], (int)t[2],
+                                           (int)t[3]));
+    return ch_onnx_bad(m, "reshape of a (%d, %d, %d) sample to %d dimensions: cohort reshapes to (batch, features) or "
+               "(batch, c, h, w) only", x->dims[0], x->dims[1], x->dims[2], s->n);
+}
+
+static ch_status op_gemm(ch_onnx_imp *m)
+{
+    int x = 0;
+    int64_t ta = 0, tb = 0;
+    double alpha = 0, beta = 0;
+    const Onnx__TensorProto *w = NULL;
+    char prefix[CH_NODE_NAME_MAX];
+    CH_TRY(ch_onnx_tensor_in(m, 0, &x));
+    CH_TRY(ch_onnx_weight_of(m, 1, &w, prefix));
+    CH_TRY(ch_onnx_attr_int(m, "transA", 0, &ta));
+    CH_TRY(ch_onnx_attr_int(m, "transB", 0, &tb));
+    CH_TRY(ch_onnx_attr_float(m, "alpha", 1, &alpha));
+    CH_TRY(ch_onnx_attr_float(m, "beta", 1, &beta));
+    if (ta != 0 || tb != 1 || alpha != 1 || beta != 1)
+        return ch_onnx_bad(m, "only nn.Linear's form (transA 0, transB 1, alpha 1, beta 1) is supported");
+    const int f = features_of(m->g, x);
+    if (f < 0) return ch_onnx_bad(m, "input is not flat: flatten it first");
+    if (w->n_dims != 2 || w->dims[0] < 1 || w->dims[0] > (1 << 20))
+        return ch_onnx_bad(m, "weight '%s' is not (out_features, in_features)", ch_onnx_show(m, 0, w->name));
+    const int64_t shape[2] = { w->dims[0], f };
+    bool has_bias;
+    CH_TRY(ch_onnx_param(m, 1, prefix, "weight", shape, 2, NULL));
+    CH_TRY(ch_onnx_param(m, 2, prefix, "bias", shape, 1, &has_bias));
+    return ch_onnx_tensor_out(m, ch_graph_linear(m->g, prefix, x, (int)w->dims[0], has_bias));
+}
+
+/* nn.Linear without bias: MatMul(x, Transpose(weight)). */
+static ch_status op_matmul(ch_onnx_imp *m)
+{
+    int x = 0;
+    ch_oval *b;
+    const Onnx__TensorProto *w = NULL;
+    char prefix[CH_NODE_NAME_MAX];
+    CH_TRY(ch_onnx_tensor_in(m, 0, &x));
+    CH_TRY(ch_onnx_input(m, 1, true, &b));
+    if (b->kind != CH_OVAL_PARAM_T)
+        return ch_onnx_bad(m, "only x @ weight.t() (nn.Linear without bias) is supported");
+    CH_TRY(ch_onnx_weight_of(m, 1, &w, prefix));
+    const int f = features_of(m->g, x);
+    if (f < 0) return ch_onnx_bad(m, "input is not flat: flatten it first");
+    if (w->dims[0] < 1 || w->dims[0] > (1 << 20)) return ch_onnx_bad(m, "weight '%s' has %lld rows", ch_onnx_show(m, 0, w->name),
+                                                             (long long)w->dims[0]);
+    const int64_t shape[2] = { w->dims[0], f };
+    CH_TRY(ch_onnx_param(m, 1, prefix, "weight", shape, 2, NULL));
+    return ch_onnx_tensor_out(m, ch_graph_linear(m->g, prefix, x, (int)w->dims[0], false));
+}
+
+static ch_status op_transpose(ch_onnx_imp *m)
+{
+    ch_oval *v, *o;
+    CH_TRY(ch_onnx_input(m, 0, true, &v));
+    const Onnx__AttributeProto *p = ch_onnx_attr(m->node, "perm");
+    if (v->kind != CH_OVAL_PARAM || v->init->n_dims != 2 || !p || p->n_ints != 2 || p->ints[0] != 1 || p->ints[1] != 0)
+        return ch_onnx_bad(m, "only the transpose of a 2-D weight, read by MatMul (nn.Linear without bias), is supported");
+    CH_TRY(ch_onnx_define(m, 0, CH_OVAL_PARAM_T, &o));
+    o->init = v->init;
+    return CH_STATUS_OK;
+}
+
+/* Input k of an elementwise op: a tensor (maybe an Expand's output) or a single constant number. */
+static ch_status operand(ch_onnx_imp *m, size_t k, ch_oval **out)
+{
+    CH_TRY(ch_onnx_input(m, k, true, out));
+    if ((*out)->kind == CH_OVAL_TENSOR) return (*out)->pending ? ch_onnx_tensor_val(m, k, out) : CH_STATUS_OK;
+    CH_TRY(ch_onnx_const_in(m, k, true, out));
+    if ((*out)->n != 1)
+        return ch_onnx_bad(m, "input '%s' is a constant of %d numbers: cohort combines tensors with tensors or with single "
+                   "numbers", ch_onnx_show(m, 0, (*out)->name), (*out)->n);
+    return CH_STATUS_OK;
+}
+
+/* A tensor and a number: x + c, c + x, x * c, c * x, x - c, c - x, x / c as one affine node. */
+static ch_status op_with_number(ch_onnx_imp *m, const ch_oval *a, const ch_oval *b)
+{
+    const bool x_first = a->kind == CH_OVAL_TENSOR;
+    const ch_oval *x = x_first ? a : b, *c = x_first ? b : a;
+    const double v = c->is_float ? c->f[0] : (double)c->i[0];
+    const char *op = m->node->op_type;
+    double scale = 1, shift = 0;
+    if (x->expanded)
+        return ch_onnx_bad(m, "reads '%s', the output of an Expand, with a number: only tensors broadcast", ch_onnx_show(m, 0, x->name));
+    if (strcmp(op, "Add") == 0) shift = v;
+    else if (strcmp(op, "Mul") == 0) scale = v;
+    else if (strcmp(op, "Sub") == 0) scale = x_first ? 1 : -1, shift = x_first ? -v : v;
+    else if (x_first && v != 0) scale = 1 / v;
+    else return ch_onnx_bad(m, "%s: only a tensor divided by a nonzero number is supported", x_first ? "division by 0" : "a number divided by a tensor");
+    if (!isfinite(scale) || !isfinite(shift)) return ch_onnx_bad(m, "constant %g is not finite", v);
+    char buf[CH_NODE_NAME_MAX];
+    return ch_onnx_tensor_out(m, ch_graph_affine(m->g, ch_onnx_node_name(m, buf, sizeof buf), x->tensor, scale, shift));
+}
+
+/* An operand's dims aligned right as (c, h, w): an expanded one's as the Expand made them. */
+static void aligned(const ch_graph *g, const ch_oval *v, int d[3])
+{
+    const ch_gtensor *t = &g->tensors[v->tensor];
+    for (int i = 0; i < 3; i++)
+        d[i] = v->expanded ? v->edims[i] : t->rank == 1 ? (i == 2 ? t->dims[0] : 1) : t->dims[i];
+}
+
+/* Add or Mul of an Expand's output: the broadcast inside the op must give the Expand's shape, or
+ * dropping the Expand would change the result. */
+static ch_status check_expanded(ch_onnx_imp *m, const ch_oval *a, const ch_oval *b, int t)
+{
+    if (!a->expanded && !b->expanded) return CH_STATUS_OK;
+    int da[3], db[3], got[3];
+    aligned(m->g, a, da);
+    aligned(m->g, b, db);
+    const ch_oval r = { .kind = CH_OVAL_TENSOR, .tensor = t };
+    aligned(m->g, &r, got);
+    for (int i = 0; i < 3; i++)
+        if (got[i] != (da[i] == 1 ? db[i] : da[i]))
+            return ch_onnx_bad(m, "an Expand to %dx%dx%d is wider than the broadcast of its %s: not supported",
+                       (a->expanded ? a : b)->edims[0], (a->expanded ? a : b)->edims[1],
+                       (a->expanded ? a : b)->edims[2], m->node->op_type);
+    return CH_STATUS_OK;
+}
+
+static ch_status op_binary(ch_onnx_imp *m)
+{
+    ch_oval *a, *b;
+    CH_TRY(operand(m, 0, &a));
+    CH_TRY(operand(m, 1, &b));
+    const char *op = m->node->op_type;
+    if (a->kind != CH_OVAL_TENSOR && b->kind != CH_OVAL_TENSOR)
+        return ch_onnx_bad(m, "both inputs are constants: cohort computes nothing from constants alone");
+    if (a->kind != CH_OVAL_TENSOR || b->kind != CH_OVAL_TENSOR) return op_with_number(m, a, b);
+    if (strcmp(op, "Add") != 0 && strcmp(op, "Mul") != 0)
+        return ch_onnx_bad(m, "%s of two tensors is not supported (Add and Mul are)", ch_onnx_show(m, 0, op));
+    char buf[CH_NODE_NAME_MAX];
+    const char *name = ch_onnx_node_name(m, buf, sizeof buf);
+    const int t = op[0] == 'A' ? ch_graph_add(m->g, name, a->tensor, b->tensor)
+                               : ch_graph_mul(m->g, name, a->tensor, b->tensor);
+    if (t >= 0) CH_TRY(check_expanded(m, a, b, t));
+    return ch_onnx_tensor_out(m, t);
+}
+
+/* y.expand_as(x), y.expand(n, c, h, w): kept as a mark on y for the Add or Mul that reads it. */
+static ch_status op_expand(ch_onnx_imp *m)
+{
+    ch_oval *v, *s;
+    CH_TRY(ch_onnx_tensor_val(m, 0, &v));
+    CH_TRY(ch_onnx_const_in(m, 1, true, &s));
+    if (s->is_float || s->rank != 1 || s->n < 2 || s->n > 4)
+        return ch_onnx_bad(m, "the target shape must be 2 to 4 integers (batch first)");
+    if (s->i[0] != CH_ONNX_BATCH && s->i[0] != 1)
+        return ch_onnx_bad(m, "expands to a batch of %lld, fixed when the model was exported: write y.expand_as(x)",
+                   (long long)s->i[0]);
+    int have[3], want[3] = { 1, 1, 1 };
+    aligned(m->g, v, have);
+    for (int i = 1; i < s->n; i++) {
+        const int64_t d = s->i[i];
+        if (d < 1 || d > (1 << 20)) return ch_onnx_bad(m, "target dimension %d is %lld", i, d == CH_ONNX_BATCH ? -2LL : (long long)d);
+        want[3 - s->n + i] = (int)d;
+    }
+    bool same = true;
+    for (int i = 0; i < 3; i++) {
+        if (have[i] != want[i] && have[i] != 1 && want[i] != 1)
+            return ch_onnx_bad(m, "cannot expand dimension %d of size %d to %d", i + 1, have[i], want[i]);
+        want[i] = have[i] == 1 ? want[i] : have[i];
+        same = same && want[i] == have[i];
+    }
+    CH_TRY(ch_onnx_alias_out(m, v));
+    if (same) return CH_STATUS_OK;
+    ch_oval *o = ch_ovals_find(&m->vals, m->node->output[0]);
+    o->expanded = true;
+    memcpy(o->edims, want, sizeof want);
+    return CH_STATUS_OK;
+}
+
+static ch_status op_dropout(ch_onnx_imp *m)
+{
+    int x = 0;
+    ch_oval *ratio;
+    char buf[CH_NODE_NAME_MAX];
+    CH_TRY(ch_onnx_tensor_in(m, 0, &x));
+    CH_TRY(ch_onnx_const_in(m, 1, false, &ratio));
+    if (ratio && ratio->n != 1) return ch_onnx_bad(m, "ratio must be a scalar");
+    /* training_mode (input 2) only says how the module was exported; cohort trains with it on. */
+    CH_TRY(ch_onnx_tensor_out(m, ch_graph_dropout(m->g, ch_onnx_node_name(m, buf, sizeof buf), x, ratio ? ratio->f[0] : 0.5)));
+    return ch_onnx_dead_from(m, 1, "Dropout's mask, which cohort does not give out");
+}
+
+/* Pad of a (batch, c, h, w) tensor with zeros: nothing, or the same number of pixels on every
+ * side of h and w, marked for the AveragePool that must read it (tensor_val). */
+static ch_status op_pad(ch_onnx_imp *m)
+{
+    ch_oval *v, *pads, *value;
+    CH_TRY(ch_onnx_tensor_val(m, 0, &v));
+    CH_TRY(ch_onnx_const_in(m, 1, true, &pads));
+    CH_TRY(ch_onnx_const_in(m, 2, false, &value));
+    const Onnx__AttributeProto *mode = ch_onnx_attr(m->node, "mode");
+    if (mode && !(mode->type == ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__STRING && mode->s.len == 8 &&
+                  memcmp(mode->s.data, "constant", 8) == 0))
+        return ch_onnx_bad(m, "only constant padding is supported (reflect and edge are not)");
+    if (value && (value->n != 1 || value->f[0] != 0)) return ch_onnx_bad(m, "only padding with zeros is supported");
+    bool zero = true;
+    for (int i = 0; i < pads->n; i++) zero = zero && pads->i[i] == 0;
+    if (zero) return ch_onnx_alias_out(m, v);
+    /* pads: (n, c, h, w) begins, then ends. */
+    const int64_t *p = pads->i;
+    if (pads->n != 8 || m->g->tensors[v->tensor].rank != 3 || p[0] || p[1] || p[4] || p[5] || p[2] != p[3] ||
+        p[2] != p[6] || p[2] != p[7] || p[2] < 1 || p[2] > 1 << 12)
+        return ch_onnx_bad(m, "only the same zero padding on every side of h and w is supported (as before an "
+                   "AvgPool2d with count_include_pad); pad in the Conv or the pooling instead");
+    CH_TRY(ch_onnx_alias_out(m, v));
+    ch_ovals_find(&m->vals, m->node->output[0])->padded = (int)p[2];
+    return CH_STATUS_OK;
+}
+
+/* The cross-entropy's log-softmax, exported by a model that ends in log_softmax (or softmax):
+ * the graph's output is its input, the logits. */
+static ch_status op_softmax(ch_onnx_imp *m)
+{
+    ch_oval *v, *o;
+    int64_t axis = 0;
+    CH_TRY(ch_onnx_tensor_val(m, 0, &v));
+    CH_TRY(ch_onnx_attr_int(m, "axis", m->opset >= 13 ? -1 : 1, &axis));
+    if (features_of(m->g, v->tensor) < 0 || (axis != 1 && axis != -1 && !(axis == -3 && m->g->tensors[v->tensor].rank == 3)))
+        return ch_onnx_bad(m, "only a softmax over the classes of (batch, classes) logits is supported");
+    if (m->node->n_output < 1 || strcmp(m->node->output[0], m->output) != 0)
+        return ch_onnx_bad(m, "a %s is supported only as the model's last operation (folded into the cross-entropy)",
+                   ch_onnx_show(m, 0, m->node->op_type));
+    CH_TRY(ch_onnx_alias_out(m, v));
+    o = ch_ovals_find(&m->vals, m->node->output[0]);
+    o->folded_softmax = true;
+    return CH_STATUS_OK;
+}
+
+static ch_status op_identity(ch_onnx_imp *m)
+{
+    ch_oval *v;
+    CH_TRY(ch_onnx_input(m, 0, true, &v));
+    return ch_onnx_alias_out(m, v);
+}
+
+static ch_status op_cast(ch_onnx_imp *m)
+{
+    ch_oval *v;
+    int64_t to = 0;
+    CH_TRY(ch_onnx_input(m, 0, true, &v));
+    CH_TRY(ch_onnx_attr_int(m, "to", 0, &to));
+    const bool to_float = to == ONNX__TENSOR_PROTO__DATA_TYPE__FLOAT;
+    if (v->kind == CH_OVAL_TENSOR && to_float) return ch_onnx_alias_out(m, v);
+    if (v->kind != CH_OVAL_CONST && v->kind != CH_OVAL_PARAM)
+        return ch_onnx_bad(m, "casts of tensors to type %lld are not supported", (long long)to);
+    CH_TRY(ch_onnx_const_in(m, 0, true, &v));
+    ch_oval c = *v;
+    c.is_float = to_float || to == ONNX__TENSOR_PROTO__DATA_TYPE__DOUBLE;
+    for (int i = 0; i < c.n; i++) c.f[i] = c.is_float ? c.f[i] : (double)c.i[i];
+    return ch_onnx_alias_out(m, &c);
+}
+
+static ch_status op_constant(ch_onnx_imp *m)
+{
+    ch_oval *o;
+    CH_TRY(ch_onnx_define(m, 0, CH_OVAL_CONST, &o));
+    const Onnx__AttributeProto *a = m->node->n_attribute == 1 ? m->node->attribute[0] : NULL;
+    if (a && a->name && strcmp(a->name, "value") == 0 && a->t) {
+        char what[120];
+        snprintf(what, sizeof what, "the value of Constant '%s'", ch_onnx_show(m, 0, m->node->name));
+        ch_err e;
+        return ch_onnx_tensor_const(a->t, what, o, &e) == CH_STATUS_OK ? CH_STATUS_OK : ch_onnx_bad(m, "%s", e.msg);
+    }
+    if (a && a->name && (strcmp(a->name, "value_int") == 0 || strcmp(a->name, "value_float") == 0)) {
+        o->n = 1;
+        o->is_float = a->type == ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__FLOAT;
+        o->f[0] = o->is_float ? a->f : (double)a->i;
+        o->i[0] = o->is_float ? 0 : a->i;
+        return CH_STATUS_OK;
+    }
+    if (a && a->name && strcmp(a->name, "value_ints") == 0 && a->n_ints <= CH_ONNX_CONST_MAX) {
+        o->rank = 1;
+        o->n = (int)a->n_ints;
+        for (int i = 0; i < o->n; i++) o->f[i] = (double)(o->i[i] = a->ints[i]);
+        return CH_STATUS_OK;
+    }
+    return ch_onnx_bad(m, "only a tensor, int, float or ints value of at most %d numbers is supported", CH_ONNX_CONST_MAX);
+}
+
+/* ---- shape arithmetic, folded ---- */
+
+static ch_status op_shape(ch_onnx_imp *m)
+{
+    ch_oval *v, *o;
+    int64_t start = 0, end = 0;
+    CH_TRY(ch_onnx_tensor_val(m, 0, &v));
+    const ch_gtensor *x = &m->g->tensors[v->tensor];
+    const int64_t dims[4] = { CH_ONNX_BATCH, x->dims[0], x->dims[1], x->dims[2] };
+    const int r = x->rank + 1;
+    CH_TRY(ch_onnx_attr_int(m, "start", 0, &start));
+    CH_TRY(ch_onnx_attr_int(m, "end", r, &end));
+    start = start < 0 ? start + r : start;
+    end = end < 0 ? end + r : end;
+    start = start < 0 ? 0 : start > r ? r : start;
+    end = end < start ? start : end > r ? r : end;
+    CH_TRY(ch_onnx_define(m, 0, CH_OVAL_CONST, &o));
+    o->rank = 1;
+    o->n = (int)(end - start);
+    for (int i = 0; i < o->n; i++) o->f[i] = (double)(o->i[i] = dims[start + i]);
+    return CH_STATUS_OK;
+}
+
+static ch_status op_gather(ch_onnx_imp *m)
+{
+    ch_oval *d, *idx, *o;
+    int64_t axis = 0;
+    CH_TRY(ch_onnx_const_in(m, 0, true, &d));
+    CH_TRY(ch_onnx_const_in(m, 1, true, &idx));
+    CH_TRY(ch_onnx_attr_int(m, "axis", 0, &axis));
+    if (d->rank != 1 || axis != 0 || idx->is_float)
+        return ch_onnx_bad(m, "only indexing a shape vector is supported");
+    CH_TRY(ch_onnx_define(m, 0, CH_OVAL_CONST, &o));
+    o->rank = idx->rank;
+    o->n = idx->n;
+    for (int i = 0; i < idx->n; i++) {
+        int64_t k = idx->i[i] < 0 ? idx->i[i] + d->n : idx->i[i];
+        if (k < 0 || k >= d->n) return ch_onnx_bad(m, "index %lld outside a vector of %d", (long long)idx->i[i], d->n);
+        o->i[i] = d->i[k];
+        o->f[i] = d->f[k];
+    }
+    o->is_float = d->is_float;
+    return CH_STATUS_OK;
+}
+
+/* The per-sample shape of tensor value v as ONNX sees it (without the batch); its rank. */
+static int sample_shape(const ch_onnx_imp *m, const ch_oval *v, int *d)
+{
+    const ch_gtensor *t = &m->g->tensors[v->tensor];
+    if (v->pending) return (d[0] = v->pdims[0], d[1] = v->pdims[1], 2);
+    for (int i = 0; i < t->rank; i++) d[i] = t->dims[i];
+    return t->rank;
+}
+
+/* Output 0 holds v's values as per-sample shape d (rank r): the same tensor, a flatten or a view
+ * in the graph, or a pending (batch, a, b) shape. */
+static ch_status reshaped_out(ch_onnx_imp *m, const ch_oval *v, const int *d, int r)
+{
+    const ch_gtensor *t = &m->g->tensors[v->tensor];
+    char buf[CH_NODE_NAME_MAX];
+    if (r == 2) {
+        CH_TRY(ch_onnx_alias_out(m, v));
+        ch_oval *o = ch_ovals_find(&m->vals, m->node->output[0]);
+        o->pending = true;
+        o->pdims[0] = d[0];
+        o->pdims[1] = d[1];
+        return CH_STATUS_OK;
+    }
+    ch_oval plain = *v;
+    plain.pending = false;
+    if (r == 1 && t->rank == 1) return ch_onnx_alias_out(m, &plain);
+    if (r == 1) return ch_onnx_tensor_out(m, ch_graph_flatten(m->g, ch_onnx_node_name(m, buf, sizeof buf), v->tensor));
+    if (r == 3 && t->rank == 3 && d[0] == t->dims[0] && d[1] == t->dims[1] && d[2] == t->dims[2])
+        return ch_onnx_alias_out(m, &plain);
+    if (r == 3) return ch_onnx_tensor_out(m, ch_graph_view(m->g, ch_onnx_node_name(m, buf, sizeof buf), v->tensor, d[0], d[1], d[2]));
+    return ch_onnx_bad(m, "makes a (batch%s) tensor: cohort has (batch, features) and (batch, c, h, w) tensors only",
+               r == 0 ? "" : ", ...");
+}
+
+/* Squeeze and Unsqueeze of a tensor (y.unsqueeze(-1).unsqueeze(-1), y[:, :, None, None],
+ * x.squeeze(-1), x.squeeze()): the same values in another shape. The batch stays. */
+static ch_status squeeze_tensor(ch_onnx_imp *m, ch_oval *v, bool un)
+{
+    ch_oval *axes;
+    int d[4], r = sample_shape(m, v, d);
+    CH_TRY(ch_onnx_const_in(m, 1, un, &axes));
+    if (axes && (axes->is_float || axes->n < 1 || axes->n > 3))
+        return ch_onnx_bad(m, "axes must be 1 to 3 integers");
+    const int rank = r + 1, out_rank = un ? rank + axes->n : rank; /* with the batch */
+    bool at[8] = { false };
+    for (int i = 0; axes && i < axes->n; i++) {
+        const int64_t a = axes->i[i] < 0 ? axes->i[i] + out_rank : axes->i[i];
+        if (a < 1 || a >= out_rank || at[a])
+            return ch_onnx_bad(m, "axis %lld: only axes after the batch, each once, are supported", (long long)axes->i[i]);
+        at[a] = true;
+    }
+    int o[8], k = 0;
+    if (un) {
+        for (int a = 1, j = 0; a < out_rank; a++) o[k++] = at[a] ? 1 : d[j++];
+    } else {
+        for (int a = 1; a < rank; a++) {
+            const bool drop = axes ? at[a] : d[a - 1] == 1;
+            if (drop && d[a - 1] != 1) return ch_onnx_bad(m, "axis %d has size %d, not 1", a, d[a - 1]);
+            if (!drop) o[k++] = d[a - 1];
+        }
+    }
+    if (k > 3) return ch_onnx_bad(m, "makes a tensor of %d dimensions: cohort has (batch, features) and (batch, c, h, w) only",
+                          k + 1);
+    return reshaped_out(m, v, o, k);
+}
+
+/* Unsqueeze and Squeeze: of tensors, a reshape; of constants, between a scalar and a one-element
+ * vector. */
+static ch_status op_squeeze(ch_onnx_imp *m)
+{
+    ch_oval *d, *axes;
+    const bool un = strcmp(m->node->op_type, "Unsqueeze") == 0;
+    CH_TRY(ch_onnx_input(m, 0, true, &d));
+    if (d->kind == CH_OVAL_TENSOR && !d->expanded) return squeeze_tensor(m, d, un);
+    CH_TRY(ch_onnx_const_in(m, 0, true, &d));
+    CH_TRY(ch_onnx_const_in(m, 1, un, &axes));
+    const bool axis0 = !axes || (axes->n == 1 && (axes->i[0] == 0 || axes->i[0] == -1));
+    if (!axis0 || (un ? d->rank != 0 : d->n != 1))
+        return ch_onnx_bad(m, "only %s of a constant scalar at axis 0 is supported", un ? "unsqueezing" : "squeezing");
+    ch_oval c = *d;
+    c.rank = un;
+    return ch_onnx_alias_out(m, &c);
+}
+
+static ch_status op_concat(ch_onnx_imp *m)
+{
+    const Onnx__NodeProto *n = m->node;
+    if (n->n_input < 1 || n->n_input > 4096) return ch_onnx_bad(m, "%zu inputs", n->n_input);
+    ch_oval *first;
+    int64_t axis = 0;
+    CH_TRY(ch_onnx_input(m, 0, true, &first));
+    CH_TRY(ch_onnx_attr_int(m, "axis", 0, &axis));
+    if (first->kind == CH_OVAL_TENSOR) {
+        int *xs = malloc(sizeof(int) * n->n_input);
+        CH_CHECK_ALLOC(m->err, xs);
+        ch_status st = CH_STATUS_OK;
+        for (size_t i = 0; i < n->n_input && st == CH_STATUS_OK; i++) st = ch_onnx_tensor_in(m, i, &xs[i]);
+        const int rank = m->g->tensors[first->tensor].rank;
+        if (st == CH_STATUS_OK && !(axis == 1 || axis == -rank))
+            st = ch_onnx_bad(m, "axis %lld: tensors are concatenated along channels (axis 1) only", (long long)axis);
+        char buf[CH_NODE_NAME_MAX];
+        if (st == CH_STATUS_OK)
+            st = ch_onnx_tensor_out(m, ch_graph_concat(m->g, ch_onnx_node_name(m, buf, sizeof buf), xs, (int)n->n_input));
+        free(xs);
+        return st;
+    }
+    ch_oval c = { .kind = CH_OVAL_CONST, .rank = 1 };
+    for (size_t i = 0; i < n->n_input; i++) {
+        ch_oval *v;
+        CH_TRY(ch_onnx_const_in(m, i, true, &v));
+        if (v->rank != 1 || v->is_float || c.n + v->n > CH_ONNX_CONST_MAX)
+            return ch_onnx_bad(m, "only the concatenation of short integer vectors (a shape) is folded");
+        for (int k = 0; k < v->n; k++, c.n++) {
+            c.i[c.n] = v->i[k];
+            c.f[c.n] = v->f[k];
+        }
+    }
+    return ch_onnx_alias_out(m, &c);
+}
+
+/* ---- the walk ---- */
+
+typedef struct op_entry {
+    const char *name;
+    ch_status (*fn)(ch_onnx_imp *m);
+    int max_in;     /* inputs the operator has in opsets 13 to 17 (-1: any number) */
+} op_entry;
+
+static const op_entry ops[] = {
+    { "Conv", op_conv, 3 }, { "BatchNormalization", op_batchnorm, 5 }, { "Relu", op_activation, 1 },
+    { "LeakyRelu", op_activation, 1 }, { "Clip", op_activation, 3 }, { "Sigmoid", op_activation, 1 },
+    { "Tanh", op_activation, 1 }, { "MaxPool", op_pool, 1 }, { "AveragePool", op_pool, 1 },
+    { "GlobalAveragePool", op_global_pool, 1 }, { "ReduceMean", op_reduce_mean, 1 }, { "Flatten", op_flatten, 1 },
+    { "Reshape", op_reshape, 2 }, { "Gemm", op_gemm, 3 }, { "MatMul", op_matmul, 2 }, { "Transpose", op_transpose, 1 },
+    { "Add", op_binary, 2 }, { "Mul", op_binary, 2 }, { "Sub", op_binary, 2 }, { "Div", op_binary, 2 },
+    { "Expand", op_expand, 2 }, { "HardSigmoid", op_activation, 1 }, { "HardSwish", op_activation, 1 },
+    { "Concat", op_concat, -1 }, { "Dropout", op_dropout, 3 },
+    { "Pad", op_pad, 3 }, { "LogSoftmax", op_softmax, 1 }, { "Softmax", op_softmax, 1 }, { "Identity", op_identity, 1 },
+    { "Cast", op_cast, 1 }, { "Constant", op_constant, 0 }, { "Shape", op_shape, 1 }, { "Gather", op_gather, 2 },
+    { "Unsqueeze", op_squeeze, 2 }, { "Squeeze", op_squeeze, 2 },
+};
+
+ch_status ch_onnx_import_node(ch_onnx_imp *m, const Onnx__NodeProto *n)
+{
+    m->node = n;
+    if (n->domain && n->domain[0] && strcmp(n->domain, "ai.onnx") != 0)
+        return ch_onnx_bad(m, "operator domain '%s' is not supported (only ONNX's own operators)", ch_onnx_show(m, 0, n->domain));
+    for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) {
+        if (!n->op_type || strcmp(n->op_type, ops[i].name) != 0) continue;
+        /* An input the handler would never read is not dropped silently. */
+        if (ops[i].max_in >= 0 && n->n_input > (size_t)ops[i].max_in)
+            return ch_onnx_bad(m, "%zu inputs; %s takes at most %d", n->n_input, ops[i].name, ops[i].max_in);
+        return ops[i].fn(m);
+    }
+    return ch_onnx_bad(m, "operator '%s' is not supported; cohort imports Conv, BatchNormalization, Relu, LeakyRelu, Clip, "
+               "Sigmoid, Tanh, HardSigmoid, HardSwish, MaxPool, AveragePool, GlobalAveragePool, ReduceMean, Flatten, "
+               "Reshape, Gemm, MatMul, Add, Mul (of tensors or by numbers), Sub and Div by numbers, Expand into Add "
+               "or Mul, Concat, Dropout, a final (Log)Softmax and shape arithmetic", ch_onnx_show(m, 0, n->op_type));
+}
+
