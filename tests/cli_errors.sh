@@ -155,6 +155,10 @@ if [ "$(grep -o '"lr": [0-9.e-]*' "$tmp/lr.jsonl" | cut -d' ' -f2 | tr '\n' ' ')
 expect 2 "--milestones '3,2'" -- "$cohort" train --model lenet --data "$tmp/ok" --schedule multistep --milestones 3,2
 expect 2 "unknown optimizer 'rmsprop'" -- "$cohort" train --model lenet --data "$tmp/ok" --optimizer rmsprop
 
+# The manual page says --model takes your own model as an ONNX file (it once listed the zoo only).
+manual=$("$cohort" help train)
+[[ $manual == *"--model NAME|FILE.onnx"* && $manual == *"training mode"* ]]
+rc=$?; if [ $rc -eq 0 ]; then passes=$((passes + 1)); else echo "FAIL: cohort help train does not say --model takes FILE.onnx"; fails=$((fails + 1)); fi
 # Every flag of `cohort train --help` is in the manual page and in the first column of the
 # README's flag table.
 readme=$(dirname "$0")/../README.md

@@ -16,6 +16,11 @@ T=(--data "$data/fashion-mnist" --train-limit 1024 --test-limit 256 -b 64 --lr 0
 fail() { echo "FAIL: $*"; exit 1; }
 strip() { sed 's/, time .*//' "$1"; }
 
+# --dry-run labels a BatchNorm over features as PyTorch does (it said BatchNorm2d).
+"$cohort" train --model "$tmp/headnet.onnx" --data "$data/fashion-mnist" --train-limit 64 --test-limit 32 --dry-run \
+    >"$tmp/dry" 2>&1
+grep -Eq '^ +bn_fc +BatchNorm1d ' "$tmp/dry" && grep -Eq '^ +bn1 +BatchNorm2d ' "$tmp/dry" ||
+    fail "--dry-run does not label bn_fc BatchNorm1d and bn1 BatchNorm2d: $(grep -i batchnorm "$tmp/dry")"
 "$cohort" train --model "$tmp/densenet.onnx" "${T[@]}" --epochs 2 >"$tmp/full"
 "$cohort" train --model "$tmp/densenet.onnx" "${T[@]}" --epochs 1 --checkpoint-dir "$tmp/ck" >"$tmp/first"
 mv "$tmp/densenet.onnx" "$tmp/gone.onnx"

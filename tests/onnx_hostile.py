@@ -255,6 +255,11 @@ def main(out):
 
     export(Net(), p("eval_export"), training=False)
     case("eval_export", "an inference export (initializer 'onnx::Conv_")
+    # The hint's call names the input, so that its dynamic axis applies (without input_names the
+    # batch stays fixed, and the next error misleads).
+    export(Net(), p("eval_export_hint"), training=False)
+    case("eval_export_hint", 'input_names=["input"], output_names=["output"], dynamic_axes={"input": {0: "batch"}, '
+                             '"output": {0: "batch"}})')
     # Eval mode without folding: BatchNormalization with training_mode 0.
     export(NormAfterRelu(), p("eval_bn"), training=False, opset=15, fold=False)
     case("eval_bn", "node '/bn1/BatchNormalization' (BatchNormalization): an inference export")

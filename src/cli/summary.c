@@ -50,7 +50,7 @@ static double layer_flops(const ch_layer *l)
     if (strcmp(l->ops->kind, "MaxPool2d") == 0 || strcmp(l->ops->kind, "AvgPool2d") == 0 ||
         strcmp(l->ops->kind, "AdaptiveAvgPool2d") == 0)
         return (double)shape_size(l->in);
-    if (strcmp(l->ops->kind, "BatchNorm2d") == 0) return 2.0 * out;
+    if (ch_layer_is_batchnorm(l)) return 2.0 * out;
     if (strcmp(l->ops->kind, "Add") == 0 || strcmp(l->ops->kind, "Mul") == 0) return out;
     if (strcmp(l->ops->kind, "ReLU") == 0 || strcmp(l->ops->kind, "Dropout") == 0) return out;
     return 0;

@@ -213,6 +213,8 @@ static ch_status node_layer(const ch_graph *g, const ch_gnode *nd, ch_layer **ou
         return ch_conv2d_create_opts(nd->name, x, &o, out, err);
     }
     case CH_GOP_BATCHNORM2D:
+        if (g->tensors[nd->in[0]].rank == 1)
+            return ch_batchnorm1d_create_opts(nd->name, x.c, nd->bn.eps, nd->bn.momentum, out, err);
         return ch_batchnorm2d_create_opts(nd->name, x, nd->bn.eps, nd->bn.momentum, out, err);
     case CH_GOP_RELU: return ch_relu_create(nd->name, x, out, err);
     case CH_GOP_ACT: return ch_activation_create(nd->name, x, &nd->act, out, err);

@@ -23,7 +23,7 @@ const char *ch_onnx_show(ch_onnx_imp *m, int slot, const char *s)
 
 ch_status ch_onnx_bad(ch_onnx_imp *m, const char *fmt, ...)
 {
-    char msg[400];
+    char msg[700];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
@@ -235,7 +235,8 @@ ch_status ch_onnx_inference_export(ch_onnx_imp *m, const char *init)
 {
     return ch_onnx_bad(m, "an inference export (initializer '%s'; BatchNorm folded into Conv or run in eval mode) cannot "
                "train: export with torch.onnx.export(model, x, \"%s\", training=torch.onnx.TrainingMode.TRAINING, "
-               "do_constant_folding=False, dynamic_axes={\"input\": {0: \"batch\"}})", ch_onnx_show(m, 0, init),
+               "do_constant_folding=False, input_names=[\"input\"], output_names=[\"output\"], dynamic_axes={\"input\": "
+               "{0: \"batch\"}, \"output\": {0: \"batch\"}})", ch_onnx_show(m, 0, init),
                ch_onnx_show(m, 1, m->file));
 }
 

@@ -175,7 +175,16 @@ static const ch_layer_ops bn_ops = {
     .free_impl = bn_free, .y_unread_by_backward = true,
 };
 
-bool ch_layer_is_batchnorm(const ch_layer *l) { return l->ops == &bn_ops; }
+/* The same layer over (features) tensors (h = w = 1), named as PyTorch names it. */
+static const ch_layer_ops bn1d_ops = {
+    .kind = "BatchNorm1d", .plan = bn_plan, .forward = bn_forward, .backward = bn_backward,
+    .free_impl = bn_free, .y_unread_by_backward = true,
+};
+
+bool ch_layer_is_batchnorm(const ch_layer *l) { return l->ops == &bn_ops || l->ops == &bn1d_ops; }
+
+static ch_status create(const ch_layer_ops *ops, const char *name, ch_shape3 in, double eps, double momentum,
+                        ch_layer **out, ch_err *err);
 
 ch_status ch_batchnorm2d_create(const char *name, ch_shape3 in, ch_layer **out, ch_err *err)
 {
@@ -185,10 +194,22 @@ ch_status ch_batchnorm2d_create(const char *name, ch_shape3 in, ch_layer **out, 
 ch_status ch_batchnorm2d_create_opts(const char *name, ch_shape3 in, double eps, double momentum,
                                      ch_layer **out, ch_err *err)
 {
+    return create(&bn_ops, name, in, eps, momentum, out, err);
+}
+
+ch_status ch_batchnorm1d_create_opts(const char *name, int features, double eps, double momentum, ch_layer **out,
+                                     ch_err *err)
+{
+    return create(&bn1d_ops, name, (ch_shape3){ features, 1, 1 }, eps, momentum, out, err);
+}
+
+static ch_status create(const ch_layer_ops *ops, const char *name, ch_shape3 in, double eps, double momentum,
+                        ch_layer **out, ch_err *err)
+{
     if (!(eps > 0 && eps < 1) || !(momentum >= 0 && momentum <= 1))
         return ch_fail(err, CH_STATUS_BAD_INPUT, "batchnorm %s: eps %g must be in (0, 1) and momentum "
                        "%g in [0, 1]", name, eps, momentum);
-    ch_layer *l = ch_layer_alloc(&bn_ops, name, in, in);
+    ch_layer *l = ch_layer_alloc(ops, name, in, in);
     CH_CHECK_ALLOC(err, l);
     bn_impl *b = calloc(1, sizeof(bn_impl));
     l->impl = b;

@@ -223,6 +223,9 @@ ch_status ch_batchnorm2d_create(const char *name, ch_shape3 in, ch_layer **out, 
 /* With the given epsilon and momentum (PyTorch's: the weight of the batch statistic). */
 ch_status ch_batchnorm2d_create_opts(const char *name, ch_shape3 in, double eps, double momentum,
                                      ch_layer **out, ch_err *err);
+/* BatchNorm1d: the same layer over (features) tensors, labelled as PyTorch labels it. */
+ch_status ch_batchnorm1d_create_opts(const char *name, int features, double eps, double momentum, ch_layer **out,
+                                     ch_err *err);
 /* A BatchNorm2d's last forward again: y = its output for input x, from the scale and shift that
  * forward saved (the same bits), for a parent that recomputes the output instead of keeping it. */
 void ch_batchnorm2d_reapply(const ch_layer *l, const ch_run *r, int n, const ch_real *x, ch_real *y);
