@@ -112,12 +112,14 @@ units_ok() { awk '/epoch done/ { n++; s = $(NF-1) + $NF; d = $(NF-1) - $NF; if (
 units_ok "$tmp/alogs/workerlog.2" 126 && ok || { bad "async: the server's epochs"; cat "$tmp/alogs/workerlog.2"; }
 units_ok "$tmp/slogs/workerlog.2" 3 && ok || { bad "async --staleness 2: the server's epochs"; cat "$tmp/slogs/workerlog.2"; }
 
-# The async update rule, exactly: with --staleness 0 two workers run in lockstep, each push is one
-# SGD step (no momentum) at the parameters both pulled, so an epoch ends where the 2-rank allreduce
-# run ends, float rounding apart (a server stepping with lr/W passed the accuracy checks above).
+# The async update rule: with --staleness 0 two workers run in lockstep, each push is one SGD step
+# (no momentum) at the parameters both pulled, so an epoch ends where the 2-rank allreduce run
+# ends, up to the order in which the server applies the two pushes of a step (arrival order: the
+# rounding of (p - a) - b against (p - b) - a, grown over 32 steps, measured 1e-6 to 5e-5). A server
+# stepping with lr/W, which passed the accuracy checks above, ends 6.8e-2 away.
 U=(--epochs 1 --lr 0.02)
 run upd_ar 2 "${U[@]}" && run upd_async 3 "${U[@]}" --ps-servers 1 --ps-mode async --staleness 0 &&
-    close upd_ar upd_async epoch-0001 1e-5
+    close upd_ar upd_async epoch-0001 1e-3
 # The staleness bound as it holds during the epoch, not at its end: with worker 1 slowed (1 ms per
 # sample) worker 0 runs ahead until the bound holds it, and the server records the largest lead it
 # allowed: 2 with --staleness 2 in every epoch (a bound off by one allowed 3).
