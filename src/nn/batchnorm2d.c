@@ -139,7 +139,7 @@ static void bn_forward(ch_layer *l, const ch_run *r, int n, const ch_real *x)
 void ch_batchnorm2d_reapply(const ch_layer *l, const ch_run *r, int n, const ch_real *x, ch_real *y)
 {
     const bn_impl *b = l->impl;
-    CH_ASSERT(l->ops == &bn_ops);
+    CH_ASSERT(ch_layer_is_batchnorm(l));
     r->k->channel_affine(&r->kc, n, l->in.c, l->in.h * l->in.w, x, b->scale, b->shift, y);
 }
 
