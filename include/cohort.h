@@ -212,7 +212,10 @@ ch_status ch_graph_load_onnx(const char *path, ch_graph **out, ch_err *err);
 
 enum { CH_MAX_DEVICES = 64 };
 
-typedef enum ch_device_kind { CH_DEVICE_CPU = 0 } ch_device_kind;
+/* cpu: the CPU backend. scramble: a test backend of CPU kernels whose memory is stored XOR-
+ * scrambled, so that code reaching a replica's memory other than through the backend computes
+ * garbage (what a device the host cannot read would break); it gives the CPU backend's bits. */
+typedef enum ch_device_kind { CH_DEVICE_CPU = 0, CH_DEVICE_SCRAMBLE, CH_DEVICE_KINDS } ch_device_kind;
 
 /* A logical device: one model replica with its own thread. CPU devices share the machine's cores,
  * each gets its own part of them; the index names the device, it does not pick a core. */
@@ -226,11 +229,16 @@ typedef struct ch_device_list {
     ch_device dev[CH_MAX_DEVICES];
 } ch_device_list;
 
-/* Parse "cpu:0,cpu:1", "cpu:0-3" or "cpu*4" (entries may be mixed: "cpu:0,cpu:2-3").
- * Duplicates and unknown kinds are CH_STATUS_BAD_INPUT. */
+/* Parse "cpu:0,cpu:1", "cpu:0-3" or "cpu*4" (entries may be mixed: "cpu:0,cpu:2-3"); the same
+ * for scramble ("scramble*2"). Duplicates, unknown kinds and two kinds in one list are
+ * CH_STATUS_BAD_INPUT. */
 ch_status ch_device_list_parse(const char *spec, ch_device_list *out, ch_err *err);
 /* "cpu:0, cpu:1" (what the epoch line shows between brackets). */
 void ch_device_list_format(const ch_device_list *l, char *buf, size_t len);
+/* "cpu", "scramble": the kind's name, which is also its backend's. */
+const char *ch_device_kind_name(ch_device_kind kind);
+/* "cpu:1", "scramble:0". */
+void ch_device_name(const ch_device *d, char *buf, size_t len);
 
 /* ---- processes (MPI ranks) ----------------------------------------------------------------
  * One program, started alone or by mpirun: `mpirun -np N prog` makes N processes, ranks 0..N-1, that
@@ -304,6 +312,9 @@ typedef struct ch_train_config {
     int loader_workers;       /* threads that decode and augment the next batches ahead of the step
                                * (-j); 0: each device gathers its own slice inside the step */
     uint64_t seed;
+    int in_order;             /* 1: every epoch takes the training samples in the data set's order
+                               * (--shuffle off, to compare a step with a program that does not
+                               * shuffle); 0: a permutation keyed by (seed, epoch) */
     int threads;              /* compute threads; 0: all cores */
     bool nan_check;           /* stop with CH_STATUS_NUMERIC on a non-finite loss */
     const char *devices;      /* device list (ch_device_list_parse); NULL: "cpu:0" */

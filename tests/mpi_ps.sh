@@ -65,7 +65,7 @@ run ar4 4 "${SGD[@]}" && run ps42 6 "${SGD[@]}" --ps-servers 2 && close ar4 ps42
 # the scramble backend (memory only the backend may touch: the pull goes through its staging): the
 # bits of 2 ranks x 2 devices on the CPU backend.
 run ar22 2 "${SGD[@]}" --devices 'cpu*2' --threads 2 &&
-    COHORT_BACKEND=scramble run ps22 3 "${SGD[@]}" --devices 'cpu*2' --threads 2 --ps-servers 1 &&
+    run ps22 3 "${SGD[@]}" --devices 'scramble*2' --threads 2 --ps-servers 1 &&
     same ar22 ps22 epoch-0002
 
 # Checkpoints across the modes, both ways, and a mid-epoch step checkpoint of a PS run.

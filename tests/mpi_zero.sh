@@ -63,7 +63,7 @@ local_run() {
 }
 local_run loc "${ADAM[@]}" --devices cpu*3 && local_run loc_zero "${ADAM[@]}" --devices cpu*3 --zero 1 &&
     same loc loc_zero 0002
-COHORT_BACKEND=scramble local_run loc_scr "${ADAM[@]}" --devices cpu*3 --zero 1 && same loc loc_scr 0002
+local_run loc_scr "${ADAM[@]}" --devices 'scramble*3' --zero 1 && same loc loc_scr 0002
 
 # Resume across the flag, both ways: epoch 1 with one setting, epoch 2 with the other.
 run sgd_z1 "${SGD[@]}" --epochs 1 --zero 1 &&

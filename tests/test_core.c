@@ -9,6 +9,7 @@
 #include "core/file.h"
 #include "core/rng.h"
 #include "core/status.h"
+#include "train/options.h"
 #include "train/shares.h"
 
 static void rng_is_a_pure_function_of_key_and_counter(void **state)
@@ -164,6 +165,102 @@ static void shares_cut_by_largest_remainders(void **state)
             }
 }
 
+/* The option table: within one command no name, alias or short name twice; every row has help,
+ * and an argument name exactly when it takes one. */
+static void option_table_names_are_unique_per_command(void **state)
+{
+    (void)state;
+    int n;
+    const ch_opt *t = ch_opt_table(&n);
+    assert_true(n > 40 && n <= CH_OPT_MAX);
+    const unsigned cmds[] = { CH_CMD_TRAIN, CH_CMD_EVAL, CH_CMD_BENCH };
+    for (size_t c = 0; c < 3; c++)
+        for (int i = 0; i < n; i++) {
+            if (!(t[i].cmds & cmds[c])) continue;
+            assert_non_null(t[i].brief);
+            assert_true(strlen(t[i].brief) > 8);
+            const bool takes = t[i].type != CH_OPT_FLAG && strcmp(t[i].name, "no-progress") != 0;
+            assert_int_equal(takes, t[i].arg != NULL);
+            for (int j = i + 1; j < n; j++) {
+                if (!(t[j].cmds & cmds[c])) continue;
+                assert_string_not_equal(t[i].name, t[j].name);
+                if (t[i].alias) assert_string_not_equal(t[i].alias, t[j].name);
+                if (t[i].short_name) assert_int_not_equal(t[i].short_name, t[j].short_name);
+            }
+        }
+}
+
+/* One range per flag: the command line's parser (ch_opt_set) and the library's check of a
+ * configuration a C caller filled (ch_opt_check_config) take a number at both ends of its row's
+ * range and refuse one just outside, naming the flag; the defaults pass the library's check. */
+static void option_ranges_are_one_range_for_the_flag_and_the_library(void **state)
+{
+    (void)state;
+    ch_err err;
+    const ch_train_config def = ch_train_config_default();
+    assert_int_equal(ch_opt_check_config(&def, &err), CH_STATUS_OK);
+    int n, checked = 0;
+    const ch_opt *t = ch_opt_table(&n);
+    for (int i = 0; i < n; i++) {
+        const ch_opt *o = &t[i];
+        if (o->type != CH_OPT_INT && o->type != CH_OPT_DOUBLE) continue;
+        const bool whole = o->type == CH_OPT_INT;
+        const double outside[2] = { whole ? o->lo - 1 : o->lo - fmax(1e-9, fabs(o->lo) * 1e-3),
+                                    whole ? o->hi + 1 : o->hi + fmax(1e-6, o->hi * 1e-3) };
+        const double edges[2] = { o->lo, o->hi };
+        char text[64], why[256], flag[64];
+        snprintf(flag, sizeof flag, "--%s", o->name);
+        for (int k = 0; k < 2; k++) {
+            ch_opt_values v;
+            ch_opt_defaults(o->cmds & CH_CMD_TRAIN ? CH_CMD_TRAIN : o->cmds, &v);
+            snprintf(text, sizeof text, whole ? "%.0f" : "%.17g", edges[k]);
+            assert_true(ch_opt_set(o, text, &v, why, sizeof why));
+            if (o->where == CH_IN_CFG) assert_int_equal(ch_opt_check_config(&v.cfg, &err), CH_STATUS_OK);
+            snprintf(text, sizeof text, whole ? "%.0f" : "%.17g", outside[k]);
+            if (ch_opt_set(o, text, &v, why, sizeof why)) fail_msg("%s %s was taken", flag, text);
+            if (o->where != CH_IN_CFG) continue;
+            /* The library sees the value the flag refused (0 is "not set" where the row says so). */
+            ch_train_config c = def;
+            if (whole) *(int *)(void *)((char *)&c + o->offset) = (int)outside[k];
+            else *(double *)(void *)((char *)&c + o->offset) = outside[k];
+            const bool unset = (o->unset_ok && outside[k] == 0) ||
+                               (whole ? *(const int *)(const void *)((const char *)&def + o->offset) == (int)outside[k]
+                                      : *(const double *)(const void *)((const char *)&def + o->offset) == outside[k]);
+            if (unset) continue;
+            assert_int_equal(ch_opt_check_config(&c, &err), CH_STATUS_BAD_INPUT);
+            assert_non_null(strstr(err.msg, flag));
+            checked++;
+        }
+    }
+    assert_true(checked >= 30);
+}
+
+/* Blank-led, empty, trailing junk and non-finite values are refused by every numeric row. */
+static void option_values_are_whole_strings(void **state)
+{
+    (void)state;
+    const ch_opt *lr = ch_opt_find("lr", CH_CMD_TRAIN, NULL), *b = ch_opt_find("-b", CH_CMD_EVAL, NULL);
+    assert_non_null(lr);
+    assert_non_null(b);
+    assert_ptr_equal(b, ch_opt_find("batch-size", CH_CMD_BENCH, NULL));
+    assert_ptr_equal(ch_opt_find("wd", CH_CMD_TRAIN, NULL), ch_opt_find("weight-decay", CH_CMD_TRAIN, NULL));
+    ch_opt_values v;
+    ch_opt_defaults(CH_CMD_TRAIN, &v);
+    char why[256];
+    const char *bad[] = { "", " 0.1", "0.1 ", "0.1x", "nan", "inf", "1e999" };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) assert_false(ch_opt_set(lr, bad[i], &v, why, sizeof why));
+    assert_true(ch_opt_set(lr, "0.25", &v, why, sizeof why));
+    assert_true(v.cfg.lr == 0.25);
+    assert_false(ch_opt_set(b, "2.5", &v, why, sizeof why));
+    assert_true(ch_opt_set(b, "48", &v, why, sizeof why));
+    assert_int_equal(v.cfg.batch_size, 48);
+    const ch_opt *progress = ch_opt_find("progress", CH_CMD_TRAIN, NULL);
+    assert_false(ch_opt_set(progress, "fancy", &v, why, sizeof why));
+    assert_string_equal(why, "expected auto, bar, lines or none");
+    assert_true(ch_opt_set(progress, "lines", &v, why, sizeof why));
+    assert_int_equal(v.cli.progress, 2);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -174,6 +271,9 @@ int main(void)
         cmocka_unit_test(below_is_in_range_and_covers_it),
         cmocka_unit_test(fail_formats_the_message),
         cmocka_unit_test(file_read_returns_the_bytes_and_enforces_the_limit),
+        cmocka_unit_test(option_table_names_are_unique_per_command),
+        cmocka_unit_test(option_ranges_are_one_range_for_the_flag_and_the_library),
+        cmocka_unit_test(option_values_are_whole_strings),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

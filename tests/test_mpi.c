@@ -21,6 +21,7 @@
 #include "data/dataset.h"
 #include "nn/model.h"
 #include "test_util.h"
+#include "train/options.h"
 #include "train/trainer.h"
 
 static int rank, size;
@@ -284,6 +285,78 @@ static void test_settings_disagree(void)
     ch_dataset_free(d);
 }
 
+/* A value other than the default for row o, one the library takes on its own. */
+static void perturb(const ch_opt *o, ch_train_config *c)
+{
+    static const struct { const char *name, *value; } strings[] = {
+        { "init", "normal:0.01" }, { "optimizer", "adam" }, { "schedule", "cosine" }, { "milestones", "5" },
+        { "normalize", "0.5/0.5" }, { "shares", "1,2,3,4" }, { "grad-compress", "bf16" }, { "ps-mode", "sync" },
+        { "checkpoint-dir", "agree-ck" }, { "trace", "agree-trace.json" },
+    };
+    void *f = (char *)c + o->offset;
+    const ch_train_config def = ch_train_config_default();
+    switch (o->type) {
+    case CH_OPT_INT: {
+        const int d = *(const int *)(const void *)((const char *)&def + o->offset);
+        *(int *)f = d != (int)o->lo ? (int)o->lo : (int)o->lo + 1;
+        break;
+    }
+    case CH_OPT_DOUBLE: {
+        const double d = *(const double *)(const void *)((const char *)&def + o->offset);
+        *(double *)f = d != o->lo ? o->lo : (o->lo + (o->hi < 1 ? o->hi : 1)) / 2;
+        break;
+    }
+    case CH_OPT_U64: *(uint64_t *)f += 1; break;
+    case CH_OPT_CHOICE: *(int *)f = 1; break;
+    case CH_OPT_FLAG: *(bool *)f = true; break;
+    default:
+        if (strcmp(o->name, "betas") == 0) {
+            c->beta1 = 0.5;
+            c->beta2 = 0.6;
+        }
+        for (size_t i = 0; i < sizeof strings / sizeof *strings; i++)
+            if (strcmp(o->name, strings[i].name) == 0) *(const char **)f = strings[i].value;
+    }
+}
+
+/* Every setting the option table marks as one the ranks share (train/options.h), each changed on
+ * rank 1 alone: refused at set-up on every rank, naming the flag, through the library alone (no
+ * command line compares flags in front of it). A row whose change the library refuses by itself
+ * on rank 1 (a setting that needs another) is refused as well, and counted apart. */
+static void test_every_shared_setting_disagrees(void)
+{
+    ch_dataset *d = tu_synthetic(64, 28, 5);
+    int n, named = 0, alone = 0;
+    const ch_opt *o = ch_opt_table(&n);
+    for (int i = 0; i < n; i++) {
+        if (!(o[i].cmds & CH_CMD_TRAIN) || o[i].where != CH_IN_CFG ||
+            (o[i].agree != CH_AGREE_VALUE && o[i].agree != CH_AGREE_GIVEN))
+            continue;
+        ch_train_config cfg = ch_train_config_default();
+        cfg.model = "lenet";
+        cfg.batch_size = 16;
+        cfg.timeout_s = 60;
+        if (rank == 1) perturb(&o[i], &cfg);
+        ch_trainer *t = NULL;
+        ch_err err;
+        const ch_status st = ch_trainer_create(&cfg, d, NULL, &t, &err);
+        char flag[64];
+        snprintf(flag, sizeof flag, "--%s", o[i].name);
+        CHECK(st == CH_STATUS_BAD_INPUT, "ranks given different %s: status %d, '%s'", flag, (int)st,
+              st == CH_STATUS_OK ? "" : err.msg);
+        const bool says = strstr(err.msg, "disagree") && strstr(err.msg, flag);
+        int both[2] = { says, !says && strstr(err.msg, "refused what this rank accepted") != NULL };
+        MPI_Allreduce(MPI_IN_PLACE, both, 2, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+        if (both[0]) named++;
+        else alone++;
+        if (!both[0] && rank == 0) printf("test_mpi: %s changed on rank 1 alone is refused there: %s\n", flag, err.msg);
+        ch_trainer_free(t);
+    }
+    ch_dataset_free(d);
+    if (rank == 0) printf("test_mpi: %d shared settings refused by name, %d refused on rank 1 alone\n", named, alone);
+    CHECK(named >= 30 && alone <= 1, "only %d of the option table's shared settings were refused by name", named);
+}
+
 int main(int argc, char **argv)
 {
     ch_err err;
@@ -323,6 +396,7 @@ int main(int argc, char **argv)
         if (size > 1) {
             test_shares();
             test_settings_disagree();
+            test_every_shared_setting_disagrees();
         }
     }
     test_epoch(argv[argc - 1]);

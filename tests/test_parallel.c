@@ -414,6 +414,73 @@ static void every_epoch_reshuffles(void **state)
     ch_dataset_free(d);
 }
 
+/* --shuffle off (in_order): an epoch trains on the samples in the data set's order, batch after
+ * batch: its parameters are the bits of steps over 0..31, 32..63, ... taken by hand, and differ
+ * from a shuffled epoch's. */
+static void shuffle_off_trains_in_file_order(void **state)
+{
+    (void)state;
+    ch_dataset *d = tu_synthetic(200, 28, 8);
+    ch_real *params[3];
+    size_t P = 0;
+    for (int k = 0; k < 3; k++) {
+        ch_train_config cfg = ch_train_config_default();
+        cfg.model = "linear";
+        cfg.batch_size = 32;
+        cfg.seed = 5;
+        cfg.lr = 0.2;
+        cfg.momentum = 0.7;
+        cfg.devices = "cpu:0,cpu:1";
+        cfg.in_order = k < 2;
+        ch_trainer *t;
+        ch_err err;
+        if (ch_trainer_create(&cfg, d, NULL, &t, &err) != CH_STATUS_OK) fail_msg("%s", err.msg);
+        if (k == 1) {
+            uint32_t idx[32];
+            for (size_t at = 0; at < d->n; at += 32) {
+                const int n = (int)(d->n - at < 32 ? d->n - at : 32);
+                for (int i = 0; i < n; i++) idx[i] = (uint32_t)(at + (size_t)i);
+                double loss;
+                int64_t hits;
+                if (ch_trainer_step(t, idx, n, &loss, &hits, &err) != CH_STATUS_OK) fail_msg("%s", err.msg);
+            }
+        } else {
+            ch_epoch_stats s;
+            if (ch_trainer_run_epoch(t, &s, &err) != CH_STATUS_OK) fail_msg("%s", err.msg);
+        }
+        const ch_model *m = t->replicas[0].model;
+        P = m->nparams;
+        params[k] = down(m, m->params, P);
+        ch_trainer_free(t);
+    }
+    assert_memory_equal(params[0], params[1], sizeof(ch_real) * P);
+    assert_memory_not_equal(params[0], params[2], sizeof(ch_real) * P);
+    for (int k = 0; k < 3; k++) free(params[k]);
+    ch_dataset_free(d);
+}
+
+/* --devices scramble:K: every replica computes on the scramble backend (memory not host-visible),
+ * and cpu:K on the CPU backend unless the test run asks for another (COHORT_BACKEND). */
+static void device_kind_picks_the_backend(void **state)
+{
+    (void)state;
+    ch_dataset *d = tu_synthetic(40, 28, 3);
+    const char *lists[2] = { "scramble*2", "cpu:0" };
+    for (int k = 0; k < 2; k++) {
+        ch_train_config cfg = ch_train_config_default();
+        cfg.model = "linear";
+        cfg.batch_size = 8;
+        cfg.devices = lists[k];
+        ch_trainer *t;
+        ch_err err;
+        if (ch_trainer_create(&cfg, d, NULL, &t, &err) != CH_STATUS_OK) fail_msg("%s", err.msg);
+        const char *want = k == 0 ? "scramble" : ch_backend_default_name();
+        for (int r = 0; r < t->nreplicas; r++) assert_string_equal(t->replicas[r].be->ops->name, want);
+        ch_trainer_free(t);
+    }
+    ch_dataset_free(d);
+}
+
 static void device_lists_parse_and_reject(void **state)
 {
     (void)state;
@@ -430,8 +497,14 @@ static void device_lists_parse_and_reject(void **state)
     assert_string_equal(text, "cpu:0, cpu:1, cpu:2");
     assert_int_equal(ch_device_list_parse("cpu:0, cpu:2-3", &l, &err), CH_STATUS_OK);
     assert_int_equal(l.count, 3);
+    /* The test backend's devices: their kind picks the backend. */
+    assert_int_equal(ch_device_list_parse("scramble:1,scramble:3", &l, &err), CH_STATUS_OK);
+    assert_int_equal(l.dev[1].kind, CH_DEVICE_SCRAMBLE);
+    ch_device_list_format(&l, text, sizeof text);
+    assert_string_equal(text, "scramble:1, scramble:3");
     static const char *bad[] = { "", "cpu", "cpu:", "cpu:x", "cpu:0,cpu:0", "cpu:3-1", "cpu*0",
-                                 "gpu:0", "cpu:0;cpu:1", "cpu:99", "cpu:0,", "cuda:0" };
+                                 "gpu:0", "cpu:0;cpu:1", "cpu:99", "cpu:0,", "cuda:0", "cpu:0,scramble:1",
+                                 "scramble*2,cpu:0", "scrambled:0", "scramble:0,scramble:0", "cpux:0" };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         err.msg[0] = '\0';
         if (ch_device_list_parse(bad[i], &l, &err) != CH_STATUS_BAD_INPUT)
@@ -508,6 +581,8 @@ int main(void)
         cmocka_unit_test(accumulation_equals_whole_batches),
         cmocka_unit_test(accumulation_with_sync_bn_counts_each_micro_batch),
         cmocka_unit_test(every_epoch_reshuffles),
+        cmocka_unit_test(shuffle_off_trains_in_file_order),
+        cmocka_unit_test(device_kind_picks_the_backend),
         cmocka_unit_test(failing_replica_stops_everyone),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

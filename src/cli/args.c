@@ -7,6 +7,7 @@
 
 #include "cli/cli.h"
 #include "comm/world.h"
+#include "train/options.h"
 
 #include <stdarg.h>
 
@@ -109,18 +110,6 @@ int ch_exit_for(const char *cmd, ch_status st, const ch_err *err)
     ch_world_fatal_as(who, code, err->msg);
 }
 
-/* Flags whose values may differ between ranks: where this host keeps things, how hard it works,
- * and what only rank 0 writes. The trainer compares what they lead to (the data's contents). */
-static bool may_differ(const char *name)
-{
-    static const char *const names[] = { "--data", "--threads", "-j", "--workers", "--timeout",
-                                         "--log-dir", "--metrics", "--plot", "--trace", "--keep",
-                                         "--checkpoint-dir", "--out", "-o" };
-    for (size_t i = 0; i < sizeof names / sizeof *names; i++)
-        if (strcmp(name, names[i]) == 0) return true;
-    return false;
-}
-
 static double timeout_in(int argc, char **argv)
 {
     for (int i = 1; i + 1 < argc; i++)
@@ -150,15 +139,15 @@ int ch_cli_join(int argc, char **argv)
                 tok = split[n];
             }
             option = tok;
-            if (may_differ(tok)) {
-                if (!eq) i++;    /* and its value */
+            /* The option table says what the ranks share of it (train/options.h). */
+            const int agree = ch_flags_agreement(tok);
+            if (agree == CH_AGREE_NONE || agree == CH_AGREE_GIVEN) {
+                /* Its value: the next word (--resume's only when it is no flag). */
+                if (!eq && i + 1 < argc && (ch_flags_takes_value(tok) || (strcmp(tok, "--resume") == 0 &&
+                                                                         argv[i + 1][0] != '-'))) i++;
                 option = "the command";
-                continue;
-            }
-            if (strcmp(tok, "--resume") == 0) {
-                /* Only rank 0 reads the checkpoint: its path may differ, its presence not. */
-                if (!eq && i + 1 < argc && argv[i + 1][0] != '-') i++;
-                names[n] = "--resume";
+                if (agree == CH_AGREE_NONE) continue;
+                names[n] = tok;     /* given here: so it must be everywhere */
                 values[n++] = "given";
                 continue;
             }

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "train/options.h"
 #include "graph/graph.h"
 #include "comm/world.h"
 #include "core/clock.h"
@@ -13,23 +14,25 @@
 #include "data/dataset.h"
 #include "train/trainer.h"
 
-static const char bench_usage[] =
-    "usage: cohort bench train --model NAME|FILE.onnx [-b/--batch-size B] [--threads T] [--devices LIST]\n"
-    "                          [--steps N] [--warmup W] [--eval] [--skip-sync] [--precision fp32|bf16]\n"
-    "                          [--accum-steps K] [--grad-compress none|bf16|bf16-ef]\n"
+static const char bench_others[] =
     "       cohort bench allreduce [--devices LIST|D] [--min-bytes B] [--max-bytes B]  (also mpirun)\n"
     "                              [--compress none|bf16|bf16-ef]  (mpirun)\n"
     "       cohort bench loader --data DIR [-j N] [--image-size N] [-b B] [--limit N]\n"
-    "train: times N training steps (or forward-only evaluation batches with --eval) on synthetic\n"
-    "1x28x28 inputs with 10 classes and prints images/second (of the whole job under mpirun;\n"
-    "rank 0 prints). --skip-sync leaves out the gradient sync between devices and ranks: the\n"
-    "model does not train correctly then; it exists to measure what the sync costs.\n"
     "allreduce: size, count, time, algbw and busbw (GB/s) from 8 B to 256 MiB by default, every\n"
     "result checked: the local communicator with one thread per device (--devices as for train,\n"
     "cpu:0,cpu:1 or 'cpu*4', or a count; default 2) or, under mpirun, the one training uses\n"
     "between ranks (those devices on each rank, default 1). --compress bf16 adds the compressed\n"
     "exchange of train's --grad-compress next to fp32 at every size: its time, its algbw (fp32\n"
     "bytes over time) and the speed-up.\n";
+
+static const ch_usage bench_usage = {
+    .head = "usage: cohort bench train --model NAME|FILE.onnx [options]\n"
+            "train: times N training steps (or forward-only evaluation batches with --eval) on synthetic\n"
+            "inputs of the model's shape (1x28x28 and 10 classes for the zoo) and prints images/second (of\n"
+            "the whole job under mpirun; rank 0 prints).\n"
+            "\n",
+    .tail = bench_others,
+};
 
 /* Random pixels and labels: throughput does not depend on the values. */
 /* n random images of the model's input shape (MNIST's for the zoo, the graph's for a file). */
@@ -107,44 +110,18 @@ int ch_cmd_bench(int argc, char **argv)
     if (argc >= 2 && strcmp(argv[1], "allreduce") == 0) return ch_cmd_bench_allreduce(argc - 1, argv + 1);
     if (argc >= 2 && strcmp(argv[1], "loader") == 0) return ch_cmd_bench_loader(argc - 1, argv + 1);
     if (argc < 2 || strcmp(argv[1], "train") != 0) {
-        fputs(bench_usage, argc < 2 ? stderr : stdout);
+        FILE *f = argc < 2 ? stderr : stdout;
+        fputs("usage: cohort bench train --model NAME|FILE.onnx [options]   (cohort bench train --help)\n", f);
+        fputs(bench_others, f);
         return argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)
                    ? CH_EXIT_OK : CH_EXIT_USAGE;
     }
-    static const struct option opts[] = {
-        { "model", required_argument, NULL, 'm' }, { "batch-size", required_argument, NULL, 'b' },
-        { "threads", required_argument, NULL, 't' }, { "steps", required_argument, NULL, 's' },
-        { "warmup", required_argument, NULL, 'w' }, { "eval", no_argument, NULL, 'e' },
-        { "devices", required_argument, NULL, 'd' }, { "sync-bn", no_argument, NULL, 'y' },
-        { "skip-sync", no_argument, NULL, 'k' }, { "help", no_argument, NULL, 'h' },
-        { "precision", required_argument, NULL, 'p' }, { "accum-steps", required_argument, NULL, 'a' },
-        { "grad-compress", required_argument, NULL, 'g' }, { NULL, 0, NULL, 0 },
-    };
-    ch_train_config cfg = ch_train_config_default();
-    cfg.lr = 0.01;
-    long steps = 20, warmup = 3, v;
-    bool eval = false, skip_sync = false;
-    int c;
-    optind = 1;
-    opterr = 0;
-    while ((c = getopt_long(argc - 1, argv + 1, ":b:h", opts, NULL)) != -1) {
-        switch (c) {
-        case 'h': fputs(bench_usage, stdout); return CH_EXIT_OK;
-        case 'm': cfg.model = optarg; break;
-        case 'b': if (!ch_arg_int("bench", "batch-size", optarg, 1, 65536, &v)) return CH_EXIT_USAGE; cfg.batch_size = (int)v; break;
-        case 't': if (!ch_arg_int("bench", "threads", optarg, 1, 1024, &v)) return CH_EXIT_USAGE; cfg.threads = (int)v; break;
-        case 's': if (!ch_arg_int("bench", "steps", optarg, 1, 1000000, &steps)) return CH_EXIT_USAGE; break;
-        case 'w': if (!ch_arg_int("bench", "warmup", optarg, 0, 1000000, &warmup)) return CH_EXIT_USAGE; break;
-        case 'e': eval = true; break;
-        case 'd': cfg.devices = optarg; break;
-        case 'y': cfg.sync_bn = true; break;
-        case 'k': skip_sync = true; break;
-        case 'p': cfg.precision = optarg; break;
-        case 'g': cfg.grad_compress = optarg; break;
-        case 'a': if (!ch_arg_int("bench", "accum-steps", optarg, 1, 4096, &v)) return CH_EXIT_USAGE; cfg.accum_steps = (int)v; break;
-        default: fprintf(stderr, "cohort bench: unknown or incomplete option\n"); return CH_EXIT_USAGE;
-        }
-    }
+    ch_opt_values v;
+    const int parsed = ch_flags_parse(CH_CMD_BENCH, "bench", &bench_usage, argc - 1, argv + 1, &v);
+    if (parsed >= 0) return parsed;
+    ch_train_config cfg = v.cfg;
+    const long steps = v.cli.steps, warmup = v.cli.warmup;
+    const bool eval = v.cli.eval_only, skip_sync = v.cli.skip_sync;
     ch_err err;
     ch_graph *g = NULL;
     if (ch_cli_model(cfg.model ? cfg.model : "lenet", &g, &err) != CH_STATUS_OK)

@@ -4,6 +4,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "cohort.h"
 
@@ -49,11 +50,31 @@ void ch_cli_report_left_out(const char *cmd, const ch_dataset *d, const char *wh
  * ranks it names the rank and host, and ends the whole job (ch_world_abort) instead of returning. */
 int ch_exit_for(const char *cmd, ch_status st, const ch_err *err);
 /* In a job of several ranks, before anything else: every rank must run the same cohort with the
- * same command and flags (less those that may differ per host: --data, --threads, -j, --timeout,
- * --log-dir, the output files, --resume's path). Returns -1 to go on; on a difference rank 0
- * prints one line naming the first differing flag and the ranks, and every rank exits 2. argv[0]
- * is the command. */
+ * same command and flags, less those the option table lets differ per host (CH_AGREE_NONE: --data,
+ * --threads, -j, --timeout, --log-dir, the output files) and those that need only be given
+ * everywhere (CH_AGREE_GIVEN: --resume's path, --checkpoint-dir, --trace). Returns -1 to go on; on
+ * a difference rank 0 prints one line naming the first differing flag and the ranks, and every
+ * rank exits 2. argv[0] is the command. */
 int ch_cli_join(int argc, char **argv);
+
+/* The option table's command line (flags.c over train/options.h). A command's --help: head, the
+ * rows of the command, tail. */
+typedef struct ch_usage { const char *head, *tail; } ch_usage;
+struct ch_opt_values;
+/* Parse argv (argv[0]: the command) into v, after every field's default for cmd (CH_CMD_*).
+ * Returns -1 to go on; CH_EXIT_OK after printing the usage (-h, --help); CH_EXIT_USAGE after one
+ * line naming the refused flag (ch_cli_usage). */
+int ch_flags_parse(unsigned cmd, const char *name, const ch_usage *u, int argc, char **argv,
+                   struct ch_opt_values *v);
+void ch_flags_usage(FILE *f, unsigned cmd, const ch_usage *u);
+/* The option sections of cohort help CMD: every row of cmd under its section's title. */
+void ch_flags_manual(FILE *f, unsigned cmd);
+/* flag ("--data", "-j") was on the command line. */
+bool ch_flags_given(const struct ch_opt_values *v, const char *flag, unsigned cmd);
+/* For the join: what the ranks must share of flag ("--x" or "-x"; ch_opt_agree), and whether
+ * the next word is its value. */
+int ch_flags_agreement(const char *flag);
+bool ch_flags_takes_value(const char *flag);
 
 /* Progress inside an epoch on stderr (--progress): a bar redrawn in place, or a line every interval
  * (batch logs); auto: the bar on a terminal, lines elsewhere. */

@@ -38,7 +38,8 @@ int ch_cmd_info(int argc, char **argv)
     char isa[32];
     const bool bf16 = ch_cpu_bf16_native(isa, sizeof isa);
     printf("bf16:       %s (oneDNN's effective ISA: %s)\n", bf16 ? "native" : "not native: --precision bf16 is refused", isa);
-    printf("backends:   cpu (COHORT_BACKEND=scramble: the test backend whose memory is stored scrambled)\n");
+    printf("backends:   cpu (--devices cpu:0,cpu:1); scramble (--devices scramble:0,scramble:1: a test backend, the\n"
+           "            CPU kernels on memory stored XOR-scrambled, which gives the CPU backend's bits)\n");
     printf("threads:    %d by default (--threads T to change)\n", ch_cpu_count());
 #ifdef CH_HAVE_MPI
     printf("mpi:        Open MPI %d.%d.%d; this process is rank %d of %d on %s%s\n",

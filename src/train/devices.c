@@ -1,5 +1,6 @@
-/* Device lists: "cpu:0,cpu:1", "cpu:0-3", "cpu*4". A CPU device is a logical device: a replica with
- * its own thread and a share of the cores; its index names it, it does not pick a core. */
+/* Device lists: "cpu:0,cpu:1", "cpu:0-3", "cpu*4", and the same for the scramble test backend. A CPU
+ * device is a logical device: a replica with its own thread and a share of the cores; its index
+ * names it, it does not pick a core. */
 #include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,13 +18,29 @@ static bool parse_index(const char **p, long *out)
     return *out >= 0 && *out < CH_MAX_DEVICES;
 }
 
+static const char *const kind_names[CH_DEVICE_KINDS] = { "cpu", "scramble" };
+
+const char *ch_device_kind_name(ch_device_kind kind)
+{
+    return kind >= 0 && kind < CH_DEVICE_KINDS ? kind_names[kind] : "?";
+}
+
+void ch_device_name(const ch_device *d, char *buf, size_t len)
+{
+    snprintf(buf, len, "%s:%d", ch_device_kind_name(d->kind), d->index);
+}
+
 static ch_status add_device(ch_device_list *l, ch_device_kind kind, long index, const char *spec,
                             ch_err *err)
 {
+    /* One backend per job: replicas of two kinds would sum through memory of two kinds. */
+    if (l->count && l->dev[0].kind != kind)
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "devices '%s': %s and %s devices in one list; use one kind", spec,
+                       kind_names[l->dev[0].kind], kind_names[kind]);
     for (int i = 0; i < l->count; i++)
         if (l->dev[i].kind == kind && l->dev[i].index == index)
-            return ch_fail(err, CH_STATUS_BAD_INPUT, "devices '%s': cpu:%ld is listed twice", spec,
-                           index);
+            return ch_fail(err, CH_STATUS_BAD_INPUT, "devices '%s': %s:%ld is listed twice", spec,
+                           kind_names[kind], index);
     if (l->count == CH_MAX_DEVICES)
         return ch_fail(err, CH_STATUS_BAD_INPUT, "devices '%s': more than %d devices", spec,
                        CH_MAX_DEVICES);
@@ -31,23 +48,29 @@ static ch_status add_device(ch_device_list *l, ch_device_kind kind, long index, 
     return CH_STATUS_OK;
 }
 
-/* One entry: cpu:K | cpu:A-B | cpu*N. *p is left after it. */
+/* One entry: KIND:K | KIND:A-B | KIND*N. *p is left after it. */
 static ch_status parse_entry(const char **p, ch_device_list *l, const char *spec, ch_err *err)
 {
     if (strncmp(*p, "cuda", 4) == 0 || strncmp(*p, "gpu", 3) == 0)
         return ch_fail(err, CH_STATUS_BAD_INPUT,
                        "devices '%s': this build has no CUDA backend; use cpu:K devices", spec);
-    if (strncmp(*p, "cpu", 3) != 0)
+    ch_device_kind kind = CH_DEVICE_KINDS;
+    for (int k = 0; k < CH_DEVICE_KINDS; k++) {
+        const size_t n = strlen(kind_names[k]);
+        if (strncmp(*p, kind_names[k], n) == 0 && ((*p)[n] == ':' || (*p)[n] == '*')) kind = (ch_device_kind)k;
+    }
+    if (kind == CH_DEVICE_KINDS)
         return ch_fail(err, CH_STATUS_BAD_INPUT,
-                       "devices '%s': expected entries like cpu:0, cpu:0-3 or cpu*4", spec);
-    *p += 3;
+                       "devices '%s': expected entries like cpu:0, cpu:0-3 or cpu*4 (or scramble:K, a test backend)",
+                       spec);
+    *p += strlen(kind_names[kind]);
     long a, b;
     if (**p == '*') {
         ++*p;
         if (!parse_index(p, &a) || a < 1)
             return ch_fail(err, CH_STATUS_BAD_INPUT, "devices '%s': cpu*N needs N in 1..%d", spec,
                            CH_MAX_DEVICES - 1);
-        for (long i = 0; i < a; i++) CH_TRY(add_device(l, CH_DEVICE_CPU, i, spec, err));
+        for (long i = 0; i < a; i++) CH_TRY(add_device(l, kind, i, spec, err));
         return CH_STATUS_OK;
     }
     if (**p != ':') return ch_fail(err, CH_STATUS_BAD_INPUT, "devices '%s': expected cpu:K", spec);
@@ -62,7 +85,7 @@ static ch_status parse_entry(const char **p, ch_device_list *l, const char *spec
             return ch_fail(err, CH_STATUS_BAD_INPUT, "devices '%s': range cpu:A-B needs A <= B <= %d",
                            spec, CH_MAX_DEVICES - 1);
     }
-    for (long i = a; i <= b; i++) CH_TRY(add_device(l, CH_DEVICE_CPU, i, spec, err));
+    for (long i = a; i <= b; i++) CH_TRY(add_device(l, kind, i, spec, err));
     return CH_STATUS_OK;
 }
 
@@ -88,7 +111,9 @@ void ch_device_list_format(const ch_device_list *l, char *buf, size_t len)
     size_t at = 0;
     if (len) buf[0] = '\0';
     for (int i = 0; i < l->count && at < len; i++) {
-        int w = snprintf(buf + at, len - at, "%scpu:%d", i ? ", " : "", l->dev[i].index);
+        char name[32];
+        ch_device_name(&l->dev[i], name, sizeof name);
+        int w = snprintf(buf + at, len - at, "%s%s", i ? ", " : "", name);
         if (w < 0) return;
         at += (size_t)w;
     }

@@ -135,10 +135,11 @@ static ch_status build(ch_replica *rp, const ch_replica_spec *s, ch_err *err)
     CH_TRY(ch_optim_init(&rp->opt, rp->shard_n, &s->optim, rp->be, err));
     CH_TRY(alloc_buffers(rp, s, err));
     if (s->trace_capacity > 0) {
-        char name[48];
-        snprintf(name, sizeof name, "cpu:%d compute", rp->device.index);
+        char dev[32], name[48];
+        ch_device_name(&rp->device, dev, sizeof dev);
+        snprintf(name, sizeof name, "%s compute", dev);
         CH_TRY(ch_trace_track_init(&rp->trace_compute, name, 2 * rp->index, s->trace_capacity, err));
-        snprintf(name, sizeof name, "cpu:%d sync", rp->device.index);
+        snprintf(name, sizeof name, "%s sync", dev);
         CH_TRY(ch_trace_track_init(&rp->trace_sync, name, 2 * rp->index + 1, s->trace_capacity, err));
     }
     if (rp->grads_comm.size > 1 || s->ps)
@@ -153,7 +154,9 @@ ch_status ch_replica_setup(ch_replica *rp, const ch_replica_spec *s)
     ch_status st = build(rp, s, &err);
     if (st != CH_STATUS_OK) {
         ch_err why;
-        ch_fail(&why, st, "cpu:%d: %.490s", rp->device.index, err.msg);
+        char dev[32];
+        ch_device_name(&rp->device, dev, sizeof dev);
+        ch_fail(&why, st, "%s: %.490s", dev, err.msg);
         return fail_here(rp, st, &why);
     }
     /* Every replica of every process starts from rank 0's replica 0, whatever the seeds did. */
@@ -275,13 +278,16 @@ static ch_status micro_step(ch_replica *rp, const ch_replica_spec *s, const ch_s
     rp->correct += correct;
     if (tr) ch_trace_span(tr, "forward", "forward + loss", t0, -1);
     if (s->nan_check && !isfinite(rp->loss_sum)) {
-        ch_fail(err, CH_STATUS_NUMERIC, "step %llu: the loss is %g on cpu:%d",
-                (unsigned long long)sl->step + 1, rp->loss_sum, rp->device.index);
+        char dev[32];
+        ch_device_name(&rp->device, dev, sizeof dev);
+        ch_fail(err, CH_STATUS_NUMERIC, "step %llu: the loss is %g on %s", (unsigned long long)sl->step + 1,
+                rp->loss_sum, dev);
         return fail_here(rp, CH_STATUS_NUMERIC, err);
     }
     if (last && injected(rp, s, CH_FAULT_ERROR, sl->step)) {
-        ch_fail(err, CH_STATUS_SYSTEM, "step %llu: injected fault on cpu:%d",
-                (unsigned long long)sl->step + 1, rp->device.index);
+        char dev[32];
+        ch_device_name(&rp->device, dev, sizeof dev);
+        ch_fail(err, CH_STATUS_SYSTEM, "step %llu: injected fault on %s", (unsigned long long)sl->step + 1, dev);
         return fail_here(rp, CH_STATUS_SYSTEM, err);
     }
     r->grads_ready = NULL;

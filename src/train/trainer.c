@@ -117,6 +117,14 @@ static ch_status make_replicas(ch_trainer *t, ch_err *err)
     return collect_failure(t, err);
 }
 
+/* The devices' backend: their kind's. The test programs, which name cpu devices throughout, run
+ * on the backend COHORT_BACKEND names instead when it is set (ctest's *_scramble entries). */
+static const char *backend_of(const ch_device_list *l)
+{
+    if (l->count && l->dev[0].kind != CH_DEVICE_CPU) return ch_device_kind_name(l->dev[0].kind);
+    return ch_backend_default_name();
+}
+
 static ch_status setup(ch_trainer *t, ch_err *err)
 {
     const ch_dataset *d = t->train;
@@ -152,7 +160,7 @@ static ch_status setup(ch_trainer *t, ch_err *err)
         .nan_check = t->cfg.nan_check, .sync_bn = t->cfg.sync_bn,
         .bucket_elems = (size_t)((t->cfg.bucket_mb > 0 ? t->cfg.bucket_mb : 25) * (1 << 20) /
                                  sizeof(ch_real)),
-        .backend = ch_backend_default_name(),
+        .backend = backend_of(&t->devices),
     };
     ch_backend *probe;   /* a bad COHORT_BACKEND is one line here, not one per replica */
     CH_TRY(ch_backend_create(t->spec.backend, 1, &probe, err));
@@ -573,7 +581,8 @@ static ch_status run_epoch(ch_trainer *t, ch_epoch_stats *s, ch_err *err)
     const ch_dataset *d = t->train;
     ch_rng rng;
     ch_rng_init(&rng, t->cfg.seed, CH_RNG_STREAM_SHUFFLE, (uint64_t)t->epoch << 40);
-    ch_rng_permutation(&rng, t->perm, (uint32_t)d->n);
+    if (!t->cfg.in_order) ch_rng_permutation(&rng, t->perm, (uint32_t)d->n);
+    for (uint32_t i = 0; t->cfg.in_order && i < (uint32_t)d->n; i++) t->perm[i] = i;   /* --shuffle off */
 
     /* Resumed inside this epoch: go on from the checkpoint's position, with its partial sums
      * (counted once, on rank 0). */

@@ -12,6 +12,7 @@
 #include "core/cpu.h"
 #include "kernels/cpu/cpu.h"
 #include "graph/graph.h"
+#include "train/options.h"
 #include "train/ps.h"
 
 /* fp32 or nothing: bf16 is refused with the reason that applies on this CPU. */
@@ -34,10 +35,6 @@ static ch_status check_ps(const ch_train_config *c, ch_err *err)
     ch_ps_mode mode;
     if (!ch_ps_mode_parse(c->ps_mode, &mode))
         return ch_fail(err, CH_STATUS_BAD_INPUT, "--ps-mode '%s': expected sync or async", c->ps_mode);
-    if (c->staleness < -1 || c->staleness > 1000000)
-        return ch_fail(err, CH_STATUS_BAD_INPUT, "--staleness %d, expected 0..1000000 (steps)", c->staleness);
-    if (c->ps_servers < 0 || c->ps_servers > CH_PS_MAX_SERVERS)
-        return ch_fail(err, CH_STATUS_BAD_INPUT, "--ps-servers %d, expected 1..%d", c->ps_servers, CH_PS_MAX_SERVERS);
     if (c->ps_servers == 0) {
         if (mode == CH_PS_ASYNC || c->staleness >= 0)
             return ch_fail(err, CH_STATUS_BAD_INPUT, "--ps-mode and --staleness need --ps-servers");
@@ -77,37 +74,12 @@ ch_status ch_trainer_check_config(const ch_train_config *c, ch_err *err)
     if (c->init && strcmp(c->init, "file") == 0 && !(c->graph && c->graph->ninits > 0))
         return ch_fail(err, CH_STATUS_BAD_INPUT, "--init file: the model carries no weights (an imported ONNX "
                        "file does)");
-    if (c->epochs < 0) return ch_fail(err, CH_STATUS_BAD_INPUT, "epochs %d < 0", c->epochs);
-    if (c->batch_size < 1 || c->batch_size > (1 << 20))
-        return ch_fail(err, CH_STATUS_BAD_INPUT, "batch size %d, expected 1..1048576", c->batch_size);
+    /* Every number within its flag's range: one table for the command line and the library. */
+    CH_TRY(ch_opt_check_config(c, err));
     ch_grad_compress how;
     if (!ch_grad_compress_parse(c->grad_compress, &how))
         return ch_fail(err, CH_STATUS_BAD_INPUT, "--grad-compress '%s': expected none, bf16 or bf16-ef",
                        c->grad_compress);
-    if (c->zero != 0 && c->zero != 1)
-        return ch_fail(err, CH_STATUS_BAD_INPUT, "--zero %d: expected 0 or 1 (stage 1: sharded optimizer state)",
-                       c->zero);
-    if (c->accum_steps < 0 || c->accum_steps > 4096)
-        return ch_fail(err, CH_STATUS_BAD_INPUT, "--accum-steps %d, expected 1..4096", c->accum_steps);
-    if (!(c->lr >= 0) || !isfinite(c->lr))
-        return ch_fail(err, CH_STATUS_BAD_INPUT, "learning rate %g, expected a finite value >= 0", c->lr);
-    if (!(c->dampening >= 0 && c->dampening <= 1))
-        return ch_fail(err, CH_STATUS_BAD_INPUT, "dampening %g, expected 0..1", c->dampening);
-    if (!(c->momentum >= 0 && c->momentum < 1))
-        return ch_fail(err, CH_STATUS_BAD_INPUT, "momentum %g, expected 0 <= m < 1", c->momentum);
-    if (!(c->weight_decay >= 0) || !isfinite(c->weight_decay))
-        return ch_fail(err, CH_STATUS_BAD_INPUT, "weight decay %g, expected >= 0", c->weight_decay);
-    if (c->threads < 0 || c->threads > 1024)
-        return ch_fail(err, CH_STATUS_BAD_INPUT, "threads %d, expected 0..1024", c->threads);
-    if (!(c->bucket_mb >= 0 && c->bucket_mb <= 4096))
-        return ch_fail(err, CH_STATUS_BAD_INPUT, "bucket size %g MiB, expected 0..4096", c->bucket_mb);
-    if (c->trace && (c->trace_steps < 1 || c->trace_steps > 100000))
-        return ch_fail(err, CH_STATUS_BAD_INPUT, "trace steps %d, expected 1..100000", c->trace_steps);
-    if (c->checkpoint_every < 0 || c->keep < 0)
-        return ch_fail(err, CH_STATUS_BAD_INPUT, "checkpoint-every %d / keep %d, expected >= 0",
-                       c->checkpoint_every, c->keep);
-    if (!(c->timeout_s >= 0 && c->timeout_s <= 1e6))
-        return ch_fail(err, CH_STATUS_BAD_INPUT, "timeout %g s, expected 0..1000000", c->timeout_s);
     ch_optim_config oc;
     CH_TRY(ch_trainer_optim_config(c, &oc, err));
     ch_schedule sched;

@@ -13,6 +13,7 @@
 #include "comm/world.h"
 #include "core/trace.h"
 #include "data/folder.h"
+#include "train/options.h"
 #include "train/ps.h"
 
 static ch_status check_ranks_agree(ch_trainer *t, ch_err *err);
@@ -79,12 +80,13 @@ static void describe_dataset(const ch_dataset *d, char *out, size_t len)
              (unsigned long)crc);
 }
 
-enum { AGREE_MAX = 48 };
+enum { AGREE_MAX = CH_OPT_MAX };
 
 typedef struct settings {
     const char *names[AGREE_MAX];
     const char *values[AGREE_MAX];
     char text[AGREE_MAX][128];
+    char flag[AGREE_MAX][40];   /* "--NAME" of the option table's rows */
     int n;
 } settings;
 
@@ -103,8 +105,6 @@ static void put_setting(settings *s, const char *name, const char *fmt, ...)
     s->n++;
 }
 
-static const char *or_none(const char *s) { return s ? s : "(none)"; }
-
 /* Everything the ranks must share, named as the flags that set it: the data (or the ranks' shares
  * overlap and the sums mean nothing), every setting that changes the arithmetic, and every one
  * that decides which collectives run (a checkpoint's sums, the trace's barrier, the epochs). */
@@ -117,46 +117,26 @@ static void job_settings(const ch_trainer *t, settings *s)
     put_setting(s, "the training data (--data, --train-limit)", "%s", data);
     describe_dataset(t->test, data, sizeof data);
     put_setting(s, "the test data (--data, --test-limit)", "%s", data);
-    put_setting(s, "--model", "%s", c->model ? c->model : "(a graph)");
     put_setting(s, "the model's graph", "%016llx", (unsigned long long)t->graph_print);
-    put_setting(s, "--init", "%s", or_none(c->init));
     put_setting(s, "--devices (their number)", "%d", t->nreplicas);
-    put_setting(s, "--batch-size", "%d", c->batch_size);
-    put_setting(s, "--accum-steps", "%d", c->accum_steps > 1 ? c->accum_steps : 1);
-    put_setting(s, "--shares", "%s", c->shares && *c->shares ? c->shares : "(equal)");
-    put_setting(s, "--grad-compress", "%s", ch_grad_compress_name(t->compress));
-    put_setting(s, "--zero", "%d", c->zero);
-    put_setting(s, "--ps-servers", "%d", c->ps_servers);
-    put_setting(s, "--ps-mode", "%s", or_none(c->ps_mode));
-    put_setting(s, "--staleness", "%d", c->staleness);
-    put_setting(s, "--epochs", "%d", c->epochs);
-    put_setting(s, "--seed", "%llu", (unsigned long long)c->seed);
-    put_setting(s, "--optimizer", "%s", or_none(c->optimizer));
-    put_setting(s, "--lr", "%.17g", c->lr);
-    put_setting(s, "--momentum", "%.17g", c->momentum);
-    put_setting(s, "--nesterov", "%d", c->nesterov);
-    put_setting(s, "--dampening", "%.17g", c->dampening);
-    put_setting(s, "--betas", "%.17g,%.17g", c->beta1, c->beta2);
-    put_setting(s, "--eps", "%.17g", c->eps);
-    put_setting(s, "--weight-decay", "%.17g", c->weight_decay);
-    put_setting(s, "--schedule", "%s", or_none(c->schedule));
-    put_setting(s, "--step-size", "%d", c->step_size);
-    put_setting(s, "--gamma", "%.17g", c->gamma);
-    put_setting(s, "--milestones", "%s", or_none(c->milestones));
-    put_setting(s, "--t-max", "%d", c->t_max);
-    put_setting(s, "--eta-min", "%.17g", c->eta_min);
-    put_setting(s, "--warmup-epochs", "%d", c->warmup_epochs);
-    put_setting(s, "--scale-lr", "%d", c->scale_lr);
-    put_setting(s, "--random-crop", "%d", c->random_crop);
-    put_setting(s, "--random-flip", "%d", c->random_flip);
-    put_setting(s, "--normalize", "%s", or_none(c->normalize));
-    put_setting(s, "--sync-bn", "%d", c->sync_bn);
-    put_setting(s, "--bucket-mb", "%.17g", c->bucket_mb);
-    put_setting(s, "--nan-check", "%d", c->nan_check);
-    put_setting(s, "--checkpoint-dir (given or not)", "%d", c->checkpoint_dir != NULL);
-    put_setting(s, "--checkpoint-every", "%d", c->checkpoint_dir ? c->checkpoint_every : 0);
-    put_setting(s, "--trace (given or not)", "%d", c->trace != NULL);
-    put_setting(s, "--trace-steps", "%d", c->trace ? c->trace_steps : 0);
+    /* Every flag of the option table that sets the arithmetic or the collectives (train/options.h). */
+    int n;
+    const ch_opt *o = ch_opt_table(&n);
+    for (int i = 0; i < n; i++) {
+        if (!(o[i].cmds & CH_CMD_TRAIN) || o[i].where != CH_IN_CFG) continue;
+        if (o[i].agree == CH_AGREE_VALUE) {
+            CH_ASSERT(s->n < AGREE_MAX);
+            ch_opt_show(&o[i], c, s->text[s->n], sizeof s->text[s->n]);
+            snprintf(s->flag[s->n], sizeof s->flag[s->n], "--%s", o[i].name);
+            s->names[s->n] = s->flag[s->n];
+            s->values[s->n] = s->text[s->n];
+            s->n++;
+        } else if (o[i].agree == CH_AGREE_GIVEN) {
+            snprintf(s->flag[s->n], sizeof s->flag[s->n], "--%s (given or not)", o[i].name);
+            put_setting(s, s->flag[s->n], "%s", *(const char *const *)(const void *)((const char *)c + o[i].offset)
+                                               ? "given" : "not given");
+        }
+    }
 }
 
 /* Before any collective that depends on them: every rank must have the same settings. */
