@@ -30,8 +30,8 @@ for devs in cpu:0 cpu:0,cpu:1; do
     # Killed (SIGKILL) at step 45 of 64; the step checkpoints came every 20 steps.
     env COHORT_INJECT_FAULT=kill:0:45 "$cohort" "${A[@]}" --devices $devs --epochs 2 \
         --checkpoint-dir "$c/killed" --checkpoint-every 20 >/dev/null 2>&1
-    [ "$(cat "$c/killed/latest")" = step-00000040 ]
-    rc=$?; ok "[$devs] after the kill at step 45, latest is step-00000040 (got $(cat "$c/killed/latest"))" $rc
+    [ "$(readlink "$c/killed/latest")" = step-00000040 ]
+    rc=$?; ok "[$devs] after the kill at step 45, latest is step-00000040 (got $(readlink "$c/killed/latest"))" $rc
     "$cohort" "${A[@]}" --devices $devs --epochs 2 --checkpoint-dir "$c/killed" --checkpoint-every 20 --resume >/dev/null
     same "$c/straight/epoch-0002" "$c/killed/epoch-0002"
     rc=$?; ok "[$devs] killed mid-epoch, resumed from the step checkpoint: bit-identical" $rc
@@ -43,8 +43,8 @@ done
 AS=(train --model mnist-cnn --data "$data" --train-limit 1000 --test-limit 200 -b 50 --optimizer adam --lr 0.002
     --seed 4 --no-progress --devices cpu:0,cpu:1)
 "$cohort" "${AS[@]}" --epochs 2 --checkpoint-dir "$tmp/s_cpu" >/dev/null
-env COHORT_BACKEND=scramble "$cohort" "${AS[@]}" --epochs 1 --checkpoint-dir "$tmp/s_scr" >/dev/null
-env COHORT_BACKEND=scramble "$cohort" "${AS[@]}" --epochs 2 --checkpoint-dir "$tmp/s_scr" --resume >/dev/null
+"$cohort" "${AS[@]}" --devices scramble:0,scramble:1 --epochs 1 --checkpoint-dir "$tmp/s_scr" >/dev/null
+"$cohort" "${AS[@]}" --devices scramble:0,scramble:1 --epochs 2 --checkpoint-dir "$tmp/s_scr" --resume >/dev/null
 same "$tmp/s_cpu/epoch-0002" "$tmp/s_scr/epoch-0002"
 rc=$?; ok "[scramble backend] 1 epoch + resume == the CPU backend's 2 epochs: bit-identical" $rc
 
@@ -64,7 +64,7 @@ for stage in model optimizer trainer rename latest; do
     "$cohort" "${A[@]}" --epochs 1 --checkpoint-dir "$c" >/dev/null
     env COHORT_INJECT_CKPT_CRASH=$stage "$cohort" "${A[@]}" --epochs 2 --checkpoint-dir "$c" --resume >/dev/null 2>&1
     want=epoch-0001; [ $stage = latest ] && want=epoch-0002
-    [ "$(cat "$c/latest")" = $want ] && "$cohort" eval --checkpoint "$c" --data "$data" --test-limit 10 >/dev/null
+    [ "$(readlink "$c/latest")" = $want ] && "$cohort" eval --checkpoint "$c" --data "$data" --test-limit 10 >/dev/null
     rc=$?; ok "crash after '$stage' while saving: latest is $want and loads" $rc
     "$cohort" "${A[@]}" --epochs 2 --checkpoint-dir "$c" --resume >/dev/null
     same "$tmp/cpu:0/straight/epoch-0002" "$c/epoch-0002" && ! ls -d "$c"/.cohort-tmp-* "$c"/.cohort-old-* 2>/dev/null
@@ -135,7 +135,7 @@ if [ ${#mpirun[@]} -gt 0 ]; then
     # error, never a fresh start over the user's progress.
     "${RA[@]}" >"$tmp/auto3.out" 2>&1 && grep -q "nothing to train" "$tmp/auto3.out"
     rc=$?; ok "[2 ranks] --resume auto after the end: nothing to train" $rc
-    echo step-99999999 >"$tmp/mauto/latest"
+    rm -f "$tmp/mauto/latest"; echo step-99999999 >"$tmp/mauto/latest"
     "${RA[@]}" >"$tmp/auto4.out" 2>&1
     [ $? -eq 2 ] && grep -q "step-99999999" "$tmp/auto4.out"
     rc=$?; ok "[2 ranks] --resume auto with a dangling latest: refused ($(head -c 200 "$tmp/auto4.out"))" $rc
@@ -199,8 +199,19 @@ for kind in dangling loop nolatest fresh; do
     rc=$?; ok "a folder with checkpoints ($kind) is not overwritten: exit $got, $(cat "$tmp/err")" $rc
 done
 "$cohort" "${A[@]}" --epochs 1 --checkpoint-dir "$tmp/keep_fresh" --overwrite >"$tmp/out" 2>&1 &&
-    [ -d "$tmp/keep_fresh/epoch-0001" ] && [ "$(cat "$tmp/keep_fresh/latest")" = epoch-0001 ]
+    [ -d "$tmp/keep_fresh/epoch-0001" ] && [ "$(readlink "$tmp/keep_fresh/latest")" = epoch-0001 ]
 rc=$?; ok "--overwrite: a fresh run replaces them" $rc
+
+# latest is a symbolic link to the entry, so DIR/latest/FILE is a path for any program (torch.load,
+# safetensors, cohort eval --checkpoint DIR/latest); a text file naming the entry (what cohort wrote
+# before 0.x, or a user's echo) still works.
+c=$tmp/keep_fresh
+[ -L "$c/latest" ] && [ -f "$c/latest/model.safetensors" ] && cmp -s "$c/latest/model.safetensors" "$c/epoch-0001/model.safetensors" &&
+    "$cohort" eval --checkpoint "$c/latest" --data "$data" --test-limit 10 >"$tmp/l1" &&
+    rm "$c/latest" && echo epoch-0001 >"$c/latest" &&
+    "$cohort" eval --checkpoint "$c" --data "$data" --test-limit 10 >"$tmp/l2" && cmp -s "$tmp/l1" "$tmp/l2" &&
+    "$cohort" "${A[@]}" --epochs 2 --checkpoint-dir "$c" --resume >/dev/null && [ "$(readlink "$c/latest")" = epoch-0002 ]
+rc=$?; ok "latest: a symbolic link (DIR/latest/model.safetensors opens, eval DIR/latest); a text latest still resumes" $rc
 
 E=(eval --data "$data" --test-limit 100)
 bad() { mkdir -p "$tmp/bad"; rm -f "$tmp/bad"/*; cp "$tmp/two/epoch-0002"/* "$tmp/bad/"; }

@@ -180,8 +180,8 @@ static char *trainer_json(const ch_ckpt_run *run, const ch_ckpt_position *p)
     }
     cJSON *devs = cJSON_AddArrayToObject(j, "devices");
     for (int i = 0; i < run->devices->count; i++) {
-        char d[16];
-        snprintf(d, sizeof d, "cpu:%d", run->devices->dev[i].index);
+        char d[32];
+        ch_device_name(&run->devices->dev[i], d, sizeof d);
         cJSON_AddItemToArray(devs, cJSON_CreateString(d));
     }
     char *text = cJSON_Print(j);
@@ -236,14 +236,18 @@ static ch_status write_into(const ch_ckpt_run *run, const char *tmp, const ch_ck
     return st;
 }
 
-/* DIR/latest <- name, by rename of a synced temporary file. */
+/* DIR/latest -> name: a symbolic link to the entry, so that DIR/latest/model.safetensors is a path
+ * any program can open. Made under a temporary name and renamed over the old one (rename replaces
+ * atomically), then the folder synced: the link lives in the folder's own data. */
 static ch_status point_latest(const char *dir, const char *name, ch_err *err)
 {
-    char tmp[PATH_MAX], dst[PATH_MAX], line[300];
+    char tmp[PATH_MAX], dst[PATH_MAX];
     CH_ASSERT(snprintf(tmp, sizeof tmp, "%s/" MARK "latest.%ld", dir, (long)getpid()) < (int)sizeof tmp);
     join(dst, sizeof dst, dir, "latest");
-    snprintf(line, sizeof line, "%s\n", name);
-    CH_TRY(ch_file_write_text(tmp, line, err));
+    if (unlink(tmp) != 0 && errno != ENOENT)
+        return ch_fail(err, CH_STATUS_SYSTEM, "%s: cannot remove (%s)", tmp, strerror(errno));
+    if (symlink(name, tmp) != 0)
+        return ch_fail(err, CH_STATUS_SYSTEM, "%s: cannot make a symbolic link (%s)", tmp, strerror(errno));
     if (rename(tmp, dst) != 0)
         return ch_fail(err, CH_STATUS_SYSTEM, "%s: rename failed (%s)", dst, strerror(errno));
     return ch_file_sync_path(dir, err);
@@ -403,9 +407,20 @@ ch_status ch_checkpoint_resolve(const char *path, char *out, size_t len, ch_err 
     if (stat(probe, &st) != 0)   /* there (lstat), but a symlink that leads nowhere or loops */
         return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: a symbolic link that cannot be followed (%s): name a checkpoint "
                        "with --resume DIR/epoch-NNNN, or repair latest", probe, strerror(errno));
-    char *name = read_text(probe, 255, err);
-    if (!name) return CH_STATUS_BAD_INPUT;
-    name[strcspn(name, "\r\n")] = 0;
+    /* A symbolic link (as cohort writes it), or a text file naming the entry (as it wrote it before,
+     * and as a user may): either way a plain entry name. */
+    char *name = NULL;
+    if (lstat(probe, &st) == 0 && S_ISLNK(st.st_mode)) {
+        name = calloc(1, 256);
+        CH_CHECK_ALLOC(err, name);
+        const ssize_t n = readlink(probe, name, 255);
+        if (n <= 0 || n >= 255) name[0] = '/';   /* unreadable or too long: refused below */
+        else name[n] = '\0';
+    } else {
+        name = read_text(probe, 255, err);
+        if (!name) return CH_STATUS_BAD_INPUT;
+        name[strcspn(name, "\r\n")] = 0;
+    }
     /* A plain entry of this folder, as cohort writes it: never ".", "..", a path or a dot file. */
     bool plain = name[0] && name[0] != '.';
     for (const char *c = name; plain && *c; c++) plain = *c > ' ' && *c != '/' && *c != 0x7f;
