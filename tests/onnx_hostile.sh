@@ -29,6 +29,19 @@ while IFS=$'\t' read -r name needle; do
     # (other_data is the trainer's verdict on model and data, naming the model by the file's name.)
     [ "$name" = other_data ] || grep -qF "$tmp/$name.onnx" "$tmp/err" || { echo "FAIL: $name: the line does not name the file"; fails=$((fails + 1)); }
 done <"$tmp/cases"
+# Three operators cohort lacks: a line for each, naming its op type (and module), then one with
+# what cohort imports; exit 2.
+"$cohort" "${T[@]}" --model "$tmp/three_unknown.onnx" >"$tmp/out" 2>"$tmp/err"; got=$?
+if [ $got -eq 2 ] && [ "$(wc -l <"$tmp/err")" -eq 4 ] &&
+   grep -qF "node '/act/Relu' (Erf): operator 'Erf' is not supported (the exact GELU, in module act)" "$tmp/err" &&
+   grep -qF "(Resize): operator 'Resize' is not supported (nn.Upsample or F.interpolate, in module up1)" "$tmp/err" &&
+   grep -qF "(LayerNormalization): operator 'LayerNormalization' is not supported (nn.LayerNorm, in module norm)" "$tmp/err" &&
+   grep -qF "3 operators above are not supported; cohort imports Conv" "$tmp/err" &&
+   [ "$(grep -c "^cohort train: $tmp/three_unknown.onnx: " "$tmp/err")" -eq 4 ]; then
+    passes=$((passes + 1))
+else
+    echo "FAIL: three unsupported operators -> exit $got, stderr:"; cat "$tmp/err"; fails=$((fails + 1))
+fi
 # Not a regular file: a FIFO with no writer must not hang, a folder is no model.
 mkfifo "$tmp/fifo.onnx"
 expect 2 "is a FIFO, expected a file" -- timeout 20 "$cohort" "${T[@]}" --model "$tmp/fifo.onnx"

@@ -93,7 +93,12 @@ int ch_exit_for(const char *cmd, ch_status st, const ch_err *err)
     if (st == CH_STATUS_OK) return CH_EXIT_OK;
     const int code = st == CH_STATUS_BAD_INPUT ? CH_EXIT_USAGE : CH_EXIT_FAIL;
     if (ch_world_size() == 1) {
-        fprintf(stderr, "cohort %s: %s\n", cmd, err->msg);
+        /* A message of several lines (the importer's unsupported operators): each its own. */
+        for (const char *line = err->msg; *line;) {
+            const int n = (int)strcspn(line, "\n");
+            fprintf(stderr, "cohort %s: %.*s\n", cmd, n, line);
+            line += n + (line[n] == '\n');
+        }
         return code;
     }
     if (err->on_every_rank) {

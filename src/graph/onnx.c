@@ -72,6 +72,40 @@ static ch_status add_input(ch_onnx_imp *m)
     return CH_STATUS_OK;
 }
 
+/* Every node whose operator cohort does not import, found before the walk: all of them at once
+ * (one line each, then the list of what is imported), and never a symptom downstream of one (a
+ * shape Concat that feeds a Resize). One alone is the walk's usual line. */
+static ch_status refuse_unknown_operators(ch_onnx_imp *m)
+{
+    const Onnx__GraphProto *gp = m->gp;
+    size_t unknown = 0, first = 0;
+    for (size_t i = 0; i < gp->n_node; i++)
+        if (!ch_onnx_op_known(gp->node[i]) && !unknown++) first = i;
+    if (unknown == 0) return CH_STATUS_OK;
+    if (unknown == 1) return ch_onnx_import_node(m, gp->node[first]);
+    enum { SHOWN = 3 };   /* and the list line: what ch_err holds */
+    char text[sizeof m->err->msg] = "";
+    size_t at = 0, shown = 0;
+    for (size_t i = first; i < gp->n_node && shown < SHOWN; i++) {
+        if (ch_onnx_op_known(gp->node[i])) continue;
+        char why[200];
+        ch_onnx_unknown_why(m, gp->node[i], why, sizeof why);
+        m->node = gp->node[i];
+        ch_onnx_bad(m, "%s", why);   /* the line as a single refusal reads, escaped */
+        at += (size_t)snprintf(text + at, sizeof text - at, "%s\n", m->err->msg);
+        if (at >= sizeof text) at = sizeof text - 1;
+        shown++;
+    }
+    m->node = NULL;
+    char more[64] = "";
+    if (unknown > shown) snprintf(more, sizeof more, " (%zu more not shown)", unknown - shown);
+    ch_onnx_bad(m, "%zu operators above%s are not supported; " CH_ONNX_IMPORTS, unknown, more);
+    /* Lines the caller prints one by one (ch_err's text is otherwise one line). */
+    snprintf(text + at, sizeof text - at, "%s", m->err->msg);
+    memcpy(m->err->msg, text, sizeof text);
+    return CH_STATUS_BAD_INPUT;
+}
+
 static ch_status import_graph(ch_onnx_imp *m)
 {
     const Onnx__GraphProto *gp = m->gp;
@@ -92,6 +126,7 @@ static ch_status import_graph(ch_onnx_imp *m)
         return ch_onnx_bad(m, "the model has %zu outputs; cohort trains one (the logits)", gp->n_output);
     m->output = gp->output[0]->name;
     CH_TRY(add_input(m));
+    CH_TRY(refuse_unknown_operators(m));
     for (size_t i = 0; i < gp->n_node; i++) CH_TRY(ch_onnx_import_node(m, gp->node[i]));
     m->node = NULL;
     const ch_oval *out = ch_ovals_find(&m->vals, m->output);

@@ -64,6 +64,18 @@ ch_status ch_onnx_param(ch_onnx_imp *m, size_t k, const char *prefix, const char
                         int rank, bool *present);
 /* The weight input k (an initializer, maybe transposed) and its module path. */
 ch_status ch_onnx_weight_of(ch_onnx_imp *m, size_t k, const Onnx__TensorProto **t, char *prefix);
+/* Whether cohort imports n's operator at all (its domain and op type), and what in PyTorch makes an
+ * operator it does not import ("nn.Upsample or F.interpolate" for Resize), or NULL. */
+bool ch_onnx_op_known(const Onnx__NodeProto *n);
+/* "operator 'Resize' is not supported (nn.Upsample or F.interpolate, in module up1)": for a node
+ * whose operator (or domain) cohort does not import. */
+void ch_onnx_unknown_why(ch_onnx_imp *m, const Onnx__NodeProto *n, char *buf, size_t len);
+#define CH_ONNX_IMPORTS                                                                                            \
+    "cohort imports Conv, BatchNormalization, Relu, LeakyRelu, Clip, Sigmoid, Tanh, HardSigmoid, HardSwish, "      \
+    "MaxPool, AveragePool, GlobalAveragePool, ReduceMean, Flatten, Reshape, Gemm, MatMul, Add, Mul (of tensors or " \
+    "by numbers), Sub and Div by numbers, Expand into Add or Mul, Concat, Dropout, a final (Log)Softmax and shape "  \
+    "arithmetic"
+const char *ch_onnx_op_hint(const char *op);
 /* Node n of the walk into the graph, by its operator; a refusal names it. */
 ch_status ch_onnx_import_node(ch_onnx_imp *m, const Onnx__NodeProto *n);
 

@@ -188,6 +188,10 @@ static ch_status op_reshape(ch_onnx_imp *m)
     const int64_t in[4] = { CH_ONNX_BATCH, x->dims[0], x->rank == 3 ? x->dims[1] : 1, x->rank == 3 ? x->dims[2] : 1 };
     const int in_rank = x->rank + 1;
     const double per = (double)x->dims[0] * x->dims[1] * x->dims[2];
+    /* x.view(b, groups, c // groups, h, w).transpose(1, 2): ShuffleNet's channel shuffle. */
+    if (!s->is_float && s->rank == 1 && s->n == 5 && x->rank == 3 && s->i[0] == CH_ONNX_BATCH)
+        return ch_onnx_bad(m, "reshape of a (%d, %d, %d) sample to 5 dimensions: a view into channel groups, as in a "
+                           "channel shuffle, is not imported yet", x->dims[0], x->dims[1], x->dims[2]);
     if (s->is_float || s->rank != 1 || s->n < 2 || s->n > 4 || allowzero)
         return ch_onnx_bad(m, "the target shape must be 2 to 4 integers (batch first)");
     int64_t t[4];
@@ -340,14 +344,35 @@ static ch_status check_expanded(ch_onnx_imp *m, const ch_oval *a, const ch_oval 
     return CH_STATUS_OK;
 }
 
+/* Add, Sub, Mul, Div of two integer constants of the same length (or one a single number) that
+ * hold no batch size: shape arithmetic, like x.size(1) // groups before a view. Folded as ONNX
+ * computes integers (Div truncates toward zero); anything else from constants alone is refused. */
+static ch_status fold_shape_arithmetic(ch_onnx_imp *m, const ch_oval *a, const ch_oval *b)
+{
+    const char *op = m->node->op_type;
+    bool ok = a->kind == CH_OVAL_CONST && b->kind == CH_OVAL_CONST && !a->is_float && !b->is_float && a->rank <= 1 &&
+              b->rank <= 1 && a->n >= 1 && b->n >= 1 && (a->n == b->n || a->n == 1 || b->n == 1);
+    for (int k = 0; ok && k < a->n; k++) ok = a->i[k] != CH_ONNX_BATCH && a->i[k] >= -(1LL << 31) && a->i[k] <= 1LL << 31;
+    for (int k = 0; ok && k < b->n; k++) ok = b->i[k] != CH_ONNX_BATCH && b->i[k] >= -(1LL << 31) && b->i[k] <= 1LL << 31;
+    if (!ok) return ch_onnx_bad(m, "both inputs are constants: cohort computes nothing from constants alone");
+    ch_oval c = { .kind = CH_OVAL_CONST, .rank = a->rank > b->rank ? a->rank : b->rank };
+    c.n = a->n > b->n ? a->n : b->n;
+    for (int k = 0; k < c.n; k++) {
+        const int64_t x = a->i[a->n == 1 ? 0 : k], y = b->i[b->n == 1 ? 0 : k];
+        if (op[0] == 'D' && y == 0) return ch_onnx_bad(m, "a shape divided by zero");
+        c.i[k] = op[0] == 'A' ? x + y : op[0] == 'S' ? x - y : op[0] == 'M' ? x * y : x / y;
+        c.f[k] = (double)c.i[k];
+    }
+    return ch_onnx_alias_out(m, &c);
+}
+
 static ch_status op_binary(ch_onnx_imp *m)
 {
     ch_oval *a, *b;
     CH_TRY(operand(m, 0, &a));
     CH_TRY(operand(m, 1, &b));
     const char *op = m->node->op_type;
-    if (a->kind != CH_OVAL_TENSOR && b->kind != CH_OVAL_TENSOR)
-        return ch_onnx_bad(m, "both inputs are constants: cohort computes nothing from constants alone");
+    if (a->kind != CH_OVAL_TENSOR && b->kind != CH_OVAL_TENSOR) return fold_shape_arithmetic(m, a, b);
     if (a->kind != CH_OVAL_TENSOR || b->kind != CH_OVAL_TENSOR) return op_with_number(m, a, b);
     if (strcmp(op, "Add") != 0 && strcmp(op, "Mul") != 0)
         return ch_onnx_bad(m, "%s of two tensors is not supported (Add and Mul are)", ch_onnx_show(m, 0, op));
@@ -689,11 +714,60 @@ static const op_entry ops[] = {
     { "Unsqueeze", op_squeeze, 2 }, { "Squeeze", op_squeeze, 2 },
 };
 
+bool ch_onnx_op_known(const Onnx__NodeProto *n)
+{
+    if (n->domain && n->domain[0] && strcmp(n->domain, "ai.onnx") != 0) return false;
+    for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++)
+        if (n->op_type && strcmp(n->op_type, ops[i].name) == 0) return true;
+    return false;
+}
+
+/* "in module stage.0" from a node named "/stage/stage.0/Div" (torch.onnx's scope names): the
+ * component before the operator's own. */
+static void module_of(const char *node, char *buf, size_t len)
+{
+    buf[0] = '\0';
+    const char *end = node ? strrchr(node, '/') : NULL;
+    if (!end || end == node) return;
+    const char *start = end - 1;
+    while (start > node && start[-1] != '/') start--;
+    snprintf(buf, len, "%.*s", (int)(end - start), start);
+}
+
+void ch_onnx_unknown_why(ch_onnx_imp *m, const Onnx__NodeProto *n, char *buf, size_t len)
+{
+    char module[64];
+    module_of(n->name, module, sizeof module);
+    for (char *c = module; *c; c++)
+        if (*c < ' ' || *c > '~') *c = '?';
+    const char *hint = ch_onnx_op_hint(n->op_type);
+    const bool other = n->domain && n->domain[0] && strcmp(n->domain, "ai.onnx") != 0;
+    snprintf(buf, len, "%s '%s' is not supported%s%s%s%s%s%s", other ? "operator domain" : "operator",
+             ch_onnx_show(m, 0, other ? n->domain : n->op_type), hint || module[0] ? " (" : "", hint ? hint : "",
+             hint && module[0] ? ", " : "", module[0] ? "in module " : "", module, hint || module[0] ? ")" : "");
+}
+
+const char *ch_onnx_op_hint(const char *op)
+{
+    static const struct { const char *op, *what; } hints[] = {
+        { "Resize", "nn.Upsample or F.interpolate" }, { "Upsample", "nn.Upsample or F.interpolate" },
+        { "Erf", "the exact GELU" }, { "ConvTranspose", "nn.ConvTranspose2d" },
+        { "LayerNormalization", "nn.LayerNorm" }, { "ReduceMax", "a max over an axis" },
+        { "Pow", "x ** p, as in a hand-written LayerNorm" }, { "Sqrt", "a square root, as in a hand-written LayerNorm" },
+    };
+    for (size_t i = 0; op && i < sizeof hints / sizeof *hints; i++)
+        if (strcmp(op, hints[i].op) == 0) return hints[i].what;
+    return NULL;
+}
+
 ch_status ch_onnx_import_node(ch_onnx_imp *m, const Onnx__NodeProto *n)
 {
     m->node = n;
-    if (n->domain && n->domain[0] && strcmp(n->domain, "ai.onnx") != 0)
-        return ch_onnx_bad(m, "operator domain '%s' is not supported (only ONNX's own operators)", ch_onnx_show(m, 0, n->domain));
+    if (n->domain && n->domain[0] && strcmp(n->domain, "ai.onnx") != 0) {
+        char why[200];
+        ch_onnx_unknown_why(m, n, why, sizeof why);
+        return ch_onnx_bad(m, "%s: only ONNX's own operators", why);
+    }
     for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) {
         if (!n->op_type || strcmp(n->op_type, ops[i].name) != 0) continue;
         /* An input the handler would never read is not dropped silently. */
@@ -701,9 +775,8 @@ ch_status ch_onnx_import_node(ch_onnx_imp *m, const Onnx__NodeProto *n)
             return ch_onnx_bad(m, "%zu inputs; %s takes at most %d", n->n_input, ops[i].name, ops[i].max_in);
         return ops[i].fn(m);
     }
-    return ch_onnx_bad(m, "operator '%s' is not supported; cohort imports Conv, BatchNormalization, Relu, LeakyRelu, Clip, "
-               "Sigmoid, Tanh, HardSigmoid, HardSwish, MaxPool, AveragePool, GlobalAveragePool, ReduceMean, Flatten, "
-               "Reshape, Gemm, MatMul, Add, Mul (of tensors or by numbers), Sub and Div by numbers, Expand into Add "
-               "or Mul, Concat, Dropout, a final (Log)Softmax and shape arithmetic", ch_onnx_show(m, 0, n->op_type));
+    char why[200];
+    ch_onnx_unknown_why(m, n, why, sizeof why);
+    return ch_onnx_bad(m, "%s; %s", why, CH_ONNX_IMPORTS);
 }
 
