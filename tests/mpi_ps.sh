@@ -72,7 +72,7 @@ run ar22 2 "${SGD[@]}" --devices 'cpu*2' --threads 2 &&
 run ps_e1 3 "${SGD[@]}" --ps-servers 1 --epochs 1 && run ps_e1 2 "${SGD[@]}" --resume && same ar ps_e1 epoch-0002
 run ar_e1 2 "${SGD[@]}" --epochs 1 && run ar_e1 3 "${SGD[@]}" --ps-servers 1 --resume && same ar ar_e1 epoch-0002
 run ps_mid 3 "${SGD[@]}" --ps-servers 1 --checkpoint-every 20 && rm -rf "$tmp/ps_mid/epoch-0002" &&
-    echo step-00000040 >"$tmp/ps_mid/latest" && run ps_mid 3 "${SGD[@]}" --ps-servers 1 --checkpoint-every 20 --resume &&
+    ln -sfn step-00000040 "$tmp/ps_mid/latest" && run ps_mid 3 "${SGD[@]}" --ps-servers 1 --checkpoint-every 20 --resume &&
     same ar ps_mid epoch-0002
 
 # A checkpoint that rank 0 refuses at --resume ends the whole job at once, servers too: one line,
@@ -92,7 +92,7 @@ if [ -d "$tmp/ar_e1/epoch-0001" ]; then
         --optimizer adam --momentum 0
     head -c 100 "$tmp/ar_e1/epoch-0002/model.safetensors" >"$tmp/rr_bad/epoch-0002/model.safetensors"
     resume_refused "a corrupt model.safetensors" "model.safetensors" "$tmp/rr_bad" --resume
-    echo epoch-0009 >"$tmp/rr_auto/latest"
+    rm -f "$tmp/rr_auto/latest"; echo epoch-0009 >"$tmp/rr_auto/latest"
     resume_refused "--resume auto, latest naming a missing folder" "epoch-0009" "$tmp/rr_auto" --resume auto
 else bad "no checkpoint to resume from"; fi
 

@@ -59,11 +59,11 @@ export ARGS="--model lenet --epochs 2 -b 64 --train-limit 6000 --test-limit 500 
 export EVERY=10 CKPT=$tmp/job2/ckpt COHORT_INJECT_FAULT=slow:0:300   # ~3 s per epoch: time to kill
 job=$(cd "$tmp/job2" && sbatch --parsable "$examples/requeue.sbatch")
 for ((i = 0; i < 600; i++)); do   # until a step checkpoint of the first epoch exists
-    grep -qs "^step-" "$CKPT/latest" && break
+    readlink "$CKPT/latest" 2>/dev/null | grep -q "^step-" && break
     sleep 0.1
 done
 pid=$(sed -n 's/.*host cohort-host2, pid \([0-9]*\),.*/\1/p' "$tmp/job2/logs-$job/workerlog.1" 2>/dev/null)
-before=$(cat "$CKPT/latest" 2>/dev/null)
+before=$(readlink "$CKPT/latest" 2>/dev/null)
 if [ -n "$pid" ] && kill -9 "$pid" 2>/dev/null; then ok; else bad "no rank 1 process to kill (pid '$pid')"; fi
 state=""
 for ((i = 0; i < 600; i++)); do   # until the job has run again and completed (60 s at most)

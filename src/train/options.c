@@ -98,7 +98,7 @@ static const ch_opt table[] = {
                "from measured step times; gradients stay exact",
       .more = "auto re-balances from each rank's step time after 20 steps and at every epoch end, and is not "
               "bit-reproducible", .dflt = "equal" },
-    { .name = "lr", .cmds = T, .type = CH_OPT_DOUBLE, CFG(lr), .lo = 0, .hi = 1e6, .agree = CH_AGREE_VALUE,
+    { .name = "lr", .cmds = T, .type = CH_OPT_DOUBLE, CFG(lr), .lo = 0, .hi = 1e30, .agree = CH_AGREE_VALUE,
       .section = CH_SEC_OPTIM, .arg = "X", .brief = "learning rate" },
     { .name = "optimizer", .cmds = T, .type = CH_OPT_STR, CFG(optimizer), .agree = CH_AGREE_VALUE,
       .section = CH_SEC_OPTIM, .arg = "NAME", .brief = "sgd | adam | adamw | adagrad, PyTorch's rules",
