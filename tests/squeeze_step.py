@@ -1,0 +1,152 @@
+"""One SGD step of a SqueezeNet (torchvision's Fire modules, ceil-mode max pooling, zero-started
+biases, at 28x28) in cohort against PyTorch in float64, for squeeze_step.sh.
+
+A step's biases start at zero, so each bias after the step is its update, and a ReLU whose input
+lies within float rounding of zero may pass or block its gradient depending on the order of a sum:
+one flipped mask moves every gradient upstream by a whole term (issue 41 measured a 3x3 conv's bias
+1.7e-3 of its update off: its channel 14 had a pre-activation of 1.3e-7). The fixture is therefore
+the first seed whose pre-activations all lie at least 1e-6 from zero (100 times the rounding of
+their sums); on it, float32 arithmetic in any order gives the float64 step within rounding, and so
+must cohort.
+
+  python3 squeeze_step.py make DIR DATA_ROOT     DIR/sq.onnx, DIR/init.pt, DIR/seed
+  python3 squeeze_step.py check DIR DATA_ROOT COHORT_MODEL.safetensors
+"""
+import copy
+import gzip
+import json
+import struct
+import sys
+import warnings
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+BATCH, LR, NEAR = 8, 0.1, 1e-6
+
+
+class Fire(nn.Module):
+    def __init__(self, cin, sq, e1, e3):
+        super().__init__()
+        self.squeeze = nn.Conv2d(cin, sq, 1)
+        self.expand1x1 = nn.Conv2d(sq, e1, 1)
+        self.expand3x3 = nn.Conv2d(sq, e3, 3, padding=1)
+
+    def forward(self, x):
+        x = F.relu(self.squeeze(x))
+        return torch.cat([F.relu(self.expand1x1(x)), F.relu(self.expand3x3(x))], 1)
+
+
+class Squeeze(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.features = nn.Sequential(nn.Conv2d(1, 16, 3), nn.ReLU(), nn.MaxPool2d(3, 2, ceil_mode=True),
+                                      Fire(16, 4, 8, 8), Fire(16, 4, 8, 8), nn.MaxPool2d(3, 2, ceil_mode=True),
+                                      Fire(16, 8, 16, 16))
+        self.classifier = nn.Sequential(nn.Dropout(p=0.0), nn.Conv2d(32, 10, 1), nn.ReLU(), nn.AdaptiveAvgPool2d(1))
+        for m in self.modules():   # torchvision's SqueezeNet initialisation
+            if isinstance(m, nn.Conv2d):
+                if m is self.classifier[1]:
+                    nn.init.normal_(m.weight, 0.0, 0.01)
+                else:
+                    nn.init.kaiming_uniform_(m.weight)
+                nn.init.constant_(m.bias, 0)
+
+    def forward(self, x):
+        return torch.flatten(self.classifier(self.features(x)), 1)
+
+
+def data(root):
+    def idx(path, off):
+        return np.frombuffer(gzip.open(path).read(), np.uint8, offset=off)
+    x = idx(root + "/mnist/train-images-idx3-ubyte.gz", 16).reshape(-1, 1, 28, 28)[:BATCH] / 255.0
+    y = idx(root + "/mnist/train-labels-idx1-ubyte.gz", 8)[:BATCH].astype(np.int64)
+    return x, y
+
+
+def nearest_to_zero(m, x):
+    """The smallest non-zero |input| of any ReLU (a conv's output), in float64."""
+    seen = []
+    hooks = [c.register_forward_hook(lambda mod, i, o: seen.append(o.detach().abs()))
+             for c in m.modules() if isinstance(c, nn.Conv2d)]
+    m(torch.tensor(x))
+    for h in hooks:
+        h.remove()
+    return min(float(v[v > 0].min()) for v in seen if (v > 0).any())
+
+
+def step(m, x, y, dtype):
+    m = m.to(dtype)
+    loss = F.cross_entropy(m(torch.tensor(x, dtype=dtype)), torch.tensor(y))
+    m.zero_grad()
+    loss.backward()
+    with torch.no_grad():
+        for p in m.parameters():
+            p -= LR * p.grad
+    return {k: v.detach().double().numpy() for k, v in m.state_dict().items()}
+
+
+def load_safetensors(path):
+    raw = open(path, "rb").read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    out = {}
+    for k, v in json.loads(raw[8:8 + n]).items():
+        if k != "__metadata__":
+            lo, hi = v["data_offsets"]
+            out[k] = np.frombuffer(raw[8 + n + lo:8 + n + hi], "<f4").reshape(v["shape"]).astype(np.float64)
+    return out
+
+
+def make(out, root):
+    x, _ = data(root)
+    for seed in range(100):
+        torch.manual_seed(seed)
+        m = Squeeze()
+        if nearest_to_zero(copy.deepcopy(m).double(), x) >= NEAR:
+            break
+    else:
+        sys.exit("squeeze_step: no seed below 100 keeps every pre-activation 1e-6 from zero")
+    m = m.float()
+    torch.save(m.state_dict(), out + "/init.pt")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(m, torch.zeros(2, 1, 28, 28), out + "/sq.onnx", opset_version=13,
+                          training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False,
+                          input_names=["input"], output_names=["output"],
+                          dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}})
+    open(out + "/seed", "w").write(f"{seed}\n")
+    print(f"squeeze_step: seed {seed}, the nearest pre-activation {nearest_to_zero(copy.deepcopy(m).double(), x):.2e} "
+          "from zero")
+
+
+def check(out, root, got_path):
+    x, y = data(root)
+    init = torch.load(out + "/init.pt")
+    res = {}
+    for dt in (torch.float32, torch.float64):
+        m = Squeeze()
+        m.load_state_dict(init)
+        res[dt] = step(m, x, y, dt)
+    got = load_safetensors(got_path)
+    start = {k: v.double().numpy() for k, v in init.items()}
+    worst_c, worst_t, failed = 0.0, 0.0, []
+    for k, want in res[torch.float64].items():
+        update = np.abs(want - start[k]).max()
+        scale = max(update, 1e-6 * np.abs(want).max())
+        c = np.abs(got[k] - want).max() / scale
+        t = np.abs(res[torch.float32][k] - want).max() / scale
+        worst_c, worst_t = max(worst_c, c), max(worst_t, t)
+        print(f"{k:32s} cohort {c:9.2e}  torch float32 {t:9.2e}  (of the update)")
+        # Rounding of the float32 parameters (1 ulp of a weight is 1e-3 of a small update) plus that of the
+        # sums: within 4x PyTorch's own float32 distance, or 1e-5 of the update, whichever is larger.
+        if c > max(4 * t, 1e-5):
+            failed.append(k)
+    print(f"squeeze_step: worst cohort {worst_c:.2e}, PyTorch float32 {worst_t:.2e} of the float64 update")
+    if failed:
+        sys.exit("squeeze_step: further from the float64 step than float32 rounding: " + ", ".join(failed))
+
+
+if __name__ == "__main__":
+    {"make": lambda: make(sys.argv[2], sys.argv[3]), "check": lambda: check(sys.argv[2], sys.argv[3], sys.argv[4])}[sys.argv[1]]()
