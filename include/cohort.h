@@ -23,6 +23,7 @@
 #define COHORT_H
 
 #include <stdbool.h>
+#include <stdio.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -416,6 +417,11 @@ int ch_trainer_epochs_done(const ch_trainer *t);
 /* Evaluate on d, counting per class: hits[c] and counts[c] for c < classes (exact over ranks). */
 ch_status ch_trainer_evaluate_classes(ch_trainer *t, const ch_dataset *d, double *loss, double *acc,
                                       int64_t *hits, int64_t *counts, ch_err *err);
+/* What the trainer will do, as cohort train --dry-run prints it: the model's layers (PyTorch's
+ * module names, output shapes, parameters, MFLOP per image), memory per replica, devices and ranks,
+ * the data's split into steps and replicas, shares, accumulation, the gradient sync's buckets and
+ * path, sharding, parameter servers, optimizer and schedule. Text for people, not a format. */
+void ch_trainer_describe(const ch_trainer *t, FILE *out);
 /* This process's share of one epoch: the training samples its replicas train on and the test
  * samples they evaluate. The shares of all ranks add up to the data sets, without overlap. */
 void ch_trainer_share(const ch_trainer *t, size_t *train, size_t *test);

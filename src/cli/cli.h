@@ -26,9 +26,6 @@ int ch_cmd_bench_loader(int argc, char **argv);
 ch_status ch_cli_model(const char *model, ch_graph **g, ch_err *err);
 bool ch_cli_is_onnx(const char *model);
 
-/* The --dry-run summary of a trainer (rank 0 prints). */
-struct ch_trainer;
-void ch_cli_print_summary(const struct ch_trainer *t);
 
 /* Strict number parsing for flags: the whole string, within [lo, hi]; on failure prints one line
  * "cohort CMD: --FLAG 'VALUE': expected ..." and returns false. */

@@ -329,7 +329,7 @@ int ch_cmd_train(int argc, char **argv)
     if (server) {
         rc = CH_EXIT_OK;
     } else if (st == CH_STATUS_OK && o.v.cli.dry_run) {
-        ch_cli_print_summary(t);
+        if (ch_world_rank() == 0) ch_trainer_describe(t, stdout);
         rc = CH_EXIT_OK;
     } else {
         rc = st == CH_STATUS_OK ? run_training(&o, t, metrics) : ch_exit_for("train", st, &err);

@@ -1,30 +1,28 @@
-/* cohort train --dry-run: the model summary (layers, output shapes, parameters, FLOPs per image,
- * memory plan) and the data and device plan of the run, from a trainer that has been set up but has
- * not trained. FLOPs count a multiply-add as 2; training costs about 3x the forward pass (forward,
+/* ch_trainer_describe (cohort.h), what cohort train --dry-run prints: the model summary (layers,
+ * output shapes, parameters, FLOPs per image, memory plan) and the data and device plan of the run,
+ * from a trainer that has been set up but has not trained. FLOPs count a multiply-add as 2; training costs about 3x the forward pass (forward,
  * data gradient, weight gradient). */
 #include <stdio.h>
 #include <string.h>
 
-#include "cli/cli.h"
-#include "comm/world.h"
 #include "nn/model.h"
 #include "train/trainer.h"
 
 /* --shares: each rank's share and its part of a full batch (the first 8 ranks). */
-static void print_shares(const ch_trainer *t, int B)
+static void print_shares(FILE *out, const ch_trainer *t, int B)
 {
     char text[256];
     if (!ch_trainer_shares(t, text, sizeof text)) return;
-    printf("shares: %s%s; of a batch of %d,", t->shares.automatic ? "auto, starting at " : "", text, B);
+    fprintf(out, "shares: %s%s; of a batch of %d,", t->shares.automatic ? "auto, starting at " : "", text, B);
     const int D = t->nreplicas;
     for (int r = 0; r < t->procs && r < 8; r++) {
         int part = 0;
         for (int d = 0; d < D; d++) part += t->scratch[r * D + d];
-        printf("%s rank %d takes %d", r ? "," : "", r, part);
+        fprintf(out, "%s rank %d takes %d", r ? "," : "", r, part);
     }
-    printf("%s\n", t->procs > 8 ? ", ..." : "");
+    fprintf(out, "%s\n", t->procs > 8 ? ", ..." : "");
     if (t->shares.automatic)
-        printf("shares auto: re-balanced from each rank's step time after %d steps, then at every epoch end; "
+        fprintf(out, "shares auto: re-balanced from each rank's step time after %d steps, then at every epoch end; "
                "a slice larger than the model's plan (%d samples) runs as more micro-batches\n", CH_SHARES_PROBE + 2,
                t->spec.max_micro);
 }
@@ -61,7 +59,7 @@ typedef struct totals {
     size_t act_elems;
 } totals;
 
-static void walk(const ch_layer *l, const char *prefix, int depth, totals *t, bool print)
+static void walk(FILE *out, const ch_layer *l, const char *prefix, int depth, totals *t, bool print)
 {
     /* Module paths as PyTorch names them ("resnet_block2.0.conv1"); truncation only shortens the
      * printed name. */
@@ -76,62 +74,61 @@ static void walk(const ch_layer *l, const char *prefix, int depth, totals *t, bo
     if (print && depth > 0) {
         char shape[48];
         snprintf(shape, sizeof shape, "%dx%dx%d", l->out.c, l->out.h, l->out.w);
-        printf("  %-32s %-18s %-12s %10zu %12.3f\n", path, l->ops->kind, shape, layer_params(l), f / 1e6);
+        fprintf(out, "  %-32s %-18s %-12s %10zu %12.3f\n", path, l->ops->kind, shape, layer_params(l), f / 1e6);
     }
-    for (int i = 0; i < l->nchildren; i++) walk(l->children[i], depth ? path : "", depth + 1, t, print);
+    for (int i = 0; i < l->nchildren; i++) walk(out, l->children[i], depth ? path : "", depth + 1, t, print);
 }
 
 static double mib(double bytes) { return bytes / (1 << 20); }
 
 /* --ps-servers: who serves what, and how the workers and servers talk. */
-static void print_servers(const ch_trainer *t, size_t P)
+static void print_servers(FILE *out, const ch_trainer *t, size_t P)
 {
     int S = 0;
     const char *mode = ch_trainer_ps(t, &S);
     if (!mode) return;
     const int W = t->procs;
-    printf("parameter servers (--ps-servers %d, %s): worker ranks 0..%d train; server rank%s %d", S, mode, W - 1,
+    fprintf(out, "parameter servers (--ps-servers %d, %s): worker ranks 0..%d train; server rank%s %d", S, mode, W - 1,
            S > 1 ? "s" : "", W);
-    if (S > 1) printf("..%d", W + S - 1);
-    printf(" hold the parameters and the optimizer state in shards:");
+    if (S > 1) fprintf(out, "..%d", W + S - 1);
+    fprintf(out, " hold the parameters and the optimizer state in shards:");
     for (int s = 0; s < S; s++)
-        printf("%s rank %d [%zu, %zu)", s ? "," : "", W + s, ch_shard_lo(P, S, s), ch_shard_lo(P, S, s + 1));
-    printf("\n  each step a worker pushes its gradient buckets to their servers as backward completes them and "
+        fprintf(out, "%s rank %d [%zu, %zu)", s ? "," : "", W + s, ch_shard_lo(P, S, s), ch_shard_lo(P, S, s + 1));
+    fprintf(out, "\n  each step a worker pushes its gradient buckets to their servers as backward completes them and "
            "pulls the updated parameters; %s\n",
            strcmp(mode, "sync") == 0
                ? "a server sums every worker's push of the step in worker order and updates once"
                : "a server applies each push on arrival; workers claim the epoch's work from the first server");
     if (strcmp(mode, "async") == 0)
-        printf("  staleness: %s\n", t->cfg.staleness >= 0 ? "bounded (--staleness)" : "unbounded");
+        fprintf(out, "  staleness: %s\n", t->cfg.staleness >= 0 ? "bounded (--staleness)" : "unbounded");
 }
 
-void ch_cli_print_summary(const ch_trainer *t)
+void ch_trainer_describe(const ch_trainer *t, FILE *out)
 {
-    if (ch_world_rank() != 0) return;
     const ch_model *m = t->replicas[0].model;
     const int B = t->cfg.batch_size, D = t->nreplicas, R = t->procs * D;
     const int slice = t->spec.max_slice;
-    printf("model %s: input %dx%dx%d, %d classes\n", t->model_name, m->input.c, m->input.h,
+    fprintf(out, "model %s: input %dx%dx%d, %d classes\n", t->model_name, m->input.c, m->input.h,
            m->input.w, m->classes);
-    printf("  %-32s %-18s %-12s %10s %12s\n", "layer", "kind", "output", "params", "MFLOP/img");
+    fprintf(out, "  %-32s %-18s %-12s %10s %12s\n", "layer", "kind", "output", "params", "MFLOP/img");
     totals tot = { 0, 0 };
-    walk(m->root, "", 0, &tot, true);
+    walk(out, m->root, "", 0, &tot, true);
     const double P = (double)m->nparams;
-    printf("total: %zu parameters (%.2f MiB), %zu buffer values; forward %.3f MFLOP/image, "
+    fprintf(out, "total: %zu parameters (%.2f MiB), %zu buffer values; forward %.3f MFLOP/image, "
            "training ~%.3f MFLOP/image\n", m->nparams, mib(P * 4), m->nbuffers, tot.flops / 1e6,
            3 * tot.flops / 1e6);
     const double act = (double)tot.act_elems * slice * sizeof(ch_real);
     const ch_optim *o = &t->replicas[0].opt;
     char zero[64] = "";
     if (t->replicas[0].sharded) snprintf(zero, sizeof zero, " (its 1/%d shard, --zero 1)", R);
-    printf("memory per replica (slice of %d): parameters %.2f MiB, gradients %.2f MiB, optimizer state %.2f MiB%s, "
+    fprintf(out, "memory per replica (slice of %d): parameters %.2f MiB, gradients %.2f MiB, optimizer state %.2f MiB%s, "
            "activations %.2f MiB, saved for backward %.2f MiB, backward scratch %.2f MiB, "
            "kernel workspace %.2f MiB\n", slice, mib(P * 4), mib(P * 4),
            o->nstate * mib((double)o->n * sizeof(ch_real)), zero, mib(act), mib((double)m->saved_bytes),
            mib((double)m->scratch_len * sizeof(ch_real)), mib((double)m->ws_len * sizeof(ch_real)));
     int threads = 0;
     for (int r = 0; r < D; r++) threads += t->replicas[r].nthreads;
-    printf("devices: %d rank%s x [%s] = %d replica%s; %d compute thread%s in this rank\n", t->procs,
+    fprintf(out, "devices: %d rank%s x [%s] = %d replica%s; %d compute thread%s in this rank\n", t->procs,
            t->procs > 1 ? "s" : "", t->devices_text, R, R > 1 ? "s" : "", threads, threads > 1 ? "s" : "");
     const size_t n = t->train->n;
     const size_t steps = (n + (size_t)B - 1) / (size_t)B, last = n - (steps - 1) * (size_t)B;
@@ -141,21 +138,21 @@ void ch_cli_print_summary(const ch_trainer *t)
         cnt_lo = t->scratch[g] < cnt_lo ? t->scratch[g] : cnt_lo;
         cnt_hi = t->scratch[g] > cnt_hi ? t->scratch[g] : cnt_hi;
     }
-    printf("data: %zu training samples, global batch %d -> %d to %d per replica; %zu steps per epoch "
+    fprintf(out, "data: %zu training samples, global batch %d -> %d to %d per replica; %zu steps per epoch "
            "(last batch %zu)", n, B, cnt_lo, cnt_hi, steps, last);
-    if (t->test) printf("; %zu test samples", t->test->n);
-    printf("\n");
-    print_shares(t, B);
+    if (t->test) fprintf(out, "; %zu test samples", t->test->n);
+    fprintf(out, "\n");
+    print_shares(out, t, B);
     if (t->spec.accum > 1)
-        printf("accumulation: %d micro-batches per step of up to %d samples per replica; one gradient sync "
+        fprintf(out, "accumulation: %d micro-batches per step of up to %d samples per replica; one gradient sync "
                "and one update per step\n", t->spec.accum, t->spec.max_micro);
     size_t share_train, share_test;
     ch_trainer_share(t, &share_train, &share_test);
     if (t->procs > 1)
-        printf("rank 0 trains on %zu and evaluates %zu samples per epoch\n", share_train, share_test);
+        fprintf(out, "rank 0 trains on %zu and evaluates %zu samples per epoch\n", share_train, share_test);
     if (R > 1) {
         const int nb = t->replicas[0].sync ? ch_gradsync_buckets(t->replicas[0].sync) : 0;
-        printf("gradient sync: %.2f MiB in %d bucket%s of up to %g MiB, %s\n", mib(P * 4), nb, nb > 1 ? "s" : "",
+        fprintf(out, "gradient sync: %.2f MiB in %d bucket%s of up to %g MiB, %s\n", mib(P * 4), nb, nb > 1 ? "s" : "",
                t->cfg.bucket_mb > 0 ? t->cfg.bucket_mb : 25.0,
                t->procs > 1 ? (t->compress != CH_COMPRESS_NONE
                                    ? (D > 1 ? "local reduce + bf16 exchange + local broadcast" : "bf16 exchange between ranks")
@@ -163,7 +160,7 @@ void ch_cli_print_summary(const ch_trainer *t)
                                            : "MPI_Iallreduce between ranks")
                             : "local allreduce between threads");
         if (t->procs > 1 && t->compress != CH_COMPRESS_NONE)
-            printf("gradient compression: %s between ranks (the %.2f MiB of gradients travel as %.2f MiB of bf16, a "
+            fprintf(out, "gradient compression: %s between ranks (the %.2f MiB of gradients travel as %.2f MiB of bf16, a "
                    "reduce-scatter and an allgather by MPI_Isend/MPI_Irecv; summed in fp32 in rank order, the "
                    "same bits on every rank%s)%s\n",
                    ch_grad_compress_name(t->compress), mib(P * 4), mib(P * 2),
@@ -171,27 +168,27 @@ void ch_cli_print_summary(const ch_trainer *t)
                    D > 1 ? "; replicas of a rank sum in fp32" : "");
     }
     if (t->procs == 1 && t->compress != CH_COMPRESS_NONE)
-        printf("gradient compression: %s applies between ranks; this job has one, so gradients stay fp32\n",
+        fprintf(out, "gradient compression: %s applies between ranks; this job has one, so gradients stay fp32\n",
                ch_grad_compress_name(t->compress));
     if (t->replicas[0].sharded)
-        printf("optimizer sharding (--zero 1): replica 0 of this rank updates parameters %zu..%zu of %zu; after "
+        fprintf(out, "optimizer sharding (--zero 1): replica 0 of this rank updates parameters %zu..%zu of %zu; after "
                "each update every replica's shard goes to every replica (%d broadcasts, %.2f MiB)\n",
                t->replicas[0].shard_lo, t->replicas[0].shard_lo + t->replicas[0].shard_n, m->nparams, R, mib(P * 4));
     else if (t->cfg.zero)
-        printf("optimizer sharding: --zero 1 needs more than one replica; this job has one\n");
-    print_servers(t, m->nparams);
+        fprintf(out, "optimizer sharding: --zero 1 needs more than one replica; this job has one\n");
+    print_servers(out, t, m->nparams);
     const ch_optim_config *oc = &t->spec.optim;
-    printf("optimizer: %s lr %g", ch_optim_kind_name(oc->kind), t->cfg.lr);
-    if (oc->kind == CH_OPTIM_SGD) printf(", momentum %g%s", oc->momentum, oc->nesterov ? " (Nesterov)" : "");
-    if (oc->kind == CH_OPTIM_ADAM || oc->kind == CH_OPTIM_ADAMW) printf(", betas %g, %g, eps %g", oc->beta1, oc->beta2, oc->eps);
-    if (oc->kind == CH_OPTIM_ADAGRAD) printf(", eps %g", oc->eps);
-    printf(", weight decay %g; %d epochs; seed %llu\n", oc->weight_decay, t->cfg.epochs, (unsigned long long)t->cfg.seed);
+    fprintf(out, "optimizer: %s lr %g", ch_optim_kind_name(oc->kind), t->cfg.lr);
+    if (oc->kind == CH_OPTIM_SGD) fprintf(out, ", momentum %g%s", oc->momentum, oc->nesterov ? " (Nesterov)" : "");
+    if (oc->kind == CH_OPTIM_ADAM || oc->kind == CH_OPTIM_ADAMW) fprintf(out, ", betas %g, %g, eps %g", oc->beta1, oc->beta2, oc->eps);
+    if (oc->kind == CH_OPTIM_ADAGRAD) fprintf(out, ", eps %g", oc->eps);
+    fprintf(out, ", weight decay %g; %d epochs; seed %llu\n", oc->weight_decay, t->cfg.epochs, (unsigned long long)t->cfg.seed);
     const ch_schedule *sc = &t->sched;
-    printf("schedule: %s from lr %g%s", ch_schedule_kind_name(sc->kind), sc->lr, t->cfg.scale_lr ? " (scaled by batch / 256)" : "");
-    if (sc->kind == CH_SCHED_STEP) printf(", x%g every %d epochs", sc->gamma, sc->step_size);
-    if (sc->kind == CH_SCHED_MULTISTEP) printf(", x%g at %d milestone epochs", sc->gamma, sc->nmilestones);
-    if (sc->kind == CH_SCHED_COSINE) printf(", to %g over %d epochs", sc->eta_min, sc->t_max);
-    if (sc->warmup_epochs) printf("; linear warmup over %d epochs", sc->warmup_epochs);
-    printf("\n");
-    fflush(stdout);
+    fprintf(out, "schedule: %s from lr %g%s", ch_schedule_kind_name(sc->kind), sc->lr, t->cfg.scale_lr ? " (scaled by batch / 256)" : "");
+    if (sc->kind == CH_SCHED_STEP) fprintf(out, ", x%g every %d epochs", sc->gamma, sc->step_size);
+    if (sc->kind == CH_SCHED_MULTISTEP) fprintf(out, ", x%g at %d milestone epochs", sc->gamma, sc->nmilestones);
+    if (sc->kind == CH_SCHED_COSINE) fprintf(out, ", to %g over %d epochs", sc->eta_min, sc->t_max);
+    if (sc->warmup_epochs) fprintf(out, "; linear warmup over %d epochs", sc->warmup_epochs);
+    fprintf(out, "\n");
+    fflush(out);
 }
