@@ -181,10 +181,15 @@ static void option_table_names_are_unique_per_command(void **state)
             assert_true(strlen(t[i].brief) > 8);
             const bool takes = t[i].type != CH_OPT_FLAG && strcmp(t[i].name, "no-progress") != 0;
             assert_int_equal(takes, t[i].arg != NULL);
-            for (int j = i + 1; j < n; j++) {
-                if (!(t[j].cmds & cmds[c])) continue;
-                assert_string_not_equal(t[i].name, t[j].name);
-                if (t[i].alias) assert_string_not_equal(t[i].alias, t[j].name);
+            /* Every name and alias of row i against every one of row j, both ways. */
+            const char *mine[2] = { t[i].name, t[i].alias };
+            for (int j = 0; j < n; j++) {
+                if (j == i || !(t[j].cmds & cmds[c])) continue;
+                const char *theirs[2] = { t[j].name, t[j].alias };
+                for (int a = 0; a < 2; a++)
+                    for (int b = 0; b < 2; b++)
+                        if (mine[a] && theirs[b] && strcmp(mine[a], theirs[b]) == 0)
+                            fail_msg("--%s is two flags' name", mine[a]);
                 if (t[i].short_name) assert_int_not_equal(t[i].short_name, t[j].short_name);
             }
         }

@@ -1,6 +1,4 @@
 /* Flag value parsing and status-to-exit-code mapping shared by the subcommands. */
-#include <errno.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,30 +42,25 @@ int ch_cli_parsed(const char *cmd, int rc, double timeout_s)
     ch_world_fatal_as(who, rc, msg);
 }
 
-static bool starts_number(const char *s) { return *s == '-' || *s == '+' || *s == '.' || (*s >= '0' && *s <= '9'); }
-
+/* The option table's reader, for the flags of the commands it does not cover (bench allreduce and
+ * loader, plot). Whole numbers are read again exactly: a double holds a long only to 2^53. */
 bool ch_arg_int(const char *cmd, const char *flag, const char *s, long lo, long hi, long *out)
 {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    /* The whole string is the number: strtol would skip leading blanks, which --shares does not. */
-    if (errno || end == s || *end != '\0' || !starts_number(s) || v < lo || v > hi) {
+    double v;
+    if (!ch_opt_read_number(s, true, (double)lo, (double)hi, &v)) {
         ch_cli_usage("cohort %s: --%s '%s': expected an integer in %ld..%ld\n", cmd, flag, s,
                 lo, hi);
         return false;
     }
-    *out = v;
+    *out = strtol(s, NULL, 10);
     return true;
 }
 
 bool ch_arg_double(const char *cmd, const char *flag, const char *s, double lo, double hi,
                    double *out)
 {
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || end == s || *end != '\0' || !starts_number(s) || !isfinite(v) || v < lo || v > hi) {
+    double v;
+    if (!ch_opt_read_number(s, false, lo, hi, &v)) {
         ch_cli_usage("cohort %s: --%s '%s': expected a number in [%g, %g]\n", cmd, flag, s, lo,
                 hi);
         return false;
@@ -147,9 +140,7 @@ int ch_cli_join(int argc, char **argv)
             /* The option table says what the ranks share of it (train/options.h). */
             const int agree = ch_flags_agreement(tok);
             if (agree == CH_AGREE_NONE || agree == CH_AGREE_GIVEN) {
-                /* Its value: the next word (--resume's only when it is no flag). */
-                if (!eq && i + 1 < argc && (ch_flags_takes_value(tok) || (strcmp(tok, "--resume") == 0 &&
-                                                                         argv[i + 1][0] != '-'))) i++;
+                if (!eq && i + 1 < argc && ch_flags_takes_value(tok, argv[i + 1])) i++;   /* and its value */
                 option = "the command";
                 if (agree == CH_AGREE_NONE) continue;
                 names[n] = tok;     /* given here: so it must be everywhere */

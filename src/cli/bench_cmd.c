@@ -138,7 +138,7 @@ int ch_cmd_bench(int argc, char **argv)
     ch_graph_free(g);
     int rc = st == CH_STATUS_OK ? CH_EXIT_OK : ch_exit_for("bench", st, &err);
     if (rc == CH_EXIT_OK) {
-        for (int i = 0; i < cfg.batch_size; i++) t->perm[i] = (uint32_t)i;
+        ch_rng_identity(t->perm, (uint32_t)cfg.batch_size);
         t->spec.skip_sync = skip_sync;
         rc = run_bench(t, d, (int)steps, (int)warmup, eval);
     }

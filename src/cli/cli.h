@@ -69,9 +69,9 @@ void ch_flags_manual(FILE *f, unsigned cmd);
 /* flag ("--data", "-j") was on the command line. */
 bool ch_flags_given(const struct ch_opt_values *v, const char *flag, unsigned cmd);
 /* For the join: what the ranks must share of flag ("--x" or "-x"; ch_opt_agree), and whether
- * the next word is its value. */
+ * the word after it, next, is its value. */
 int ch_flags_agreement(const char *flag);
-bool ch_flags_takes_value(const char *flag);
+bool ch_flags_takes_value(const char *flag, const char *next);
 
 /* Progress inside an epoch on stderr (--progress): a bar redrawn in place, or a line every interval
  * (batch logs); auto: the bar on a terminal, lines elsewhere. */

@@ -188,8 +188,10 @@ int ch_flags_agreement(const char *flag)
     return o ? o->agree : CH_AGREE_FLAGS;
 }
 
-bool ch_flags_takes_value(const char *flag)
+bool ch_flags_takes_value(const char *flag, const char *next)
 {
     const ch_opt *o = ch_opt_find(flag[1] == '-' ? flag + 2 : flag, 0, NULL);
-    return o ? o->arg && !o->optional_arg : strcmp(flag, "--out") == 0 || strcmp(flag, "-o") == 0;
+    if (!o) return strcmp(flag, "--out") == 0 || strcmp(flag, "-o") == 0;
+    /* --resume [PATH]: the next word when it is no flag, as the parser reads it. */
+    return o->optional_arg ? next[0] != '-' : o->arg != NULL;
 }

@@ -73,9 +73,14 @@ uint32_t ch_rng_below(ch_rng *r, uint32_t n)
     return (uint32_t)(m >> 32);
 }
 
-void ch_rng_permutation(ch_rng *r, uint32_t *perm, uint32_t n)
+void ch_rng_identity(uint32_t *perm, uint32_t n)
 {
     for (uint32_t i = 0; i < n; i++) perm[i] = i;
+}
+
+void ch_rng_permutation(ch_rng *r, uint32_t *perm, uint32_t n)
+{
+    ch_rng_identity(perm, n);
     for (uint32_t i = n; i > 1; i--) {
         uint32_t j = ch_rng_below(r, i);
         uint32_t t = perm[i - 1];

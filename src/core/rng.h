@@ -32,6 +32,8 @@ double ch_rng_uniform(ch_rng *r);                 /* [0, 1) with 53 random bits 
 double ch_rng_normal(ch_rng *r);                  /* standard normal (Box-Muller) */
 uint32_t ch_rng_below(ch_rng *r, uint32_t n);     /* uniform in [0, n), unbiased */
 
+/* perm[i] = i: the order before any shuffle. */
+void ch_rng_identity(uint32_t *perm, uint32_t n);
 /* perm[i] = a uniformly random permutation of 0..n-1 (Fisher-Yates). */
 void ch_rng_permutation(ch_rng *r, uint32_t *perm, uint32_t n);
 

@@ -347,14 +347,18 @@ static ch_status check_expanded(ch_onnx_imp *m, const ch_oval *a, const ch_oval 
 /* Add, Sub, Mul, Div of two integer constants of the same length (or one a single number) that
  * hold no batch size: shape arithmetic, like x.size(1) // groups before a view. Folded as ONNX
  * computes integers (Div truncates toward zero); anything else from constants alone is refused. */
+/* A short vector of integers that are sizes (not the batch, within +-2^31). */
+static bool shape_ints(const ch_oval *v)
+{
+    bool ok = v->kind == CH_OVAL_CONST && !v->is_float && v->rank <= 1 && v->n >= 1;
+    for (int k = 0; ok && k < v->n; k++) ok = v->i[k] != CH_ONNX_BATCH && v->i[k] >= -(1LL << 31) && v->i[k] <= 1LL << 31;
+    return ok;
+}
+
 static ch_status fold_shape_arithmetic(ch_onnx_imp *m, const ch_oval *a, const ch_oval *b)
 {
     const char *op = m->node->op_type;
-    bool ok = a->kind == CH_OVAL_CONST && b->kind == CH_OVAL_CONST && !a->is_float && !b->is_float && a->rank <= 1 &&
-              b->rank <= 1 && a->n >= 1 && b->n >= 1 && (a->n == b->n || a->n == 1 || b->n == 1);
-    for (int k = 0; ok && k < a->n; k++) ok = a->i[k] != CH_ONNX_BATCH && a->i[k] >= -(1LL << 31) && a->i[k] <= 1LL << 31;
-    for (int k = 0; ok && k < b->n; k++) ok = b->i[k] != CH_ONNX_BATCH && b->i[k] >= -(1LL << 31) && b->i[k] <= 1LL << 31;
-    if (!ok) return ch_onnx_bad(m, "both inputs are constants: cohort computes nothing from constants alone");
+    if (!shape_ints(a) || !shape_ints(b) || !(a->n == b->n || a->n == 1 || b->n == 1)) return ch_onnx_bad(m, "both inputs are constants: cohort computes nothing from constants alone");
     ch_oval c = { .kind = CH_OVAL_CONST, .rank = a->rank > b->rank ? a->rank : b->rank };
     c.n = a->n > b->n ? a->n : b->n;
     for (int k = 0; k < c.n; k++) {

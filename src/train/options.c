@@ -12,6 +12,12 @@
 
 #include "train/ps.h"
 
+static bool parse_shares(const char *arg, ch_opt_values *v, char *why, size_t len);
+static bool parse_betas(const char *arg, ch_opt_values *v, char *why, size_t len);
+static void show_betas(const ch_train_config *c, char *buf, size_t len);
+static bool parse_resume(const char *arg, ch_opt_values *v, char *why, size_t len);
+static bool parse_no_progress(const char *arg, ch_opt_values *v, char *why, size_t len);
+
 #define CFG(f) .where = CH_IN_CFG, .offset = offsetof(ch_train_config, f)
 #define FOLDER(f) .where = CH_IN_FOLDER, .offset = offsetof(ch_folder_options, f)
 #define CLI(f) .where = CH_IN_CLI, .offset = offsetof(ch_cli_values, f)
@@ -92,7 +98,7 @@ static const ch_opt table[] = {
       .brief = "run each device's part of a batch in K micro-batches and sync the summed gradient once",
       .more = "(DDP's no_sync); -b stays the global batch, memory holds one micro-batch (BatchNorm: per "
               "micro-batch, as PyTorch; exact for models without it)", .dflt = "1" },
-    { .name = "shares", .cmds = T, .type = CH_OPT_SPECIAL, CFG(shares), .agree = CH_AGREE_VALUE,
+    { .name = "shares", .cmds = T, .type = CH_OPT_SPECIAL, .parse = parse_shares, CFG(shares), .agree = CH_AGREE_VALUE,
       .section = CH_SEC_OPTIM, .arg = "auto|W0,W1,...",
       .brief = "each rank's part of every batch: one whole number per rank (3,1: rank 0 takes 3/4), or auto "
                "from measured step times; gradients stay exact",
@@ -109,7 +115,8 @@ static const ch_opt table[] = {
       .section = CH_SEC_OPTIM, .brief = "Nesterov momentum", .dflt = "off" },
     { .name = "dampening", .cmds = T, .type = CH_OPT_DOUBLE, CFG(dampening), .lo = 0, .hi = 1,
       .agree = CH_AGREE_VALUE, .section = CH_SEC_OPTIM, .arg = "D", .brief = "SGD momentum dampening" },
-    { .name = "betas", .cmds = T, .type = CH_OPT_SPECIAL, CFG(beta1), .agree = CH_AGREE_VALUE,
+    { .name = "betas", .cmds = T, .type = CH_OPT_SPECIAL, .parse = parse_betas, .show = show_betas, CFG(beta1),
+      .agree = CH_AGREE_VALUE,
       .section = CH_SEC_OPTIM, .arg = "B1,B2", .brief = "Adam/AdamW betas, each in [0, 1)", .dflt = "0.9,0.999" },
     { .name = "eps", .cmds = T, .type = CH_OPT_DOUBLE, CFG(eps), .lo = 0, .hi = 1, .agree = CH_AGREE_VALUE,
       .section = CH_SEC_OPTIM, .arg = "E", .brief = "Adam/AdamW/Adagrad epsilon", .dflt = "1e-8; Adagrad 1e-10" },
@@ -220,7 +227,7 @@ static const ch_opt table[] = {
     { .name = "keep", .cmds = T, .type = CH_OPT_INT, CFG(keep), .lo = 1, .hi = 1000000, .agree = CH_AGREE_NONE,
       .section = CH_SEC_CHECKPOINTS, .arg = "K", .unset_ok = true, .brief = "keep only the newest K checkpoints",
       .dflt = "all" },
-    { .name = "resume", .cmds = T, .type = CH_OPT_SPECIAL, CLI(resume), .agree = CH_AGREE_GIVEN,
+    { .name = "resume", .cmds = T, .type = CH_OPT_SPECIAL, .parse = parse_resume, CLI(resume), .agree = CH_AGREE_GIVEN,
       .section = CH_SEC_CHECKPOINTS, .arg = "[PATH|auto]", .optional_arg = true,
       .brief = "continue from PATH (a checkpoint) or from the latest one in --checkpoint-dir; --epochs counts "
                "the epochs in all. auto: from the latest when there is one, else start fresh",
@@ -252,7 +259,8 @@ static const ch_opt table[] = {
       .more = "Lines say \"progress: epoch E/N, step S/T (P%), loss, acc, img/s, elapsed, ETA\" (rank 0)" },
     { .name = "progress-interval", .cmds = T, .type = CH_OPT_DOUBLE, CLI(progress_interval), .lo = 0.1,
       .hi = 86400, .section = CH_SEC_OUTPUT, .arg = "S", .brief = "lines: at most one every S seconds" },
-    { .name = "no-progress", .cmds = T, .type = CH_OPT_SPECIAL, CLI(progress), .section = CH_SEC_OUTPUT,
+    { .name = "no-progress", .cmds = T, .type = CH_OPT_SPECIAL, .parse = parse_no_progress, CLI(progress),
+      .section = CH_SEC_OUTPUT,
       .brief = "the same as --progress none", .dflt = "" },
     { .name = "dry-run", .cmds = T, .type = CH_OPT_FLAG, CLI(dry_run), .section = CH_SEC_OUTPUT,
       .brief = "print the model summary and the data and device plan, then exit",
@@ -315,8 +323,8 @@ static void *field(const ch_opt *o, ch_opt_values *v)
 
 static bool starts_number(const char *s) { return *s == '-' || *s == '+' || *s == '.' || (*s >= '0' && *s <= '9'); }
 
-/* The whole string a number in [lo, hi]; a blank-led or empty one is refused as strtod would not. */
-static bool read_number(const char *s, bool whole, double lo, double hi, double *out)
+/* A blank-led or empty one is refused: strtod and strtol would skip the blanks. */
+bool ch_opt_read_number(const char *s, bool whole, double lo, double hi, double *out)
 {
     char *end;
     errno = 0;
@@ -338,7 +346,7 @@ static bool set_number(const ch_opt *o, const char *arg, void *f, char *why, siz
 {
     const bool whole = o->type != CH_OPT_DOUBLE;
     double v;
-    if (!read_number(arg, whole, o->lo, o->hi, &v)) {
+    if (!ch_opt_read_number(arg, whole, o->lo, o->hi, &v)) {
         if (whole) snprintf(why, len, "expected an integer in %.0f..%.0f", o->lo, o->hi);
         else snprintf(why, len, "expected a number in [%g, %g]", o->lo, o->hi);
         return false;
@@ -376,7 +384,7 @@ static bool set_choice(const ch_opt *o, const char *arg, int *f, char *why, size
 }
 
 /* --betas B1,B2: two numbers in [0, 1). */
-static bool set_betas(const char *arg, ch_train_config *c, char *why, size_t len)
+static bool parse_betas(const char *arg, ch_opt_values *v, char *why, size_t len)
 {
     char a[64], b[64];
     const char *comma = strchr(arg, ',');
@@ -384,9 +392,9 @@ static bool set_betas(const char *arg, ch_train_config *c, char *why, size_t len
     if (comma && (size_t)(comma - arg) < sizeof a && strlen(comma + 1) < sizeof b) {
         snprintf(a, sizeof a, "%.*s", (int)(comma - arg), arg);
         snprintf(b, sizeof b, "%s", comma + 1);
-        if (read_number(a, false, 0, 0.999999999, &b1) && read_number(b, false, 0, 0.999999999, &b2)) {
-            c->beta1 = b1;
-            c->beta2 = b2;
+        if (ch_opt_read_number(a, false, 0, 0.999999999, &b1) && ch_opt_read_number(b, false, 0, 0.999999999, &b2)) {
+            v->cfg.beta1 = b1;
+            v->cfg.beta2 = b2;
             return true;
         }
     }
@@ -394,28 +402,38 @@ static bool set_betas(const char *arg, ch_train_config *c, char *why, size_t len
     return false;
 }
 
-static bool set_special(const ch_opt *o, const char *arg, ch_opt_values *v, char *why, size_t len)
+static void show_betas(const ch_train_config *c, char *buf, size_t len)
 {
-    if (strcmp(o->name, "betas") == 0) return set_betas(arg, &v->cfg, why, len);
-    if (strcmp(o->name, "no-progress") == 0) {
-        v->cli.progress = 3;    /* none */
-        return true;
+    snprintf(buf, len, "%.17g,%.17g", c->beta1, c->beta2);
+}
+
+/* "" would read as no shares at all: it is refused as an empty number is. */
+static bool parse_shares(const char *arg, ch_opt_values *v, char *why, size_t len)
+{
+    if (!*arg) {
+        snprintf(why, len, "expected auto or one whole number per rank (e.g. 3,1)");
+        return false;
     }
-    if (strcmp(o->name, "shares") == 0) {
-        /* "" would read as no shares at all: it is refused as an empty number is. */
-        if (!*arg) {
-            snprintf(why, len, "expected auto or one whole number per rank (e.g. 3,1)");
-            return false;
-        }
-        v->cfg.shares = arg;
-        return true;
-    }
-    /* --resume: "auto" is the folder's latest checkpoint if there is one, else a fresh start
-     * ("./auto" is a checkpoint of that name); no PATH: the latest in --checkpoint-dir. */
+    v->cfg.shares = arg;
+    return true;
+}
+
+/* --resume: "auto" is the folder's latest checkpoint if there is one, else a fresh start ("./auto"
+ * is a checkpoint of that name); no PATH: the latest in --checkpoint-dir. */
+static bool parse_resume(const char *arg, ch_opt_values *v, char *why, size_t len)
+{
+    (void)why, (void)len;
     v->cli.resume_auto = arg && strcmp(arg, "auto") == 0;
     v->cli.resume = v->cli.resume_auto ? NULL : arg;
     v->cli.resume_latest = arg == NULL;
     return true;
+}
+
+/* The same as --progress none (the index of "none" in its choices). */
+static bool parse_no_progress(const char *arg, ch_opt_values *v, char *why, size_t len)
+{
+    (void)arg;
+    return set_choice(ch_opt_find("progress", CH_CMD_TRAIN, NULL), "none", &v->cli.progress, why, len);
 }
 
 bool ch_opt_set(const ch_opt *o, const char *arg, ch_opt_values *v, char *why, size_t len)
@@ -429,7 +447,7 @@ bool ch_opt_set(const ch_opt *o, const char *arg, ch_opt_values *v, char *why, s
     case CH_OPT_STR: *(const char **)f = arg; return true;
     case CH_OPT_FLAG: *(bool *)f = true; return true;
     case CH_OPT_CHOICE: return set_choice(o, arg, f, why, len);
-    case CH_OPT_SPECIAL: return set_special(o, arg, v, why, len);
+    case CH_OPT_SPECIAL: return o->parse(arg, v, why, len);
     }
     return false;
 }
@@ -437,8 +455,8 @@ bool ch_opt_set(const ch_opt *o, const char *arg, ch_opt_values *v, char *why, s
 void ch_opt_show(const ch_opt *o, const ch_train_config *c, char *buf, size_t len)
 {
     const char *f = (const char *)c + o->offset;
-    if (strcmp(o->name, "betas") == 0) {
-        snprintf(buf, len, "%.17g,%.17g", c->beta1, c->beta2);
+    if (o->show) {
+        o->show(c, buf, len);
         return;
     }
     switch (o->type) {

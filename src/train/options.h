@@ -25,7 +25,7 @@ typedef enum ch_opt_type {
     CH_OPT_STR,     /* const char * field: the argument itself (checked where it is used) */
     CH_OPT_FLAG,    /* bool field, set true; no argument */
     CH_OPT_CHOICE,  /* int field: the index of the argument in choices ("auto|bar|lines|none") */
-    CH_OPT_SPECIAL, /* the table's own parser for the row (--betas, --resume, --shares, --no-progress) */
+    CH_OPT_SPECIAL, /* the row's own parser (parse; show where the value is more than one field) */
 } ch_opt_type;
 
 /* Whether the ranks of a job must run with the same value. */
@@ -58,6 +58,8 @@ typedef struct ch_cli_values {
 
 enum { CH_OPT_MAX = 128 };
 
+struct ch_opt_values;
+
 typedef struct ch_opt_values {
     ch_train_config cfg;
     ch_folder_options folder;
@@ -83,6 +85,10 @@ typedef struct ch_opt {
     const char *dflt;       /* the default as said in help; NULL: the field's default value (numbers,
                              * strings), "" for none to say */
     bool optional_arg;      /* --resume [PATH]: a following word that is no flag is the argument */
+    /* CH_OPT_SPECIAL: sets the row's fields from arg (NULL: absent), or says why not; show: the
+     * value as the ranks compare it, where it is not the one field at offset (--betas). */
+    bool (*parse)(const char *arg, struct ch_opt_values *v, char *why, size_t len);
+    void (*show)(const ch_train_config *c, char *buf, size_t len);
     bool unset_ok;          /* the library takes 0 for this field as "not set" (the CLI does not) */
 } ch_opt;
 
@@ -94,6 +100,9 @@ const ch_opt *ch_opt_find(const char *name, unsigned cmd, int *index);
 /* Every field's default for command cmd: the library's configuration and folder options, the
  * command line's own (bench: lr 0.01, 20 steps after 3 of warm-up). */
 void ch_opt_defaults(unsigned cmd, ch_opt_values *v);
+/* The whole string s a number in [lo, hi] (whole: an integer), not blank-led, finite: flags' and the
+ * other commands' numbers alike. */
+bool ch_opt_read_number(const char *s, bool whole, double lo, double hi, double *out);
 /* Set row o's field from arg (NULL for a flag, or an absent optional argument). On a refusal, the
  * reason after "--NAME 'ARG': " in why, and false. */
 bool ch_opt_set(const ch_opt *o, const char *arg, ch_opt_values *v, char *why, size_t len);

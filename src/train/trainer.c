@@ -581,8 +581,8 @@ static ch_status run_epoch(ch_trainer *t, ch_epoch_stats *s, ch_err *err)
     const ch_dataset *d = t->train;
     ch_rng rng;
     ch_rng_init(&rng, t->cfg.seed, CH_RNG_STREAM_SHUFFLE, (uint64_t)t->epoch << 40);
-    if (!t->cfg.in_order) ch_rng_permutation(&rng, t->perm, (uint32_t)d->n);
-    for (uint32_t i = 0; t->cfg.in_order && i < (uint32_t)d->n; i++) t->perm[i] = i;   /* --shuffle off */
+    if (t->cfg.in_order) ch_rng_identity(t->perm, (uint32_t)d->n);   /* --shuffle off */
+    else ch_rng_permutation(&rng, t->perm, (uint32_t)d->n);
 
     /* Resumed inside this epoch: go on from the checkpoint's position, with its partial sums
      * (counted once, on rank 0). */

@@ -124,18 +124,15 @@ static void job_settings(const ch_trainer *t, settings *s)
     const ch_opt *o = ch_opt_table(&n);
     for (int i = 0; i < n; i++) {
         if (!(o[i].cmds & CH_CMD_TRAIN) || o[i].where != CH_IN_CFG) continue;
-        if (o[i].agree == CH_AGREE_VALUE) {
-            CH_ASSERT(s->n < AGREE_MAX);
-            ch_opt_show(&o[i], c, s->text[s->n], sizeof s->text[s->n]);
-            snprintf(s->flag[s->n], sizeof s->flag[s->n], "--%s", o[i].name);
-            s->names[s->n] = s->flag[s->n];
-            s->values[s->n] = s->text[s->n];
-            s->n++;
-        } else if (o[i].agree == CH_AGREE_GIVEN) {
-            snprintf(s->flag[s->n], sizeof s->flag[s->n], "--%s (given or not)", o[i].name);
-            put_setting(s, s->flag[s->n], "%s", *(const char *const *)(const void *)((const char *)c + o[i].offset)
-                                               ? "given" : "not given");
-        }
+        if (o[i].agree != CH_AGREE_VALUE && o[i].agree != CH_AGREE_GIVEN) continue;
+        CH_ASSERT(s->n < AGREE_MAX);
+        char value[128];
+        ch_opt_show(&o[i], c, value, sizeof value);
+        /* A path (GIVEN, a string row): only whether there is one. */
+        const bool given = o[i].agree == CH_AGREE_GIVEN;
+        const bool there = given && *(const char *const *)(const void *)((const char *)c + o[i].offset);
+        snprintf(s->flag[s->n], sizeof s->flag[s->n], "--%s%s", o[i].name, given ? " (given or not)" : "");
+        put_setting(s, s->flag[s->n], "%s", !given ? value : there ? "given" : "not given");
     }
 }
 
