@@ -55,13 +55,14 @@ grep -q $'\r' "$tmp/mpi.err" && bad "a bar (carriage returns) in a batch log" ||
 # The figures, not only the form: each epoch's last progress line (past 80% of its steps) shows the
 # running loss and accuracy of rank 0's samples so far, which must be the epoch's within a few
 # percent (rank 0's running loss divided by the job's samples, half the true loss on 2 ranks,
-# passed the form's checks).
+# passed the form's checks). Accuracy as a ratio too: in epoch 1 it still climbs, and a line at
+# 81% of the steps (a loaded machine draws the last one earlier) ran 0.05 below the epoch's 0.32.
 for e in 1 2; do
     last=$(grep "^progress: epoch $e/" "$tmp/mpi.err.plain" | tail -1)
     read -r step pl pa < <(echo "$last" | sed -n 's/.*step \([0-9]*\)\/63 .*loss \([0-9.]*\), acc \([0-9.]*\),.*/\1 \2 \3/p')
     read -r el ea < <(sed -n "s/^epoch $e, loss \([0-9.]*\), train acc \([0-9.]*\),.*/\1 \2/p" "$tmp/mpi.out.plain")
     if awk -v s="$step" -v pl="$pl" -v pa="$pa" -v el="$el" -v ea="$ea" \
-        'BEGIN { exit !(s >= 50 && el > 0 && pl / el >= 0.85 && pl / el <= 1.15 && pa - ea <= 0.05 && ea - pa <= 0.05) }'
+        'BEGIN { exit !(s >= 50 && el > 0 && ea > 0 && pl / el >= 0.85 && pl / el <= 1.15 && pa / ea >= 0.75 && pa / ea <= 1.25) }'
     then ok; else bad "epoch $e: the last progress line ($last) is not the epoch's loss $el and accuracy $ea"; fi
 done
 
