@@ -3,7 +3,8 @@ compares cohort against. Same model, batch, threads and synthetic 1x28x28 inputs
 `cohort bench train`.
 
 usage: torch_train.py MODEL BATCH THREADS STEPS WARMUP train|eval [fp32|bf16]
-MODEL onnx:NAME is tests/graph_models.py's NAME (what cohort trains from its ONNX export).
+MODEL onnx:NAME is tests/graph_models.py's or bench/speed_models.py's NAME (what cohort trains
+from its ONNX export).
 bf16: the one line PyTorch users add, torch.autocast('cpu', dtype=torch.bfloat16) around the
 forward pass and the loss.
 """
@@ -19,6 +20,7 @@ from torch_reference import MODELS  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 import graph_models  # noqa: E402
+import speed_models  # noqa: E402
 
 
 def main():
@@ -28,8 +30,10 @@ def main():
     batch, threads, steps, warmup = int(batch), int(threads), int(steps), int(warmup)
     torch.set_num_threads(threads)
     torch.manual_seed(0)
+    name = model_name[5:]
     model = (graph_models.MobileNet() if model_name == "onnx:mobilenet" else
-             graph_models.MODELS[model_name[5:]]() if model_name.startswith("onnx:") else MODELS[model_name]())
+             speed_models.MODELS[name]() if name in speed_models.MODELS else
+             graph_models.MODELS[name]() if model_name.startswith("onnx:") else MODELS[model_name]())
     x = torch.rand(batch, 1, 28, 28)
     y = torch.randint(0, 10, (batch,))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)

@@ -117,11 +117,12 @@ static void gemm_batch_matches_reference(void **state)
 static void check_conv_tol(ch_conv_desc d, int n, int threads, int ws_batch, double bound,
                            double dw_bound)
 {
-    d.oh = ch_window_out(d.h, d.kh, d.stride, d.pad);
-    d.ow = ch_window_out(d.w, d.kw, d.stride, d.pad);
+    const int D = ch_conv_dilation(&d);
+    d.oh = ch_window_out(d.h, D * (d.kh - 1) + 1, d.stride, d.pad);
+    d.ow = ch_window_out(d.w, D * (d.kw - 1) + 1, d.stride, d.pad);
     const ch_kernels *cpu = ch_kernels_cpu(), *ref = ch_kernels_ref();
     const size_t xs = (size_t)n * d.c * d.h * d.w, ys = (size_t)n * d.oc * d.oh * d.ow;
-    const size_t ws_len = (size_t)d.oc * d.c * d.kh * d.kw;
+    const size_t ws_len = (size_t)d.oc * (d.c / ch_conv_groups(&d)) * d.kh * d.kw;
     ch_real *x = rnd(xs, 4), *w = rnd(ws_len, 5), *b = rnd((size_t)d.oc, 6);
     ch_real *dy1 = rnd(ys, 7), *dy2 = rnd(ys, 7);   /* each backend's (a fused ReLU masks it) */
     ch_real *y1 = malloc(sizeof(ch_real) * ys), *y2 = malloc(sizeof(ch_real) * ys);
@@ -183,6 +184,68 @@ static void conv_matches_reference(void **state)
                     d.relu = relu;
                     check_conv(d, n, t);
                 }
+}
+
+/* Depthwise convolutions (cpu_conv_dw.c's direct kernel): strides 1 to 3 (one, four and nine
+ * input phases), dilation, 1x1 to 7x7 and non-square kernels, padding wider than the kernel,
+ * planes down to 2x2 and odd widths, with and without the fused ReLU, 1 and 2 threads. */
+static void depthwise_matches_reference(void **state)
+{
+    (void)state;
+    const ch_conv_desc cases[] = {
+        { .c = 5, .h = 7, .w = 7, .kh = 3, .kw = 3, .stride = 1, .pad = 1 },
+        { .c = 6, .h = 9, .w = 8, .kh = 3, .kw = 3, .stride = 2, .pad = 1 },
+        { .c = 4, .h = 4, .w = 4, .kh = 3, .kw = 3, .stride = 2, .pad = 1 },
+        { .c = 3, .h = 6, .w = 6, .kh = 5, .kw = 5, .stride = 1, .pad = 2 },
+        { .c = 3, .h = 7, .w = 9, .kh = 3, .kw = 3, .stride = 1, .pad = 2, .dilation = 2 },
+        { .c = 2, .h = 11, .w = 10, .kh = 3, .kw = 3, .stride = 2, .pad = 2, .dilation = 2 },
+        { .c = 3, .h = 10, .w = 10, .kh = 3, .kw = 3, .stride = 3, .pad = 1 },
+        { .c = 2, .h = 7, .w = 7, .kh = 7, .kw = 7, .stride = 1, .pad = 3 },
+        { .c = 4, .h = 5, .w = 6, .kh = 1, .kw = 1, .stride = 1, .pad = 0 },
+        { .c = 3, .h = 5, .w = 7, .kh = 1, .kw = 3, .stride = 1, .pad = 0 },
+        { .c = 2, .h = 5, .w = 5, .kh = 3, .kw = 3, .stride = 1, .pad = 3 },
+        { .c = 4, .h = 6, .w = 5, .kh = 3, .kw = 3, .stride = 1, .pad = 0 },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        for (int relu = 0; relu < 2; relu++)
+            for (int t = 1; t <= 2; t++)
+                for (int n = 1; n <= 9; n += n == 1 ? 2 : 6) {
+                    ch_conv_desc d = cases[i];
+                    d.oc = d.groups = d.c;
+                    d.relu = relu;
+                    check_conv(d, n, t);
+                }
+}
+
+/* The depthwise kernel splits planes and channels, never a sum: its bits are the same at 1 and
+ * 2 threads (data parallelism relies on it no more than on any kernel, but it costs nothing). */
+static void depthwise_bits_do_not_depend_on_threads(void **state)
+{
+    (void)state;
+    ch_conv_desc d = { .c = 6, .h = 9, .w = 9, .oc = 6, .kh = 3, .kw = 3, .stride = 2, .pad = 1, .groups = 6 };
+    d.oh = d.ow = ch_window_out(9, 3, 2, 1);
+    const ch_kernels *cpu = ch_kernels_cpu();
+    const int n = 5;
+    const size_t xs = (size_t)n * d.c * d.h * d.w, ys = (size_t)n * d.oc * d.oh * d.ow, wl = 6 * 9;
+    ch_real *x = rnd(xs, 4), *w = rnd(wl, 5), *b = rnd(6, 6);
+    ch_real *out[2][3];
+    for (int t = 1; t <= 2; t++) {
+        const size_t wsz = cpu->conv2d_workspace(&d, n, t);
+        ch_kctx kc = { .nthreads = t, .ws = malloc(sizeof(ch_real) * wsz), .ws_len = wsz };
+        ch_real *y = malloc(sizeof(ch_real) * ys), *dy = rnd(ys, 7);
+        ch_real *dx = malloc(sizeof(ch_real) * xs), *dw = malloc(sizeof(ch_real) * (wl + 6));
+        cpu->conv2d_forward(&kc, &d, n, x, w, b, y);
+        cpu->conv2d_backward_weights(&kc, &d, n, x, y, dy, dw, dw + wl);
+        cpu->conv2d_backward_data(&kc, &d, n, dy, w, dx);
+        out[t - 1][0] = y, out[t - 1][1] = dx, out[t - 1][2] = dw;
+        free(dy), free(kc.ws);
+    }
+    const size_t len[3] = { ys, xs, wl + 6 };
+    for (int i = 0; i < 3; i++) {
+        assert_memory_equal(out[0][i], out[1][i], sizeof(ch_real) * len[i]);
+        free(out[0][i]), free(out[1][i]);
+    }
+    free(x), free(w), free(b);
 }
 
 /* Two runs of all three passes give the same bits. */
@@ -405,6 +468,8 @@ int main(void)
         cmocka_unit_test(gemm_matches_reference_for_every_transpose),
         cmocka_unit_test(gemm_with_empty_sum_writes_beta_c),
         cmocka_unit_test(conv_matches_reference),
+        cmocka_unit_test(depthwise_matches_reference),
+        cmocka_unit_test(depthwise_bits_do_not_depend_on_threads),
         cmocka_unit_test(winograd_matches_reference),
         cmocka_unit_test(gemm_batch_matches_reference),
         cmocka_unit_test(winograd5_matches_reference),

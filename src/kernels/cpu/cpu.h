@@ -130,6 +130,16 @@ void ch_cpu_bcast_backward(const ch_kctx *kc, const ch_bcast_desc *d, int n, con
                            const ch_real *b, const ch_real *dy, ch_real *da, ch_real *db);
 void ch_cpu_copy_rows(const ch_kctx *kc, int rows, size_t len, const ch_real *src,
                       size_t src_stride, ch_real *dst, size_t dst_stride);
+/* Depthwise convolutions (cpu_conv_dw.c), which the grouped ones hand over to: direct, per plane. */
+bool ch_cpu_conv_is_depthwise(const ch_conv_desc *d);
+size_t ch_cpu_conv_dw_workspace(const ch_conv_desc *d, int nthreads);
+void ch_cpu_conv_dw_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
+                            const ch_real *w, const ch_real *b, ch_real *y);
+void ch_cpu_conv_dw_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *dy,
+                                  const ch_real *w, ch_real *dx);
+void ch_cpu_conv_dw_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
+                                     const ch_real *y, ch_real *dy, ch_real *dw, ch_real *db);
+
 /* Convolutions with groups or dilation (cpu_conv_group.c): per sample and group, im2col + GEMM. */
 bool ch_cpu_conv_is_grouped(const ch_conv_desc *d);
 size_t ch_cpu_conv_group_workspace(const ch_conv_desc *d, int n, int nthreads);

@@ -1,5 +1,5 @@
 /* Convolutions with groups (depthwise, grouped) or dilation: what imported models use and the
- * zoo does not. One sample at a time per thread, one group at a time: im2col of the group's input
+ * zoo does not (depthwise ones go to cpu_conv_dw.c). One sample at a time per thread, one group at a time: im2col of the group's input
  * channels with dilated taps, then a single-threaded GEMM with the group's weights. Simple rather
  * than fast; the ungrouped, undilated convolutions of the zoo keep cpu_conv.c's paths.
  * Weight gradients go to per-thread partial sums added in thread order (deterministic for a given
@@ -42,6 +42,7 @@ static size_t per_thread(const ch_conv_desc *d)
 size_t ch_cpu_conv_group_workspace(const ch_conv_desc *d, int n, int nthreads)
 {
     (void)n;
+    if (ch_cpu_conv_is_depthwise(d)) return ch_cpu_conv_dw_workspace(d, nthreads);
     return per_thread(d) * (size_t)(nthreads > 0 ? nthreads : 1);
 }
 
@@ -90,6 +91,10 @@ static void col2im_group(const ch_conv_desc *d, const group_geom *g, int gi, con
 void ch_cpu_conv_group_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
                                const ch_real *w, const ch_real *b, ch_real *y)
 {
+    if (ch_cpu_conv_is_depthwise(d)) {
+        ch_cpu_conv_dw_forward(kc, d, n, x, w, b, y);
+        return;
+    }
     const group_geom g = geom_of(d);
     const size_t xs = (size_t)d->c * d->h * d->w, ys = (size_t)d->oc * g.P;
     const int T = team(kc, n);
@@ -112,6 +117,10 @@ void ch_cpu_conv_group_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, 
 void ch_cpu_conv_group_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int n,
                                      const ch_real *dy, const ch_real *w, ch_real *dx)
 {
+    if (ch_cpu_conv_is_depthwise(d)) {
+        ch_cpu_conv_dw_backward_data(kc, d, n, dy, w, dx);
+        return;
+    }
     const group_geom g = geom_of(d);
     const size_t xs = (size_t)d->c * d->h * d->w, ys = (size_t)d->oc * g.P;
     const int T = team(kc, n);
@@ -153,6 +162,10 @@ void ch_cpu_conv_group_backward_weights(const ch_kctx *kc, const ch_conv_desc *d
                                         const ch_real *x, const ch_real *y, ch_real *dy,
                                         ch_real *dw, ch_real *db)
 {
+    if (ch_cpu_conv_is_depthwise(d)) {
+        ch_cpu_conv_dw_backward_weights(kc, d, n, x, y, dy, dw, db);
+        return;
+    }
     const group_geom g = geom_of(d);
     const size_t wl = (size_t)d->oc * g.K, pt = per_thread(d);
     const int T = team(kc, n);

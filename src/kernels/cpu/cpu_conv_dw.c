@@ -1,0 +1,299 @@
+/* Depthwise convolutions (one input and one output channel per group: MobileNet's, EfficientNet's,
+ * ConvNeXt's 3x3 to 9x9 filters, any stride and dilation), direct rather than im2col + GEMM: a
+ * group's GEMM is a 1 x k*k by k*k x P product, too small for a library call to pay for itself,
+ * and the planes are small (7x7, 4x4), so row-by-row loops are all overhead. Instead each tap is
+ * one long contiguous loop over the whole plane (see dw_geom), which the compiler vectorises
+ * (AVX2 or AVX-512, whatever -march gives).
+ * Forward and backward data split the (sample, channel) planes among the threads; the weight
+ * gradient splits the channels, and each thread sums its channels' samples in sample order, so
+ * the bits do not depend on the thread count. */
+#include "kernels/cpu/cpu.h"
+
+#include <string.h>
+
+/* Beyond 9x9 the grouped path's im2col is as good. */
+enum { DW_MAX_TAPS = 81, L8 = 8 };
+
+bool ch_cpu_conv_is_depthwise(const ch_conv_desc *d)
+{
+    return ch_conv_groups(d) > 1 && d->groups == d->c && d->oc == d->c && d->kh * d->kw <= DW_MAX_TAPS;
+}
+
+/* A plane is worked on in a "wide" layout that turns every tap into one long contiguous loop:
+ * the zero-padded input is split into stride x stride phases (padded row r, column c go to phase
+ * (r % s, c % s) at row r / s, column c / s), each phase a grid of rows of L = ceil(wp / s)
+ * columns. Output (i, j) is then sum over taps t of w_t * phase_t[i * L + j + off_t], so with the
+ * output kept L wide (its columns ow..L-1 are garbage, dropped or zeroed) a tap is
+ * out[k] += w_t * phase_t[k + off_t] for k < oh * L, whatever the stride, dilation or size. */
+typedef struct dw_geom {
+    int s, D, L, rows;     /* stride, dilation, phase row length, rows per phase */
+    size_t plane, wide;    /* floats per phase (slack for garbage reads included), per wide output */
+    size_t per_thread;     /* the phases, then the wide output */
+} dw_geom;
+
+static dw_geom geom_of(const ch_conv_desc *d)
+{
+    dw_geom g;
+    g.s = d->stride;
+    g.D = ch_conv_dilation(d);
+    g.L = (d->w + 2 * d->pad + g.s - 1) / g.s;
+    g.rows = (d->h + 2 * d->pad + g.s - 1) / g.s;
+    /* The wide output rounded up to whole lane blocks for the weight gradient's sums. */
+    g.wide = ((size_t)d->oh * g.L + L8 - 1) / L8 * L8;
+    /* A tap reads up to wide - 1 + its offset, and an offset is below rows * L - (oh - 1) * L. */
+    g.plane = (size_t)g.rows * g.L + g.wide;
+    g.per_thread = (size_t)g.s * g.s * g.plane + g.wide;
+    return g;
+}
+
+static size_t thread_len(const ch_conv_desc *d);
+
+size_t ch_cpu_conv_dw_workspace(const ch_conv_desc *d, int nthreads)
+{
+    return thread_len(d) * (size_t)(nthreads > 0 ? nthreads : 1);
+}
+
+/* Where tap (p, q) starts reading: its phase, and its row and column in it. */
+static size_t tap_offset(const dw_geom *g, int p, int q)
+{
+    const int r = p * g->D, c = q * g->D;
+    return (size_t)((r % g->s) * g->s + c % g->s) * g->plane + (size_t)(r / g->s) * g->L + (size_t)(c / g->s);
+}
+
+/* The phases of one zero-padded input plane. */
+static void to_phases(const ch_conv_desc *d, const dw_geom *g, const ch_real *x, ch_real *ph)
+{
+    memset(ph, 0, sizeof(ch_real) * (size_t)g->s * g->s * g->plane);
+    for (int ih = 0; ih < d->h; ih++) {
+        const int r = ih + d->pad;
+        const ch_real *xr = x + (size_t)ih * d->w;
+        if (g->s == 1) {
+            memcpy(ph + (size_t)r * g->L + d->pad, xr, sizeof(ch_real) * (size_t)d->w);
+            continue;
+        }
+        for (int iw = 0; iw < d->w; iw++) {
+            const int c = iw + d->pad;
+            ph[(size_t)((r % g->s) * g->s + c % g->s) * g->plane + (size_t)(r / g->s) * g->L + c / g->s] = xr[iw];
+        }
+    }
+}
+
+/* dx = the phases' entries inside the unpadded plane (the adjoint of to_phases). */
+static void from_phases(const ch_conv_desc *d, const dw_geom *g, const ch_real *ph, ch_real *dx)
+{
+    for (int ih = 0; ih < d->h; ih++) {
+        const int r = ih + d->pad;
+        ch_real *dr = dx + (size_t)ih * d->w;
+        if (g->s == 1) {
+            memcpy(dr, ph + (size_t)r * g->L + d->pad, sizeof(ch_real) * (size_t)d->w);
+            continue;
+        }
+        for (int iw = 0; iw < d->w; iw++) {
+            const int c = iw + d->pad;
+            dr[iw] = ph[(size_t)((r % g->s) * g->s + c % g->s) * g->plane + (size_t)(r / g->s) * g->L + c / g->s];
+        }
+    }
+}
+
+/* One plane of dy in the wide layout, its garbage columns and the rounding tail zero. */
+static void to_wide(const ch_conv_desc *d, const dw_geom *g, const ch_real *dy, ch_real *wide)
+{
+    memset(wide, 0, sizeof(ch_real) * g->wide);
+    for (int i = 0; i < d->oh; i++)
+        memcpy(wide + (size_t)i * g->L, dy + (size_t)i * d->ow, sizeof(ch_real) * (size_t)d->ow);
+}
+
+/* wide[k] = bias + sum over taps of w_t * phase_t[k + off_t], k < oh * L. 3x3 filters (nearly all
+ * of them) take one pass with the nine taps in registers; other sizes a pass per tap. */
+static void wide_taps(const ch_conv_desc *d, const dw_geom *g, const ch_real *ph, const ch_real *wc,
+                      ch_real bias, ch_real *wide)
+{
+    const size_t len = (size_t)d->oh * g->L;
+    if (d->kh == 3 && d->kw == 3) {
+        const ch_real *t[9];
+        for (int i = 0; i < 9; i++) t[i] = ph + tap_offset(g, i / 3, i % 3);
+        const ch_real w0 = wc[0], w1 = wc[1], w2 = wc[2], w3 = wc[3], w4 = wc[4], w5 = wc[5], w6 = wc[6],
+                      w7 = wc[7], w8 = wc[8];
+        for (size_t k = 0; k < len; k++)
+            wide[k] = bias + w0 * t[0][k] + w1 * t[1][k] + w2 * t[2][k] + w3 * t[3][k] + w4 * t[4][k] +
+                      w5 * t[5][k] + w6 * t[6][k] + w7 * t[7][k] + w8 * t[8][k];
+        return;
+    }
+    for (size_t k = 0; k < len; k++) wide[k] = bias;
+    for (int p = 0; p < d->kh; p++)
+        for (int q = 0; q < d->kw; q++) {
+            const ch_real wv = wc[p * d->kw + q], *src = ph + tap_offset(g, p, q);
+            for (size_t k = 0; k < len; k++) wide[k] += wv * src[k];
+        }
+}
+
+static void plane_forward(const ch_conv_desc *d, const dw_geom *g, const ch_real *x, const ch_real *wc,
+                          ch_real bias, ch_real *ph, ch_real *wide, ch_real *y)
+{
+    to_phases(d, g, x, ph);
+    wide_taps(d, g, ph, wc, bias, wide);
+    for (int i = 0; i < d->oh; i++) {
+        ch_real *yr = y + (size_t)i * d->ow;
+        memcpy(yr, wide + (size_t)i * g->L, sizeof(ch_real) * (size_t)d->ow);
+        if (d->relu) ch_cpu_relu_span((size_t)d->ow, yr, yr);
+    }
+}
+
+/* At stride 1 with a square filter, backward data is itself a depthwise convolution: dy padded by
+ * D * (k - 1) - pad, with the filter turned round. This is that convolution's geometry, or false
+ * where it does not apply (the pass then scatters tap by tap). */
+static bool transposed(const ch_conv_desc *d, ch_conv_desc *t)
+{
+    const int D = ch_conv_dilation(d);
+    if (d->stride != 1 || d->kh != d->kw || d->pad > D * (d->kh - 1)) return false;
+    *t = *d;
+    t->h = d->oh, t->w = d->ow, t->oh = d->h, t->ow = d->w;
+    t->pad = D * (d->kh - 1) - d->pad;
+    t->relu = false;
+    return true;
+}
+
+/* Floats of workspace per thread: the larger of the two geometries a pass may use. */
+static size_t thread_len(const ch_conv_desc *d)
+{
+    ch_conv_desc t;
+    const size_t own = geom_of(d).per_thread;
+    if (!transposed(d, &t)) return own;
+    const size_t other = geom_of(&t).per_thread;
+    return own > other ? own : other;
+}
+
+static void plane_backward_data(const ch_conv_desc *d, const dw_geom *g, const ch_real *dy,
+                                const ch_real *wc, ch_real *ph, ch_real *dx)
+{
+    ch_conv_desc t;
+    if (transposed(d, &t)) {
+        const dw_geom tg = geom_of(&t);
+        ch_real turned[DW_MAX_TAPS];
+        const int taps = d->kh * d->kw;
+        for (int i = 0; i < taps; i++) turned[i] = wc[taps - 1 - i];
+        plane_forward(&t, &tg, dy, turned, 0, ph, ph + (size_t)tg.s * tg.s * tg.plane, dx);
+        return;
+    }
+    ch_real *wide = ph + (size_t)g->s * g->s * g->plane;
+    to_wide(d, g, dy, wide);
+    memset(ph, 0, sizeof(ch_real) * (size_t)g->s * g->s * g->plane);
+    const size_t len = (size_t)d->oh * g->L;
+    for (int p = 0; p < d->kh; p++)
+        for (int q = 0; q < d->kw; q++) {
+            const ch_real wv = wc[p * d->kw + q];
+            ch_real *dst = ph + tap_offset(g, p, q);
+            for (size_t k = 0; k < len; k++) dst[k] += wv * wide[k];
+        }
+    from_phases(d, g, ph, dx);
+}
+
+/* Lane sums of one tap: lane[l] += sum over k = l mod L8 of dy_wide[k] * phase_t[k + off_t]. */
+static void tap_lanes(const dw_geom *g, const ch_real *wide, const ch_real *src, ch_real lane[L8])
+{
+    for (size_t k = 0; k < g->wide; k += L8) {
+#pragma omp simd
+        for (int l = 0; l < L8; l++) lane[l] += wide[k + l] * src[k + l];
+    }
+}
+
+/* acc[t][l] += lane l of sum_k dy_wide[k] * phase_t[k + off_t] for one plane, and bias[l] += lane
+ * l of sum_k dy_wide[k]: float lanes over the plane (loops the compiler vectorises without
+ * reassociating a sum), added to double lanes, which the caller sums once per channel. Filters
+ * three wide take a pass per row of taps. */
+static void plane_weight_sums(const ch_conv_desc *d, const dw_geom *g, const ch_real *x, const ch_real *dy,
+                              ch_real *ph, ch_real *wide, double (*acc)[L8], double bias[L8])
+{
+    to_phases(d, g, x, ph);
+    to_wide(d, g, dy, wide);
+    ch_real lb[L8] = { 0 };
+    for (size_t k = 0; k < g->wide; k += L8) {
+#pragma omp simd
+        for (int l = 0; l < L8; l++) lb[l] += wide[k + l];
+    }
+    for (int l = 0; l < L8; l++) bias[l] += lb[l];
+    if (d->kw == 3) {
+        for (int p = 0; p < d->kh; p++) {
+            const ch_real *t0 = ph + tap_offset(g, p, 0), *t1 = ph + tap_offset(g, p, 1),
+                          *t2 = ph + tap_offset(g, p, 2);
+            ch_real l0[L8] = { 0 }, l1[L8] = { 0 }, l2[L8] = { 0 };
+            for (size_t k = 0; k < g->wide; k += L8) {
+#pragma omp simd
+                for (int l = 0; l < L8; l++) {
+                    const ch_real v = wide[k + l];
+                    l0[l] += v * t0[k + l];
+                    l1[l] += v * t1[k + l];
+                    l2[l] += v * t2[k + l];
+                }
+            }
+            for (int l = 0; l < L8; l++) acc[p * 3][l] += l0[l], acc[p * 3 + 1][l] += l1[l], acc[p * 3 + 2][l] += l2[l];
+        }
+        return;
+    }
+    for (int p = 0; p < d->kh; p++)
+        for (int q = 0; q < d->kw; q++) {
+            ch_real lane[L8] = { 0 };
+            tap_lanes(g, wide, ph + tap_offset(g, p, q), lane);
+            for (int l = 0; l < L8; l++) acc[p * d->kw + q][l] += lane[l];
+        }
+}
+
+void ch_cpu_conv_dw_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
+                            const ch_real *w, const ch_real *b, ch_real *y)
+{
+    const dw_geom g = geom_of(d);
+    const size_t per = thread_len(d);
+    const size_t xp = (size_t)d->h * d->w, yp = (size_t)d->oh * d->ow, taps = (size_t)d->kh * d->kw;
+    const long planes = (long)n * d->c;
+#pragma omp parallel for num_threads(kc->nthreads) schedule(static)
+    for (long pc = 0; pc < planes; pc++) {
+        ch_real *ph = kc->ws + per * (size_t)ch_omp_thread();
+        const int c = (int)(pc % d->c);
+        plane_forward(d, &g, x + (size_t)pc * xp, w + (size_t)c * taps, b ? b[c] : 0, ph,
+                      ph + (size_t)g.s * g.s * g.plane, y + (size_t)pc * yp);
+    }
+}
+
+void ch_cpu_conv_dw_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *dy,
+                                  const ch_real *w, ch_real *dx)
+{
+    const dw_geom g = geom_of(d);
+    const size_t per = thread_len(d);
+    const size_t xp = (size_t)d->h * d->w, yp = (size_t)d->oh * d->ow, taps = (size_t)d->kh * d->kw;
+    const long planes = (long)n * d->c;
+#pragma omp parallel for num_threads(kc->nthreads) schedule(static)
+    for (long pc = 0; pc < planes; pc++) {
+        ch_real *ph = kc->ws + per * (size_t)ch_omp_thread();
+        plane_backward_data(d, &g, dy + (size_t)pc * yp, w + (size_t)(pc % d->c) * taps, ph, dx + (size_t)pc * xp);
+    }
+}
+
+void ch_cpu_conv_dw_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
+                                     const ch_real *y, ch_real *dy, ch_real *dw, ch_real *db)
+{
+    const dw_geom g = geom_of(d);
+    const size_t per = thread_len(d);
+    const size_t xp = (size_t)d->h * d->w, yp = (size_t)d->oh * d->ow, taps = (size_t)d->kh * d->kw;
+    const size_t cs = (size_t)d->c;
+#pragma omp parallel for num_threads(kc->nthreads) schedule(static)
+    for (int c = 0; c < d->c; c++) {
+        ch_real *ph = kc->ws + per * (size_t)ch_omp_thread();
+        double acc[DW_MAX_TAPS][L8] = { { 0 } }, bias[L8] = { 0 };
+        for (int s = 0; s < n; s++) {
+            const size_t pc = (size_t)s * cs + (size_t)c;
+            /* The fused ReLU's backward: dy is an output too (see kernels.h). */
+            if (d->relu) ch_cpu_relu_backward_span(yp, y + pc * yp, dy + pc * yp, dy + pc * yp);
+            plane_weight_sums(d, &g, x + pc * xp, dy + pc * yp, ph, ph + (size_t)g.s * g.s * g.plane, acc, bias);
+        }
+        for (size_t t = 0; t < taps; t++) {
+            double sum = 0;
+            for (int l = 0; l < L8; l++) sum += acc[t][l];
+            dw[(size_t)c * taps + t] = (ch_real)sum;
+        }
+        if (db) {
+            double sum = 0;
+            for (int l = 0; l < L8; l++) sum += bias[l];
+            db[c] = (ch_real)sum;
+        }
+    }
+}
