@@ -53,6 +53,12 @@ size_t ch_cpu_conv_dw_workspace(const ch_conv_desc *d, int nthreads)
     return thread_len(d) * (size_t)(nthreads > 0 ? nthreads : 1);
 }
 
+/* Rows here are 2 to 100 floats: a loop, not a memcpy call per row. */
+static inline void copy_row(ch_real *dst, const ch_real *src, int len)
+{
+    for (int j = 0; j < len; j++) dst[j] = src[j];
+}
+
 /* Where tap (p, q) starts reading: its phase, and its row and column in it. */
 static size_t tap_offset(const dw_geom *g, int p, int q)
 {
@@ -68,7 +74,7 @@ static void to_phases(const ch_conv_desc *d, const dw_geom *g, const ch_real *x,
         const int r = ih + d->pad;
         const ch_real *xr = x + (size_t)ih * d->w;
         if (g->s == 1) {
-            memcpy(ph + (size_t)r * g->L + d->pad, xr, sizeof(ch_real) * (size_t)d->w);
+            copy_row(ph + (size_t)r * g->L + d->pad, xr, d->w);
             continue;
         }
         for (int iw = 0; iw < d->w; iw++) {
@@ -85,7 +91,7 @@ static void from_phases(const ch_conv_desc *d, const dw_geom *g, const ch_real *
         const int r = ih + d->pad;
         ch_real *dr = dx + (size_t)ih * d->w;
         if (g->s == 1) {
-            memcpy(dr, ph + (size_t)r * g->L + d->pad, sizeof(ch_real) * (size_t)d->w);
+            copy_row(dr, ph + (size_t)r * g->L + d->pad, d->w);
             continue;
         }
         for (int iw = 0; iw < d->w; iw++) {
@@ -100,7 +106,7 @@ static void to_wide(const ch_conv_desc *d, const dw_geom *g, const ch_real *dy, 
 {
     memset(wide, 0, sizeof(ch_real) * g->wide);
     for (int i = 0; i < d->oh; i++)
-        memcpy(wide + (size_t)i * g->L, dy + (size_t)i * d->ow, sizeof(ch_real) * (size_t)d->ow);
+        copy_row(wide + (size_t)i * g->L, dy + (size_t)i * d->ow, d->ow);
 }
 
 /* wide[k] = bias + sum over taps of w_t * phase_t[k + off_t], k < oh * L. 3x3 filters (nearly all
@@ -134,7 +140,7 @@ static void plane_forward(const ch_conv_desc *d, const dw_geom *g, const ch_real
     wide_taps(d, g, ph, wc, bias, wide);
     for (int i = 0; i < d->oh; i++) {
         ch_real *yr = y + (size_t)i * d->ow;
-        memcpy(yr, wide + (size_t)i * g->L, sizeof(ch_real) * (size_t)d->ow);
+        copy_row(yr, wide + (size_t)i * g->L, d->ow);
         if (d->relu) ch_cpu_relu_span((size_t)d->ow, yr, yr);
     }
 }

@@ -2,20 +2,49 @@
  * a float sum over 256*28*28 elements would lose digits that the variance needs. */
 #include "kernels/cpu/cpu.h"
 
+/* sum (p[i] - k) and sum (p[i] - k)^2 over one plane into *s1, *s2: float lanes within the plane
+ * (a few dozen terms each, and float vectors hold twice as many as double ones), added in a fixed
+ * order, then in double across planes. */
+static void shifted_sums(const ch_real *p, size_t len, ch_real k, double *s1, double *s2)
+{
+    enum { LANES = CH_CPU_LANES };
+    double a[LANES] = { 0 }, b[LANES] = { 0 };
+    const size_t full = len - len % LANES;
+    for (size_t i = 0; i < full; i += LANES) {
+#pragma omp simd
+        for (int j = 0; j < LANES; j++) {
+            const double v = (double)p[i + j] - k;
+            a[j] += v;
+            b[j] += v * v;
+        }
+    }
+    double u = 0, w = 0;
+    for (int j = 0; j < LANES; j++) u += a[j], w += b[j];
+    for (size_t i = full; i < len; i++) {
+        const double v = (double)p[i] - k;
+        u += v;
+        w += v * v;
+    }
+    *s1 += u;
+    *s2 += w;
+}
+
+/* One pass over x: sums shifted by the channel's first value, which lies within a few standard
+ * deviations of the mean, so that E[v^2] - E[v]^2 loses no digit that matters in double (the
+ * unshifted form would, for data far from zero). Two passes (mean, then squared deviations) cost
+ * a whole read of every BatchNorm input more. */
 void ch_cpu_batchnorm_stats(const ch_kctx *kc, int n, int c, int hw, const ch_real *x,
                             double *mean, double *var)
 {
     const double cnt = (double)n * hw;
 #pragma omp parallel for num_threads(kc->nthreads) schedule(static)
     for (int ch = 0; ch < c; ch++) {
-        double s = 0;
-        for (int i = 0; i < n; i++) s += ch_cpu_sum(x + ((size_t)i * c + ch) * hw, (size_t)hw);
-        const double m = cnt > 0 ? s / cnt : 0;
-        double ss = 0;
-        for (int i = 0; i < n; i++)
-            ss += ch_cpu_sum_sq_dev(x + ((size_t)i * c + ch) * hw, (size_t)hw, m);
-        mean[ch] = m;
-        var[ch] = cnt > 0 ? ss / cnt : 0;
+        const ch_real k = cnt > 0 ? x[(size_t)ch * hw] : 0;
+        double s1 = 0, s2 = 0;
+        for (int i = 0; i < n; i++) shifted_sums(x + ((size_t)i * c + ch) * hw, (size_t)hw, k, &s1, &s2);
+        const double d = cnt > 0 ? s1 / cnt : 0, v = cnt > 0 ? s2 / cnt - d * d : 0;
+        mean[ch] = k + d;
+        var[ch] = v > 0 ? v : 0;
     }
 }
 
@@ -33,6 +62,31 @@ void ch_cpu_channel_affine(const ch_kctx *kc, int n, int c, int hw, const ch_rea
     }
 }
 
+/* *sum_dy += sum dy[i], *sum_dyx += sum dy[i] * (x[i] - m) over one plane: float lanes within
+ * it, double across (as shifted_sums). */
+static void plane_dy_dyx(const ch_real *dy, const ch_real *x, size_t len, ch_real m, double *sum_dy,
+                         double *sum_dyx)
+{
+    enum { LANES = CH_CPU_LANES };
+    double a[LANES] = { 0 }, b[LANES] = { 0 };
+    const size_t full = len - len % LANES;
+    for (size_t i = 0; i < full; i += LANES) {
+#pragma omp simd
+        for (int j = 0; j < LANES; j++) {
+            a[j] += dy[i + j];
+            b[j] += (double)dy[i + j] * ((double)x[i + j] - m);
+        }
+    }
+    double u = 0, w = 0;
+    for (int j = 0; j < LANES; j++) u += a[j], w += b[j];
+    for (size_t i = full; i < len; i++) {
+        u += dy[i];
+        w += (double)dy[i] * ((double)x[i] - m);
+    }
+    *sum_dy += u;
+    *sum_dyx += w;
+}
+
 void ch_cpu_batchnorm_backward_reduce(const ch_kctx *kc, int n, int c, int hw, const ch_real *x,
                                       const ch_real *dy, const ch_real *mean,
                                       const ch_real *invstd, double *sum_dy,
@@ -44,7 +98,7 @@ void ch_cpu_batchnorm_backward_reduce(const ch_kctx *kc, int n, int c, int hw, c
         const ch_real m = mean[ch];
         for (int i = 0; i < n; i++) {
             const size_t off = ((size_t)i * c + ch) * hw;
-            ch_cpu_sum_dy_dyx(dy + off, x + off, (size_t)hw, m, &s, &sx);
+            plane_dy_dyx(dy + off, x + off, (size_t)hw, m, &s, &sx);
         }
         sum_dy[ch] = s;
         sum_dy_xhat[ch] = sx * invstd[ch];
