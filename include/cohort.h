@@ -175,6 +175,11 @@ int ch_graph_tanh(ch_graph *g, const char *name, int x);
 /* PyTorch's nn.Hardsigmoid (relu6(x + 3) / 6) and nn.Hardswish (x * hardsigmoid(x)). */
 int ch_graph_hardsigmoid(ch_graph *g, const char *name, int x);
 int ch_graph_hardswish(ch_graph *g, const char *name, int x);
+/* PyTorch's nn.GELU(): x * Phi(x) exactly (erf), or with tanh_approximation its
+ * approximate='tanh' form. */
+int ch_graph_gelu(ch_graph *g, const char *name, int x, bool tanh_approximation);
+/* erf(x), elementwise: what an ONNX export of the exact GELU holds. */
+int ch_graph_erf(ch_graph *g, const char *name, int x);
 /* x * scale + shift with constant numbers (x * 0.5, x / 6, x + 3, 1 - x in PyTorch code). */
 int ch_graph_affine(ch_graph *g, const char *name, int x, double scale, double shift);
 int ch_graph_max_pool2d(ch_graph *g, const char *name, int x, const ch_pool2d_args *a);

@@ -82,8 +82,8 @@ cp "$g" "$tmp/graph.orig"
 edit() { "$py" -c "import json,sys; d=json.load(open('$g')); $1; json.dump(d, open('$g','w'))"; }
 edit "d['nodes'][1]['in']=[99]"
 expect "reads tensor 99, which no earlier entry makes" -- "$cohort" eval --checkpoint "$tmp/ck" --data "$data/fashion-mnist" --test-limit 64
-cp "$tmp/graph.orig" "$g"; edit "d['nodes'][0]['op']='gelu'"
-expect "unknown op 'gelu'" -- "$cohort" eval --checkpoint "$tmp/ck" --data "$data/fashion-mnist" --test-limit 64
+cp "$tmp/graph.orig" "$g"; edit "d['nodes'][0]['op']='elu'"
+expect "unknown op 'elu'" -- "$cohort" eval --checkpoint "$tmp/ck" --data "$data/fashion-mnist" --test-limit 64
 cp "$tmp/graph.orig" "$g"; edit "d['nodes'][0]['kernel']=1e9"
 expect "'kernel' is not a number in 1..4096" -- "$cohort" export --checkpoint "$tmp/ck" --out "$tmp/x.safetensors"
 cp "$tmp/graph.orig" "$g"; edit "d['nodes'][0]['out_channels']=9"

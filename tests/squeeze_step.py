@@ -9,7 +9,11 @@ the first seed whose pre-activations all lie at least 1e-6 from zero (100 times 
 their sums); on it, float32 arithmetic in any order gives the float64 step within rounding, and so
 must cohort.
 
-  python3 squeeze_step.py make DIR DATA_ROOT     DIR/sq.onnx, DIR/init.pt, DIR/seed
+The same check takes a second model, gelu: ConvNeXt-style pieces cohort has (a patchify stem, a 7x7
+depthwise conv, pointwise convs, nn.GELU() exported through Erf and approximate='tanh' through Tanh, a
+residual), with PyTorch's default initialisation.
+
+  python3 squeeze_step.py make DIR DATA_ROOT [squeeze|gelu]   DIR/model.onnx, DIR/init.pt, DIR/seed
   python3 squeeze_step.py check DIR DATA_ROOT COHORT_MODEL.safetensors
 """
 import copy
@@ -58,6 +62,26 @@ class Squeeze(nn.Module):
         return torch.flatten(self.classifier(self.features(x)), 1)
 
 
+class GeluNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(1, 8, 4, stride=4)
+        self.dw = nn.Conv2d(8, 8, 7, padding=3, groups=8)
+        self.pw1 = nn.Conv2d(8, 16, 1)
+        self.act1 = nn.GELU()
+        self.pw2 = nn.Conv2d(16, 8, 1)
+        self.act2 = nn.GELU(approximate="tanh")
+        self.fc = nn.Linear(8, 10)
+
+    def forward(self, x):
+        x = self.stem(x)
+        x = self.act2(x + self.pw2(self.act1(self.pw1(self.dw(x)))))
+        return self.fc(x.mean((2, 3)))
+
+
+MODELS = {"squeeze": Squeeze, "gelu": GeluNet}
+
+
 def data(root):
     def idx(path, off):
         return np.frombuffer(gzip.open(path).read(), np.uint8, offset=off)
@@ -99,12 +123,13 @@ def load_safetensors(path):
     return out
 
 
-def make(out, root):
+def make(out, root, name):
     x, _ = data(root)
     for seed in range(100):
         torch.manual_seed(seed)
-        m = Squeeze()
-        if nearest_to_zero(copy.deepcopy(m).double(), x) >= NEAR:
+        m = MODELS[name]()
+        # GELU has no kink: any seed does.
+        if name != "squeeze" or nearest_to_zero(copy.deepcopy(m).double(), x) >= NEAR:
             break
     else:
         sys.exit("squeeze_step: no seed below 100 keeps every pre-activation 1e-6 from zero")
@@ -112,11 +137,12 @@ def make(out, root):
     torch.save(m.state_dict(), out + "/init.pt")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(m, torch.zeros(2, 1, 28, 28), out + "/sq.onnx", opset_version=13,
+        torch.onnx.export(m, torch.zeros(2, 1, 28, 28), out + "/model.onnx", opset_version=13,
                           training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False,
                           input_names=["input"], output_names=["output"],
                           dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}})
     open(out + "/seed", "w").write(f"{seed}\n")
+    open(out + "/model", "w").write(name)
     print(f"squeeze_step: seed {seed}, the nearest pre-activation {nearest_to_zero(copy.deepcopy(m).double(), x):.2e} "
           "from zero")
 
@@ -124,9 +150,10 @@ def make(out, root):
 def check(out, root, got_path):
     x, y = data(root)
     init = torch.load(out + "/init.pt")
+    make_model = MODELS[open(out + "/model").read()]
     res = {}
     for dt in (torch.float32, torch.float64):
-        m = Squeeze()
+        m = make_model()
         m.load_state_dict(init)
         res[dt] = step(m, x, y, dt)
     got = load_safetensors(got_path)
@@ -149,4 +176,4 @@ def check(out, root, got_path):
 
 
 if __name__ == "__main__":
-    {"make": lambda: make(sys.argv[2], sys.argv[3]), "check": lambda: check(sys.argv[2], sys.argv[3], sys.argv[4])}[sys.argv[1]]()
+    {"make": lambda: make(sys.argv[2], sys.argv[3], sys.argv[4] if len(sys.argv) > 4 else "squeeze"), "check": lambda: check(sys.argv[2], sys.argv[3], sys.argv[4])}[sys.argv[1]]()

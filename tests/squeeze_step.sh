@@ -4,17 +4,19 @@
 # 8 MNIST images, on one device and on two: every parameter within float32 rounding of PyTorch's
 # float64 step (within 4x PyTorch's own float32 distance, or 1e-5 of the update). Issue 41's bias
 # outliers were a ReLU input within rounding of zero; the fixture is a seed without one.
-# usage: squeeze_step.sh COHORT DATA_ROOT
+# With MODEL gelu, the same for squeeze_step.py's GELU net (both GELU forms through ONNX, a 7x7
+# depthwise conv).
+# usage: squeeze_step.sh COHORT DATA_ROOT [squeeze|gelu]
 set -uo pipefail
-cohort=$1 data=$2
+cohort=$1 data=$2 model=${3:-squeeze}
 py=/usr/bin/python3
 here=$(cd "$(dirname "$0")" && pwd)
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-"$py" "$here/squeeze_step.py" make "$tmp" "$data" || exit 1
+"$py" "$here/squeeze_step.py" make "$tmp" "$data" "$model" || exit 1
 fails=0
 for devices in cpu:0 cpu:0,cpu:1; do
     echo "== $devices"
-    "$cohort" train --model "$tmp/sq.onnx" --data "$data/mnist" --train-limit 8 -b 8 --epochs 1 --shuffle off \
+    "$cohort" train --model "$tmp/model.onnx" --data "$data/mnist" --train-limit 8 -b 8 --epochs 1 --shuffle off \
         --lr 0.1 --devices "$devices" --checkpoint-dir "$tmp/ck-$devices" --test-limit 10 --no-progress ||
         { echo "FAIL: training on $devices"; fails=$((fails + 1)); continue; }
     "$py" "$here/squeeze_step.py" check "$tmp" "$data" "$tmp/ck-$devices/epoch-0001/model.safetensors" ||

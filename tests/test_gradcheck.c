@@ -312,6 +312,9 @@ static void activation_gradients(void **state)
         { "hardsigmoid", { .kind = CH_ACT_HARDSIGMOID } },
         { "hardswish", { .kind = CH_ACT_HARDSWISH } },
         { "affine -1.5, 0.25", { .kind = CH_ACT_AFFINE, .alpha = -1.5f, .beta = 0.25f } },
+        { "erf", { .kind = CH_ACT_ERF } },
+        { "gelu", { .kind = CH_ACT_GELU } },
+        { "gelu tanh", { .kind = CH_ACT_GELU_TANH } },
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         check_layer(cases[i].what, MAKE(ch_activation_create, "a", (ch_shape3){ 2, 3, 5 }, &cases[i].a), 4);

@@ -313,6 +313,36 @@ static void json_keeps_every_op(void **state)
     }
 }
 
+/* GELU's two forms and erf survive graph.json as what they are; an unknown form is refused. */
+static void json_keeps_gelu_forms(void **state)
+{
+    (void)state;
+    ch_err err;
+    ch_graph *g, *back;
+    assert_int_equal(ch_graph_create("gelu", &g, &err), CH_STATUS_OK);
+    int x = ch_graph_input(g, "x", 2, 3, 3);
+    x = ch_graph_gelu(g, "exact", x, false);
+    x = ch_graph_gelu(g, "approx", x, true);
+    x = ch_graph_erf(g, "erf", x);
+    ch_graph_output(g, ch_graph_linear(g, "fc", ch_graph_flatten(g, "flat", x), 3, true));
+    char *text = ch_graph_to_json(g), *again;
+    assert_non_null(text);
+    assert_non_null(strstr(text, "\"tanh\""));
+    assert_int_equal(ch_graph_from_json(text, strlen(text), "gelu", &back, &err), CH_STATUS_OK);
+    assert_non_null(again = ch_graph_to_json(back));
+    assert_string_equal(text, again);
+    const ch_act_kind kinds[3] = { CH_ACT_GELU, CH_ACT_GELU_TANH, CH_ACT_ERF };
+    for (int k = 0; k < 3; k++) assert_int_equal(back->nodes[k].act.kind, kinds[k]);
+    char *bad = malloc(strlen(text) + 8), *at = strstr(text, "\"tanh\"");
+    sprintf(bad, "%.*s\"tanhh\"%s", (int)(at - text), text, at + 6);
+    ch_graph *refused = NULL;
+    assert_int_equal(ch_graph_from_json(bad, strlen(bad), "gelu", &refused, &err), CH_STATUS_BAD_INPUT);
+    assert_non_null(strstr(err.msg, "'approximate' is not \"none\" or \"tanh\""));
+    free(bad), free(text), free(again);
+    ch_graph_free(g);
+    ch_graph_free(back);
+}
+
 /* One op on a 4x6x6 input with argument v; -1 when the builder refuses it. */
 static int one_op(ch_graph *g, int which, double v)
 {
@@ -408,6 +438,7 @@ int main(void)
         cmocka_unit_test(broadcasting_follows_pytorch),
         cmocka_unit_test(fingerprint_follows_the_graph),
         cmocka_unit_test(json_keeps_every_op),
+        cmocka_unit_test(json_keeps_gelu_forms),
         cmocka_unit_test(json_reads_what_the_builder_takes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

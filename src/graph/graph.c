@@ -41,6 +41,8 @@ static const char *act_name(const ch_act *a)
     case CH_ACT_HARDSIGMOID: return "hardsigmoid";
     case CH_ACT_HARDSWISH: return "hardswish";
     case CH_ACT_AFFINE: return "affine";
+    case CH_ACT_ERF: return "erf";
+    case CH_ACT_GELU: case CH_ACT_GELU_TANH: return "gelu";
     }
     return "activation";
 }
@@ -463,6 +465,16 @@ int ch_graph_hardsigmoid(ch_graph *g, const char *name, int x)
 int ch_graph_hardswish(ch_graph *g, const char *name, int x)
 {
     return act(g, name, x, (ch_act){ .kind = CH_ACT_HARDSWISH });
+}
+
+int ch_graph_gelu(ch_graph *g, const char *name, int x, bool tanh_approximation)
+{
+    return act(g, name, x, (ch_act){ .kind = tanh_approximation ? CH_ACT_GELU_TANH : CH_ACT_GELU });
+}
+
+int ch_graph_erf(ch_graph *g, const char *name, int x)
+{
+    return act(g, name, x, (ch_act){ .kind = CH_ACT_ERF });
 }
 
 int ch_graph_affine(ch_graph *g, const char *name, int x, double scale, double shift)

@@ -33,6 +33,10 @@ static void put_args(cJSON *o, const ch_gnode *nd)
         add_num(o, "momentum", nd->bn.momentum);
         break;
     case CH_GOP_ACT:
+        if (nd->act.kind == CH_ACT_GELU || nd->act.kind == CH_ACT_GELU_TANH) {
+            cJSON_AddStringToObject(o, "approximate", nd->act.kind == CH_ACT_GELU ? "none" : "tanh");
+            break;
+        }
         if (nd->act.kind == CH_ACT_AFFINE) {
             add_num(o, "scale", nd->act.alpha);
             add_num(o, "shift", nd->act.beta);
@@ -155,6 +159,18 @@ static ch_status flag(reader *r, const char *k, bool *out)
     return CH_STATUS_OK;
 }
 
+/* GELU's "approximate": "none" (the default, as PyTorch's) or "tanh". */
+static ch_status gelu_approximate(reader *r, bool *tanh_form)
+{
+    const cJSON *v = get(r->node, "approximate");
+    *tanh_form = false;
+    if (!v) return CH_STATUS_OK;
+    if (cJSON_IsString(v) && strcmp(v->valuestring, "none") == 0) return CH_STATUS_OK;
+    if (cJSON_IsString(v) && strcmp(v->valuestring, "tanh") == 0) return (*tanh_form = true, CH_STATUS_OK);
+    return ch_fail(r->err, CH_STATUS_BAD_INPUT, "%s: node %d: 'approximate' is not \"none\" or \"tanh\"", r->path,
+                   r->index);
+}
+
 /* Three whole numbers 1..2^20 under key k (a view's shape). */
 static ch_status shape3(reader *r, const char *k, int out[3])
 {
@@ -210,6 +226,12 @@ static ch_status replay(reader *r, ch_graph *g, const char *op, const char *name
         *t = ch_graph_hardsigmoid(g, name, x);
     } else if (strcmp(op, "hardswish") == 0) {
         *t = ch_graph_hardswish(g, name, x);
+    } else if (strcmp(op, "erf") == 0) {
+        *t = ch_graph_erf(g, name, x);
+    } else if (strcmp(op, "gelu") == 0) {
+        bool tanh_form = false;
+        CH_TRY(gelu_approximate(r, &tanh_form));
+        *t = ch_graph_gelu(g, name, x, tanh_form);
     } else if (strcmp(op, "affine") == 0) {
         CH_TRY(arg(r, "scale", CH_GARG_AFFINE, 1, &a));
         CH_TRY(arg(r, "shift", CH_GARG_AFFINE, 0, &lo));

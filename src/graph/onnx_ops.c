@@ -81,6 +81,7 @@ static ch_status op_activation(ch_onnx_imp *m)
     if (strcmp(op, "Relu") == 0) return ch_onnx_tensor_out(m, ch_graph_relu(m->g, name, x));
     if (strcmp(op, "Sigmoid") == 0) return ch_onnx_tensor_out(m, ch_graph_sigmoid(m->g, name, x));
     if (strcmp(op, "Tanh") == 0) return ch_onnx_tensor_out(m, ch_graph_tanh(m->g, name, x));
+    if (strcmp(op, "Erf") == 0) return ch_onnx_tensor_out(m, ch_graph_erf(m->g, name, x));
     if (strcmp(op, "HardSwish") == 0) return ch_onnx_tensor_out(m, ch_graph_hardswish(m->g, name, x));
     if (strcmp(op, "HardSigmoid") == 0) {
         double alpha = 0, beta = 0;
@@ -707,7 +708,7 @@ typedef struct op_entry {
 static const op_entry ops[] = {
     { "Conv", op_conv, 3 }, { "BatchNormalization", op_batchnorm, 5 }, { "Relu", op_activation, 1 },
     { "LeakyRelu", op_activation, 1 }, { "Clip", op_activation, 3 }, { "Sigmoid", op_activation, 1 },
-    { "Tanh", op_activation, 1 }, { "MaxPool", op_pool, 1 }, { "AveragePool", op_pool, 1 },
+    { "Tanh", op_activation, 1 }, { "Erf", op_activation, 1 }, { "MaxPool", op_pool, 1 }, { "AveragePool", op_pool, 1 },
     { "GlobalAveragePool", op_global_pool, 1 }, { "ReduceMean", op_reduce_mean, 1 }, { "Flatten", op_flatten, 1 },
     { "Reshape", op_reshape, 2 }, { "Gemm", op_gemm, 3 }, { "MatMul", op_matmul, 2 }, { "Transpose", op_transpose, 1 },
     { "Add", op_binary, 2 }, { "Mul", op_binary, 2 }, { "Sub", op_binary, 2 }, { "Div", op_binary, 2 },
@@ -755,7 +756,7 @@ const char *ch_onnx_op_hint(const char *op)
 {
     static const struct { const char *op, *what; } hints[] = {
         { "Resize", "nn.Upsample or F.interpolate" }, { "Upsample", "nn.Upsample or F.interpolate" },
-        { "Erf", "the exact GELU" }, { "ConvTranspose", "nn.ConvTranspose2d" },
+        { "Elu", "nn.ELU" }, { "ConvTranspose", "nn.ConvTranspose2d" },
         { "LayerNormalization", "nn.LayerNorm" }, { "ReduceMax", "a max over an axis" },
         { "Pow", "x ** p, as in a hand-written LayerNorm" }, { "Sqrt", "a square root, as in a hand-written LayerNorm" },
     };

@@ -58,6 +58,9 @@ typedef enum ch_act_kind {
     CH_ACT_HARDSIGMOID,  /* min(max(x / 6 + 1/2, 0), 1), PyTorch's */
     CH_ACT_HARDSWISH,    /* x * hardsigmoid(x) */
     CH_ACT_AFFINE,       /* alpha * x + beta (constants: x * 0.5, x / 6, x + 3) */
+    CH_ACT_ERF,          /* erf(x): how ONNX spells the exact GELU */
+    CH_ACT_GELU,         /* x * (1 + erf(x / sqrt 2)) / 2, PyTorch's nn.GELU() */
+    CH_ACT_GELU_TANH,    /* x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 x^3))) / 2, approximate='tanh' */
 } ch_act_kind;
 
 typedef struct ch_act {

@@ -1,6 +1,6 @@
 /* Activations besides ReLU: leaky ReLU, clip (ReLU6 = clip(0, 6)), sigmoid, tanh, hardsigmoid,
- * hardswish, and an affine map by constants. Backward reads x (leaky ReLU, clip, the hard ones) or y
- * (sigmoid, tanh); both stay alive, as the layer before owns x. */
+ * hardswish, an affine map by constants, erf and GELU (exact or tanh). Backward reads y (sigmoid,
+ * tanh) or x (all others); both stay alive, as the layer before owns x. */
 #include "nn/layer.h"
 
 #include <math.h>
@@ -27,12 +27,13 @@ static void act_backward(ch_layer *l, const ch_run *r, int n, const ch_real *x, 
                              .backward = act_backward }
 static const ch_layer_ops act_ops[] = { ACT_OPS("LeakyReLU"), ACT_OPS("Clip"), ACT_OPS("Sigmoid"),
                                         ACT_OPS("Tanh"), ACT_OPS("Hardsigmoid"), ACT_OPS("Hardswish"),
-                                        ACT_OPS("Affine") };
+                                        ACT_OPS("Affine"), ACT_OPS("Erf"), ACT_OPS("GELU"),
+                                        ACT_OPS("GELU(tanh)") };
 
 ch_status ch_activation_create(const char *name, ch_shape3 in, const ch_act *a, ch_layer **out,
                                ch_err *err)
 {
-    if (a->kind < CH_ACT_LEAKY_RELU || a->kind > CH_ACT_AFFINE)
+    if (a->kind < CH_ACT_LEAKY_RELU || (size_t)a->kind >= sizeof act_ops / sizeof *act_ops)
         return ch_fail(err, CH_STATUS_BAD_INPUT, "activation %s: unknown kind %d", name, (int)a->kind);
     if (a->kind == CH_ACT_LEAKY_RELU && !isfinite(a->alpha))
         return ch_fail(err, CH_STATUS_BAD_INPUT, "leaky_relu %s: alpha %g is not finite", name, a->alpha);

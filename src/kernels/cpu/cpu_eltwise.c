@@ -1,4 +1,5 @@
 /* Elementwise kernels and the softmax cross-entropy loss. */
+#include "kernels/act_body.h"
 #include "kernels/cpu/cpu.h"
 
 #include <math.h>
@@ -120,11 +121,20 @@ static void act_span(const ch_act *a, size_t len, const ch_real *x, ch_real *y)
     case CH_ACT_AFFINE:
         for (size_t i = 0; i < len; i++) y[i] = (ch_real)((double)a->alpha * x[i] + a->beta);
         return;
+    case CH_ACT_ERF:
+        for (size_t i = 0; i < len; i++) y[i] = (ch_real)erf((double)x[i]);
+        return;
+    case CH_ACT_GELU:
+        for (size_t i = 0; i < len; i++) y[i] = (ch_real)ch_gelu((double)x[i]);
+        return;
+    case CH_ACT_GELU_TANH:
+        for (size_t i = 0; i < len; i++) y[i] = (ch_real)ch_gelu_tanh((double)x[i]);
+        return;
     }
     memcpy(y, x, sizeof(ch_real) * len);
 }
 
-/* dx = dy * act'(x): leaky ReLU, clip and the hard kinds read x; sigmoid and tanh read y. */
+/* dx = dy * act'(x): sigmoid and tanh read y, every other kind x. */
 static void act_backward_span(const ch_act *a, size_t len, const ch_real *x, const ch_real *y,
                               const ch_real *dy, ch_real *dx)
 {
@@ -152,6 +162,15 @@ static void act_backward_span(const ch_act *a, size_t len, const ch_real *x, con
         return;
     case CH_ACT_AFFINE:
         for (size_t i = 0; i < len; i++) dx[i] = dy[i] * alpha;
+        return;
+    case CH_ACT_ERF:
+        for (size_t i = 0; i < len; i++) dx[i] = (ch_real)(dy[i] * ch_erf_slope((double)x[i]));
+        return;
+    case CH_ACT_GELU:
+        for (size_t i = 0; i < len; i++) dx[i] = (ch_real)(dy[i] * ch_gelu_slope((double)x[i]));
+        return;
+    case CH_ACT_GELU_TANH:
+        for (size_t i = 0; i < len; i++) dx[i] = (ch_real)(dy[i] * ch_gelu_tanh_slope((double)x[i]));
         return;
     }
     memcpy(dx, dy, sizeof(ch_real) * len);
