@@ -66,17 +66,31 @@ static size_t tap_offset(const dw_geom *g, int p, int q)
     return (size_t)((r % g->s) * g->s + c % g->s) * g->plane + (size_t)(r / g->s) * g->L + (size_t)(c / g->s);
 }
 
+/* At stride 1 the one phase is the padded plane: only its border and slack need zeros. */
+static void pad_plane(const ch_conv_desc *d, const dw_geom *g, const ch_real *x, ch_real *ph)
+{
+    const size_t top = (size_t)d->pad * g->L, body = (size_t)(d->pad + d->h) * g->L;
+    memset(ph, 0, sizeof(ch_real) * top);
+    for (int ih = 0; ih < d->h; ih++) {
+        ch_real *row = ph + top + (size_t)ih * g->L;
+        for (int j = 0; j < d->pad; j++) row[j] = 0;
+        copy_row(row + d->pad, x + (size_t)ih * d->w, d->w);
+        for (int j = d->pad + d->w; j < g->L; j++) row[j] = 0;
+    }
+    memset(ph + body, 0, sizeof(ch_real) * (g->plane - body));
+}
+
 /* The phases of one zero-padded input plane. */
 static void to_phases(const ch_conv_desc *d, const dw_geom *g, const ch_real *x, ch_real *ph)
 {
+    if (g->s == 1) {
+        pad_plane(d, g, x, ph);
+        return;
+    }
     memset(ph, 0, sizeof(ch_real) * (size_t)g->s * g->s * g->plane);
     for (int ih = 0; ih < d->h; ih++) {
         const int r = ih + d->pad;
         const ch_real *xr = x + (size_t)ih * d->w;
-        if (g->s == 1) {
-            copy_row(ph + (size_t)r * g->L + d->pad, xr, d->w);
-            continue;
-        }
         for (int iw = 0; iw < d->w; iw++) {
             const int c = iw + d->pad;
             ph[(size_t)((r % g->s) * g->s + c % g->s) * g->plane + (size_t)(r / g->s) * g->L + c / g->s] = xr[iw];
