@@ -80,6 +80,17 @@ static void pad_plane(const ch_conv_desc *d, const dw_geom *g, const ch_real *x,
     memset(ph + body, 0, sizeof(ch_real) * (g->plane - body));
 }
 
+/* Padded row r's part in column phase pc: *at is where it starts in the phase, and it holds input
+ * columns iw0, iw0 + s, ... (cnt of them). One division per row, none per element. */
+static void phase_row(const ch_conv_desc *d, const dw_geom *g, ch_real *ph, int r, int pc, ch_real **at,
+                      int *iw0, int *cnt)
+{
+    const int first = ((pc - d->pad) % g->s + g->s) % g->s;   /* (first + pad) % s == pc */
+    *iw0 = first;
+    *cnt = first < d->w ? (d->w - 1 - first) / g->s + 1 : 0;
+    *at = ph + (size_t)((r % g->s) * g->s + pc) * g->plane + (size_t)(r / g->s) * g->L + (first + d->pad) / g->s;
+}
+
 /* The phases of one zero-padded input plane. */
 static void to_phases(const ch_conv_desc *d, const dw_geom *g, const ch_real *x, ch_real *ph)
 {
@@ -91,9 +102,11 @@ static void to_phases(const ch_conv_desc *d, const dw_geom *g, const ch_real *x,
     for (int ih = 0; ih < d->h; ih++) {
         const int r = ih + d->pad;
         const ch_real *xr = x + (size_t)ih * d->w;
-        for (int iw = 0; iw < d->w; iw++) {
-            const int c = iw + d->pad;
-            ph[(size_t)((r % g->s) * g->s + c % g->s) * g->plane + (size_t)(r / g->s) * g->L + c / g->s] = xr[iw];
+        for (int pc = 0; pc < g->s; pc++) {
+            ch_real *dst;
+            int iw0, cnt;
+            phase_row(d, g, ph, r, pc, &dst, &iw0, &cnt);
+            for (int t = 0; t < cnt; t++) dst[t] = xr[iw0 + t * g->s];
         }
     }
 }
@@ -108,9 +121,11 @@ static void from_phases(const ch_conv_desc *d, const dw_geom *g, const ch_real *
             copy_row(dr, ph + (size_t)r * g->L + d->pad, d->w);
             continue;
         }
-        for (int iw = 0; iw < d->w; iw++) {
-            const int c = iw + d->pad;
-            dr[iw] = ph[(size_t)((r % g->s) * g->s + c % g->s) * g->plane + (size_t)(r / g->s) * g->L + c / g->s];
+        for (int pc = 0; pc < g->s; pc++) {
+            ch_real *src;
+            int iw0, cnt;
+            phase_row(d, g, (ch_real *)ph, r, pc, &src, &iw0, &cnt);
+            for (int t = 0; t < cnt; t++) dr[iw0 + t * g->s] = src[t];
         }
     }
 }
