@@ -188,6 +188,9 @@ int ch_graph_avg_pool2d(ch_graph *g, const char *name, int x, const ch_pool2d_ar
 int ch_graph_global_avg_pool(ch_graph *g, const char *name, int x);
 /* x.mean((2, 3), keepdim): (c, 1, 1) with keepdim, else (c). */
 int ch_graph_mean_hw(ch_graph *g, const char *name, int x, bool keepdim);
+/* nn.Upsample(scale_factor=(scale_h, scale_w), mode='nearest'): (c, h, w) -> (c, h * scale_h, w * scale_w),
+ * whole factors 1..64. */
+int ch_graph_upsample_nearest(ch_graph *g, const char *name, int x, int scale_h, int scale_w);
 /* (c, h, w) -> (c*h*w). */
 int ch_graph_flatten(ch_graph *g, const char *name, int x);
 /* x.view(x.size(0), c, h, w): the same values as shape (c, h, w), e.g. (features) -> (features, 1, 1)

@@ -5,8 +5,8 @@
 # float64 step (within 4x PyTorch's own float32 distance, or 1e-5 of the update). Issue 41's bias
 # outliers were a ReLU input within rounding of zero; the fixture is a seed without one.
 # With MODEL gelu, the same for squeeze_step.py's GELU net (both GELU forms through ONNX, a 7x7
-# depthwise conv).
-# usage: squeeze_step.sh COHORT DATA_ROOT [squeeze|gelu]
+# depthwise conv); with unet, for its U-Net (nn.Upsample, a skip concatenation).
+# usage: squeeze_step.sh COHORT DATA_ROOT [squeeze|gelu|unet]
 set -uo pipefail
 cohort=$1 data=$2 model=${3:-squeeze}
 py=/usr/bin/python3

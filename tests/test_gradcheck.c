@@ -258,6 +258,8 @@ static void pooling_gradients(void **state)
     check_layer("avgpool 2 s2", MAKE(ch_avgpool2d_create, "p", (ch_shape3){ 2, 7, 7 }, 2, 2, 0), 2);
     check_layer("avgpool 3 s2 p1", MAKE(ch_avgpool2d_create, "p", (ch_shape3){ 2, 6, 6 }, 3, 2, 1), 2);
     check_layer("global avgpool", MAKE(ch_global_avgpool_create, "p", (ch_shape3){ 3, 4, 4 }), 2);
+    check_layer("upsample nearest 2x3", MAKE(ch_upsample_nearest_create, "u", (ch_shape3){ 2, 3, 4 }, 2, 3), 2);
+    check_layer("upsample nearest 1x2", MAKE(ch_upsample_nearest_create, "u", (ch_shape3){ 3, 2, 3 }, 1, 2), 2);
 }
 
 static void elementwise_gradients(void **state)

@@ -313,7 +313,8 @@ static void json_keeps_every_op(void **state)
     }
 }
 
-/* GELU's two forms and erf survive graph.json as what they are; an unknown form is refused. */
+/* GELU's two forms, erf and nearest upsampling survive graph.json as what they are; an unknown
+ * GELU form is refused. */
 static void json_keeps_gelu_forms(void **state)
 {
     (void)state;
@@ -324,6 +325,9 @@ static void json_keeps_gelu_forms(void **state)
     x = ch_graph_gelu(g, "exact", x, false);
     x = ch_graph_gelu(g, "approx", x, true);
     x = ch_graph_erf(g, "erf", x);
+    x = ch_graph_upsample_nearest(g, "up", x, 2, 3);
+    assert_int_equal(ch_graph_shape(g, x).h, 6);
+    assert_int_equal(ch_graph_shape(g, x).w, 9);
     ch_graph_output(g, ch_graph_linear(g, "fc", ch_graph_flatten(g, "flat", x), 3, true));
     char *text = ch_graph_to_json(g), *again;
     assert_non_null(text);
@@ -333,6 +337,9 @@ static void json_keeps_gelu_forms(void **state)
     assert_string_equal(text, again);
     const ch_act_kind kinds[3] = { CH_ACT_GELU, CH_ACT_GELU_TANH, CH_ACT_ERF };
     for (int k = 0; k < 3; k++) assert_int_equal(back->nodes[k].act.kind, kinds[k]);
+    assert_int_equal(back->nodes[3].op, CH_GOP_UPSAMPLE);
+    assert_int_equal(back->nodes[3].scale[0], 2);
+    assert_int_equal(back->nodes[3].scale[1], 3);
     char *bad = malloc(strlen(text) + 8), *at = strstr(text, "\"tanh\"");
     sprintf(bad, "%.*s\"tanhh\"%s", (int)(at - text), text, at + 6);
     ch_graph *refused = NULL;

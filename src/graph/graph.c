@@ -19,7 +19,7 @@ static const char *const gop_names[] = {
     [CH_GOP_ACT] = "activation", [CH_GOP_MAX_POOL2D] = "max_pool2d", [CH_GOP_AVG_POOL2D] = "avg_pool2d",
     [CH_GOP_GLOBAL_AVG_POOL] = "global_avg_pool", [CH_GOP_MEAN_HW] = "mean", [CH_GOP_FLATTEN] = "flatten",
     [CH_GOP_LINEAR] = "linear", [CH_GOP_DROPOUT] = "dropout", [CH_GOP_ADD] = "add", [CH_GOP_MUL] = "mul",
-    [CH_GOP_CONCAT] = "concat", [CH_GOP_VIEW] = "view",
+    [CH_GOP_CONCAT] = "concat", [CH_GOP_VIEW] = "view", [CH_GOP_UPSAMPLE] = "upsample_nearest",
 };
 
 const char *ch_gop_name(ch_gop op) { return gop_names[op]; }
@@ -232,6 +232,7 @@ static ch_status node_layer(const ch_graph *g, const ch_gnode *nd, ch_layer **ou
     case CH_GOP_GLOBAL_AVG_POOL:
     case CH_GOP_MEAN_HW: return ch_global_avgpool_create(nd->name, x, out, err);
     case CH_GOP_FLATTEN: return ch_flatten_create(nd->name, x, out, err);
+    case CH_GOP_UPSAMPLE: return ch_upsample_nearest_create(nd->name, x, nd->scale[0], nd->scale[1], out, err);
     case CH_GOP_VIEW:
         return ch_view_create(nd->name, x, (ch_shape3){ nd->view[0], nd->view[1], nd->view[2] }, out, err);
     case CH_GOP_LINEAR: return ch_linear_create_opts(nd->name, x, nd->features, nd->bias, out, err);
@@ -286,7 +287,7 @@ static int out_rank(const ch_graph *g, const ch_gnode *nd)
 static bool needs_rank3(ch_gop op)
 {
     return op == CH_GOP_CONV2D || op == CH_GOP_MAX_POOL2D ||
-           op == CH_GOP_AVG_POOL2D || op == CH_GOP_GLOBAL_AVG_POOL || op == CH_GOP_MEAN_HW;
+           op == CH_GOP_AVG_POOL2D || op == CH_GOP_GLOBAL_AVG_POOL || op == CH_GOP_MEAN_HW || op == CH_GOP_UPSAMPLE;
 }
 
 /* Append node nd (op and args set) named name, reading in (copied); returns its output tensor. */
@@ -364,6 +365,7 @@ static const ch_garg_range garg_ranges[CH_GARG_COUNT] = {
     [CH_GARG_KERNEL] = { 1, 1 << 12 },     [CH_GARG_STRIDE] = { 1, 1 << 12 },
     [CH_GARG_PADDING] = { 0, 1 << 12 },    [CH_GARG_DILATION] = { 1, 1 << 12 },
     [CH_GARG_CHANNELS] = { 1, 1 << 16 },   [CH_GARG_FEATURES] = { 1, 1 << 20 },
+    [CH_GARG_SCALE] = { 1, CH_UPSAMPLE_MAX },
 };
 
 ch_garg_range ch_garg_range_of(ch_garg a) { return garg_ranges[a]; }
@@ -519,6 +521,14 @@ int ch_graph_mean_hw(ch_graph *g, const char *name, int x, bool keepdim)
 {
     ch_gnode nd = node_of(CH_GOP_MEAN_HW);
     nd.keepdim = keepdim;
+    return add_node(g, name, &nd, &x, 1);
+}
+
+int ch_graph_upsample_nearest(ch_graph *g, const char *name, int x, int scale_h, int scale_w)
+{
+    ch_gnode nd = node_of(CH_GOP_UPSAMPLE);
+    nd.scale[0] = scale_h;
+    nd.scale[1] = scale_w;
     return add_node(g, name, &nd, &x, 1);
 }
 

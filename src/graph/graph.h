@@ -14,7 +14,7 @@
 typedef enum ch_gop {
     CH_GOP_CONV2D, CH_GOP_BATCHNORM2D, CH_GOP_RELU, CH_GOP_ACT, CH_GOP_MAX_POOL2D,
     CH_GOP_AVG_POOL2D, CH_GOP_GLOBAL_AVG_POOL, CH_GOP_MEAN_HW, CH_GOP_FLATTEN, CH_GOP_LINEAR,
-    CH_GOP_DROPOUT, CH_GOP_ADD, CH_GOP_MUL, CH_GOP_CONCAT, CH_GOP_VIEW,
+    CH_GOP_DROPOUT, CH_GOP_ADD, CH_GOP_MUL, CH_GOP_CONCAT, CH_GOP_VIEW, CH_GOP_UPSAMPLE,
 } ch_gop;
 
 typedef enum ch_dtype { CH_DTYPE_F32 = 0 } ch_dtype;
@@ -25,7 +25,7 @@ typedef enum ch_dtype { CH_DTYPE_F32 = 0 } ch_dtype;
 typedef enum ch_garg {
     CH_GARG_BN_EPS, CH_GARG_BN_MOMENTUM, CH_GARG_LEAKY_ALPHA, CH_GARG_CLIP_BOUND, CH_GARG_AFFINE,
     CH_GARG_DROPOUT_P, CH_GARG_KERNEL, CH_GARG_STRIDE, CH_GARG_PADDING, CH_GARG_DILATION, CH_GARG_CHANNELS,
-    CH_GARG_FEATURES, CH_GARG_COUNT
+    CH_GARG_FEATURES, CH_GARG_SCALE, CH_GARG_COUNT
 } ch_garg;
 
 typedef struct ch_garg_range {
@@ -59,6 +59,7 @@ typedef struct ch_gnode {
     bool keepdim;       /* mean_hw */
     double p;           /* dropout */
     int view[3];        /* view: the per-sample shape (c, h, w) */
+    int scale[2];       /* upsample: whole factors (h, w) */
 } ch_gnode;
 
 /* A tensor's starting values (an imported file's weights), by state_dict name. */

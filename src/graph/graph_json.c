@@ -56,6 +56,10 @@ static void put_args(cJSON *o, const ch_gnode *nd)
         cJSON_AddBoolToObject(o, "exclude_pad", nd->pool.exclude_pad);
         break;
     case CH_GOP_MEAN_HW: cJSON_AddBoolToObject(o, "keepdim", nd->keepdim); break;
+    case CH_GOP_UPSAMPLE:
+        add_num(o, "scale_h", nd->scale[0]);
+        add_num(o, "scale_w", nd->scale[1]);
+        break;
     case CH_GOP_LINEAR:
         add_num(o, "features", nd->features);
         cJSON_AddBoolToObject(o, "bias", nd->bias);
@@ -252,6 +256,11 @@ static ch_status replay(reader *r, ch_graph *g, const char *op, const char *name
         *t = ch_graph_mean_hw(g, name, x, b);
     } else if (strcmp(op, "flatten") == 0) {
         *t = ch_graph_flatten(g, name, x);
+    } else if (strcmp(op, "upsample_nearest") == 0) {
+        int sh = 0, sw = 0;
+        CH_TRY(whole(r, "scale_h", CH_GARG_SCALE, 0, &sh));
+        CH_TRY(whole(r, "scale_w", CH_GARG_SCALE, 0, &sw));
+        *t = ch_graph_upsample_nearest(g, name, x, sh, sw);
     } else if (strcmp(op, "view") == 0) {
         int v[3];
         CH_TRY(shape3(r, "shape", v));

@@ -73,8 +73,8 @@ void ch_onnx_unknown_why(ch_onnx_imp *m, const Onnx__NodeProto *n, char *buf, si
 #define CH_ONNX_IMPORTS                                                                                            \
     "cohort imports Conv, BatchNormalization, Relu, LeakyRelu, Clip, Sigmoid, Tanh, Erf, HardSigmoid, HardSwish, " \
     "MaxPool, AveragePool, GlobalAveragePool, ReduceMean, Flatten, Reshape, Gemm, MatMul, Add, Mul (of tensors or " \
-    "by numbers), Sub and Div by numbers, Expand into Add or Mul, Concat, Dropout, a final (Log)Softmax and shape "  \
-    "arithmetic"
+    "by numbers), Sub and Div by numbers, Expand into Add or Mul, Concat, Dropout, Resize (nearest, whole factors), " \
+    "a final (Log)Softmax and shape arithmetic"
 const char *ch_onnx_op_hint(const char *op);
 /* Node n of the walk into the graph, by its operator; a refusal names it. */
 ch_status ch_onnx_import_node(ch_onnx_imp *m, const Onnx__NodeProto *n);

@@ -437,6 +437,59 @@ static ch_status op_dropout(ch_onnx_imp *m)
 
 /* Pad of a (batch, c, h, w) tensor with zeros: nothing, or the same number of pixels on every
  * side of h and w, marked for the AveragePool that must read it (tensor_val). */
+/* A string attribute equal to one of the texts in want (NULL-ended), or absent (def). */
+static bool attr_is(const ch_onnx_imp *m, const char *name, const char *def, const char *const *want)
+{
+    const Onnx__AttributeProto *a = ch_onnx_attr(m->node, name);
+    const char *s = def;
+    size_t len = strlen(def);
+    if (a) {
+        if (a->type != ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__STRING) return false;
+        s = (const char *)a->s.data, len = a->s.len;
+    }
+    for (; *want; want++)
+        if (strlen(*want) == len && memcmp(*want, s, len) == 0) return true;
+    return false;
+}
+
+/* Resize (nn.Upsample, F.interpolate) in nearest mode by whole factors: each input pixel becomes a
+ * block. For whole factors PyTorch's asymmetric + floor mapping and the half-pixel ones (with any
+ * rounding) pick the same source pixel; asymmetric with rounding to nearest would not. */
+static ch_status op_resize(ch_onnx_imp *m)
+{
+    int x = 0;
+    char buf[CH_NODE_NAME_MAX];
+    ch_oval *scales, *sizes;
+    CH_TRY(ch_onnx_tensor_in(m, 0, &x));
+    CH_TRY(ch_onnx_const_in(m, 2, false, &scales));
+    CH_TRY(ch_onnx_const_in(m, 3, false, &sizes));
+    static const char *const nearest[] = { "nearest", NULL }, *const floor_[] = { "floor", NULL };
+    static const char *const asym[] = { "asymmetric", NULL }, *const half[] = { "half_pixel", "pytorch_half_pixel", NULL };
+    if (!attr_is(m, "mode", "nearest", nearest))
+        return ch_onnx_bad(m, "only mode 'nearest' is imported (bilinear and bicubic Resize are not yet)");
+    if (!attr_is(m, "coordinate_transformation_mode", "half_pixel", half) &&
+        !(attr_is(m, "coordinate_transformation_mode", "half_pixel", asym) && attr_is(m, "nearest_mode", "round_prefer_floor", floor_)))
+        return ch_onnx_bad(m, "only PyTorch's nearest mapping (asymmetric with floor, or half_pixel) is imported");
+    const ch_gtensor *t = &m->g->tensors[x];
+    if (t->rank != 3) return ch_onnx_bad(m, "the input is not (batch, c, h, w)");
+    double f[2] = { 0, 0 };
+    if (scales && scales->n > 0) {
+        if (scales->n != 4 || scales->f[0] != 1 || scales->f[1] != 1)
+            return ch_onnx_bad(m, "scales must be (1, 1, sh, sw): batch and channels stay");
+        f[0] = scales->f[2], f[1] = scales->f[3];
+    } else if (sizes && sizes->n == 4 && sizes->i[1] == t->dims[0]) {
+        f[0] = (double)sizes->i[2] / t->dims[1], f[1] = (double)sizes->i[3] / t->dims[2];
+    } else {
+        return ch_onnx_bad(m, "needs constant scales (1, 1, sh, sw) or sizes (n, c, H, W)");
+    }
+    for (int i = 0; i < 2; i++)
+        if (!(f[i] >= 1 && f[i] <= CH_UPSAMPLE_MAX && f[i] == floor(f[i])))
+            return ch_onnx_bad(m, "scale %g: only whole factors 1..%d are imported (nearest upsampling)", f[i],
+                               CH_UPSAMPLE_MAX);
+    return ch_onnx_tensor_out(m, ch_graph_upsample_nearest(m->g, ch_onnx_node_name(m, buf, sizeof buf), x, (int)f[0],
+                                                           (int)f[1]));
+}
+
 static ch_status op_pad(ch_onnx_imp *m)
 {
     ch_oval *v, *pads, *value;
@@ -683,12 +736,14 @@ static ch_status op_concat(ch_onnx_imp *m)
         free(xs);
         return st;
     }
+    /* Integers make a shape, floats a Resize's scales (nn.Upsample exports them so). */
     ch_oval c = { .kind = CH_OVAL_CONST, .rank = 1 };
     for (size_t i = 0; i < n->n_input; i++) {
         ch_oval *v;
         CH_TRY(ch_onnx_const_in(m, i, true, &v));
-        if (v->rank != 1 || v->is_float || c.n + v->n > CH_ONNX_CONST_MAX)
-            return ch_onnx_bad(m, "only the concatenation of short integer vectors (a shape) is folded");
+        if (i == 0) c.is_float = v->is_float;
+        if (v->rank != 1 || v->is_float != c.is_float || c.n + v->n > CH_ONNX_CONST_MAX)
+            return ch_onnx_bad(m, "only the concatenation of short vectors of one type (a shape, scales) is folded");
         for (int k = 0; k < v->n; k++, c.n++) {
             c.i[c.n] = v->i[k];
             c.f[c.n] = v->f[k];
@@ -716,7 +771,7 @@ static const op_entry ops[] = {
     { "Concat", op_concat, -1 }, { "Dropout", op_dropout, 3 },
     { "Pad", op_pad, 3 }, { "LogSoftmax", op_softmax, 1 }, { "Softmax", op_softmax, 1 }, { "Identity", op_identity, 1 },
     { "Cast", op_cast, 1 }, { "Constant", op_constant, 0 }, { "Shape", op_shape, 1 }, { "Gather", op_gather, 2 },
-    { "Unsqueeze", op_squeeze, 2 }, { "Squeeze", op_squeeze, 2 },
+    { "Unsqueeze", op_squeeze, 2 }, { "Squeeze", op_squeeze, 2 }, { "Resize", op_resize, 4 },
 };
 
 bool ch_onnx_op_known(const Onnx__NodeProto *n)
@@ -755,7 +810,7 @@ void ch_onnx_unknown_why(ch_onnx_imp *m, const Onnx__NodeProto *n, char *buf, si
 const char *ch_onnx_op_hint(const char *op)
 {
     static const struct { const char *op, *what; } hints[] = {
-        { "Resize", "nn.Upsample or F.interpolate" }, { "Upsample", "nn.Upsample or F.interpolate" },
+        { "Upsample", "nn.Upsample or F.interpolate" },
         { "Elu", "nn.ELU" }, { "ConvTranspose", "nn.ConvTranspose2d" },
         { "LayerNormalization", "nn.LayerNorm" }, { "ReduceMax", "a max over an axis" },
         { "Pow", "x ** p, as in a hand-written LayerNorm" }, { "Sqrt", "a square root, as in a hand-written LayerNorm" },

@@ -127,6 +127,12 @@ typedef struct ch_kernels {
                               ch_real *y);
     void (*avgpool2d_backward)(const ch_kctx *kc, const ch_pool_desc *d, int n, const ch_real *dy,
                                ch_real *dx);
+    /* Nearest upsampling by whole factors: y[n, c, i, j] = x[n, c, i / sh, j / sw], x (c, h, w);
+     * backward: dx = the sum of dy over the sh x sw block each input went to (overwritten). */
+    void (*upsample_forward)(const ch_kctx *kc, int n, int c, int h, int w, int sh, int sw,
+                             const ch_real *x, ch_real *y);
+    void (*upsample_backward)(const ch_kctx *kc, int n, int c, int h, int w, int sh, int sw,
+                              const ch_real *dy, ch_real *dx);
 
     /* Batch normalisation, in pieces so that statistics can be combined across devices between
      * them (sync BN). x, y: (n, c, hw).

@@ -210,6 +210,11 @@ ch_status ch_bcast_create(const char *name, ch_bcast_op op, const int a[3], cons
 ch_status ch_concat_create(const char *name, const ch_shape3 *ins, int n, ch_layer **out,
                            ch_err *err);
 ch_status ch_global_avgpool_create(const char *name, ch_shape3 in, ch_layer **out, ch_err *err);
+/* Nearest upsampling by whole factors sh x sw (1..CH_UPSAMPLE_MAX), output sides at most
+ * CH_UPSAMPLE_MAX_SIDE. */
+enum { CH_UPSAMPLE_MAX = 64, CH_UPSAMPLE_MAX_SIDE = 16384 };
+ch_status ch_upsample_nearest_create(const char *name, ch_shape3 in, int sh, int sw, ch_layer **out,
+                                     ch_err *err);
 ch_status ch_relu_create(const char *name, ch_shape3 in, ch_layer **out, ch_err *err);
 bool ch_layer_is_relu(const ch_layer *l);
 bool ch_layer_is_batchnorm(const ch_layer *l);

@@ -1,4 +1,5 @@
-/* MaxPool2d, AvgPool2d and the global average pool (AdaptiveAvgPool2d((1, 1))). */
+/* MaxPool2d, AvgPool2d, the global average pool (AdaptiveAvgPool2d((1, 1))) and nearest
+ * upsampling (nn.Upsample(scale_factor=k)): the resampling layers. */
 #include "nn/layer.h"
 
 #include <stdlib.h>
@@ -128,4 +129,48 @@ ch_status ch_global_avgpool_create(const char *name, ch_shape3 in, ch_layer **ou
                        name, in.h, in.w);
     const ch_pool2d_opts o = { .kernel = in.h, .stride = in.h, .count_include_pad = true };
     return pool_create(&global_avgpool_ops, name, in, &o, out, err);
+}
+
+typedef struct upsample_impl {
+    int sh, sw;
+} upsample_impl;
+
+static void upsample_forward(ch_layer *l, const ch_run *r, int n, const ch_real *x)
+{
+    const upsample_impl *u = l->impl;
+    r->k->upsample_forward(&r->kc, n, l->in.c, l->in.h, l->in.w, u->sh, u->sw, x, l->y);
+}
+
+static void upsample_backward(ch_layer *l, const ch_run *r, int n, const ch_real *x, const ch_real *dy,
+                              ch_real *dx)
+{
+    (void)x;
+    const upsample_impl *u = l->impl;
+    if (dx) r->k->upsample_backward(&r->kc, n, l->in.c, l->in.h, l->in.w, u->sh, u->sw, dy, dx);
+}
+
+static const ch_layer_ops upsample_ops = {
+    .kind = "Upsample", .plan = pool_plan, .forward = upsample_forward, .backward = upsample_backward,
+    .y_unread_by_backward = true,
+};
+
+ch_status ch_upsample_nearest_create(const char *name, ch_shape3 in, int sh, int sw, ch_layer **out,
+                                     ch_err *err)
+{
+    if (sh < 1 || sw < 1 || sh > CH_UPSAMPLE_MAX || sw > CH_UPSAMPLE_MAX ||
+        (long)in.h * sh > CH_UPSAMPLE_MAX_SIDE || (long)in.w * sw > CH_UPSAMPLE_MAX_SIDE)
+        return ch_fail(err, CH_STATUS_BAD_INPUT,
+                       "upsample %s: factors %d x %d of a %dx%d input: each must be 1..%d and the output at most "
+                       "%d a side", name, sh, sw, in.h, in.w, CH_UPSAMPLE_MAX, CH_UPSAMPLE_MAX_SIDE);
+    ch_layer *l = ch_layer_alloc(&upsample_ops, name, in, (ch_shape3){ in.c, in.h * sh, in.w * sw });
+    upsample_impl *u = malloc(sizeof *u);
+    if (!l || !u) {
+        free(u);
+        ch_layer_free(l);
+        return CH_SYS_FAIL(err, "allocation of an upsample layer");
+    }
+    *u = (upsample_impl){ sh, sw };
+    l->impl = u;
+    *out = l;
+    return CH_STATUS_OK;
 }

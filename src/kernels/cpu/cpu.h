@@ -83,6 +83,10 @@ void ch_cpu_maxpool2d_backward(const ch_kctx *kc, const ch_pool_desc *d, int n,
 /* Its direct formulation (memset and scatter, any window; the reference table uses it). */
 void ch_cpu_maxpool2d_backward_direct(const ch_kctx *kc, const ch_pool_desc *d, int n,
                                       const ch_real *dy, const int32_t *argmax, ch_real *dx);
+void ch_cpu_upsample_forward(const ch_kctx *kc, int n, int c, int h, int w, int sh, int sw,
+                             const ch_real *x, ch_real *y);
+void ch_cpu_upsample_backward(const ch_kctx *kc, int n, int c, int h, int w, int sh, int sw,
+                              const ch_real *dy, ch_real *dx);
 void ch_cpu_avgpool2d_forward(const ch_kctx *kc, const ch_pool_desc *d, int n, const ch_real *x,
                               ch_real *y);
 void ch_cpu_avgpool2d_backward(const ch_kctx *kc, const ch_pool_desc *d, int n,

@@ -378,3 +378,39 @@ void ch_cpu_avgpool2d_backward_direct(const ch_kctx *kc, const ch_pool_desc *d, 
 {
     avgpool_backward(kc, d, n, dy, dx, false);
 }
+
+/* Nearest upsampling: each input row becomes sh output rows of sw copies of each element. */
+void ch_cpu_upsample_forward(const ch_kctx *kc, int n, int c, int h, int w, int sh, int sw,
+                             const ch_real *x, ch_real *y)
+{
+    const long planes = (long)n * c;
+    const size_t ow = (size_t)w * sw;
+#pragma omp parallel for num_threads(kc->nthreads) schedule(static)
+    for (long pl = 0; pl < planes; pl++)
+        for (int i = 0; i < h; i++) {
+            const ch_real *xr = x + ((size_t)pl * h + i) * w;
+            ch_real *yr = y + ((size_t)pl * h + i) * sh * ow;
+            for (size_t j = 0; j < ow; j++) yr[j] = xr[j / (size_t)sw];
+            for (int r = 1; r < sh; r++) memcpy(yr + r * ow, yr, sizeof(ch_real) * ow);
+        }
+}
+
+/* dx[i][j] = the sum of its sh x sw block of dy, rows then columns in order. */
+void ch_cpu_upsample_backward(const ch_kctx *kc, int n, int c, int h, int w, int sh, int sw,
+                              const ch_real *dy, ch_real *dx)
+{
+    const long planes = (long)n * c;
+    const size_t ow = (size_t)w * sw;
+#pragma omp parallel for num_threads(kc->nthreads) schedule(static)
+    for (long pl = 0; pl < planes; pl++)
+        for (int i = 0; i < h; i++) {
+            ch_real *dr = dx + ((size_t)pl * h + i) * w;
+            const ch_real *g = dy + ((size_t)pl * h + i) * sh * ow;
+            for (int j = 0; j < w; j++) {
+                ch_real s = 0;
+                for (int r = 0; r < sh; r++)
+                    for (int q = 0; q < sw; q++) s += g[r * ow + (size_t)j * sw + q];
+                dr[j] = s;
+            }
+        }
+}

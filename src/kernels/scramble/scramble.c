@@ -341,6 +341,26 @@ static void sc_act_backward(const ch_kctx *kc, const ch_act *a, size_t len, cons
     AROUND(r, ch_cpu_act_backward(kc, a, len, x, y, dy, dx));
 }
 
+static void sc_upsample_forward(const ch_kctx *kc, int n, int c, int h, int w, int sh, int sw,
+                                const ch_real *x, ch_real *y)
+{
+    regions r = { 0 };
+    const size_t len = (size_t)n * c * h * w;
+    add(&r, x, F(len));
+    add(&r, y, F(len * sh * sw));
+    AROUND(r, ch_cpu_upsample_forward(kc, n, c, h, w, sh, sw, x, y));
+}
+
+static void sc_upsample_backward(const ch_kctx *kc, int n, int c, int h, int w, int sh, int sw,
+                                 const ch_real *dy, ch_real *dx)
+{
+    regions r = { 0 };
+    const size_t len = (size_t)n * c * h * w;
+    add(&r, dy, F(len * sh * sw));
+    add(&r, dx, F(len));
+    AROUND(r, ch_cpu_upsample_backward(kc, n, c, h, w, sh, sw, dy, dx));
+}
+
 static size_t vol(const int s[3], int n) { return F((size_t)n * s[0] * s[1] * s[2]); }
 
 static void sc_bcast_forward(const ch_kctx *kc, const ch_bcast_desc *d, int n, const ch_real *a,
@@ -425,6 +445,8 @@ static const ch_kernels scramble_table = {
     .maxpool2d_backward = sc_maxpool_backward,
     .avgpool2d_forward = sc_avgpool_forward,
     .avgpool2d_backward = sc_avgpool_backward,
+    .upsample_forward = sc_upsample_forward,
+    .upsample_backward = sc_upsample_backward,
     .batchnorm_stats = sc_bn_stats,
     .channel_affine = sc_channel_affine,
     .batchnorm_backward_reduce = sc_bn_backward_reduce,
