@@ -9,28 +9,30 @@
  * digit that BatchNorm's float tensors keep. */
 enum { LANES = CH_CPU_LANES, CHUNK = 1024 };
 
-/* sum (p[i] - k) and sum (p[i] - k)^2 over one plane into *s1, *s2. */
-static void shifted_sums(const ch_real *p, size_t len, ch_real k, double *s1, double *s2)
+/* *s1 += sum (a[i] - ka), *s2 += sum (a[i] - ka) * (b[i] - kb) over one plane: the statistics'
+ * shifted sums (a = b = x) and backward's sums of dy and dy * (x - mean) (ka = 0). */
+static void lane_sums(const ch_real *a, ch_real ka, const ch_real *b, ch_real kb, size_t len, double *s1,
+                      double *s2)
 {
     const size_t full = len - len % LANES;
     double u = 0, w = 0;
     for (size_t i0 = 0; i0 < full; i0 += CHUNK) {
         const size_t end = full - i0 < CHUNK ? full : i0 + CHUNK;
-        ch_real a[LANES] = { 0 }, b[LANES] = { 0 };
+        ch_real la[LANES] = { 0 }, lb[LANES] = { 0 };
         for (size_t i = i0; i < end; i += LANES) {
 #pragma omp simd
             for (int j = 0; j < LANES; j++) {
-                const ch_real v = p[i + j] - k;
-                a[j] += v;
-                b[j] += v * v;
+                const ch_real v = a[i + j] - ka;
+                la[j] += v;
+                lb[j] += v * (b[i + j] - kb);
             }
         }
-        for (int j = 0; j < LANES; j++) u += a[j], w += b[j];
+        for (int j = 0; j < LANES; j++) u += la[j], w += lb[j];
     }
     for (size_t i = full; i < len; i++) {
-        const double v = (double)p[i] - k;
+        const double v = (double)a[i] - ka;
         u += v;
-        w += v * v;
+        w += v * ((double)b[i] - kb);
     }
     *s1 += u;
     *s2 += w;
@@ -48,7 +50,10 @@ void ch_cpu_batchnorm_stats(const ch_kctx *kc, int n, int c, int hw, const ch_re
     for (int ch = 0; ch < c; ch++) {
         const ch_real k = cnt > 0 ? x[(size_t)ch * hw] : 0;
         double s1 = 0, s2 = 0;
-        for (int i = 0; i < n; i++) shifted_sums(x + ((size_t)i * c + ch) * hw, (size_t)hw, k, &s1, &s2);
+        for (int i = 0; i < n; i++) {
+            const ch_real *p = x + ((size_t)i * c + ch) * hw;
+            lane_sums(p, k, p, k, (size_t)hw, &s1, &s2);
+        }
         const double d = cnt > 0 ? s1 / cnt : 0, v = cnt > 0 ? s2 / cnt - d * d : 0;
         mean[ch] = k + d;
         var[ch] = v > 0 ? v : 0;
@@ -69,32 +74,6 @@ void ch_cpu_channel_affine(const ch_kctx *kc, int n, int c, int hw, const ch_rea
     }
 }
 
-/* *sum_dy += sum dy[i], *sum_dyx += sum dy[i] * (x[i] - m) over one plane (lanes as shifted_sums). */
-static void plane_dy_dyx(const ch_real *dy, const ch_real *x, size_t len, ch_real m, double *sum_dy,
-                         double *sum_dyx)
-{
-    const size_t full = len - len % LANES;
-    double u = 0, w = 0;
-    for (size_t i0 = 0; i0 < full; i0 += CHUNK) {
-        const size_t end = full - i0 < CHUNK ? full : i0 + CHUNK;
-        ch_real a[LANES] = { 0 }, b[LANES] = { 0 };
-        for (size_t i = i0; i < end; i += LANES) {
-#pragma omp simd
-            for (int j = 0; j < LANES; j++) {
-                a[j] += dy[i + j];
-                b[j] += dy[i + j] * (x[i + j] - m);
-            }
-        }
-        for (int j = 0; j < LANES; j++) u += a[j], w += b[j];
-    }
-    for (size_t i = full; i < len; i++) {
-        u += dy[i];
-        w += (double)dy[i] * ((double)x[i] - m);
-    }
-    *sum_dy += u;
-    *sum_dyx += w;
-}
-
 void ch_cpu_batchnorm_backward_reduce(const ch_kctx *kc, int n, int c, int hw, const ch_real *x,
                                       const ch_real *dy, const ch_real *mean,
                                       const ch_real *invstd, double *sum_dy,
@@ -106,7 +85,7 @@ void ch_cpu_batchnorm_backward_reduce(const ch_kctx *kc, int n, int c, int hw, c
         const ch_real m = mean[ch];
         for (int i = 0; i < n; i++) {
             const size_t off = ((size_t)i * c + ch) * hw;
-            plane_dy_dyx(dy + off, x + off, (size_t)hw, m, &s, &sx);
+            lane_sums(dy + off, 0, x + off, m, (size_t)hw, &s, &sx);
         }
         sum_dy[ch] = s;
         sum_dy_xhat[ch] = sx * invstd[ch];
