@@ -198,18 +198,20 @@ static size_t thread_len(const ch_conv_desc *d)
     return own > other ? own : other;
 }
 
-static void plane_backward_data(const ch_conv_desc *d, const dw_geom *g, const ch_real *dy,
-                                const ch_real *wc, ch_real *ph, ch_real *dx)
+/* The stride-1 backward data of one plane as its transposed convolution t (geometry tg). */
+static void plane_backward_turned(const ch_conv_desc *t, const dw_geom *tg, const ch_real *dy, const ch_real *wc,
+                                  ch_real *ph, ch_real *dx)
 {
-    ch_conv_desc t;
-    if (transposed(d, &t)) {
-        const dw_geom tg = geom_of(&t);
-        ch_real turned[DW_MAX_TAPS];
-        const int taps = d->kh * d->kw;
-        for (int i = 0; i < taps; i++) turned[i] = wc[taps - 1 - i];
-        plane_forward(&t, &tg, dy, turned, 0, ph, ph + (size_t)tg.s * tg.s * tg.plane, dx);
-        return;
-    }
+    ch_real turned[DW_MAX_TAPS];
+    const int taps = t->kh * t->kw;
+    for (int i = 0; i < taps; i++) turned[i] = wc[taps - 1 - i];
+    plane_forward(t, tg, dy, turned, 0, ph, ph + (size_t)tg->s * tg->s * tg->plane, dx);
+}
+
+/* Backward data of one plane otherwise: each tap scatters w_t * dy into its phase. */
+static void plane_backward_scatter(const ch_conv_desc *d, const dw_geom *g, const ch_real *dy,
+                                   const ch_real *wc, ch_real *ph, ch_real *dx)
+{
     ch_real *wide = ph + (size_t)g->s * g->s * g->plane;
     to_wide(d, g, dy, wide);
     memset(ph, 0, sizeof(ch_real) * (size_t)g->s * g->s * g->plane);
@@ -292,14 +294,21 @@ void ch_cpu_conv_dw_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, con
 void ch_cpu_conv_dw_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *dy,
                                   const ch_real *w, ch_real *dx)
 {
-    const dw_geom g = geom_of(d);
+    /* Which way, and its geometry, once per call rather than per plane. */
+    ch_conv_desc t;
+    const bool turn = transposed(d, &t);
+    const dw_geom g = geom_of(turn ? &t : d);
     const size_t per = thread_len(d);
     const size_t xp = (size_t)d->h * d->w, yp = (size_t)d->oh * d->ow, taps = (size_t)d->kh * d->kw;
     const long planes = (long)n * d->c;
 #pragma omp parallel for num_threads(kc->nthreads) schedule(static)
     for (long pc = 0; pc < planes; pc++) {
         ch_real *ph = kc->ws + per * (size_t)ch_omp_thread();
-        plane_backward_data(d, &g, dy + (size_t)pc * yp, w + (size_t)(pc % d->c) * taps, ph, dx + (size_t)pc * xp);
+        const ch_real *dyp = dy + (size_t)pc * yp, *wc = w + (size_t)(pc % d->c) * taps;
+        if (turn)
+            plane_backward_turned(&t, &g, dyp, wc, ph, dx + (size_t)pc * xp);
+        else
+            plane_backward_scatter(d, &g, dyp, wc, ph, dx + (size_t)pc * xp);
     }
 }
 
