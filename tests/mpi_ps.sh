@@ -62,10 +62,10 @@ grep -q "x 2 workers + 1 parameter server (sync)" "$tmp/ps.out" && ok || { bad "
 run ar_adam 2 "${ADAM[@]}" && run ps_adam 3 "${ADAM[@]}" --ps-servers 1 && same ar_adam ps_adam epoch-0002
 run ar4 4 "${SGD[@]}" && run ps42 6 "${SGD[@]}" --ps-servers 2 && close ar4 ps42 epoch-0002 1e-5
 # 2 devices per worker (a local sum, then local member 0 pushes and hands the pull to the other), on
-# the scramble backend (memory only the backend may touch: the pull goes through its staging): the
+# the lazy backend (memory only the backend may touch: the pull goes through its staging): the
 # bits of 2 ranks x 2 devices on the CPU backend.
 run ar22 2 "${SGD[@]}" --devices 'cpu*2' --threads 2 &&
-    run ps22 3 "${SGD[@]}" --devices 'scramble*2' --threads 2 --ps-servers 1 &&
+    run ps22 3 "${SGD[@]}" --devices 'lazy*2' --threads 2 --ps-servers 1 &&
     same ar22 ps22 epoch-0002
 
 # Checkpoints across the modes, both ways, and a mid-epoch step checkpoint of a PS run.

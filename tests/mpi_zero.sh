@@ -7,7 +7,7 @@
 #  - a --zero 1 checkpoint resumed without it, and a plain one resumed with it, end where the
 #    uninterrupted plain run ends;
 #  - the optimizer bytes each rank holds (--metrics) are the plain run's divided by the replicas;
-#  - the same with 3 devices in one process (threads), also on the scramble backend;
+#  - the same with 3 devices in one process (threads), also on the lazy backend;
 #  - --dry-run names the shard; ranks that disagree on --zero are refused.
 #   mpi_zero.sh COHORT DATA_ROOT MPIRUN...
 set -uo pipefail
@@ -54,8 +54,8 @@ LIN=(--model linear --epochs 2 --optimizer adam --lr 0.01 --devices cpu*2)
 run lin "${LIN[@]}" && run lin_zero "${LIN[@]}" --zero 1 && same lin lin_zero 0002
 
 # One process, 3 devices (threads): lenet's 129068 parameters in shards of 43022 and 43023; and the
-# scramble backend (memory that only the backend's own operations may touch), whose staging paths
-# the shards' exchanges and the checkpoint's gather go through.
+# lazy backend (memory that only the backend's own operations may touch, work run only when waited
+# for), whose staging paths the shards' exchanges and the checkpoint's gather go through.
 local_run() {
     local name=$1; shift
     timeout 300 "$cohort" "${T[@]}" --checkpoint-dir "$tmp/$name" "$@" >"$tmp/$name.out" 2>&1 ||
@@ -63,7 +63,7 @@ local_run() {
 }
 local_run loc "${ADAM[@]}" --devices cpu*3 && local_run loc_zero "${ADAM[@]}" --devices cpu*3 --zero 1 &&
     same loc loc_zero 0002
-local_run loc_scr "${ADAM[@]}" --devices 'scramble*3' --zero 1 && same loc loc_scr 0002
+local_run loc_lazy "${ADAM[@]}" --devices 'lazy*3' --zero 1 && same loc loc_lazy 0002
 
 # Resume across the flag, both ways: epoch 1 with one setting, epoch 2 with the other.
 run sgd_z1 "${SGD[@]}" --epochs 1 --zero 1 &&

@@ -184,7 +184,7 @@ static void gradient_sync_names_each_buckets_offset(void **state)
     ch_model *m;
     ch_gradsync *s;
     assert_int_equal(ch_zoo_graph("lenet", (ch_shape3){ 1, 28, 28 }, 10, &g, &err), CH_STATUS_OK);
-    assert_int_equal(ch_backend_create("cpu", 1, &be, &err), CH_STATUS_OK);
+    assert_int_equal(ch_backend_create("cpu", 0, 1, &be, &err), CH_STATUS_OK);
     assert_int_equal(ch_model_create_graph(g, (ch_shape3){ 1, 28, 28 }, 10, be, &m, &err), CH_STATUS_OK);
     assert_int_equal(ch_gradsync_create(&c, m, 5000, &s, &err), CH_STATUS_OK);
     ch_gradsync_begin(s, 0);

@@ -6,9 +6,11 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <dnnl.h>
 
+#include "kernels/backend.h"
 #include "kernels/cpu/cpu.h"
 #include "kernels/kernels.h"
 
@@ -487,9 +489,69 @@ static void avgpool_matches_reference(void **state)
     }
 }
 
-int main(void)
+/* The lazy backend's streams and events (kernels/lazy/lazy.c): nothing queued runs until the host
+ * waits for it, a wait runs exactly what it needs (the transfer stream's download of a kernel's
+ * result runs the kernel first only when the stream waits on the kernel's event), and freeing
+ * memory runs what is queued on it. */
+static void lazy_backend_runs_work_only_when_waited_for(void **state)
 {
+    (void)state;
+    ch_backend *be;
+    ch_err err;
+    assert_int_equal(ch_backend_create("lazy", 3, 1, &be, &err), CH_STATUS_OK);
+    assert_true(ch_backend_async(be) && !be->ops->host_visible);
+    enum { N = 1000 };
+    ch_real *a = ch_backend_alloc(be, sizeof(ch_real) * N), *b = ch_backend_alloc(be, sizeof(ch_real) * N);
+    ch_real host[N], out[N];
+    for (int i = 0; i < N; i++) host[i] = (ch_real)(i % 17) - 8;
+    ch_backend_upload(be, a, host, sizeof host);   /* blocking: done when it returns */
+    for (int i = 0; i < N; i++) host[i] = -1;   /* the upload has read it already */
+    const ch_kctx kc = ch_backend_kctx(be);
+    be->k->relu_forward(&kc, N, a, b);
+    ch_event *relu_done = ch_backend_event(be);
+    ch_backend_record(be, relu_done, CH_STREAM_COMPUTE);
+    assert_false(be->ops->query(be, relu_done));
+    /* A download on the transfer stream that does not wait on the kernel reads b as it was (zero),
+     * even though the kernel was queued first. */
+    for (int i = 0; i < N; i++) out[i] = -1;
+    ch_backend_download_async(be, CH_STREAM_TRANSFER, out, b, sizeof out);
+    for (int i = 0; i < N; i++) assert_true(out[i] == -1);   /* queued, not run */
+    ch_backend_sync(be, CH_STREAM_TRANSFER);
+    for (int i = 0; i < N; i++) assert_true(out[i] == 0);
+    nanosleep(&(struct timespec){ .tv_nsec = 50000000 }, NULL);
+    assert_false(be->ops->query(be, relu_done));   /* the transfer's sync did not run the kernel */
+    /* With the wait, the same download runs the kernel first. */
+    ch_backend_wait(be, CH_STREAM_TRANSFER, relu_done);
+    ch_backend_download_async(be, CH_STREAM_TRANSFER, out, b, sizeof out);
+    ch_backend_sync(be, CH_STREAM_TRANSFER);
+    assert_true(be->ops->query(be, relu_done));
+    for (int i = 0; i < N; i++) assert_true(out[i] == (ch_real)((i % 17) - 8 > 0 ? (i % 17) - 8 : 0));
+    /* An event sync runs its stream up to the event, and a host result is written only then. */
+    double sum = -7;
+    be->k->mse(&kc, N, a, b, 1.0, NULL, &sum);
+    ch_backend_record(be, relu_done, CH_STREAM_COMPUTE);
+    assert_true(sum == -7);
+    ch_backend_event_sync(be, relu_done);
+    double want = 0;
+    for (int i = 0; i < N; i++) {
+        const double v = (double)((i % 17) - 8);
+        want += v < 0 ? v * v : 0;
+    }
+    assert_true(fabs(sum - want) <= 1e-9 * want);
+    /* Released memory: what was queued on it has run (the zero below), nothing is left. */
+    ch_backend_zero(be, b, sizeof(ch_real) * N);
+    ch_backend_event_free(be, relu_done);
+    ch_backend_release(be, a);
+    ch_backend_release(be, b);
+    ch_backend_free(be);
+}
+
+/* An argument runs only the tests whose names match it (a cmocka pattern). */
+int main(int argc, char **argv)
+{
+    if (argc > 1) cmocka_set_test_filter(argv[1]);
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(lazy_backend_runs_work_only_when_waited_for),
         cmocka_unit_test(gemm_matches_reference_for_every_transpose),
         cmocka_unit_test(gemm_with_empty_sum_writes_beta_c),
         cmocka_unit_test(conv_matches_reference),

@@ -273,6 +273,72 @@ static void replicas_stay_bit_identical(void **state)
     }
 }
 
+/* Two epochs of cfg's job on devices; the CPU backend when cpu is asked for, whatever
+ * COHORT_BACKEND says (this test compares backends). */
+static ch_trainer *train_on(ch_train_config cfg, const ch_dataset *d, const char *devices, ch_epoch_stats *s)
+{
+    char *saved = getenv("COHORT_BACKEND") ? strdup(getenv("COHORT_BACKEND")) : NULL;
+    setenv("COHORT_BACKEND", "cpu", 1);
+    cfg.devices = devices;
+    ch_trainer *t;
+    ch_err err;
+    const ch_status st = ch_trainer_create(&cfg, d, d, &t, &err);
+    if (saved) setenv("COHORT_BACKEND", saved, 1);
+    else unsetenv("COHORT_BACKEND");
+    free(saved);
+    if (st != CH_STATUS_OK) fail_msg("%s", err.msg);
+    for (int e = 0; e < 2; e++)
+        if (ch_trainer_run_epoch(t, &s[e], &err) != CH_STATUS_OK) fail_msg("%s", err.msg);
+    return t;
+}
+
+/* The lazy backend (kernels/lazy/: memory the host cannot read, work run only when something waits
+ * for it) gives the CPU backend's bits: every epoch figure, and every parameter, buffer and
+ * optimizer state. A wait left out in a step (before the loss is read, before a bucket's
+ * download, before the optimizer) reads values not yet computed, and shows here. */
+static void lazy_backend_gives_the_cpu_bits(void **state)
+{
+    (void)state;
+    static const struct { const char *model; int size; bool sync_bn; int accum; } cases[] = {
+        { "lenet", 28, false, 1 }, { "resnet18", 12, true, 2 }, { "resnet18", 12, false, 1 },
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        ch_dataset *d = tu_synthetic(26, cases[c].size, 9);
+        ch_train_config cfg = ch_train_config_default();
+        cfg.model = cases[c].model;
+        cfg.batch_size = 10;   /* 10, 10, 6: a short last batch */
+        cfg.lr = 0.05;
+        cfg.momentum = 0.9;
+        cfg.weight_decay = 5e-4;
+        cfg.threads = 1;
+        cfg.bucket_mb = 0.05;
+        cfg.sync_bn = cases[c].sync_bn;
+        cfg.accum_steps = cases[c].accum;
+        ch_epoch_stats sc[2], sl[2];
+        ch_trainer *cpu = train_on(cfg, d, "cpu*2", sc), *lazy = train_on(cfg, d, "lazy*2", sl);
+        assert_string_equal(lazy->replicas[0].be->ops->name, "lazy");
+        assert_string_equal(cpu->replicas[0].be->ops->name, "cpu");
+        for (int e = 0; e < 2; e++) {
+            if (sc[e].loss != sl[e].loss || sc[e].train_acc != sl[e].train_acc || sc[e].test_acc != sl[e].test_acc)
+                fail_msg("%s epoch %d: cpu loss %.9g acc %.4f/%.4f, lazy loss %.9g acc %.4f/%.4f", cases[c].model,
+                         e + 1, sc[e].loss, sc[e].train_acc, sc[e].test_acc, sl[e].loss, sl[e].train_acc,
+                         sl[e].test_acc);
+        }
+        for (int r = 0; r < 2; r++) {
+            const ch_replica *a = &cpu->replicas[r], *b = &lazy->replicas[r];
+            assert_same_values(a->model, a->model->params, b->model, b->model->params, a->model->nparams);
+            if (a->model->nbuffers)
+                assert_same_values(a->model, a->model->buffers, b->model, b->model->buffers, a->model->nbuffers);
+            assert_same_values(a->model, a->opt.state[0], b->model, b->opt.state[0], a->opt.n);
+        }
+        print_message("%s%s, accum %d: 2 epochs on cpu*2 and lazy*2, the same bits (loss %.6f)\n", cases[c].model,
+                      cases[c].sync_bn ? " sync-BN" : "", cases[c].accum, sl[1].loss);
+        ch_trainer_free(cpu);
+        ch_trainer_free(lazy);
+        ch_dataset_free(d);
+    }
+}
+
 /* Data sizes for batch B: whole batches only, and a last batch of 1, 2 or 3 samples. */
 static int shape_sizes(int B, int out[4])
 {
@@ -465,8 +531,8 @@ static void device_kind_picks_the_backend(void **state)
 {
     (void)state;
     ch_dataset *d = tu_synthetic(40, 28, 3);
-    const char *lists[2] = { "scramble*2", "cpu:0" };
-    for (int k = 0; k < 2; k++) {
+    const char *lists[3] = { "scramble*2", "cpu:0", "lazy:0,lazy:1" };
+    for (int k = 0; k < 3; k++) {
         ch_train_config cfg = ch_train_config_default();
         cfg.model = "linear";
         cfg.batch_size = 8;
@@ -474,7 +540,7 @@ static void device_kind_picks_the_backend(void **state)
         ch_trainer *t;
         ch_err err;
         if (ch_trainer_create(&cfg, d, NULL, &t, &err) != CH_STATUS_OK) fail_msg("%s", err.msg);
-        const char *want = k == 0 ? "scramble" : ch_backend_default_name();
+        const char *want = k == 0 ? "scramble" : k == 2 ? "lazy" : ch_backend_default_name();
         for (int r = 0; r < t->nreplicas; r++) assert_string_equal(t->replicas[r].be->ops->name, want);
         ch_trainer_free(t);
     }
@@ -567,8 +633,10 @@ static void failing_replica_stops_everyone(void **state)
     ch_dataset_free(d);
 }
 
-int main(void)
+/* An argument runs only the tests whose names match it (a cmocka pattern: "lazy_*"). */
+int main(int argc, char **argv)
 {
+    if (argc > 1) cmocka_set_test_filter(argv[1]);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(device_lists_parse_and_reject),
         cmocka_unit_test(uneven_split_follows_the_rule),
@@ -583,6 +651,7 @@ int main(void)
         cmocka_unit_test(every_epoch_reshuffles),
         cmocka_unit_test(shuffle_off_trains_in_file_order),
         cmocka_unit_test(device_kind_picks_the_backend),
+        cmocka_unit_test(lazy_backend_gives_the_cpu_bits),
         cmocka_unit_test(failing_replica_stops_everyone),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

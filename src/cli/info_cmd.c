@@ -39,7 +39,9 @@ int ch_cmd_info(int argc, char **argv)
     const bool bf16 = ch_cpu_bf16_native(isa, sizeof isa);
     printf("bf16:       %s (oneDNN's effective ISA: %s)\n", bf16 ? "native" : "not native: --precision bf16 is refused", isa);
     printf("backends:   cpu (--devices cpu:0,cpu:1); scramble (--devices scramble:0,scramble:1: a test backend, the\n"
-           "            CPU kernels on memory stored XOR-scrambled, which gives the CPU backend's bits)\n");
+           "            CPU kernels on memory stored XOR-scrambled, which gives the CPU backend's bits);\n"
+           "            lazy (--devices lazy:0,lazy:1: a test backend, scramble's memory behind streams whose\n"
+           "            work runs later, only when waited for; it gives the CPU backend's bits too)\n");
     printf("threads:    %d by default (--threads T to change)\n", ch_cpu_count());
 #ifdef CH_HAVE_MPI
     printf("mpi:        Open MPI %d.%d.%d; this process is rank %d of %d on %s%s\n",

@@ -27,6 +27,9 @@ typedef struct ch_request {
 
 typedef struct ch_comm_ops {
     const char *name;
+    /* Besides host memory, the backend whose memory the collectives read and write in place
+     * ("cuda" for a device communicator); NULL: host memory only (ch_comm_stages). */
+    const char *device_memory;
     /* buf (n) <- the sum over all members' buf, element by element; every member gets the same bits. */
     ch_status (*allreduce_sum)(ch_comm *c, ch_real *buf, size_t n, ch_err *err);
     /* The same for doubles: small exact sums (sync-BN statistics, metrics). */

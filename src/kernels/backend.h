@@ -11,7 +11,10 @@
  *
  * The "scramble" backend (kernels/scramble/) keeps its memory XOR-scrambled and unscrambles only
  * inside its kernels and its upload/download: any code that reads or writes replica memory behind
- * the backend's back computes garbage, so tests run on it catch what a CUDA backend would break. */
+ * the backend's back computes garbage, so tests run on it catch what a CUDA backend would break.
+ * The "lazy" backend (kernels/lazy/) is scramble's memory behind streams whose work runs later, on
+ * a worker thread, only when something waits for it: a result read without the right wait is
+ * stale, as on a GPU. */
 #ifndef CH_KERNELS_BACKEND_H
 #define CH_KERNELS_BACKEND_H
 
@@ -23,32 +26,70 @@
 
 typedef struct ch_backend ch_backend;
 
+/* A stream is a backend's queue of work, run in the order it was queued; an event is a point in a
+ * stream that the host or another stream can wait for. Each backend instance has CH_STREAMS
+ * streams: kernels and the blocking memory operations go on COMPUTE; the gradient sync's
+ * downloads and uploads go on TRANSFER, ordered against COMPUTE by events only. */
+typedef struct ch_stream ch_stream;
+typedef struct ch_event ch_event;
+enum { CH_STREAM_COMPUTE, CH_STREAM_TRANSFER, CH_STREAMS };
+
 typedef struct ch_backend_ops {
     const char *name;
     bool host_visible;
-    /* Replica memory of bytes bytes, zero; NULL when it cannot be had. */
+    /* Replica memory of bytes bytes, zero; NULL when it cannot be had. free waits for the work
+     * queued on the memory first. */
     void *(*alloc)(const ch_backend *be, size_t bytes);
     void (*free)(const ch_backend *be, void *p);
-    /* host -> replica, replica -> host, replica -> replica (may not overlap), zero. */
+    /* host -> replica, replica -> host, replica -> replica (may not overlap), zero. These are the
+     * synchronous forms, for a backend with no streams: the work is done when they return. */
     void (*upload)(const ch_backend *be, void *dst, const void *src, size_t bytes);
     void (*download)(const ch_backend *be, void *dst, const void *src, size_t bytes);
     void (*copy)(const ch_backend *be, void *dst, const void *src, size_t bytes);
     void (*zero)(const ch_backend *be, void *dst, size_t bytes);
+
+    /* The asynchronous interface; NULL in a backend whose every call is complete when it returns
+     * (cpu, scramble), for which the wrappers below run the synchronous forms and waits are
+     * nothing. Queued memory operations read and write host memory when they run: the host
+     * buffer of an upload must stay unchanged, and that of a download unread, until an event
+     * after it has completed. */
+    void (*start)(ch_backend *be);   /* make the streams (at create) */
+    void (*stop)(ch_backend *be);    /* finish all queued work, drop the streams (at free) */
+    void (*upload_async)(const ch_backend *be, ch_stream *s, void *dst, const void *src, size_t bytes);
+    void (*download_async)(const ch_backend *be, ch_stream *s, void *dst, const void *src, size_t bytes);
+    void (*copy_async)(const ch_backend *be, ch_stream *s, void *dst, const void *src, size_t bytes);
+    void (*zero_async)(const ch_backend *be, ch_stream *s, void *dst, size_t bytes);
+    ch_event *(*event_create)(const ch_backend *be);
+    void (*event_free)(const ch_backend *be, ch_event *e);
+    void (*record)(const ch_backend *be, ch_event *e, ch_stream *s);   /* e = the end of s now */
+    void (*wait)(const ch_backend *be, ch_stream *s, ch_event *e);     /* s runs on after e only */
+    void (*event_sync)(const ch_backend *be, ch_event *e);              /* the host waits for e */
+    bool (*query)(const ch_backend *be, ch_event *e);                   /* e complete? */
+    void (*stream_sync)(const ch_backend *be, ch_stream *s);           /* the host waits for s */
 } ch_backend_ops;
 
 struct ch_backend {
     const ch_backend_ops *ops;
     const ch_kernels *k;
     int nthreads;
+    int device;                       /* the device's index in its kind */
+    ch_stream *streams[CH_STREAMS];   /* NULL on a backend without streams */
+    void *ctx;                        /* the backend's own state */
 };
 
-/* The backend called name ("cpu", "scramble") for a replica of nthreads threads. */
-ch_status ch_backend_create(const char *name, int nthreads, ch_backend **out, ch_err *err);
+/* The backend called name ("cpu", "scramble", "lazy") for device index device and a replica of
+ * nthreads threads. */
+ch_status ch_backend_create(const char *name, int device, int nthreads, ch_backend **out, ch_err *err);
 void ch_backend_free(ch_backend *be);
 /* A process-wide CPU backend (one thread) for code with no replica: tools and tests. */
 const ch_backend *ch_backend_host(void);
 /* The backend tests and benchmarks ask for: COHORT_BACKEND's value, "cpu" when unset. */
 const char *ch_backend_default_name(void);
+/* What a kernel on this backend gets: its threads and its compute stream (workspace none). */
+ch_kctx ch_backend_kctx(const ch_backend *be);
+
+static inline ch_stream *ch_backend_stream(const ch_backend *be, int which) { return be->streams[which]; }
+static inline bool ch_backend_async(const ch_backend *be) { return be->ops->upload_async != NULL; }
 
 static inline void *ch_backend_alloc(const ch_backend *be, size_t bytes)
 {
@@ -58,26 +99,83 @@ static inline void ch_backend_release(const ch_backend *be, void *p)
 {
     if (p) be->ops->free(be, p);
 }
+/* The host waits until everything queued on stream which has run. */
+static inline void ch_backend_sync(const ch_backend *be, int which)
+{
+    if (ch_backend_async(be)) be->ops->stream_sync(be, be->streams[which]);
+}
+
+/* Asynchronous memory operations on stream s (synchronous on a backend without streams). */
+static inline void ch_backend_upload_async(const ch_backend *be, int s, void *dst, const void *src, size_t bytes)
+{
+    if (!bytes) return;
+    if (ch_backend_async(be)) be->ops->upload_async(be, be->streams[s], dst, src, bytes);
+    else be->ops->upload(be, dst, src, bytes);
+}
+static inline void ch_backend_download_async(const ch_backend *be, int s, void *dst, const void *src, size_t bytes)
+{
+    if (!bytes) return;
+    if (ch_backend_async(be)) be->ops->download_async(be, be->streams[s], dst, src, bytes);
+    else be->ops->download(be, dst, src, bytes);
+}
+
+/* Blocking memory operations on the compute stream: queued after all its work, and complete (the
+ * host buffer written or free again) when they return. */
 static inline void ch_backend_upload(const ch_backend *be, void *dst, const void *src, size_t bytes)
 {
-    if (bytes) be->ops->upload(be, dst, src, bytes);
+    if (!bytes) return;
+    ch_backend_upload_async(be, CH_STREAM_COMPUTE, dst, src, bytes);
+    ch_backend_sync(be, CH_STREAM_COMPUTE);
 }
 static inline void ch_backend_download(const ch_backend *be, void *dst, const void *src,
                                        size_t bytes)
 {
-    if (bytes) be->ops->download(be, dst, src, bytes);
+    if (!bytes) return;
+    ch_backend_download_async(be, CH_STREAM_COMPUTE, dst, src, bytes);
+    ch_backend_sync(be, CH_STREAM_COMPUTE);
 }
+/* Replica to replica and zero: queued on the compute stream, in order with the kernels; nothing
+ * on the host waits for them. */
 static inline void ch_backend_copy(const ch_backend *be, void *dst, const void *src, size_t bytes)
 {
-    if (bytes && dst != src) be->ops->copy(be, dst, src, bytes);
+    if (!bytes || dst == src) return;
+    if (ch_backend_async(be)) be->ops->copy_async(be, be->streams[CH_STREAM_COMPUTE], dst, src, bytes);
+    else be->ops->copy(be, dst, src, bytes);
 }
 static inline void ch_backend_zero(const ch_backend *be, void *dst, size_t bytes)
 {
-    if (bytes) be->ops->zero(be, dst, bytes);
+    if (!bytes) return;
+    if (ch_backend_async(be)) be->ops->zero_async(be, be->streams[CH_STREAM_COMPUTE], dst, bytes);
+    else be->ops->zero(be, dst, bytes);
 }
 
-/* The scramble backend's pieces (kernels/scramble/scramble.c). */
+/* Events. On a backend without streams an event is a null handle and every wait is nothing. */
+static inline ch_event *ch_backend_event(const ch_backend *be)
+{
+    return ch_backend_async(be) ? be->ops->event_create(be) : NULL;
+}
+static inline void ch_backend_event_free(const ch_backend *be, ch_event *e)
+{
+    if (e) be->ops->event_free(be, e);
+}
+static inline void ch_backend_record(const ch_backend *be, ch_event *e, int s)
+{
+    if (e) be->ops->record(be, e, be->streams[s]);
+}
+static inline void ch_backend_wait(const ch_backend *be, int s, ch_event *e)
+{
+    if (e) be->ops->wait(be, be->streams[s], e);
+}
+static inline void ch_backend_event_sync(const ch_backend *be, ch_event *e)
+{
+    if (e) be->ops->event_sync(be, e);
+}
+
+/* The scramble backend's pieces (kernels/scramble/scramble.c), which the lazy one builds on. */
 extern const ch_backend_ops ch_scramble_ops;
 const ch_kernels *ch_kernels_scramble(void);
+/* The lazy backend (kernels/lazy/lazy.c). */
+extern const ch_backend_ops ch_lazy_ops;
+const ch_kernels *ch_kernels_lazy(void);
 
 #endif

@@ -14,11 +14,17 @@
 
 #include "core/real.h"
 
+struct ch_stream;
+
 /* What a kernel may use besides its arguments. */
 typedef struct ch_kctx {
     int nthreads;     /* >= 1 */
     ch_real *ws;      /* scratch, ws_len elements */
     size_t ws_len;
+    /* The stream a backend that queues its work puts this kernel on (backend.h); the CPU kernels
+     * run at once and ignore it. Arguments a queued kernel reads or writes on the host (double
+     * sums, losses) are read and written when it runs: the host waits on an event first. */
+    struct ch_stream *stream;
 } ch_kctx;
 
 /* Convolution geometry for one sample: x (c, h, w) -> y (oc, oh, ow), square stride, padding and

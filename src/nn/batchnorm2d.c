@@ -105,6 +105,7 @@ static void bn_forward(ch_layer *l, const ch_run *r, int n, const ch_real *x)
     download_c(r, rv, l->b[BN_RVAR], c);
     if (r->training) {
         r->k->batchnorm_stats(&r->kc, n, c, hw, x, b->batch_mean, b->batch_var);
+        ch_backend_sync(r->be, CH_STREAM_COMPUTE);   /* the host reads the sums next */
         double cnt = (double)n * hw;
         if (r->sync_bn) {
             const double total = (double)r->global_n * hw;
@@ -151,6 +152,7 @@ static void bn_backward(ch_layer *l, const ch_run *r, int n, const ch_real *x, c
     const int c = l->in.c, hw = l->in.h * l->in.w;
     r->k->batchnorm_backward_reduce(&r->kc, n, c, hw, x, dy, b->mean, b->invstd, b->sum_dy,
                                     b->sum_dy_xhat);
+    ch_backend_sync(r->be, CH_STREAM_COMPUTE);   /* the host reads the sums next */
     /* The parameter gradients are this slice's sums: the gradient sync adds the slices up. */
     for (int i = 0; i < c; i++) {
         b->h_dw[i] = (ch_real)b->sum_dy_xhat[i];

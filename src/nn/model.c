@@ -248,7 +248,7 @@ ch_status ch_model_plan(ch_model *m, int max_batch, int nthreads, ch_err *err)
 
 ch_run ch_model_run(const ch_model *m, bool training)
 {
-    return (ch_run){ .be = m->be, .k = m->be->k, .kc = { .nthreads = m->nthreads, .ws = m->ws, .ws_len = m->ws_len },
+    return (ch_run){ .be = m->be, .k = m->be->k, .kc = { .nthreads = m->nthreads, .ws = m->ws, .ws_len = m->ws_len, .stream = ch_backend_stream(m->be, CH_STREAM_COMPUTE) },
                      .training = training, .scratch = m->scratch, .scratch_len = m->scratch_len };
 }
 
@@ -280,8 +280,8 @@ ch_status ch_model_write_tensor(ch_model *m, const ch_tensor_ref *t, const float
 
 /* float and ch_real are the same type except in the double-precision test build, which converts
  * through a host copy. */
-ch_status ch_model_download_floats(const ch_model *m, float *out, const ch_real *dev, size_t n,
-                                   ch_err *err)
+ch_status ch_model_download_floats_async(const ch_model *m, float *out, const ch_real *dev, size_t n,
+                                         ch_err *err)
 {
 #ifdef CH_REAL_DOUBLE
     ch_real *host = malloc(sizeof(ch_real) * (n ? n : 1));
@@ -291,8 +291,16 @@ ch_status ch_model_download_floats(const ch_model *m, float *out, const ch_real 
     free(host);
 #else
     (void)err;
-    ch_backend_download(m->be, out, dev, sizeof(ch_real) * n);
+    ch_backend_download_async(m->be, CH_STREAM_COMPUTE, out, dev, sizeof(ch_real) * n);
 #endif
+    return CH_STATUS_OK;
+}
+
+ch_status ch_model_download_floats(const ch_model *m, float *out, const ch_real *dev, size_t n,
+                                   ch_err *err)
+{
+    CH_TRY(ch_model_download_floats_async(m, out, dev, n, err));
+    ch_backend_sync(m->be, CH_STREAM_COMPUTE);
     return CH_STATUS_OK;
 }
 

@@ -64,7 +64,12 @@ void ch_model_backward(ch_model *m, const ch_run *r, int n, const ch_real *x,
                        const ch_real *dlogits);
 /* Set a parameter or buffer from host floats (spec->count of them). */
 ch_status ch_model_write_tensor(ch_model *m, const ch_tensor_ref *t, const float *values, ch_err *err);
-/* n values of replica memory dev to host floats, and back. */
+/* n values of replica memory dev to host floats, queued on the compute stream: out is written
+ * once the host has synced that stream (the double test build converts on the host, and so syncs
+ * here). */
+ch_status ch_model_download_floats_async(const ch_model *m, float *out, const ch_real *dev, size_t n,
+                                         ch_err *err);
+/* The same, complete when it returns; and back. */
 ch_status ch_model_download_floats(const ch_model *m, float *out, const ch_real *dev, size_t n,
                                    ch_err *err);
 ch_status ch_model_upload_floats(const ch_model *m, ch_real *dev, const float *values, size_t n,

@@ -104,7 +104,8 @@ static ch_optim_update update_of(const ch_optim *o, double lr)
 void ch_optim_step(ch_optim *o, double lr, ch_real *params, const ch_real *grads, int nthreads)
 {
     const ch_optim_update u = update_of(o, lr);
-    const ch_kctx kc = { .nthreads = nthreads };
+    ch_kctx kc = ch_backend_kctx(o->be);
+    kc.nthreads = nthreads;
     o->be->k->optim_update(&kc, &u, o->n, params, grads, o->state[0], o->state[1]);
     o->steps++;
 }

@@ -72,9 +72,10 @@ static void shape_of(const ch_tensor_ref *r, ch_st_tensor *t)
 static int model_tensors(const ch_model *m, ch_st_tensor *out, float *vals, ch_err *err)
 {
     const size_t P = m->nparams;
-    if (ch_model_download_floats(m, vals, m->params, P, err) != CH_STATUS_OK ||
-        ch_model_download_floats(m, vals + P, m->buffers, m->nbuffers, err) != CH_STATUS_OK)
+    if (ch_model_download_floats_async(m, vals, m->params, P, err) != CH_STATUS_OK ||
+        ch_model_download_floats_async(m, vals + P, m->buffers, m->nbuffers, err) != CH_STATUS_OK)
         return -1;
+    ch_backend_sync(m->be, CH_STREAM_COMPUTE);   /* both copies written before the file is */
     for (int k = 0; k < m->ntensors; k++) {
         const ch_tensor_ref *r = &m->tensors[k];
         ch_st_tensor *t = &out[k];
@@ -103,7 +104,8 @@ static int optimizer_tensors(const ch_model *m, const ch_optim *o, ch_st_tensor 
     int n = 0;
     for (int s = 0; s < o->nstate; s++) {
         float *v = vals + (size_t)s * m->nparams;
-        if (ch_model_download_floats(m, v, o->state[s], m->nparams, err) != CH_STATUS_OK) return -1;
+        if (ch_model_download_floats_async(m, v, o->state[s], m->nparams, err) != CH_STATUS_OK) return -1;
+        ch_backend_sync(m->be, CH_STREAM_COMPUTE);
         for (int k = 0; k < m->ntensors; k++) {
             const ch_tensor_ref *r = &m->tensors[k];
             if (r->kind != CH_TENSOR_PARAM) continue;

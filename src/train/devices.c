@@ -1,4 +1,4 @@
-/* Device lists: "cpu:0,cpu:1", "cpu:0-3", "cpu*4", and the same for the scramble test backend. A CPU
+/* Device lists: "cpu:0,cpu:1", "cpu:0-3", "cpu*4", and the same for the test backends (scramble, lazy). A CPU
  * device is a logical device: a replica with its own thread and a share of the cores; its index
  * names it, it does not pick a core. */
 #include <ctype.h>
@@ -18,7 +18,7 @@ static bool parse_index(const char **p, long *out)
     return *out >= 0 && *out < CH_MAX_DEVICES;
 }
 
-static const char *const kind_names[CH_DEVICE_KINDS] = { "cpu", "scramble" };
+static const char *const kind_names[CH_DEVICE_KINDS] = { "cpu", "scramble", "lazy" };
 
 const char *ch_device_kind_name(ch_device_kind kind)
 {
@@ -61,7 +61,7 @@ static ch_status parse_entry(const char **p, ch_device_list *l, const char *spec
     }
     if (kind == CH_DEVICE_KINDS)
         return ch_fail(err, CH_STATUS_BAD_INPUT,
-                       "devices '%s': expected entries like cpu:0, cpu:0-3 or cpu*4 (or scramble:K, a test backend)",
+                       "devices '%s': expected entries like cpu:0, cpu:0-3 or cpu*4 (or scramble:K, lazy:K: test backends)",
                        spec);
     *p += strlen(kind_names[kind]);
     long a, b;

@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "core/clock.h"
 
@@ -14,6 +15,8 @@ typedef struct bucket {
     bool queued;
     int64_t t_start;        /* when its sum started (trace) */
     int lane;               /* its trace lane while in flight */
+    ch_event *ready;        /* its gradients are written (compute stream) */
+    ch_event *summed;       /* its sums are back in replica memory (transfer stream) */
 } bucket;
 
 struct ch_gradsync {
@@ -69,20 +72,30 @@ static void record_failure(ch_gradsync *s, ch_status st, const ch_err *e)
     }
 }
 
-/* Where bucket b's sum runs: the gradients themselves, or their host mirror (downloaded first). */
+/* Where bucket b's sum runs: the gradients themselves once written, or their host mirror
+ * (downloaded first, after they are written). */
 static ch_real *sum_base(ch_gradsync *s, const bucket *b)
 {
-    if (!s->mirror) return s->grads;
-    ch_backend_download(s->be, s->mirror + b->lo, s->grads + b->lo, sizeof(ch_real) * (b->hi - b->lo));
+    if (!s->mirror) {
+        ch_backend_event_sync(s->be, b->ready);
+        return s->grads;
+    }
+    ch_backend_wait(s->be, CH_STREAM_TRANSFER, b->ready);
+    ch_backend_download_async(s->be, CH_STREAM_TRANSFER, s->mirror + b->lo, s->grads + b->lo,
+                              sizeof(ch_real) * (b->hi - b->lo));
+    ch_backend_sync(s->be, CH_STREAM_TRANSFER);
     return s->mirror;
 }
 
-/* Bucket bi's sum is complete: back to replica memory from the mirror. */
+/* Bucket bi's sum is complete: back to replica memory from the mirror (the mirror's part is not
+ * written again before the next step's download, which the same stream runs after this). */
 static void sum_done(ch_gradsync *s, int bi)
 {
     const bucket *b = &s->buckets[bi];
-    if (s->mirror && s->status == CH_STATUS_OK)
-        ch_backend_upload(s->be, s->grads + b->lo, s->mirror + b->lo, sizeof(ch_real) * (b->hi - b->lo));
+    if (!s->mirror || s->status != CH_STATUS_OK) return;
+    ch_backend_upload_async(s->be, CH_STREAM_TRANSFER, s->grads + b->lo, s->mirror + b->lo,
+                            sizeof(ch_real) * (b->hi - b->lo));
+    ch_backend_record(s->be, b->summed, CH_STREAM_TRANSFER);
 }
 
 /* Call with mu held: the next queued bucket's sum is started (nonblocking where the communicator
@@ -196,7 +209,7 @@ ch_status ch_gradsync_create(ch_comm *comm, ch_model *m, size_t bucket_elems, ch
     s->comm = comm;
     s->be = m->be;
     s->grads = m->grads;
-    if (!m->be->ops->host_visible) {
+    if (ch_comm_stages(comm, m->be)) {
         s->mirror = malloc(sizeof(ch_real) * (m->nparams + 1));
         if (!s->mirror) {
             free(s);
@@ -210,6 +223,11 @@ ch_status ch_gradsync_create(ch_comm *comm, ch_model *m, size_t bucket_elems, ch
         return CH_SYS_FAIL(err, "gradsync mutex/cond init");
     }
     ch_status st = make_buckets(s, m, bucket_elems ? bucket_elems : 1, err);
+    for (int b = 0; st == CH_STATUS_OK && b < s->nbuckets && ch_backend_async(s->be); b++) {
+        s->buckets[b].ready = ch_backend_event(s->be);
+        s->buckets[b].summed = ch_backend_event(s->be);
+        if (!s->buckets[b].ready || !s->buckets[b].summed) st = CH_SYS_FAIL(err, "creation of a bucket's events");
+    }
     if (st == CH_STATUS_OK && pthread_create(&s->thread, NULL, sync_main, s) != 0)
         st = CH_SYS_FAIL(err, "pthread_create of a gradient sync thread");
     s->started = st == CH_STATUS_OK;
@@ -253,7 +271,10 @@ void ch_gradsync_ready(void *user, size_t offset, size_t count)
     pthread_mutex_lock(&s->mu);
     bucket *k = &s->buckets[b];
     k->pending = count < k->pending ? k->pending - count : 0;
-    if (k->pending == 0 && !k->queued) enqueue(s, b);
+    if (k->pending == 0 && !k->queued) {
+        ch_backend_record(s->be, k->ready, CH_STREAM_COMPUTE);   /* before the sync thread sees it */
+        enqueue(s, b);
+    }
     pthread_mutex_unlock(&s->mu);
 }
 
@@ -261,15 +282,27 @@ ch_status ch_gradsync_finish(ch_gradsync *s, ch_err *err)
 {
     pthread_mutex_lock(&s->mu);
     for (int b = 0; b < s->nbuckets; b++)
-        if (!s->buckets[b].queued) enqueue(s, b);
+        if (!s->buckets[b].queued) {
+            ch_backend_record(s->be, s->buckets[b].ready, CH_STREAM_COMPUTE);
+            enqueue(s, b);
+        }
     while (s->done < s->nbuckets) pthread_cond_wait(&s->finished, &s->mu);
     ch_status st = s->status;
+    /* What runs next on the compute stream (the optimizer) reads the sums. */
+    for (int b = 0; b < s->nbuckets && st == CH_STATUS_OK; b++)
+        ch_backend_wait(s->be, CH_STREAM_COMPUTE, s->buckets[b].summed);
     if (st != CH_STATUS_OK && err) *err = s->err;
     pthread_mutex_unlock(&s->mu);
     return st;
 }
 
 int ch_gradsync_buckets(const ch_gradsync *s) { return s->nbuckets; }
+
+bool ch_comm_stages(const ch_comm *c, const ch_backend *be)
+{
+    if (be->ops->host_visible) return false;
+    return !(c->ops->device_memory && strcmp(c->ops->device_memory, be->ops->name) == 0);
+}
 
 void ch_gradsync_set_trace(ch_gradsync *s, ch_trace_track *track)
 {
@@ -291,6 +324,10 @@ void ch_gradsync_free(ch_gradsync *s)
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->work);
     pthread_cond_destroy(&s->finished);
+    for (int b = 0; s->buckets && b < s->nbuckets; b++) {
+        ch_backend_event_free(s->be, s->buckets[b].ready);
+        ch_backend_event_free(s->be, s->buckets[b].summed);
+    }
     free(s->buckets);
     free(s->queue);
     free(s->reqs);

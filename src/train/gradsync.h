@@ -5,7 +5,13 @@
  * in, it goes to this replica's sync thread, which starts its sum over the group at once while
  * backward goes on: nonblocking (MPI_Iallreduce) where the communicator can, several buckets in
  * flight, completed oldest first; otherwise (the local communicator) one at a time. Every member
- * sees the same readiness order (same model, same code), so the members' collectives match up. */
+ * sees the same readiness order (same model, same code), so the members' collectives match up.
+ *
+ * On a backend with streams the order is kept by events, as on a GPU: a bucket's last gradient
+ * records `ready` on the compute stream; its download to the host mirror (staged) waits on that
+ * event on the transfer stream, or the host waits for it (in place); its upload back records
+ * `summed` on the transfer stream, and ch_gradsync_finish makes the compute stream, where the
+ * optimizer runs next, wait on every bucket's `summed`. */
 #ifndef CH_TRAIN_GRADSYNC_H
 #define CH_TRAIN_GRADSYNC_H
 
@@ -14,6 +20,12 @@
 #include "nn/model.h"
 
 typedef struct ch_gradsync ch_gradsync;
+
+/* The staging policy, one rule for every collective over replica memory: c works on it in place
+ * when it is host memory (the CPU backend) or memory c reads itself (its ops' device_memory names
+ * the backend); otherwise the caller stages it through a host mirror: download, the collective,
+ * upload. */
+bool ch_comm_stages(const ch_comm *c, const ch_backend *be);
 
 /* comm and m->grads are borrowed. Starts the sync thread. */
 ch_status ch_gradsync_create(ch_comm *comm, ch_model *m, size_t bucket_elems, ch_gradsync **out,

@@ -191,8 +191,8 @@ static ch_status complete_sync_step(server *sv, ch_err *err)
         if (sv->step[w] != sv->step[0])
             return ch_fail(err, CH_STATUS_SYSTEM, "workers 0 and %d pushed steps %llu and %llu at once", w,
                            (unsigned long long)sv->step[0] + 1, (unsigned long long)sv->step[w] + 1);
-    const ch_kctx kc = { .nthreads = 1 };
-    memcpy(sv->sum, sv->grads[0], sizeof(ch_real) * sv->n);
+    const ch_kctx kc = ch_backend_kctx(sv->be);
+    ch_backend_copy(sv->be, sv->sum, sv->grads[0], sizeof(ch_real) * sv->n);
     for (int w = 1; w < W; w++) sv->be->k->add(&kc, sv->n, sv->sum, sv->grads[w], sv->sum);
     ch_optim_step(&sv->opt, sv->lr[0], sv->params, sv->sum, 1);
     sv->updates++;
@@ -215,7 +215,7 @@ static ch_status release_pulls(server *sv, ch_err *err)
         /* What the bound allowed, recorded as it happens (at the epoch's end the gap is gone). */
         if (slowest >= 0 && sv->clock[w] - slowest > sv->lead) sv->lead = sv->clock[w] - slowest;
         CH_TRY(wait_send(sv, w, err));
-        memcpy(sv->out[w], sv->params, sizeof(ch_real) * sv->n);
+        ch_backend_download(sv->be, sv->out[w], sv->params, sizeof(ch_real) * sv->n);
         CH_TRY(send_params(sv, w, sv->out[w], err));
         sv->waiting[w] = false;
     }
@@ -272,7 +272,7 @@ static ch_status take_flush(server *sv, int w, ch_err *err)
         sv->flushed[v] = false;
         sv->clock[v] = 0;
         CH_TRY(wait_send(sv, v, err));
-        memcpy(sv->out[v], sv->params, sizeof(ch_real) * sv->n);
+        ch_backend_download(sv->be, sv->out[v], sv->params, sizeof(ch_real) * sv->n);
         CH_TRY(send_params(sv, v, sv->out[v], err));
     }
     sv->updates = 0;

@@ -76,13 +76,16 @@ static void upload_batch(ch_replica *rp, const ch_replica_spec *s, int n, size_t
     ch_backend_upload(rp->be, rp->labels + at, rp->labels_host + at, sizeof(int32_t) * (size_t)n);
 }
 
-/* A collective over n values of replica memory: in place where it is host memory, else through
- * rp->stage (down, the collective, up). */
+/* A collective over n values of replica memory: in place where the communicator can
+ * (ch_comm_stages), else through rp->stage (down, the collective, up). */
 typedef ch_status (*vec_op)(ch_comm *c, ch_real *v, size_t n, void *arg, ch_err *err);
 
 static ch_status on_host(ch_replica *rp, ch_real *dev, size_t n, vec_op op, void *arg, ch_err *err)
 {
-    if (!rp->stage) return op(&rp->ctl_comm, dev, n, arg, err);
+    if (!ch_comm_stages(&rp->ctl_comm, rp->be)) {
+        ch_backend_sync(rp->be, CH_STREAM_COMPUTE);   /* the collective reads what was queued */
+        return op(&rp->ctl_comm, dev, n, arg, err);
+    }
     ch_backend_download(rp->be, rp->stage, dev, sizeof(ch_real) * n);
     CH_TRY(op(&rp->ctl_comm, rp->stage, n, arg, err));
     ch_backend_upload(rp->be, dev, rp->stage, sizeof(ch_real) * n);
@@ -118,7 +121,9 @@ static ch_status build(ch_replica *rp, const ch_replica_spec *s, ch_err *err)
 {
     /* oneDNN's GEMM threads by the calling thread's OpenMP setting: this thread's share. */
     omp_set_num_threads(rp->nthreads);
-    CH_TRY(ch_backend_create(s->backend, rp->nthreads, &rp->be, err));
+    CH_TRY(ch_backend_create(s->backend, rp->device.index, rp->nthreads, &rp->be, err));
+    if (ch_backend_async(rp->be) && !(rp->loss_done = ch_backend_event(rp->be)))
+        return CH_SYS_FAIL(err, "creation of the loss event");
     CH_TRY(ch_model_create_graph(s->graph, s->input, s->classes, rp->be, &rp->model, err));
     CH_TRY(ch_model_init_params(rp->model, s->init, s->seed, err));
     if (strcmp(s->init, "file") == 0) CH_TRY(ch_model_load_initial(rp->model, s->graph, err));
@@ -237,13 +242,22 @@ static int micro_global(const int *counts, int R, int K, int j)
     return n;
 }
 
+/* The loss kernel just queued has written its sums: into the replica's totals. */
+static void read_loss(ch_replica *rp)
+{
+    ch_backend_record(rp->be, rp->loss_done, CH_STREAM_COMPUTE);
+    ch_backend_event_sync(rp->be, rp->loss_done);
+    rp->loss_sum += rp->batch_loss;
+    rp->correct += rp->batch_correct;
+}
+
 /* grads_ready hooks with accumulation. Before the last micro-batch each finished tensor's gradient
  * is added into rp->accum (copied, on the first); in the last one the sum so far is added into the
  * gradient, which then goes to the sync like any other. */
 static void accum_hook(void *user, size_t offset, size_t count)
 {
     ch_replica *rp = user;
-    const ch_kctx kc = { .nthreads = rp->nthreads };
+    const ch_kctx kc = ch_backend_kctx(rp->be);
     ch_real *acc = rp->accum + offset, *g = rp->model->grads + offset;
     if (rp->micro == 0) ch_backend_copy(rp->be, acc, g, sizeof(ch_real) * count);
     else rp->be->k->add(&kc, count, acc, g, acc);
@@ -252,7 +266,7 @@ static void accum_hook(void *user, size_t offset, size_t count)
 static void accum_last_hook(void *user, size_t offset, size_t count)
 {
     ch_replica *rp = user;
-    const ch_kctx kc = { .nthreads = rp->nthreads };
+    const ch_kctx kc = ch_backend_kctx(rp->be);
     ch_real *g = rp->model->grads + offset;
     rp->be->k->add(&kc, count, g, rp->accum + offset, g);
     rp->accum_reported += count;
@@ -270,12 +284,9 @@ static ch_status micro_step(ch_replica *rp, const ch_replica_spec *s, const ch_s
     int64_t t0 = tr ? ch_trace_now() : 0;
     const ch_real *logits = ch_model_forward(m, r, n, x);
     if (*comm_st != CH_STATUS_OK) return fail_collective(rp, *comm_st, err);
-    double loss = 0;
-    int64_t correct = 0;
-    r->k->softmax_xent(&r->kc, n, m->classes, logits, rp->labels + lo, 1.0 / sl->global_n, rp->dlogits, &loss,
-                       &correct);
-    rp->loss_sum += loss;
-    rp->correct += correct;
+    r->k->softmax_xent(&r->kc, n, m->classes, logits, rp->labels + lo, 1.0 / sl->global_n, rp->dlogits,
+                       &rp->batch_loss, &rp->batch_correct);
+    read_loss(rp);
     if (tr) ch_trace_span(tr, "forward", "forward + loss", t0, -1);
     if (s->nan_check && !isfinite(rp->loss_sum)) {
         char dev[32];
@@ -454,12 +465,10 @@ ch_status ch_replica_evaluate(ch_replica *rp, const ch_replica_spec *s, const ch
             done += piece;
         }
         const ch_real *logits = ch_model_forward(rp->model, &r, n, rp->x);
-        double l;
-        int64_t c;
-        r.k->softmax_xent(&r.kc, n, rp->model->classes, logits, rp->labels, 1.0, NULL, &l, &c);
+        r.k->softmax_xent(&r.kc, n, rp->model->classes, logits, rp->labels, 1.0, NULL, &rp->batch_loss,
+                          &rp->batch_correct);
+        read_loss(rp);
         tally_classes(rp, n, rp->model->classes, logits);
-        rp->loss_sum += l;
-        rp->correct += c;
     }
     return CH_STATUS_OK;
 }
@@ -558,6 +567,7 @@ void ch_replica_free(ch_replica *rp)
         ch_backend_release(rp->be, rp->accum);
     }
     ch_model_free(rp->model);
+    if (rp->be) ch_backend_event_free(rp->be, rp->loss_done);
     ch_backend_free(rp->be);
     free(rp->x_host);
     free(rp->labels_host);

@@ -92,6 +92,11 @@ typedef struct ch_replica {
     bool root_cause;        /* the failure started here (not a collective aborted by another) */
     double loss_sum;
     int64_t correct;
+    /* The loss kernel's results for one batch: host memory it writes when it runs, read by the
+     * host after loss_done (recorded after it on the compute stream; NULL without streams). */
+    double batch_loss;
+    int64_t batch_correct;
+    ch_event *loss_done;
     double busy_s;          /* the last step's time up to its wait for the gradient sync */
     uint64_t steps_run;     /* steps this replica has run in this process */
     int64_t *class_hits, *class_counts; /* evaluation, per class (classes each) */
