@@ -10,6 +10,7 @@
 
 #include <dnnl.h>
 
+#include "core/rng.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu.h"
 #include "kernels/kernels.h"
@@ -546,12 +547,39 @@ static void lazy_backend_runs_work_only_when_waited_for(void **state)
     ch_backend_free(be);
 }
 
+/* The dropout-mask kernel draws, element by element, the words the host's sequential reader
+ * (ch_rng) gives for the same (seed, stream, counter): a sample size that is not a multiple of 4,
+ * a sample offset, a step, two threads. */
+static void dropout_mask_draws_the_host_readers_bits(void **state)
+{
+    (void)state;
+    enum { N = 5, PER = 7 };
+    const uint64_t seed = 1234567, stream = 3 + (9u << 8), step = 6, sample0 = 11;
+    const uint32_t threshold = (uint32_t)(0.3 * 4294967296.0);
+    const ch_real keep = (ch_real)(1 / 0.7);
+    ch_real mask[N * PER];
+    const ch_kctx kc = { .nthreads = 2 };
+    ch_kernels_cpu()->dropout_mask(&kc, N, PER, seed, stream, step, sample0, threshold, keep, mask);
+    int kept = 0;
+    for (int s = 0; s < N; s++) {
+        ch_rng r;
+        ch_rng_init(&r, seed, stream, (step << 32) ^ ((sample0 + (uint64_t)s) * ((PER + 3) / 4)));
+        for (int e = 0; e < PER; e++) {
+            const ch_real want = ch_rng_u32(&r) >= threshold ? keep : 0;
+            assert_true(mask[s * PER + e] == want);
+            kept += want != 0;
+        }
+    }
+    assert_true(kept > 0 && kept < N * PER);   /* both outcomes occur */
+}
+
 /* An argument runs only the tests whose names match it (a cmocka pattern). */
 int main(int argc, char **argv)
 {
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(lazy_backend_runs_work_only_when_waited_for),
+        cmocka_unit_test(dropout_mask_draws_the_host_readers_bits),
         cmocka_unit_test(gemm_matches_reference_for_every_transpose),
         cmocka_unit_test(gemm_with_empty_sum_writes_beta_c),
         cmocka_unit_test(conv_matches_reference),

@@ -146,6 +146,14 @@ typedef struct ch_kernels {
      * E[x^2] - E[x]^2 cancels badly when the mean is large against the spread). */
     void (*batchnorm_stats)(const ch_kctx *kc, int n, int c, int hw, const ch_real *x,
                             double *mean, double *var);
+    /* The per-channel step between the two (kernels/norm_body.h): from the statistics (mean, var:
+     * in training, of count values per channel; NULL in evaluation, which takes the running ones)
+     * to save = (mean, invstd, scale, shift), c each, and in training the running statistics
+     * moved by momentum. */
+    void (*batchnorm_finalize)(const ch_kctx *kc, int c, const double *mean, const double *var,
+                               double count, double eps, double momentum, const ch_real *gamma,
+                               const ch_real *beta, ch_real *running_mean, ch_real *running_var,
+                               ch_real *save);
     /* y = x * scale[c] + shift[c] */
     void (*channel_affine)(const ch_kctx *kc, int n, int c, int hw, const ch_real *x,
                            const ch_real *scale, const ch_real *shift, ch_real *y);
@@ -187,6 +195,14 @@ typedef struct ch_kernels {
     void (*copy_rows)(const ch_kctx *kc, int rows, size_t len, const ch_real *src,
                       size_t src_stride, ch_real *dst, size_t dst_stride);
 
+    /* Dropout's mask for n samples of per elements: element e of sample s is keep where word e of
+     * the Philox stream (seed, stream) read from counter (step << 32) ^ ((sample0 + s) * ((per + 3)
+     * / 4)) is at least threshold, else 0 (core/philox.h: the host's ch_rng reader, element by
+     * element, so every backend draws the same bits). */
+    void (*dropout_mask)(const ch_kctx *kc, int n, size_t per, uint64_t seed, uint64_t stream, uint64_t step,
+                         uint64_t sample0, uint32_t threshold, ch_real keep, ch_real *mask);
+    /* y = (ch_real) x: double results of the kernels above (BatchNorm's sums) into a tensor. */
+    void (*to_real)(const ch_kctx *kc, size_t len, const double *x, ch_real *y);
     /* y[j] = sum over i < rows of x[i * len + j], in the order of i (a Linear layer's bias
      * gradient); rows may be 0. */
     void (*col_sum)(const ch_kctx *kc, int rows, size_t len, const ch_real *x, ch_real *y);

@@ -14,12 +14,14 @@ static const ch_layer_ops bn_ops;
 
 typedef struct bn_impl {
     double eps, momentum;
-    ch_real *mean, *invstd, *scale, *shift;   /* (c) each, saved for backward (replica memory) */
-    /* Host copies: gamma, beta, running mean and var as downloaded; mean, invstd, scale, shift as
-     * computed (adjacent, uploaded at once); the two parameter gradients. (c) each. */
-    ch_real *h_gamma, *h_beta, *h_rm, *h_rv, *h_mean, *h_invstd, *h_scale, *h_shift, *h_dw, *h_db;
-    double *batch_mean, *batch_var;           /* (c) each, forward statistics */
-    double *sum_dy, *sum_dy_xhat;             /* (c) each, backward reductions */
+    /* (c) each, adjacent, replica memory: what forward applies and backward reads (the
+     * batchnorm_finalize kernel's save) */
+    ch_real *mean, *invstd, *scale, *shift;
+    /* (c) each, the kernels' double results (host memory a queued kernel writes when it runs):
+     * forward statistics, backward reductions. The host reads them only with sync-BN, after a
+     * wait, to sum them over the group. */
+    double *batch_mean, *batch_var;
+    double *sum_dy, *sum_dy_xhat;
 } bn_impl;
 
 static ch_status bn_plan(ch_layer *l, ch_plan *pl, ch_err *err)
@@ -28,12 +30,8 @@ static ch_status bn_plan(ch_layer *l, ch_plan *pl, ch_err *err)
     const size_t c = (size_t)l->in.c;
     b->mean = ch_layer_alloc_saved(l, pl, c * 4, sizeof(ch_real), err);
     if (!b->mean) return CH_STATUS_SYSTEM;
-    b->h_gamma = malloc(sizeof(ch_real) * c * 10);
     b->batch_mean = malloc(sizeof(double) * c * 4);
-    if (!b->h_gamma || !b->batch_mean) return CH_SYS_FAIL(err, "malloc of batchnorm statistics");
-    ch_real **h[] = { &b->h_beta, &b->h_rm, &b->h_rv, &b->h_mean, &b->h_invstd, &b->h_scale,
-                      &b->h_shift, &b->h_dw, &b->h_db };
-    for (size_t i = 0; i < sizeof h / sizeof *h; i++) *h[i] = b->h_gamma + c * (i + 1);
+    if (!b->batch_mean) return CH_SYS_FAIL(err, "malloc of batchnorm statistics");
     b->invstd = b->mean + c;
     b->scale = b->invstd + c;
     b->shift = b->scale + c;
@@ -48,7 +46,6 @@ static void bn_free(ch_layer *l)
     bn_impl *b = l->impl;
     if (!b) return;
     ch_layer_release(l, b->mean);
-    free(b->h_gamma);
     free(b->batch_mean);
 }
 
@@ -82,58 +79,29 @@ static void bn_sync_stats(const ch_run *r, bn_impl *b, int c, double cnt, double
     }
 }
 
-static void download_c(const ch_run *r, ch_real *host, const ch_real *dev, int c)
-{
-    ch_backend_download(r->be, host, dev, sizeof(ch_real) * (size_t)c);
-}
-
-static void upload_c(const ch_run *r, ch_real *dev, const ch_real *host, int c)
-{
-    ch_backend_upload(r->be, dev, host, sizeof(ch_real) * (size_t)c);
-}
-
-/* The per-channel arithmetic runs on the host over a few hundred values: the running statistics
- * and the parameters come down, the new statistics and the saved scale/shift go up. */
+/* Statistics, then the per-channel step (a kernel too: nothing of a step is computed on the host
+ * unless sync-BN must sum the statistics over the group), then the normalisation. */
 static void bn_forward(ch_layer *l, const ch_run *r, int n, const ch_real *x)
 {
     bn_impl *b = l->impl;
     const int c = l->in.c, hw = l->in.h * l->in.w;
-    ch_real *gamma = b->h_gamma, *beta = b->h_beta, *rm = b->h_rm, *rv = b->h_rv;
-    download_c(r, gamma, l->p[BN_WEIGHT], c);
-    download_c(r, beta, l->p[BN_BIAS], c);
-    download_c(r, rm, l->b[BN_RMEAN], c);
-    download_c(r, rv, l->b[BN_RVAR], c);
+    const double *mean = NULL, *var = NULL;
+    double cnt = 0;
     if (r->training) {
         r->k->batchnorm_stats(&r->kc, n, c, hw, x, b->batch_mean, b->batch_var);
-        ch_backend_sync(r->be, CH_STREAM_COMPUTE);   /* the host reads the sums next */
-        double cnt = (double)n * hw;
+        cnt = (double)n * hw;
         if (r->sync_bn) {
+            ch_backend_sync(r->be, CH_STREAM_COMPUTE);   /* the host sums the statistics next */
             const double total = (double)r->global_n * hw;
             bn_sync_stats(r, b, c, cnt, total);
             cnt = total;
         }
-        for (int i = 0; i < c; i++) {
-            const double mean = b->batch_mean[i], var = b->batch_var[i];
-            b->h_mean[i] = (ch_real)mean;
-            b->h_invstd[i] = (ch_real)(1.0 / sqrt(var + b->eps));
-            const double unbiased = cnt > 1 ? var * cnt / (cnt - 1) : var;
-            rm[i] = (ch_real)((1 - b->momentum) * rm[i] + b->momentum * mean);
-            rv[i] = (ch_real)((1 - b->momentum) * rv[i] + b->momentum * unbiased);
-        }
-        upload_c(r, l->b[BN_RMEAN], rm, c);
-        upload_c(r, l->b[BN_RVAR], rv, c);
+        mean = b->batch_mean;
+        var = b->batch_var;
         ++*l->num_batches_tracked;
-    } else {
-        for (int i = 0; i < c; i++) {
-            b->h_mean[i] = rm[i];
-            b->h_invstd[i] = (ch_real)(1.0 / sqrt((double)rv[i] + b->eps));
-        }
     }
-    for (int i = 0; i < c; i++) {
-        b->h_scale[i] = gamma[i] * b->h_invstd[i];
-        b->h_shift[i] = beta[i] - b->h_mean[i] * b->h_scale[i];
-    }
-    upload_c(r, b->mean, b->h_mean, 4 * c);   /* mean, invstd, scale, shift: adjacent on both sides */
+    r->k->batchnorm_finalize(&r->kc, c, mean, var, cnt, b->eps, b->momentum, l->p[BN_WEIGHT], l->p[BN_BIAS],
+                             l->b[BN_RMEAN], l->b[BN_RVAR], b->mean);
     r->k->channel_affine(&r->kc, n, c, hw, x, b->scale, b->shift, l->y);
 }
 
@@ -152,17 +120,13 @@ static void bn_backward(ch_layer *l, const ch_run *r, int n, const ch_real *x, c
     const int c = l->in.c, hw = l->in.h * l->in.w;
     r->k->batchnorm_backward_reduce(&r->kc, n, c, hw, x, dy, b->mean, b->invstd, b->sum_dy,
                                     b->sum_dy_xhat);
-    ch_backend_sync(r->be, CH_STREAM_COMPUTE);   /* the host reads the sums next */
     /* The parameter gradients are this slice's sums: the gradient sync adds the slices up. */
-    for (int i = 0; i < c; i++) {
-        b->h_dw[i] = (ch_real)b->sum_dy_xhat[i];
-        b->h_db[i] = (ch_real)b->sum_dy[i];
-    }
-    upload_c(r, l->g[BN_WEIGHT], b->h_dw, c);
-    upload_c(r, l->g[BN_BIAS], b->h_db, c);
+    r->k->to_real(&r->kc, (size_t)c, b->sum_dy_xhat, l->g[BN_WEIGHT]);
+    r->k->to_real(&r->kc, (size_t)c, b->sum_dy, l->g[BN_BIAS]);
     ch_run_grads_ready(r, l);
     double count = (double)n * hw;
     if (r->sync_bn) {
+        ch_backend_sync(r->be, CH_STREAM_COMPUTE);   /* the host sums the reductions next */
         /* dx depends on the whole batch's sums; sum_dy and sum_dy_xhat are adjacent (2c). */
         bn_allreduce(r, b->sum_dy, c);
         count = (double)r->global_n * hw;

@@ -11,8 +11,8 @@
 typedef struct dropout_impl {
     double p;
     uint32_t id;
-    ch_real *mask;   /* 0 or 1/(1-p) per element (replica memory), planned for the largest batch */
-    ch_real *host;   /* the same drawn on the host, then uploaded */
+    ch_real *mask;   /* 0 or 1/(1-p) per element (replica memory), planned for the largest batch,
+                      * drawn by the dropout_mask kernel */
     ch_bcast_desc mul; /* y = x * mask, elementwise over a sample */
     bool identity;   /* the last forward copied (evaluation or p = 0) */
 } dropout_impl;
@@ -23,8 +23,6 @@ static ch_status dropout_plan(ch_layer *l, ch_plan *pl, ch_err *err)
     const size_t len = ch_shape3_size(l->in) * (size_t)pl->max_batch;
     d->mask = ch_layer_alloc_saved(l, pl, len, sizeof(ch_real), err);
     if (!d->mask) return CH_STATUS_SYSTEM;
-    d->host = malloc(sizeof(ch_real) * (len ? len : 1));
-    CH_CHECK_ALLOC(err, d->host);
     pl->saved_bytes += sizeof(ch_real) * len;
     return ch_layer_alloc_output(l, pl, err);
 }
@@ -34,7 +32,6 @@ static void dropout_free(ch_layer *l)
     dropout_impl *d = l->impl;
     if (!d) return;
     ch_layer_release(l, d->mask);
-    free(d->host);
 }
 
 static void dropout_forward(ch_layer *l, const ch_run *r, int n, const ch_real *x)
@@ -49,17 +46,8 @@ static void dropout_forward(ch_layer *l, const ch_run *r, int n, const ch_real *
     d->identity = false;
     const ch_real keep = (ch_real)(1.0 / (1.0 - d->p));
     const uint32_t threshold = (uint32_t)(d->p * 4294967296.0);
-    for (int s = 0; s < n; s++) {
-        ch_rng rng;
-        const uint64_t sample = r->sample_offset + (uint64_t)s;
-        ch_rng_init(&rng, r->seed, CH_RNG_STREAM_DROPOUT + ((uint64_t)d->id << 8),
-                    (r->step << 32) ^ (sample * ((per + 3) / 4)));
-        for (size_t e = 0; e < per; e++) {
-            const size_t i = (size_t)s * per + e;
-            d->host[i] = ch_rng_u32(&rng) >= threshold ? keep : 0;
-        }
-    }
-    ch_backend_upload(r->be, d->mask, d->host, sizeof(ch_real) * len);
+    r->k->dropout_mask(&r->kc, n, per, r->seed, CH_RNG_STREAM_DROPOUT + ((uint64_t)d->id << 8), r->step,
+                       r->sample_offset, threshold, keep, d->mask);
     r->k->bcast_forward(&r->kc, &d->mul, n, x, d->mask, l->y);
 }
 

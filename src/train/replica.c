@@ -98,12 +98,21 @@ static ch_status bcast_op(ch_comm *c, ch_real *v, size_t n, void *arg, ch_err *e
     return ch_comm_broadcast(c, v, n, 0, err);
 }
 
-/* Scale by *(ch_real *)arg, then sum over the group. */
-static ch_status weighted_sum_op(ch_comm *c, ch_real *v, size_t n, void *arg, ch_err *err)
+static ch_status sum_op(ch_comm *c, ch_real *v, size_t n, void *arg, ch_err *err)
 {
-    const ch_real w = *(const ch_real *)arg;
-    for (size_t i = 0; i < n; i++) v[i] *= w;
+    (void)arg;
     return ch_comm_allreduce_sum(c, v, n, err);
+}
+
+/* The BatchNorm buffers scaled by w on the device (a kernel: x * w, the bits of a float product),
+ * then summed over the group. */
+static ch_status weighted_buffer_sum(ch_replica *rp, ch_real w, ch_err *err)
+{
+    ch_model *m = rp->model;
+    const ch_kctx kc = ch_backend_kctx(rp->be);
+    const ch_act scale = { .kind = CH_ACT_AFFINE, .alpha = (float)w, .beta = 0 };
+    rp->be->k->act_forward(&kc, &scale, m->nbuffers, m->buffers, m->buffers);
+    return on_host(rp, m->buffers, m->nbuffers, sum_op, NULL, err);
 }
 
 static ch_status broadcast_dev(ch_replica *rp, ch_real *dev, size_t n, ch_err *err)
@@ -206,7 +215,7 @@ static ch_status average_buffers(ch_replica *rp, const ch_slice *sl, ch_err *err
     ch_real w = (ch_real)((double)sl->n / sl->global_n);
     snprintf(rp->ctl_comm.what, sizeof rp->ctl_comm.what, "step %llu, BatchNorm running statistics",
              (unsigned long long)sl->step + 1);
-    return on_host(rp, m->buffers, m->nbuffers, weighted_sum_op, &w, err);
+    return weighted_buffer_sum(rp, w, err);
 }
 
 static bool injected(const ch_replica *rp, const ch_replica_spec *s, ch_fault_kind kind,
@@ -549,7 +558,7 @@ ch_status ch_replica_ps_flush(ch_replica *rp, const ch_replica_spec *s)
     if (st == CH_STATUS_OK && m->nbuffers) {
         ch_real w = (ch_real)(1.0 / rp->ctl_comm.size);
         snprintf(rp->ctl_comm.what, sizeof rp->ctl_comm.what, "the epoch's end, BatchNorm running statistics");
-        st = on_host(rp, m->buffers, m->nbuffers, weighted_sum_op, &w, &err);
+        st = weighted_buffer_sum(rp, w, &err);
     }
     return st == CH_STATUS_OK ? CH_STATUS_OK : fail_collective(rp, st, &err);
 }

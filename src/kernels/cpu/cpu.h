@@ -99,6 +99,12 @@ void ch_cpu_avgpool2d_backward_direct(const ch_kctx *kc, const ch_pool_desc *d, 
 
 void ch_cpu_batchnorm_stats(const ch_kctx *kc, int n, int c, int hw, const ch_real *x,
                             double *mean, double *var);
+void ch_cpu_batchnorm_finalize(const ch_kctx *kc, int c, const double *mean, const double *var, double count,
+                               double eps, double momentum, const ch_real *gamma, const ch_real *beta,
+                               ch_real *running_mean, ch_real *running_var, ch_real *save);
+void ch_cpu_dropout_mask(const ch_kctx *kc, int n, size_t per, uint64_t seed, uint64_t stream, uint64_t step,
+                         uint64_t sample0, uint32_t threshold, ch_real keep, ch_real *mask);
+void ch_cpu_to_real(const ch_kctx *kc, size_t len, const double *x, ch_real *y);
 void ch_cpu_channel_affine(const ch_kctx *kc, int n, int c, int hw, const ch_real *x,
                            const ch_real *scale, const ch_real *shift, ch_real *y);
 void ch_cpu_batchnorm_backward_reduce(const ch_kctx *kc, int n, int c, int hw, const ch_real *x,

@@ -1,5 +1,6 @@
 /* Elementwise kernels and the softmax cross-entropy loss. */
 #include "kernels/act_body.h"
+#include "core/philox.h"
 #include "kernels/cpu/cpu.h"
 
 #include <math.h>
@@ -273,4 +274,20 @@ void ch_cpu_copy_rows(const ch_kctx *kc, int rows, size_t len, const ch_real *sr
 #pragma omp parallel for num_threads(kc->nthreads) schedule(static)
     for (int r = 0; r < rows; r++)
         memcpy(dst + (size_t)r * dst_stride, src + (size_t)r * src_stride, sizeof(ch_real) * len);
+}
+
+/* One Philox block per four elements; samples split over the threads (bits independent of them). */
+void ch_cpu_dropout_mask(const ch_kctx *kc, int n, size_t per, uint64_t seed, uint64_t stream, uint64_t step,
+                         uint64_t sample0, uint32_t threshold, ch_real keep, ch_real *mask)
+{
+#pragma omp parallel for num_threads(kc->nthreads) schedule(static) if (n > 1 && kc->nthreads > 1)
+    for (int s = 0; s < n; s++) {
+        const uint64_t start = (step << 32) ^ ((sample0 + (uint64_t)s) * ((per + 3) / 4));
+        ch_real *m = mask + (size_t)s * per;
+        uint32_t w[4];
+        for (size_t e = 0; e < per; e++) {
+            if (e % 4 == 0) ch_philox_block(seed, stream, start + e / 4, w);
+            m[e] = w[e % 4] >= threshold ? keep : 0;
+        }
+    }
 }

@@ -3,6 +3,7 @@
  * variance needs, and all-double sums cost MobileNetV2 a fifth of its step (float vectors hold twice
  * the numbers and need no conversion). */
 #include "kernels/cpu/cpu.h"
+#include "kernels/norm_body.h"
 
 /* Float lanes hold at most CHUNK / LANES terms each before they are added into double: float
  * vectors hold twice as many numbers as double ones and need no conversion, and 64 terms lose no
@@ -58,6 +59,22 @@ void ch_cpu_batchnorm_stats(const ch_kctx *kc, int n, int c, int hw, const ch_re
         mean[ch] = k + d;
         var[ch] = v > 0 ? v : 0;
     }
+}
+
+/* A few hundred channels: one thread. */
+void ch_cpu_batchnorm_finalize(const ch_kctx *kc, int c, const double *mean, const double *var, double count,
+                               double eps, double momentum, const ch_real *gamma, const ch_real *beta,
+                               ch_real *running_mean, ch_real *running_var, ch_real *save)
+{
+    (void)kc;
+    for (int i = 0; i < c; i++)
+        ch_bn_finalize_channel(i, c, mean, var, count, eps, momentum, gamma, beta, running_mean, running_var, save);
+}
+
+void ch_cpu_to_real(const ch_kctx *kc, size_t len, const double *x, ch_real *y)
+{
+    (void)kc;
+    for (size_t i = 0; i < len; i++) y[i] = (ch_real)x[i];
 }
 
 void ch_cpu_channel_affine(const ch_kctx *kc, int n, int c, int hw, const ch_real *x,

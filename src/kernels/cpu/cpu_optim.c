@@ -1,8 +1,8 @@
-/* Optimizer updates for the CPU backend: one OpenMP loop per rule over the flat buffers (the
- * scalars of the step come computed in u; see optim/optim.h for the rules). */
-#include <math.h>
-
+/* Optimizer updates for the CPU backend: one OpenMP loop per rule over the flat buffers, each
+ * element's update from kernels/optim_body.h (the scalars of the step come computed in u; see
+ * optim/optim.h for the rules). */
 #include "kernels/cpu/cpu.h"
+#include "kernels/optim_body.h"
 
 static void sgd(const ch_kctx *kc, const ch_optim_update *u, size_t n, ch_real *p,
                 const ch_real *grad, ch_real *buf)
@@ -10,15 +10,7 @@ static void sgd(const ch_kctx *kc, const ch_optim_update *u, size_t n, ch_real *
     const ch_real lr = u->lr, wd = u->wd, mom = u->momentum, damp = u->damp;
     const bool first = u->first, nesterov = u->nesterov;
 #pragma omp parallel for num_threads(kc->nthreads) schedule(static)
-    for (size_t i = 0; i < n; i++) {
-        ch_real g = grad[i] + wd * p[i];
-        if (buf) {
-            const ch_real b = first ? g : mom * buf[i] + damp * g;
-            buf[i] = b;
-            g = nesterov ? g + mom * b : b;
-        }
-        p[i] -= lr * g;
-    }
+    for (size_t i = 0; i < n; i++) ch_sgd_at(i, lr, wd, mom, damp, first, nesterov, p, grad, buf);
 }
 
 static void adam(const ch_kctx *kc, const ch_optim_update *u, size_t n, ch_real *p,
@@ -28,15 +20,7 @@ static void adam(const ch_kctx *kc, const ch_optim_update *u, size_t n, ch_real 
     const ch_real b1 = u->b1, b2 = u->b2, eps = u->eps, wd = u->wd, decay = u->decay;
     const ch_real step_size = u->step_size, bc2_sqrt = u->bc2_sqrt;
 #pragma omp parallel for num_threads(kc->nthreads) schedule(static)
-    for (size_t i = 0; i < n; i++) {
-        ch_real g = grad[i];
-        if (decoupled) p[i] *= decay;
-        else g += wd * p[i];
-        m1[i] = m1[i] * b1 + (1 - b1) * g;
-        m2[i] = m2[i] * b2 + (1 - b2) * g * g;
-        const ch_real denom = sqrt(m2[i]) / bc2_sqrt + eps;
-        p[i] -= step_size * (m1[i] / denom);
-    }
+    for (size_t i = 0; i < n; i++) ch_adam_at(i, decoupled, b1, b2, eps, wd, decay, step_size, bc2_sqrt, p, grad, m1, m2);
 }
 
 static void adagrad(const ch_kctx *kc, const ch_optim_update *u, size_t n, ch_real *p,
@@ -44,11 +28,7 @@ static void adagrad(const ch_kctx *kc, const ch_optim_update *u, size_t n, ch_re
 {
     const ch_real wd = u->wd, eps = u->eps, clr = u->lr;
 #pragma omp parallel for num_threads(kc->nthreads) schedule(static)
-    for (size_t i = 0; i < n; i++) {
-        const ch_real g = grad[i] + wd * p[i];
-        sum[i] += g * g;
-        p[i] -= clr * (g / (sqrt(sum[i]) + eps));
-    }
+    for (size_t i = 0; i < n; i++) ch_adagrad_at(i, clr, wd, eps, p, grad, sum);
 }
 
 void ch_cpu_optim_update(const ch_kctx *kc, const ch_optim_update *u, size_t n, ch_real *p,

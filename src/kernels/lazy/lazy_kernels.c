@@ -245,6 +245,74 @@ static void lz_batchnorm_stats(const ch_kctx *kc, int n, int c, int hw, const ch
     ch_lazy_queue_call(kc, run_batchnorm_stats, &queued, sizeof queued);
 }
 
+typedef struct batchnorm_finalize_args {
+    int c;
+    const double *mean;
+    const double *var;
+    double count, eps, momentum;
+    const ch_real *gamma;
+    const ch_real *beta;
+    ch_real *running_mean;
+    ch_real *running_var;
+    ch_real *save;
+} batchnorm_finalize_args;
+
+static void run_batchnorm_finalize(const ch_kctx *kc, const void *args)
+{
+    const batchnorm_finalize_args *g = args;
+    sc()->batchnorm_finalize(kc, g->c, g->mean, g->var, g->count, g->eps, g->momentum, g->gamma, g->beta,
+                             g->running_mean, g->running_var, g->save);
+}
+
+static void lz_batchnorm_finalize(const ch_kctx *kc, int c, const double *mean, const double *var, double count,
+                                  double eps, double momentum, const ch_real *gamma, const ch_real *beta,
+                                  ch_real *running_mean, ch_real *running_var, ch_real *save)
+{
+    const batchnorm_finalize_args queued = { c, mean, var, count, eps, momentum, gamma, beta, running_mean,
+                                             running_var, save };
+    ch_lazy_queue_call(kc, run_batchnorm_finalize, &queued, sizeof queued);
+}
+
+typedef struct dropout_mask_args {
+    int n;
+    size_t per;
+    uint64_t seed, stream, step, sample0;
+    uint32_t threshold;
+    ch_real keep;
+    ch_real *mask;
+} dropout_mask_args;
+
+static void run_dropout_mask(const ch_kctx *kc, const void *args)
+{
+    const dropout_mask_args *g = args;
+    sc()->dropout_mask(kc, g->n, g->per, g->seed, g->stream, g->step, g->sample0, g->threshold, g->keep, g->mask);
+}
+
+static void lz_dropout_mask(const ch_kctx *kc, int n, size_t per, uint64_t seed, uint64_t stream, uint64_t step,
+                            uint64_t sample0, uint32_t threshold, ch_real keep, ch_real *mask)
+{
+    const dropout_mask_args queued = { n, per, seed, stream, step, sample0, threshold, keep, mask };
+    ch_lazy_queue_call(kc, run_dropout_mask, &queued, sizeof queued);
+}
+
+typedef struct to_real_args {
+    size_t len;
+    const double *x;
+    ch_real *y;
+} to_real_args;
+
+static void run_to_real(const ch_kctx *kc, const void *args)
+{
+    const to_real_args *g = args;
+    sc()->to_real(kc, g->len, g->x, g->y);
+}
+
+static void lz_to_real(const ch_kctx *kc, size_t len, const double *x, ch_real *y)
+{
+    const to_real_args queued = { len, x, y };
+    ch_lazy_queue_call(kc, run_to_real, &queued, sizeof queued);
+}
+
 typedef struct channel_affine_args {
     int n;
     int c;
@@ -575,6 +643,7 @@ static const ch_kernels lazy_table = {
     .upsample_forward = lz_upsample_forward,
     .upsample_backward = lz_upsample_backward,
     .batchnorm_stats = lz_batchnorm_stats,
+    .batchnorm_finalize = lz_batchnorm_finalize,
     .channel_affine = lz_channel_affine,
     .batchnorm_backward_reduce = lz_batchnorm_backward_reduce,
     .batchnorm_backward_data = lz_batchnorm_backward_data,
@@ -586,6 +655,8 @@ static const ch_kernels lazy_table = {
     .bcast_forward = lz_bcast_forward,
     .bcast_backward = lz_bcast_backward,
     .copy_rows = lz_copy_rows,
+    .dropout_mask = lz_dropout_mask,
+    .to_real = lz_to_real,
     .col_sum = lz_col_sum,
     .optim_update = lz_optim_update,
     .softmax_xent = lz_softmax_xent,

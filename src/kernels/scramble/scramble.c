@@ -255,6 +255,35 @@ static void sc_bn_stats(const ch_kctx *kc, int n, int c, int hw, const ch_real *
     AROUND(r, ch_cpu_batchnorm_stats(kc, n, c, hw, x, mean, var));
 }
 
+static void sc_bn_finalize(const ch_kctx *kc, int c, const double *mean, const double *var, double count,
+                           double eps, double momentum, const ch_real *gamma, const ch_real *beta,
+                           ch_real *running_mean, ch_real *running_var, ch_real *save)
+{
+    regions r = { 0 };
+    add(&r, gamma, F((size_t)c));
+    add(&r, beta, F((size_t)c));
+    add(&r, running_mean, F((size_t)c));
+    add(&r, running_var, F((size_t)c));
+    add(&r, save, F((size_t)c * 4));
+    AROUND(r, ch_cpu_batchnorm_finalize(kc, c, mean, var, count, eps, momentum, gamma, beta, running_mean,
+                                        running_var, save));
+}
+
+static void sc_dropout_mask(const ch_kctx *kc, int n, size_t per, uint64_t seed, uint64_t stream, uint64_t step,
+                            uint64_t sample0, uint32_t threshold, ch_real keep, ch_real *mask)
+{
+    regions r = { 0 };
+    add(&r, mask, F((size_t)(n > 0 ? n : 0) * per));
+    AROUND(r, ch_cpu_dropout_mask(kc, n, per, seed, stream, step, sample0, threshold, keep, mask));
+}
+
+static void sc_to_real(const ch_kctx *kc, size_t len, const double *x, ch_real *y)
+{
+    regions r = { 0 };
+    add(&r, y, F(len));
+    AROUND(r, ch_cpu_to_real(kc, len, x, y));
+}
+
 static void sc_channel_affine(const ch_kctx *kc, int n, int c, int hw, const ch_real *x,
                               const ch_real *scale, const ch_real *shift, ch_real *y)
 {
@@ -448,6 +477,7 @@ static const ch_kernels scramble_table = {
     .upsample_forward = sc_upsample_forward,
     .upsample_backward = sc_upsample_backward,
     .batchnorm_stats = sc_bn_stats,
+    .batchnorm_finalize = sc_bn_finalize,
     .channel_affine = sc_channel_affine,
     .batchnorm_backward_reduce = sc_bn_backward_reduce,
     .batchnorm_backward_data = sc_bn_backward_data,
@@ -459,6 +489,8 @@ static const ch_kernels scramble_table = {
     .bcast_forward = sc_bcast_forward,
     .bcast_backward = sc_bcast_backward,
     .copy_rows = sc_copy_rows,
+    .dropout_mask = sc_dropout_mask,
+    .to_real = sc_to_real,
     .col_sum = sc_col_sum,
     .optim_update = sc_optim_update,
     .softmax_xent = sc_softmax_xent,
