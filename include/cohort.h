@@ -390,6 +390,11 @@ ch_status ch_trainer_create(const ch_train_config *cfg, const ch_dataset *train,
 void ch_trainer_set_progress(ch_trainer *t, ch_progress_fn fn, void *user);
 /* Train one epoch, then evaluate on the test set (test_acc is -1 without one). */
 ch_status ch_trainer_run_epoch(ch_trainer *t, ch_epoch_stats *stats, ch_err *err);
+/* One training step on the global batch idx[0..n) of the training set (every rank passes the same
+ * indices): split over the replicas, forward, loss (mean over the n samples), backward, sync,
+ * update. Returns the summed loss and the correct count. */
+ch_status ch_trainer_step(ch_trainer *t, const uint32_t *idx, int n, double *loss_sum, int64_t *correct,
+                          ch_err *err);
 /* Evaluate on d: mean loss and accuracy. */
 ch_status ch_trainer_evaluate(ch_trainer *t, const ch_dataset *d, double *loss, double *acc,
                               ch_err *err);
@@ -446,6 +451,18 @@ const char *ch_trainer_grad_compress(const ch_trainer *t);
 bool ch_trainer_is_ps_server(const ch_trainer *t);
 /* "sync" or "async" with parameter servers (and how many in *servers), NULL without. */
 const char *ch_trainer_ps(const ch_trainer *t, int *servers);
+/* The model's name as the epoch line shows it ("lenet", an imported file's graph name). */
+const char *ch_trainer_model_name(const ch_trainer *t);
+/* Threads of this process's replicas, together. */
+int ch_trainer_threads(const ch_trainer *t);
+/* Processes (ranks) the trainer spans. */
+int ch_trainer_procs(const ch_trainer *t);
+/* *v becomes the largest of every rank's *v (collective over the trainer's ranks): a job is as
+ * fast as its slowest rank. */
+ch_status ch_trainer_max_over_ranks(ch_trainer *t, double *v, ch_err *err);
+/* Benchmarks only: steps leave out the gradient sync (each device keeps its own gradient), so
+ * that a run measures what the sync costs. */
+void ch_trainer_set_skip_sync(ch_trainer *t, bool skip);
 /* The ZeRO stage in effect: 1 with --zero 1 when the job has more than one replica, else 0. */
 int ch_trainer_zero(const ch_trainer *t);
 /* Bytes of optimizer state this process holds (all its replicas; with --zero 1 their shards). */

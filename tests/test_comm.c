@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "comm/comm.h"
+#include "graph/graph.h"
 #include "kernels/backend.h"
 #include "models/zoo.h"
 #include "nn/model.h"
@@ -89,15 +90,19 @@ static void allreduce_equals_the_serial_sum_on_every_member(void **state)
 typedef struct bcast_arg {
     ch_comm comm;
     ch_real buf[33];
-    ch_status st;
+    unsigned char bytes[16];
+    ch_status st, st_bytes;
 } bcast_arg;
 
+/* 33 values from member 2, then 13 bytes (no whole number of values) from member 1. */
 static void *run_bcast(void *arg)
 {
     bcast_arg *b = arg;
     for (int i = 0; i < 33; i++) b->buf[i] = (ch_real)(b->comm.rank * 100 + i);
+    for (int i = 0; i < 16; i++) b->bytes[i] = (unsigned char)(b->comm.rank * 40 + i);
     ch_err err;
     b->st = ch_comm_broadcast(&b->comm, b->buf, 33, 2, &err);
+    b->st_bytes = ch_comm_broadcast_bytes(&b->comm, b->bytes, 13, 1, &err);
     return NULL;
 }
 
@@ -117,6 +122,8 @@ static void broadcast_copies_the_root(void **state)
     for (int r = 0; r < 3; r++) {
         assert_int_equal(a[r].st, CH_STATUS_OK);
         for (int i = 0; i < 33; i++) assert_true(a[r].buf[i] == (ch_real)(200 + i));
+        assert_int_equal(a[r].st_bytes, CH_STATUS_OK);
+        for (int i = 0; i < 16; i++) assert_int_equal(a[r].bytes[i], (i < 13 ? 1 : r) * 40 + i);
     }
     ch_local_group_free(g);
 }

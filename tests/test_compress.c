@@ -108,6 +108,22 @@ static ch_comm make_comm(ch_mpi_group **g, ch_grad_compress how, size_t feedback
     return c;
 }
 
+/* The communicators' byte broadcast (what a device communicator's bootstrap needs): 13 bytes, not
+ * a whole number of floats, from the last rank, land whole on every rank and nothing past them. */
+static void test_byte_broadcast(void)
+{
+    ch_mpi_group *g;
+    ch_comm c = make_comm(&g, CH_COMPRESS_NONE, 0);
+    unsigned char buf[16];
+    for (int i = 0; i < 16; i++) buf[i] = (unsigned char)(rank * 31 + i);
+    ch_err err;
+    CHECK(ch_comm_broadcast_bytes(&c, buf, 13, size - 1, &err) == CH_STATUS_OK, "%s", err.msg);
+    for (int i = 0; i < 16; i++)
+        CHECK(buf[i] == (unsigned char)((i < 13 ? size - 1 : rank) * 31 + i), "byte %d: %u", i, buf[i]);
+    CHECK(ch_comm_broadcast_bytes(&c, buf, 4, size, &err) == CH_STATUS_BAD_INPUT, "root %d taken", size);
+    ch_mpi_group_free(g);
+}
+
 /* Rank 0's bits everywhere. */
 static void check_same_everywhere(const float *x, size_t n, const char *what)
 {
@@ -347,6 +363,7 @@ int main(int argc, char **argv)
         return 2;
     }
     test_rounding();
+    test_byte_broadcast();
     test_sum_bits();
     test_feedback();
     if (size == 2) test_training(argv[1]);   /* the rank counts' sums are checked above */

@@ -12,7 +12,6 @@
 #include "core/clock.h"
 #include "core/rng.h"
 #include "data/dataset.h"
-#include "train/trainer.h"
 
 static const char bench_others[] =
     "       cohort bench allreduce [--devices LIST|D] [--min-bytes B] [--max-bytes B]  (also mpirun)\n"
@@ -63,45 +62,40 @@ static ch_dataset *synthetic(size_t n, const ch_graph *g)
     return d;
 }
 
-static int run_bench(ch_trainer *t, ch_dataset *d, int steps, int warmup, bool eval)
+static int run_bench(ch_trainer *t, ch_dataset *d, int batch, bool skip_sync, int steps, int warmup,
+                     bool eval)
 {
-    const int B = t->cfg.batch_size;
+    uint32_t *idx = malloc(sizeof *idx * (size_t)batch);
+    if (!idx) {
+        fprintf(stderr, "cohort bench: out of memory for the batch's indices\n");
+        return CH_EXIT_FAIL;
+    }
+    ch_rng_identity(idx, (uint32_t)batch);
     ch_err err;
     double t0 = 0;
-    for (int i = 0; i < warmup + steps; i++) {
+    ch_status st = CH_STATUS_OK;
+    for (int i = 0; i < warmup + steps && st == CH_STATUS_OK; i++) {
         if (i == warmup) t0 = ch_clock_s();
-        ch_status st;
         if (eval) {
             double l, a;
             st = ch_trainer_evaluate(t, d, &l, &a, &err);
         } else {
             double l;
             int64_t c;
-            st = ch_trainer_step(t, t->perm, B, &l, &c, &err);
+            st = ch_trainer_step(t, idx, batch, &l, &c, &err);
         }
-        if (st != CH_STATUS_OK) return ch_exit_for("bench", st, &err);
     }
+    free(idx);
     double el = ch_clock_s() - t0;
-    int threads = 0;
-    for (int r = 0; r < t->nreplicas; r++) threads += t->replicas[r].nthreads;
-    /* The job is as fast as its slowest rank: every rank's time in its own slot, one sum. */
-    if (t->procs > 1) {
-        double *times = calloc((size_t)t->procs, sizeof *times);
-        if (!times) return ch_exit_for("bench", CH_SYS_FAIL(&err, "calloc of rank times"), &err);
-        times[t->proc] = el;
-        ch_status st = ch_comm_allreduce_sum_f64(&t->main_comm, times, (size_t)t->procs, &err);
-        for (int r = 0; st == CH_STATUS_OK && r < t->procs; r++)
-            if (times[r] > el) el = times[r];
-        free(times);
-        if (st != CH_STATUS_OK) return ch_exit_for("bench", st, &err);
-    }
-    if (t->proc == 0)
+    if (st == CH_STATUS_OK) st = ch_trainer_max_over_ranks(t, &el, &err);
+    if (st != CH_STATUS_OK) return ch_exit_for("bench", st, &err);
+    const char *compress = ch_trainer_grad_compress(t);
+    if (ch_world_rank() == 0)
         printf("model=%s batch=%d ranks=%d devices=%d threads=%d mode=%s%s%s%s steps=%d time=%.3f img/s=%.1f "
-               "step_ms=%.1f\n", t->model_name, B, t->procs, t->nreplicas, threads, eval ? "eval" : "train",
-               t->spec.skip_sync ? " sync=skipped" : "",
-               strcmp(ch_trainer_grad_compress(t), "none") ? " grad_compress=" : "",
-               strcmp(ch_trainer_grad_compress(t), "none") ? ch_trainer_grad_compress(t) : "", steps, el,
-               (double)steps * B / el, 1e3 * el / (double)steps);
+               "step_ms=%.1f\n", ch_trainer_model_name(t), batch, ch_trainer_procs(t), ch_trainer_device_list(t)->count,
+               ch_trainer_threads(t), eval ? "eval" : "train", skip_sync ? " sync=skipped" : "",
+               strcmp(compress, "none") ? " grad_compress=" : "", strcmp(compress, "none") ? compress : "", steps, el,
+               (double)steps * batch / el, 1e3 * el / (double)steps);
     return CH_EXIT_OK;
 }
 
@@ -138,9 +132,8 @@ int ch_cmd_bench(int argc, char **argv)
     ch_graph_free(g);
     int rc = st == CH_STATUS_OK ? CH_EXIT_OK : ch_exit_for("bench", st, &err);
     if (rc == CH_EXIT_OK) {
-        ch_rng_identity(t->perm, (uint32_t)cfg.batch_size);
-        t->spec.skip_sync = skip_sync;
-        rc = run_bench(t, d, (int)steps, (int)warmup, eval);
+        ch_trainer_set_skip_sync(t, skip_sync);
+        rc = run_bench(t, d, cfg.batch_size, skip_sync, (int)steps, (int)warmup, eval);
     }
     ch_trainer_free(t);
     ch_dataset_free(d);

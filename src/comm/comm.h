@@ -39,8 +39,8 @@ typedef struct ch_comm_ops {
     ch_status (*iallreduce_sum)(ch_comm *c, ch_real *buf, size_t n, ch_request *req, ch_err *err);
     /* Has req completed? Fails when the group was aborted; ends the job after the timeout. */
     ch_status (*test)(ch_comm *c, ch_request *req, bool *done, ch_err *err);
-    /* buf (n) <- root's buf. */
-    ch_status (*broadcast)(ch_comm *c, ch_real *buf, size_t n, int root, ch_err *err);
+    /* buf (bytes) <- root's buf: any bytes (a device communicator's bootstrap id, a tensor). */
+    ch_status (*broadcast)(ch_comm *c, void *buf, size_t bytes, int root, ch_err *err);
     ch_status (*barrier)(ch_comm *c, ch_err *err);
     /* Mark the group failed (why: one line): members blocked in or entering a collective return. */
     void (*abort)(ch_comm *c, const char *why);
@@ -105,9 +105,13 @@ static inline ch_status ch_comm_test(ch_comm *c, ch_request *req, bool *done, ch
     }
     return c->ops->test(c, req, done, err);
 }
+static inline ch_status ch_comm_broadcast_bytes(ch_comm *c, void *buf, size_t bytes, int root, ch_err *err)
+{
+    return c->ops->broadcast(c, buf, bytes, root, err);
+}
 static inline ch_status ch_comm_broadcast(ch_comm *c, ch_real *buf, size_t n, int root, ch_err *err)
 {
-    return c->ops->broadcast(c, buf, n, root, err);
+    return c->ops->broadcast(c, buf, sizeof(ch_real) * n, root, err);
 }
 static inline ch_status ch_comm_barrier(ch_comm *c, ch_err *err) { return c->ops->barrier(c, err); }
 
@@ -126,7 +130,7 @@ static inline ch_status ch_comm_allgather_shards(ch_comm *c, ch_real *buf, size_
 {
     for (int i = 0; i < c->size; i++) {
         const size_t lo = ch_shard_lo(n, c->size, i), hi = ch_shard_lo(n, c->size, i + 1);
-        if (hi > lo) CH_TRY(c->ops->broadcast(c, buf + lo, hi - lo, i, err));
+        if (hi > lo) CH_TRY(ch_comm_broadcast(c, buf + lo, hi - lo, i, err));
     }
     return CH_STATUS_OK;
 }

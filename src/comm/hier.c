@@ -77,25 +77,25 @@ static ch_status hier_test(ch_comm *c, ch_request *req, bool *done, ch_err *err)
 /* From any member: the root's process first gives it to its local member 0 (a local broadcast
  * from the root), member 0 of every process then takes it over MPI from the root's process, and
  * each process's members copy member 0's. Every member computes the same plan from root. */
-static ch_status hier_broadcast(ch_comm *c, ch_real *buf, size_t n, int root, ch_err *err)
+static ch_status hier_broadcast(ch_comm *c, void *buf, size_t bytes, int root, ch_err *err)
 {
     ch_hier *h = hier_of(c);
     if (root < 0 || root >= c->size)
         return ch_fail(err, CH_STATUS_BAD_INPUT, "broadcast root %d outside 0..%d", root, c->size - 1);
     const int D = h->local.size, root_proc = root / D, root_member = root % D;
-    if (!h->has_mpi) return ch_comm_broadcast(&h->local, buf, n, root_member, err);
+    if (!h->has_mpi) return ch_comm_broadcast_bytes(&h->local, buf, bytes, root_member, err);
     if (h->mpi.rank == root_proc && root_member != 0 && D > 1)
-        CH_TRY(ch_comm_broadcast(&h->local, buf, n, root_member, err));
+        CH_TRY(ch_comm_broadcast_bytes(&h->local, buf, bytes, root_member, err));
     if (h->local.rank == 0) {
         memcpy(h->mpi.what, c->what, sizeof c->what);
-        ch_status st = ch_comm_broadcast(&h->mpi, buf, n, root_proc, err);
+        ch_status st = ch_comm_broadcast_bytes(&h->mpi, buf, bytes, root_proc, err);
         if (st != CH_STATUS_OK) {
             ch_comm_abort(&h->local, err ? err->msg : "MPI stage failed");
             return st;
         }
     }
     if (D == 1) return CH_STATUS_OK;
-    return ch_local_broadcast_bytes(&h->local, buf, sizeof(ch_real) * n, 0, err);
+    return ch_local_broadcast_bytes(&h->local, buf, bytes, 0, err);
 }
 
 static ch_status hier_barrier(ch_comm *c, ch_err *err)

@@ -126,11 +126,6 @@ ch_status ch_local_broadcast_bytes(ch_comm *c, void *buf, size_t bytes, int root
     return group_barrier(g, err);
 }
 
-static ch_status local_broadcast(ch_comm *c, ch_real *buf, size_t n, int root, ch_err *err)
-{
-    return ch_local_broadcast_bytes(c, buf, sizeof(ch_real) * n, root, err);
-}
-
 static void local_abort(ch_comm *c, const char *why)
 {
     struct ch_local_group *g = c->group;
@@ -147,7 +142,7 @@ static const ch_comm_ops local_ops = {
     .name = "local",
     .allreduce_sum = local_allreduce_sum,
     .allreduce_sum_f64 = local_allreduce_sum_f64,
-    .broadcast = local_broadcast,
+    .broadcast = ch_local_broadcast_bytes,
     .barrier = local_barrier,
     .abort = local_abort,
 };

@@ -168,16 +168,16 @@ static ch_status mpi_test(ch_comm *c, ch_request *req, bool *done, ch_err *err)
     return st;
 }
 
-static ch_status mpi_broadcast(ch_comm *c, ch_real *buf, size_t n, int root, ch_err *err)
+static ch_status mpi_broadcast(ch_comm *c, void *buf, size_t bytes, int root, ch_err *err)
 {
     struct ch_mpi_group *g = c->group;
     if (root < 0 || root >= c->size)
         return ch_fail(err, CH_STATUS_BAD_INPUT, "broadcast root %d outside 0..%d", root, c->size - 1);
-    for (size_t at = 0; at < n; at += MAX_PIECE) {
-        const int len = (int)(n - at < MAX_PIECE ? n - at : MAX_PIECE);
+    for (size_t at = 0; at < bytes; at += MAX_PIECE) {
+        const int len = (int)(bytes - at < MAX_PIECE ? bytes - at : MAX_PIECE);
         MPI_Request req;
         ch_world_lock();
-        const int rc = MPI_Ibcast(buf + at, len, real_type(), root, g->comm, &req);
+        const int rc = MPI_Ibcast((char *)buf + at, len, MPI_BYTE, root, g->comm, &req);
         CH_TRY(start_and_wait(c, rc, &req, "MPI_Ibcast", err));
     }
     return CH_STATUS_OK;

@@ -10,6 +10,7 @@
 #include "cohort.h"
 #include "core/status.h"
 #include "nn/layer.h"
+#include "nn/model.h"
 
 typedef enum ch_gop {
     CH_GOP_CONV2D, CH_GOP_BATCHNORM2D, CH_GOP_RELU, CH_GOP_ACT, CH_GOP_MAX_POOL2D,
@@ -98,5 +99,17 @@ ch_status ch_graph_compile(const ch_graph *g, ch_layer **out, ch_err *err);
 const char *ch_gop_name(ch_gop op);
 /* The same, with activations by kind ("sigmoid", "hardswish", ...): a node's op in graph.json. */
 const char *ch_gnode_op_name(const ch_gnode *nd);
+
+/* ---- graph -> model (graph_model.c) ---- */
+
+/* Build a graph's model (include/cohort.h's ch_graph; the zoo's are graphs too, models/zoo.h) for
+ * inputs of shape `input` and `classes` outputs, which must be the graph's: a mismatch names both.
+ * Allocates the flat buffers and binds the layers; parameters are zero until
+ * ch_model_init_params. */
+ch_status ch_model_create_graph(const ch_graph *g, ch_shape3 input, int classes,
+                                const ch_backend *be, ch_model **out, ch_err *err);
+/* Set every parameter and buffer from the graph's starting values (an imported file's weights):
+ * each must be there, of the model's size. */
+ch_status ch_model_load_initial(ch_model *m, const ch_graph *g, ch_err *err);
 
 #endif

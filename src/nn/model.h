@@ -36,21 +36,12 @@ typedef struct ch_model {
     size_t saved_bytes;             /* kept from forward for backward besides outputs, planned */
 } ch_model;
 
-/* Build a graph's model (include/cohort.h's ch_graph; the zoo's are graphs too, models/zoo.h) for
- * inputs of shape `input` and `classes` outputs, which must be the graph's: a mismatch names both.
- * Allocates the flat buffers and binds the layers; parameters are zero until
- * ch_model_init_params. */
-ch_status ch_model_create_graph(const ch_graph *g, ch_shape3 input, int classes,
-                                const ch_backend *be, ch_model **out, ch_err *err);
 /* Build around an existing tree (takes ownership of root, also on failure). be (borrowed) holds
  * every buffer of the model and runs its kernels. */
 ch_status ch_model_create_from(const char *arch, ch_layer *root, int classes, const ch_backend *be,
                                ch_model **out, ch_err *err);
 /* init: "default" (PyTorch's) or "normal:STD" (weights N(0, STD), biases 0). */
 ch_status ch_model_init_params(ch_model *m, const char *init, uint64_t seed, ch_err *err);
-/* Set every parameter and buffer from the graph's starting values (an imported file's weights):
- * each must be there, of the model's size. */
-ch_status ch_model_load_initial(ch_model *m, const ch_graph *g, ch_err *err);
 /* Allocate activations and workspace for up to max_batch samples with nthreads threads. */
 ch_status ch_model_plan(ch_model *m, int max_batch, int nthreads, ch_err *err);
 /* A run context for this model's backend and workspace. */

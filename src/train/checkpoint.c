@@ -18,6 +18,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "graph/graph.h"
 #include "graph/graph_json.h"
 #include "io/json.h"
 #include "models/zoo.h"

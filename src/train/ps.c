@@ -160,9 +160,9 @@ static ch_status push_not_f64(ch_comm *c, double *buf, size_t n, ch_err *err)
     return ch_fail(err, CH_STATUS_SYSTEM, "the parameter servers' push communicator only sends gradients");
 }
 
-static ch_status push_no_broadcast(ch_comm *c, ch_real *buf, size_t n, int root, ch_err *err)
+static ch_status push_no_broadcast(ch_comm *c, void *buf, size_t bytes, int root, ch_err *err)
 {
-    (void)c, (void)buf, (void)n, (void)root;
+    (void)c, (void)buf, (void)bytes, (void)root;
     return ch_fail(err, CH_STATUS_SYSTEM, "the parameter servers' push communicator only sends gradients");
 }
 

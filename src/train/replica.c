@@ -4,6 +4,7 @@
 #include "train/replica.h"
 
 #include "core/clock.h"
+#include "graph/graph.h"
 #include "train/ps.h"
 
 #include <math.h>

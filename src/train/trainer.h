@@ -84,10 +84,6 @@ struct ch_trainer {
     const ch_dataset *job_data;
 };
 
-/* One training step on the global batch idx[0..n): split over the replicas, forward, loss (mean
- * over the n samples), backward, sync, update. Returns the summed loss and the correct count. */
-ch_status ch_trainer_step(ch_trainer *t, const uint32_t *idx, int n, double *loss_sum,
-                          int64_t *correct, ch_err *err);
 /* Replica r's share of a global batch of n: n / R, the first n % R replicas one more. With
  * processes, r is the global replica index (process x D + device) and R all replicas of the job. */
 void ch_trainer_slice(int n, int nreplicas, int r, int *offset, int *count);

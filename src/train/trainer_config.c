@@ -146,3 +146,5 @@ ch_status ch_trainer_schedule_config(const ch_train_config *c, ch_schedule *s, c
     if (c->milestones) CH_TRY(ch_schedule_parse_milestones(s, c->milestones, err));
     return ch_schedule_check(s, err);
 }
+
+void ch_trainer_set_skip_sync(ch_trainer *t, bool skip) { t->spec.skip_sync = skip; }

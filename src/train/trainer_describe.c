@@ -192,3 +192,14 @@ void ch_trainer_describe(const ch_trainer *t, FILE *out)
     fprintf(out, "\n");
     fflush(out);
 }
+
+const char *ch_trainer_model_name(const ch_trainer *t) { return t->model_name; }
+
+int ch_trainer_threads(const ch_trainer *t)
+{
+    int threads = 0;
+    for (int r = 0; r < t->nreplicas; r++) threads += t->replicas[r].nthreads;
+    return threads;
+}
+
+int ch_trainer_procs(const ch_trainer *t) { return t->procs; }

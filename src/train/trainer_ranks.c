@@ -158,3 +158,17 @@ ch_status ch_trainer_align_trace_clocks(ch_trainer *t, ch_err *err)
     t->trace_offset_ns = (int64_t)root[0] - mine;
     return CH_STATUS_OK;
 }
+
+/* Every rank's value in its own slot, one sum: the largest. */
+ch_status ch_trainer_max_over_ranks(ch_trainer *t, double *v, ch_err *err)
+{
+    if (t->procs <= 1) return CH_STATUS_OK;
+    double *all = calloc((size_t)t->procs, sizeof *all);
+    CH_CHECK_ALLOC(err, all);
+    all[t->proc] = *v;
+    const ch_status st = ch_comm_allreduce_sum_f64(&t->main_comm, all, (size_t)t->procs, err);
+    for (int r = 0; st == CH_STATUS_OK && r < t->procs; r++)
+        if (all[r] > *v) *v = all[r];
+    free(all);
+    return st;
+}
