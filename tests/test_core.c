@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cjson/cJSON.h>
+
 #include "core/file.h"
 #include "core/rng.h"
 #include "core/status.h"
@@ -266,9 +268,47 @@ static void option_values_are_whole_strings(void **state)
     assert_int_equal(v.cli.progress, 2);
 }
 
+/* trainer.json's "config" comes from the table's recorded rows: every one, with its value of the
+ * configuration given (none at its default), of its type (numbers, true/false, string or null). */
+static void option_table_records_the_config(void **state)
+{
+    (void)state;
+    ch_train_config c = ch_train_config_default();
+    c.batch_size = 37;
+    c.lr = 0.03;
+    c.momentum = 0.7;
+    c.nesterov = true;
+    c.dampening = 0.125;
+    c.beta1 = 0.8;
+    c.beta2 = 0.95;
+    c.eps = 1e-6;
+    c.weight_decay = 5e-4;
+    c.sync_bn = true;
+    c.init = "normal:0.02";
+    c.normalize = NULL;
+    cJSON *j = cJSON_CreateObject();
+    assert_non_null(j);
+    ch_opt_record_config(&c, j);
+    static const struct { const char *key; double v; } nums[] = {
+        { "batch_size", 37 }, { "lr", 0.03 }, { "momentum", 0.7 }, { "dampening", 0.125 }, { "beta1", 0.8 },
+        { "beta2", 0.95 }, { "eps", 1e-6 }, { "weight_decay", 5e-4 },
+    };
+    for (size_t i = 0; i < sizeof nums / sizeof *nums; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, nums[i].key);
+        if (!cJSON_IsNumber(v) || v->valuedouble != nums[i].v) fail_msg("config.%s is not %g", nums[i].key, nums[i].v);
+    }
+    assert_true(cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "nesterov")));
+    assert_true(cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "sync_bn")));
+    assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(j, "init")), "normal:0.02");
+    assert_true(cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(j, "normalize")));
+    assert_int_equal(cJSON_GetArraySize(j), 12);
+    cJSON_Delete(j);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(option_table_records_the_config),
         cmocka_unit_test(rng_is_a_pure_function_of_key_and_counter),
         cmocka_unit_test(shares_cut_by_largest_remainders),
         cmocka_unit_test(rng_uniform_and_normal_have_the_right_moments),

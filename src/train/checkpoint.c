@@ -22,6 +22,7 @@
 #include "graph/graph_json.h"
 #include "io/json.h"
 #include "models/zoo.h"
+#include "train/options.h"
 #include "train/position.h"
 #include "io/safetensors.h"
 
@@ -131,21 +132,18 @@ static char *trainer_json(const ch_ckpt_run *run, const ch_ckpt_position *p)
     const double in[3] = { m->input.c, m->input.h, m->input.w };
     cJSON_AddItemToObject(j, "input", cJSON_CreateDoubleArray(in, 3));
     cJSON_AddNumberToObject(j, "classes", m->classes);
-    cJSON *cfg = cJSON_AddObjectToObject(j, "config");
-    cJSON_AddStringToObject(cfg, "init", run->init);
-    cJSON_AddNumberToObject(cfg, "batch_size", run->cfg->batch_size);
-    cJSON_AddNumberToObject(cfg, "lr", run->cfg->lr);
-    cJSON_AddNumberToObject(cfg, "momentum", run->cfg->momentum);
-    cJSON_AddNumberToObject(cfg, "weight_decay", run->optim->weight_decay);
-    cJSON_AddNumberToObject(cfg, "dampening", run->optim->dampening);
-    cJSON_AddNumberToObject(cfg, "beta1", run->optim->beta1);
-    cJSON_AddNumberToObject(cfg, "beta2", run->optim->beta2);
-    cJSON_AddNumberToObject(cfg, "eps", run->optim->eps);
-    cJSON_AddBoolToObject(cfg, "nesterov", run->cfg->nesterov);
-    cJSON_AddBoolToObject(cfg, "sync_bn", run->cfg->sync_bn);
-    /* Evaluation must see the inputs the way training saw them. */
-    if (run->normalize[0]) cJSON_AddStringToObject(cfg, "normalize", run->normalize);
-    else cJSON_AddNullToObject(cfg, "normalize");
+    /* The option table's recorded rows, as the run uses them: the optimizer's defaults filled in,
+     * the initialisation and the inputs' normalisation as resolved (evaluation must see the inputs
+     * the way training saw them). */
+    ch_train_config used = *run->cfg;
+    used.weight_decay = run->optim->weight_decay;
+    used.dampening = run->optim->dampening;
+    used.beta1 = run->optim->beta1;
+    used.beta2 = run->optim->beta2;
+    used.eps = run->optim->eps;
+    used.init = run->init;
+    used.normalize = run->normalize[0] ? run->normalize : NULL;
+    ch_opt_record_config(&used, cJSON_AddObjectToObject(j, "config"));
     cJSON_AddNumberToObject(j, "seed", (double)run->cfg->seed);
     cJSON_AddNumberToObject(j, "epoch", p->epoch);
     cJSON_AddNumberToObject(j, "step_in_epoch", p->step_in_epoch);

@@ -12,6 +12,8 @@
 
 #include "train/ps.h"
 
+#include <cjson/cJSON.h>
+
 static bool parse_shares(const char *arg, ch_opt_values *v, char *why, size_t len);
 static bool parse_betas(const char *arg, ch_opt_values *v, char *why, size_t len);
 static void show_betas(const ch_train_config *c, char *buf, size_t len);
@@ -73,7 +75,7 @@ static const ch_opt table[] = {
       .section = CH_SEC_DATA, .arg = "N", .brief = "use only the first N training samples", .dflt = "all" },
     { .name = "test-limit", .cmds = T | E, .type = CH_OPT_LONG, CLI(test_limit), .lo = 1, .hi = (double)LONG_MAX,
       .section = CH_SEC_DATA, .arg = "N", .brief = "evaluate on the first N test samples only", .dflt = "all" },
-    { .name = "init", .cmds = T, .type = CH_OPT_STR, CFG(init), .agree = CH_AGREE_VALUE, .section = CH_SEC_DATA,
+    { .name = "init", .record = "init", .cmds = T, .type = CH_OPT_STR, CFG(init), .agree = CH_AGREE_VALUE, .section = CH_SEC_DATA,
       .arg = "SPEC",
       .brief = "default (PyTorch's) | normal:STD (weights N(0,STD), biases 0) | file (an ONNX model's own "
                "weights: what it starts from unless told)", .dflt = "" },
@@ -90,7 +92,7 @@ static const ch_opt table[] = {
     { .name = "epochs", .cmds = T, .type = CH_OPT_INT, CFG(epochs), .lo = 0, .hi = 1000000,
       .agree = CH_AGREE_VALUE, .section = CH_SEC_OPTIM, .arg = "N", .brief = "epochs to train",
       .more = "in all, counting those of a resumed checkpoint" },
-    { .name = "batch-size", .short_name = 'b', .cmds = T | E | B, .type = CH_OPT_INT, CFG(batch_size), .lo = 1,
+    { .name = "batch-size", .record = "batch_size", .short_name = 'b', .cmds = T | E | B, .type = CH_OPT_INT, CFG(batch_size), .lo = 1,
       .hi = 1 << 20, .agree = CH_AGREE_VALUE, .section = CH_SEC_OPTIM, .arg = "B",
       .brief = "global batch size, split across every device of every rank" },
     { .name = "accum-steps", .cmds = T | B, .type = CH_OPT_INT, CFG(accum_steps), .lo = 1, .hi = 4096,
@@ -104,23 +106,23 @@ static const ch_opt table[] = {
                "from measured step times; gradients stay exact",
       .more = "auto re-balances from each rank's step time after 20 steps and at every epoch end, and is not "
               "bit-reproducible", .dflt = "equal" },
-    { .name = "lr", .cmds = T, .type = CH_OPT_DOUBLE, CFG(lr), .lo = 0, .hi = 1e30, .agree = CH_AGREE_VALUE,
+    { .name = "lr", .record = "lr", .cmds = T, .type = CH_OPT_DOUBLE, CFG(lr), .lo = 0, .hi = 1e30, .agree = CH_AGREE_VALUE,
       .section = CH_SEC_OPTIM, .arg = "X", .brief = "learning rate" },
     { .name = "optimizer", .cmds = T, .type = CH_OPT_STR, CFG(optimizer), .agree = CH_AGREE_VALUE,
       .section = CH_SEC_OPTIM, .arg = "NAME", .brief = "sgd | adam | adamw | adagrad, PyTorch's rules",
       .more = "(torch.optim)", .dflt = "sgd" },
-    { .name = "momentum", .cmds = T, .type = CH_OPT_DOUBLE, CFG(momentum), .lo = 0, .hi = 0.999999,
+    { .name = "momentum", .record = "momentum", .cmds = T, .type = CH_OPT_DOUBLE, CFG(momentum), .lo = 0, .hi = 0.999999,
       .agree = CH_AGREE_VALUE, .section = CH_SEC_OPTIM, .arg = "M", .brief = "SGD momentum, PyTorch semantics" },
-    { .name = "nesterov", .cmds = T, .type = CH_OPT_FLAG, CFG(nesterov), .agree = CH_AGREE_VALUE,
+    { .name = "nesterov", .record = "nesterov", .cmds = T, .type = CH_OPT_FLAG, CFG(nesterov), .agree = CH_AGREE_VALUE,
       .section = CH_SEC_OPTIM, .brief = "Nesterov momentum", .dflt = "off" },
-    { .name = "dampening", .cmds = T, .type = CH_OPT_DOUBLE, CFG(dampening), .lo = 0, .hi = 1,
+    { .name = "dampening", .record = "dampening", .cmds = T, .type = CH_OPT_DOUBLE, CFG(dampening), .lo = 0, .hi = 1,
       .agree = CH_AGREE_VALUE, .section = CH_SEC_OPTIM, .arg = "D", .brief = "SGD momentum dampening" },
-    { .name = "betas", .cmds = T, .type = CH_OPT_SPECIAL, .parse = parse_betas, .show = show_betas, CFG(beta1),
+    { .name = "betas", .record = "beta1,beta2", .cmds = T, .type = CH_OPT_SPECIAL, .parse = parse_betas, .show = show_betas, CFG(beta1),
       .agree = CH_AGREE_VALUE,
       .section = CH_SEC_OPTIM, .arg = "B1,B2", .brief = "Adam/AdamW betas, each in [0, 1)", .dflt = "0.9,0.999" },
-    { .name = "eps", .cmds = T, .type = CH_OPT_DOUBLE, CFG(eps), .lo = 0, .hi = 1, .agree = CH_AGREE_VALUE,
+    { .name = "eps", .record = "eps", .cmds = T, .type = CH_OPT_DOUBLE, CFG(eps), .lo = 0, .hi = 1, .agree = CH_AGREE_VALUE,
       .section = CH_SEC_OPTIM, .arg = "E", .brief = "Adam/AdamW/Adagrad epsilon", .dflt = "1e-8; Adagrad 1e-10" },
-    { .name = "weight-decay", .alias = "wd", .cmds = T, .type = CH_OPT_DOUBLE, CFG(weight_decay), .lo = 0,
+    { .name = "weight-decay", .record = "weight_decay", .alias = "wd", .cmds = T, .type = CH_OPT_DOUBLE, CFG(weight_decay), .lo = 0,
       .hi = 1e3, .agree = CH_AGREE_VALUE, .section = CH_SEC_OPTIM, .arg = "W", .brief = "L2 weight decay",
       .more = "AdamW: decoupled", .dflt = "0; AdamW 0.01" },
     { .name = "schedule", .cmds = T, .type = CH_OPT_STR, CFG(schedule), .agree = CH_AGREE_VALUE,
@@ -151,7 +153,7 @@ static const ch_opt table[] = {
       .more = "(torchvision's RandomCrop(size, padding=PAD))", .dflt = "0: none" },
     { .name = "random-flip", .cmds = T, .type = CH_OPT_FLAG, CFG(random_flip), .agree = CH_AGREE_VALUE,
       .section = CH_SEC_OPTIM, .brief = "training: flip horizontally with probability 1/2", .dflt = "off" },
-    { .name = "normalize", .cmds = T, .type = CH_OPT_STR, CFG(normalize), .agree = CH_AGREE_VALUE,
+    { .name = "normalize", .record = "normalize", .cmds = T, .type = CH_OPT_STR, CFG(normalize), .agree = CH_AGREE_VALUE,
       .section = CH_SEC_OPTIM, .arg = "SPEC",
       .brief = "imagenet | MEAN/STD per channel, like 0.49,0.48,0.45/0.25,0.24,0.26",
       .more = "x = (pixel / 255 - mean) / std, training and evaluation",
@@ -173,7 +175,7 @@ static const ch_opt table[] = {
       .agree = CH_AGREE_NONE, .section = CH_SEC_DEVICES, .arg = "T", .unset_ok = true,
       .brief = "compute threads in all, shared out among the devices, at least one each",
       .dflt = "the cores this process may use, divided by the ranks on the host" },
-    { .name = "sync-bn", .cmds = T | B, .type = CH_OPT_FLAG, CFG(sync_bn), .agree = CH_AGREE_VALUE,
+    { .name = "sync-bn", .record = "sync_bn", .cmds = T | B, .type = CH_OPT_FLAG, CFG(sync_bn), .agree = CH_AGREE_VALUE,
       .section = CH_SEC_DEVICES, .brief = "BatchNorm batch statistics over the whole global batch",
       .dflt = "each device's own slice, as PyTorch DDP" },
     { .name = "precision", .cmds = T | B, .type = CH_OPT_STR, CFG(precision), .section = CH_SEC_DEVICES,
@@ -527,4 +529,34 @@ ch_status ch_opt_check_config(const ch_train_config *c, ch_err *err)
                        o->hi);
     }
     return CH_STATUS_OK;
+}
+
+void ch_opt_record_config(const ch_train_config *c, cJSON *obj)
+{
+    int n;
+    const ch_opt *t = ch_opt_table(&n);
+    for (int i = 0; i < n; i++) {
+        const ch_opt *o = &t[i];
+        if (!o->record || o->where != CH_IN_CFG) continue;
+        const void *f = (const char *)c + o->offset;
+        switch (o->type) {
+        case CH_OPT_INT: cJSON_AddNumberToObject(obj, o->record, *(const int *)f); break;
+        case CH_OPT_LONG: cJSON_AddNumberToObject(obj, o->record, (double)*(const long *)f); break;
+        case CH_OPT_U64: cJSON_AddNumberToObject(obj, o->record, (double)*(const uint64_t *)f); break;
+        case CH_OPT_DOUBLE: cJSON_AddNumberToObject(obj, o->record, *(const double *)f); break;
+        case CH_OPT_FLAG: cJSON_AddBoolToObject(obj, o->record, *(const bool *)f); break;
+        case CH_OPT_STR: {
+            const char *v = *(const char *const *)f;
+            if (v) cJSON_AddStringToObject(obj, o->record, v);
+            else cJSON_AddNullToObject(obj, o->record);
+            break;
+        }
+        default: {   /* consecutive doubles, one key each */
+            char keys[64];
+            snprintf(keys, sizeof keys, "%s", o->record);
+            const double *d = f;
+            for (char *k = strtok(keys, ","); k; k = strtok(NULL, ",")) cJSON_AddNumberToObject(obj, k, *d++);
+        }
+        }
+    }
 }

@@ -90,6 +90,9 @@ typedef struct ch_opt {
     bool (*parse)(const char *arg, struct ch_opt_values *v, char *why, size_t len);
     void (*show)(const ch_train_config *c, char *buf, size_t len);
     bool unset_ok;          /* the library takes 0 for this field as "not set" (the CLI does not) */
+    /* The key of the value in a checkpoint's trainer.json "config" record, or NULL: not recorded. A
+     * special row's field is consecutive doubles, one key each: "beta1,beta2". */
+    const char *record;
 } ch_opt;
 
 /* The table, and its number of rows. */
@@ -111,6 +114,10 @@ bool ch_opt_set(const ch_opt *o, const char *arg, ch_opt_values *v, char *why, s
 void ch_opt_show(const ch_opt *o, const ch_train_config *c, char *buf, size_t len);
 /* The default as help says it ("256", "off", ...), empty when there is none to say. */
 void ch_opt_default_text(const ch_opt *o, unsigned cmd, char *buf, size_t len);
+struct cJSON;
+/* Into obj, every recorded row's value in c (its record key): numbers, true/false, strings or null.
+ * c is the configuration as the run uses it (the optimizer's defaults filled in). */
+void ch_opt_record_config(const ch_train_config *c, struct cJSON *obj);
 /* Every numeric field of c within its flag's range (or at its library default, or 0 where the
  * library takes 0 as not set): the library's check of a configuration a C caller filled. */
 ch_status ch_opt_check_config(const ch_train_config *c, ch_err *err);
