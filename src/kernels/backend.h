@@ -20,6 +20,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdlib.h>
 
 #include "core/status.h"
 #include "kernels/kernels.h"
@@ -65,6 +66,10 @@ typedef struct ch_backend_ops {
     void (*wait)(const ch_backend *be, ch_stream *s, ch_event *e);     /* s runs on after e only */
     void (*event_sync)(const ch_backend *be, ch_event *e);              /* the host waits for e */
     bool (*query)(const ch_backend *be, ch_event *e);                   /* e complete? */
+    /* Host memory the device copies from and to at full speed (page-locked on a GPU); NULL:
+     * plain malloc. What stages replica memory (the batch, the gradient mirror) is this. */
+    void *(*host_alloc)(const ch_backend *be, size_t bytes);
+    void (*host_free)(const ch_backend *be, void *p);
     void (*stream_sync)(const ch_backend *be, ch_stream *s);           /* the host waits for s */
 } ch_backend_ops;
 
@@ -99,6 +104,18 @@ static inline void ch_backend_release(const ch_backend *be, void *p)
 {
     if (p) be->ops->free(be, p);
 }
+/* Staging memory for copies to and from this backend (pinned where the backend pins); NULL when
+ * it cannot be had. */
+static inline void *ch_backend_host_alloc(const ch_backend *be, size_t bytes)
+{
+    return be->ops->host_alloc ? be->ops->host_alloc(be, bytes ? bytes : 1) : malloc(bytes ? bytes : 1);
+}
+static inline void ch_backend_host_free(const ch_backend *be, void *p)
+{
+    if (be->ops->host_free) be->ops->host_free(be, p);
+    else free(p);
+}
+
 /* The host waits until everything queued on stream which has run. */
 static inline void ch_backend_sync(const ch_backend *be, int which)
 {

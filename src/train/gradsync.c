@@ -210,7 +210,7 @@ ch_status ch_gradsync_create(ch_comm *comm, ch_model *m, size_t bucket_elems, ch
     s->be = m->be;
     s->grads = m->grads;
     if (ch_comm_stages(comm, m->be)) {
-        s->mirror = malloc(sizeof(ch_real) * (m->nparams + 1));
+        s->mirror = ch_backend_host_alloc(m->be, sizeof(ch_real) * (m->nparams + 1));
         if (!s->mirror) {
             free(s);
             return CH_SYS_FAIL(err, "allocation of a gradient mirror");
@@ -218,7 +218,7 @@ ch_status ch_gradsync_create(ch_comm *comm, ch_model *m, size_t bucket_elems, ch
     }
     if (pthread_mutex_init(&s->mu, NULL) != 0 || pthread_cond_init(&s->work, NULL) != 0 ||
         pthread_cond_init(&s->finished, NULL) != 0) {
-        free(s->mirror);
+        ch_backend_host_free(m->be, s->mirror);
         free(s);
         return CH_SYS_FAIL(err, "gradsync mutex/cond init");
     }
@@ -332,6 +332,6 @@ void ch_gradsync_free(ch_gradsync *s)
     free(s->queue);
     free(s->reqs);
     free(s->inflight);
-    free(s->mirror);
+    if (s->mirror) ch_backend_host_free(s->be, s->mirror);
     free(s);
 }

@@ -55,10 +55,10 @@ static ch_status alloc_buffers(ch_replica *rp, const ch_replica_spec *s, ch_err 
     }
     if (be->ops->host_visible) return CH_STATUS_OK;
     const ch_model *m = rp->model;
-    rp->x_host = malloc(x_bytes);
-    rp->labels_host = malloc(sizeof(int32_t) * b);
-    rp->logits_host = malloc(sizeof(ch_real) * (size_t)s->classes * b);
-    rp->stage = malloc(sizeof(ch_real) * ((m->nparams > m->nbuffers ? m->nparams : m->nbuffers) + 1));
+    rp->x_host = ch_backend_host_alloc(be, x_bytes);
+    rp->labels_host = ch_backend_host_alloc(be, sizeof(int32_t) * b);
+    rp->logits_host = ch_backend_host_alloc(be, sizeof(ch_real) * (size_t)s->classes * b);
+    rp->stage = ch_backend_host_alloc(be, sizeof(ch_real) * ((m->nparams > m->nbuffers ? m->nparams : m->nbuffers) + 1));
     if (!rp->x_host || !rp->labels_host || !rp->logits_host || !rp->stage)
         return CH_SYS_FAIL(err, "allocation of replica staging buffers");
     return CH_STATUS_OK;
@@ -577,12 +577,11 @@ void ch_replica_free(ch_replica *rp)
         ch_backend_release(rp->be, rp->accum);
     }
     ch_model_free(rp->model);
+    void *host[] = { rp->x_host, rp->labels_host, rp->logits_host, rp->stage };
+    for (size_t i = 0; i < sizeof host / sizeof *host; i++)
+        if (host[i]) ch_backend_host_free(rp->be, host[i]);
     if (rp->be) ch_backend_event_free(rp->be, rp->loss_done);
     ch_backend_free(rp->be);
-    free(rp->x_host);
-    free(rp->labels_host);
-    free(rp->logits_host);
-    free(rp->stage);
     free(rp->class_hits);
     free(rp->class_counts);
 }
