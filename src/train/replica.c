@@ -252,11 +252,22 @@ static int micro_global(const int *counts, int R, int K, int j)
     return n;
 }
 
-/* The loss kernel just queued has written its sums: into the replica's totals. */
-static void read_loss(ch_replica *rp)
+/* The loss kernel was just queued: what the host reads once it has run (loss_done). */
+static void loss_queued(ch_replica *rp)
 {
     ch_backend_record(rp->be, rp->loss_done, CH_STREAM_COMPUTE);
+    rp->loss_pending = true;
+}
+
+/* The last queued loss kernel's sums into the replica's totals, once it has run. Called before
+ * the next loss kernel is queued (it writes the same two values), at the end of a step, or at
+ * once where the NaN check needs the value: one wait per step without micro-batches, and none
+ * between a micro-batch's forward and its backward. */
+static void take_loss(ch_replica *rp)
+{
+    if (!rp->loss_pending) return;
     ch_backend_event_sync(rp->be, rp->loss_done);
+    rp->loss_pending = false;
     rp->loss_sum += rp->batch_loss;
     rp->correct += rp->batch_correct;
 }
@@ -294,9 +305,11 @@ static ch_status micro_step(ch_replica *rp, const ch_replica_spec *s, const ch_s
     int64_t t0 = tr ? ch_trace_now() : 0;
     const ch_real *logits = ch_model_forward(m, r, n, x);
     if (*comm_st != CH_STATUS_OK) return fail_collective(rp, *comm_st, err);
+    take_loss(rp);   /* the previous micro-batch's */
     r->k->softmax_xent(&r->kc, n, m->classes, logits, rp->labels + lo, 1.0 / sl->global_n, rp->dlogits,
                        &rp->batch_loss, &rp->batch_correct);
-    read_loss(rp);
+    loss_queued(rp);
+    if (s->nan_check) take_loss(rp);
     if (tr) ch_trace_span(tr, "forward", "forward + loss", t0, -1);
     if (s->nan_check && !isfinite(rp->loss_sum)) {
         char dev[32];
@@ -421,7 +434,9 @@ ch_status ch_replica_step(ch_replica *rp, const ch_replica_spec *s, const ch_dat
 {
     ch_trace_track *tr = rp->tracing ? &rp->trace_compute : NULL;
     const int64_t t_step = tr ? ch_trace_now() : 0;
+    take_loss(rp);   /* a failed step's, still queued: its kernel must not write into this step's */
     ch_status st = step_traced(rp, s, d, sl, tr);
+    take_loss(rp);
     rp->steps_run++;
     if (tr) {
         char name[32];
@@ -477,7 +492,8 @@ ch_status ch_replica_evaluate(ch_replica *rp, const ch_replica_spec *s, const ch
         const ch_real *logits = ch_model_forward(rp->model, &r, n, rp->x);
         r.k->softmax_xent(&r.kc, n, rp->model->classes, logits, rp->labels, 1.0, NULL, &rp->batch_loss,
                           &rp->batch_correct);
-        read_loss(rp);
+        loss_queued(rp);
+        take_loss(rp);
         tally_classes(rp, n, rp->model->classes, logits);
     }
     return CH_STATUS_OK;

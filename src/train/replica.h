@@ -93,10 +93,12 @@ typedef struct ch_replica {
     double loss_sum;
     int64_t correct;
     /* The loss kernel's results for one batch: host memory it writes when it runs, read by the
-     * host after loss_done (recorded after it on the compute stream; NULL without streams). */
+     * host after loss_done (recorded after it on the compute stream; NULL without streams), while
+     * loss_pending. */
     double batch_loss;
     int64_t batch_correct;
     ch_event *loss_done;
+    bool loss_pending;
     double busy_s;          /* the last step's time up to its wait for the gradient sync */
     uint64_t steps_run;     /* steps this replica has run in this process */
     int64_t *class_hits, *class_counts; /* evaluation, per class (classes each) */
