@@ -107,7 +107,6 @@ static int optimizer_tensors(const ch_model *m, const ch_optim *o, ch_st_tensor 
     for (int s = 0; s < o->nstate; s++) {
         float *v = vals + (size_t)s * m->nparams;
         if (ch_model_download_floats_async(m, v, o->state[s], m->nparams, err) != CH_STATUS_OK) return -1;
-        ch_backend_sync(m->be, CH_STREAM_COMPUTE);
         for (int k = 0; k < m->ntensors; k++) {
             const ch_tensor_ref *r = &m->tensors[k];
             if (r->kind != CH_TENSOR_PARAM) continue;
@@ -118,6 +117,7 @@ static int optimizer_tensors(const ch_model *m, const ch_optim *o, ch_st_tensor 
             shape_of(r, t);
         }
     }
+    ch_backend_sync(m->be, CH_STREAM_COMPUTE);   /* every state's copy written before the file is */
     return n;
 }
 
