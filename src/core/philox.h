@@ -4,9 +4,11 @@
 #ifndef CH_CORE_PHILOX_H
 #define CH_CORE_PHILOX_H
 
+#include "core/hd.h"
+
 #include <stdint.h>
 
-static inline void ch_philox_round(uint32_t ctr[4], const uint32_t key[2])
+static inline CH_HD void ch_philox_round(uint32_t ctr[4], const uint32_t key[2])
 {
     const uint64_t p0 = (uint64_t)0xD2511F53u * ctr[0];
     const uint64_t p1 = (uint64_t)0xCD9E8D57u * ctr[2];
@@ -19,7 +21,7 @@ static inline void ch_philox_round(uint32_t ctr[4], const uint32_t key[2])
 }
 
 /* Four 32-bit words for (seed, stream, counter). */
-static inline void ch_philox_block(uint64_t seed, uint64_t stream, uint64_t counter, uint32_t out[4])
+static inline CH_HD void ch_philox_block(uint64_t seed, uint64_t stream, uint64_t counter, uint32_t out[4])
 {
     uint32_t key[2] = { (uint32_t)seed, (uint32_t)(seed >> 32) };
     uint32_t ctr[4] = { (uint32_t)counter, (uint32_t)(counter >> 32), (uint32_t)stream,

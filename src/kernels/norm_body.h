@@ -4,6 +4,8 @@
 #ifndef CH_KERNELS_NORM_BODY_H
 #define CH_KERNELS_NORM_BODY_H
 
+#include "core/hd.h"
+
 #include <math.h>
 
 #include "core/real.h"
@@ -13,7 +15,7 @@
  * Evaluation (mean == NULL): the running statistics give them. Then scale = gamma / std and
  * shift = beta - mean * scale, what forward applies. save holds mean, invstd, scale, shift, c
  * apart. */
-static inline void ch_bn_finalize_channel(int i, int c, const double *mean, const double *var, double count,
+static inline CH_HD void ch_bn_finalize_channel(int i, int c, const double *mean, const double *var, double count,
                                           double eps, double momentum, const ch_real *gamma,
                                           const ch_real *beta, ch_real *rmean, ch_real *rvar, ch_real *save)
 {

@@ -4,6 +4,8 @@
 #ifndef CH_KERNELS_OPTIM_BODY_H
 #define CH_KERNELS_OPTIM_BODY_H
 
+#include "core/hd.h"
+
 #include <math.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -11,7 +13,7 @@
 #include "core/real.h"
 
 /* SGD with weight decay, momentum (buf; NULL without), dampening and Nesterov. */
-static inline void ch_sgd_at(size_t i, ch_real lr, ch_real wd, ch_real mom, ch_real damp, bool first, bool nesterov,
+static inline CH_HD void ch_sgd_at(size_t i, ch_real lr, ch_real wd, ch_real mom, ch_real damp, bool first, bool nesterov,
                              ch_real *p, const ch_real *grad, ch_real *buf)
 {
     ch_real g = grad[i] + wd * p[i];
@@ -24,7 +26,7 @@ static inline void ch_sgd_at(size_t i, ch_real lr, ch_real wd, ch_real mom, ch_r
 }
 
 /* Adam (L2 weight decay) or AdamW (decoupled: p scaled by decay first). */
-static inline void ch_adam_at(size_t i, bool decoupled, ch_real b1, ch_real b2, ch_real eps, ch_real wd, ch_real decay,
+static inline CH_HD void ch_adam_at(size_t i, bool decoupled, ch_real b1, ch_real b2, ch_real eps, ch_real wd, ch_real decay,
                               ch_real step_size, ch_real bc2_sqrt, ch_real *p, const ch_real *grad, ch_real *m1,
                               ch_real *m2)
 {
@@ -33,17 +35,17 @@ static inline void ch_adam_at(size_t i, bool decoupled, ch_real b1, ch_real b2, 
     else g += wd * p[i];
     m1[i] = m1[i] * b1 + (1 - b1) * g;
     m2[i] = m2[i] * b2 + (1 - b2) * g * g;
-    const ch_real denom = sqrt(m2[i]) / bc2_sqrt + eps;
+    const ch_real denom = (ch_real)(sqrt((double)m2[i]) / bc2_sqrt + eps);
     p[i] -= step_size * (m1[i] / denom);
 }
 
 /* Adagrad with the decayed rate clr. */
-static inline void ch_adagrad_at(size_t i, ch_real clr, ch_real wd, ch_real eps, ch_real *p, const ch_real *grad,
+static inline CH_HD void ch_adagrad_at(size_t i, ch_real clr, ch_real wd, ch_real eps, ch_real *p, const ch_real *grad,
                                  ch_real *sum)
 {
     const ch_real g = grad[i] + wd * p[i];
     sum[i] += g * g;
-    p[i] -= clr * (g / (sqrt(sum[i]) + eps));
+    p[i] -= clr * (g / (sqrt((double)sum[i]) + eps));
 }
 
 #endif
