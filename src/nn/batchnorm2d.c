@@ -17,8 +17,9 @@ typedef struct bn_impl {
     /* (c) each, adjacent, replica memory: what forward applies and backward reads (the
      * batchnorm_finalize kernel's save) */
     ch_real *mean, *invstd, *scale, *shift;
-    /* (c) each, the kernels' double results (host memory a queued kernel writes when it runs):
-     * forward statistics, backward reductions. The host reads them only with sync-BN, after a
+    /* (c) each, the kernels' double results (host memory a queued kernel writes when it runs,
+     * from the backend's host_alloc: mapped into a GPU's address space, so its kernels write
+     * here): forward statistics, backward reductions. The host reads them only with sync-BN, after a
      * wait, to sum them over the group. */
     double *batch_mean, *batch_var;
     double *sum_dy, *sum_dy_xhat;
@@ -30,8 +31,9 @@ static ch_status bn_plan(ch_layer *l, ch_plan *pl, ch_err *err)
     const size_t c = (size_t)l->in.c;
     b->mean = ch_layer_alloc_saved(l, pl, c * 4, sizeof(ch_real), err);
     if (!b->mean) return CH_STATUS_SYSTEM;
-    b->batch_mean = malloc(sizeof(double) * c * 4);
-    if (!b->batch_mean) return CH_SYS_FAIL(err, "malloc of batchnorm statistics");
+    b->batch_mean = ch_backend_host_alloc(pl->be, sizeof(double) * c * 4);
+    if (!b->batch_mean) return CH_SYS_FAIL(err, "allocation of batchnorm statistics");
+    memset(b->batch_mean, 0, sizeof(double) * c * 4);
     b->invstd = b->mean + c;
     b->scale = b->invstd + c;
     b->shift = b->scale + c;
@@ -46,7 +48,7 @@ static void bn_free(ch_layer *l)
     bn_impl *b = l->impl;
     if (!b) return;
     ch_layer_release(l, b->mean);
-    free(b->batch_mean);
+    if (b->batch_mean) ch_backend_host_free(l->be, b->batch_mean);
 }
 
 /* Sum a (2c) exchange over the sync-BN group. A failed collective is reported to the run and leaves

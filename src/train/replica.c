@@ -47,8 +47,10 @@ static ch_status alloc_buffers(ch_replica *rp, const ch_replica_spec *s, ch_err 
     rp->dlogits = ch_backend_alloc(be, sizeof(ch_real) * (size_t)s->classes * (size_t)s->max_micro);
     rp->class_hits = calloc((size_t)s->classes, sizeof(int64_t));
     rp->class_counts = calloc((size_t)s->classes, sizeof(int64_t));
-    if (!rp->x || !rp->labels || !rp->dlogits || !rp->class_hits || !rp->class_counts)
+    rp->batch_loss = ch_backend_host_alloc(be, sizeof(double) + sizeof(int64_t));
+    if (!rp->x || !rp->labels || !rp->dlogits || !rp->class_hits || !rp->class_counts || !rp->batch_loss)
         return CH_SYS_FAIL(err, "allocation of replica batch buffers");
+    rp->batch_correct = (int64_t *)(rp->batch_loss + 1);
     if (s->accum_buffer) {
         rp->accum = ch_backend_alloc(be, sizeof(ch_real) * rp->model->nparams);
         CH_CHECK_ALLOC(err, rp->accum);
@@ -268,8 +270,8 @@ static void take_loss(ch_replica *rp)
     if (!rp->loss_pending) return;
     ch_backend_event_sync(rp->be, rp->loss_done);
     rp->loss_pending = false;
-    rp->loss_sum += rp->batch_loss;
-    rp->correct += rp->batch_correct;
+    rp->loss_sum += *rp->batch_loss;
+    rp->correct += *rp->batch_correct;
 }
 
 /* grads_ready hooks with accumulation. Before the last micro-batch each finished tensor's gradient
@@ -307,7 +309,7 @@ static ch_status micro_step(ch_replica *rp, const ch_replica_spec *s, const ch_s
     if (*comm_st != CH_STATUS_OK) return fail_collective(rp, *comm_st, err);
     take_loss(rp);   /* the previous micro-batch's */
     r->k->softmax_xent(&r->kc, n, m->classes, logits, rp->labels + lo, 1.0 / sl->global_n, rp->dlogits,
-                       &rp->batch_loss, &rp->batch_correct);
+                       rp->batch_loss, rp->batch_correct);
     loss_queued(rp);
     if (s->nan_check) take_loss(rp);
     if (tr) ch_trace_span(tr, "forward", "forward + loss", t0, -1);
@@ -490,8 +492,8 @@ ch_status ch_replica_evaluate(ch_replica *rp, const ch_replica_spec *s, const ch
             done += piece;
         }
         const ch_real *logits = ch_model_forward(rp->model, &r, n, rp->x);
-        r.k->softmax_xent(&r.kc, n, rp->model->classes, logits, rp->labels, 1.0, NULL, &rp->batch_loss,
-                          &rp->batch_correct);
+        r.k->softmax_xent(&r.kc, n, rp->model->classes, logits, rp->labels, 1.0, NULL, rp->batch_loss,
+                          rp->batch_correct);
         loss_queued(rp);
         take_loss(rp);
         tally_classes(rp, n, rp->model->classes, logits);
@@ -593,7 +595,7 @@ void ch_replica_free(ch_replica *rp)
         ch_backend_release(rp->be, rp->accum);
     }
     ch_model_free(rp->model);
-    void *host[] = { rp->x_host, rp->labels_host, rp->logits_host, rp->stage };
+    void *host[] = { rp->x_host, rp->labels_host, rp->logits_host, rp->stage, rp->batch_loss };
     for (size_t i = 0; i < sizeof host / sizeof *host; i++)
         if (host[i]) ch_backend_host_free(rp->be, host[i]);
     if (rp->be) ch_backend_event_free(rp->be, rp->loss_done);

@@ -92,11 +92,12 @@ typedef struct ch_replica {
     bool root_cause;        /* the failure started here (not a collective aborted by another) */
     double loss_sum;
     int64_t correct;
-    /* The loss kernel's results for one batch: host memory it writes when it runs, read by the
-     * host after loss_done (recorded after it on the compute stream; NULL without streams), while
+    /* The loss kernel's results for one batch: host memory it writes when it runs (one block
+     * from the backend's host_alloc, which a GPU's kernels can write), read by the host after
+     * loss_done (recorded after it on the compute stream; NULL without streams), while
      * loss_pending. */
-    double batch_loss;
-    int64_t batch_correct;
+    double *batch_loss;
+    int64_t *batch_correct;
     ch_event *loss_done;
     bool loss_pending;
     double busy_s;          /* the last step's time up to its wait for the gradient sync */
