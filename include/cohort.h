@@ -225,8 +225,10 @@ enum { CH_MAX_DEVICES = 64 };
  * scrambled, so that code reaching a replica's memory other than through the backend computes
  * garbage (what a device the host cannot read would break); it gives the CPU backend's bits.
  * lazy: a test backend on scramble's memory whose kernels and copies are queued on streams and run
- * later, only when something waits for them (what an asynchronous device would break). */
-typedef enum ch_device_kind { CH_DEVICE_CPU = 0, CH_DEVICE_SCRAMBLE, CH_DEVICE_LAZY, CH_DEVICE_KINDS } ch_device_kind;
+ * later, only when something waits for them (what an asynchronous device would break).
+ * cuda: an NVIDIA GPU through the CUDA plugin (libcohort-cuda.so, loaded when a list names one);
+ * the index is CUDA's, after CUDA_VISIBLE_DEVICES. */
+typedef enum ch_device_kind { CH_DEVICE_CPU = 0, CH_DEVICE_SCRAMBLE, CH_DEVICE_LAZY, CH_DEVICE_CUDA, CH_DEVICE_KINDS } ch_device_kind;
 
 /* A logical device: one model replica with its own thread. CPU devices share the machine's cores,
  * each gets its own part of them; the index names the device, it does not pick a core. */
@@ -241,12 +243,12 @@ typedef struct ch_device_list {
 } ch_device_list;
 
 /* Parse "cpu:0,cpu:1", "cpu:0-3" or "cpu*4" (entries may be mixed: "cpu:0,cpu:2-3"); the same
- * for scramble and lazy ("scramble*2", "lazy:0,lazy:1"). Duplicates, unknown kinds and two kinds in one list are
+ * for cuda, scramble and lazy ("cuda*2", "lazy:0,lazy:1"). Duplicates, unknown kinds and two kinds in one list are
  * CH_STATUS_BAD_INPUT. */
 ch_status ch_device_list_parse(const char *spec, ch_device_list *out, ch_err *err);
 /* "cpu:0, cpu:1" (what the epoch line shows between brackets). */
 void ch_device_list_format(const ch_device_list *l, char *buf, size_t len);
-/* "cpu", "scramble", "lazy": the kind's name, which is also its backend's. */
+/* "cpu", "scramble", "lazy", "cuda": the kind's name, which is also its backend's. */
 const char *ch_device_kind_name(ch_device_kind kind);
 /* "cpu:1", "scramble:0". */
 void ch_device_name(const ch_device *d, char *buf, size_t len);

@@ -36,7 +36,13 @@ expect 2 "unknown model 'vgg'" -- "$cohort" train --model vgg --data "$tmp/ok"
 expect 2 "--init 'uniform'" -- "$cohort" train --model lenet --data "$tmp/ok" --init uniform
 expect 2 "nowhere: no such directory" -- "$cohort" train --model lenet --data "$tmp/nowhere"
 expect 2 "cpu:0 is listed twice" -- "$cohort" train --model lenet --data "$tmp/ok" --devices cpu:0,cpu:0
-expect 2 "no CUDA backend" -- "$cohort" train --model lenet --data "$tmp/ok" --devices cuda:0
+# A GPU asked for where there is none (no driver, or none visible): one line, exit 2; the plugin
+# missing or broken: the same, with dlopen's reason; mixed kinds and the wrong name, before anything loads.
+expect 2 "cuda:0: no usable GPU" -- env CUDA_VISIBLE_DEVICES= "$cohort" train --model lenet --data "$tmp/ok" --devices cuda:0
+: >"$tmp/broken.so"
+expect 2 "cannot load the CUDA plugin: $tmp/broken.so" -- env COHORT_CUDA_PLUGIN="$tmp/broken.so" "$cohort" train --model lenet --data "$tmp/ok" --devices cuda*2
+expect 2 "cpu and cuda devices in one list" -- "$cohort" train --model lenet --data "$tmp/ok" --devices cpu:0,cuda:0
+expect 2 "GPUs are named cuda:K" -- "$cohort" train --model lenet --data "$tmp/ok" --devices gpu:0
 expect 2 "expected entries like cpu:0" -- "$cohort" train --model lenet --data "$tmp/ok" --devices 2
 expect 2 "--bucket-mb '0'" -- "$cohort" train --model lenet --data "$tmp/ok" --bucket-mb 0
 expect 2 "--accum-steps '0'" -- "$cohort" train --model lenet --data "$tmp/ok" --accum-steps 0

@@ -10,10 +10,26 @@
 #endif
 #include "core/real.h"
 #include "kernels/cpu/cpu.h"
+#include "kernels/cuda/plugin.h"
 
 #ifndef CH_REAL_DOUBLE
 #include <dnnl.h>
 #endif
+
+/* The GPUs and the CUDA libraries' versions, from the plugin when it loads; else one line why. */
+static void print_cuda(void)
+{
+    ch_err err;
+    const ch_cuda_plugin *p = ch_cuda_plugin_load(&err);
+    if (!p) {
+        printf("cuda:       not available: %s\n", err.msg);
+        return;
+    }
+    char buf[4096];
+    p->describe(buf, sizeof buf);
+    printf("cuda:       plugin %s loaded (--devices cuda:0, cuda*N); what has run on a GPU so far:\n"
+           "            docs/PERFORMANCE.md, \"CUDA\"\n%s", CH_CUDA_PLUGIN_FILE, buf);
+}
 
 int ch_cmd_info(int argc, char **argv)
 {
@@ -50,10 +66,6 @@ int ch_cmd_info(int argc, char **argv)
 #else
     printf("mpi:        not available (install libopenmpi-dev and rebuild)\n");
 #endif
-#ifdef COHORT_CUDA_FOUND
-    printf("cuda:       toolkit found at build time; no CUDA back end in this build yet\n");
-#else
-    printf("cuda:       not available\n");
-#endif
+    print_cuda();
     return CH_EXIT_OK;
 }

@@ -3,6 +3,7 @@
  * message, instead of being killed while zeroing). The CPU backend has no streams: every call is
  * complete when it returns. */
 #include "kernels/backend.h"
+#include "kernels/cuda/plugin.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -46,22 +47,58 @@ static const struct {
     { "lazy", &ch_lazy_ops, ch_kernels_lazy },
 };
 
+/* The CUDA plugin's table, once GPU `device` is known to be there. Tests that run more replicas
+ * than the machine has GPUs (two replicas on one GPU) set COHORT_CUDA_WRAP=1: device d is then
+ * GPU d modulo the count. */
+static ch_status cuda_backend(int *device, const ch_backend_ops **ops, const ch_kernels **k, ch_err *err)
+{
+    const ch_cuda_plugin *p = ch_cuda_plugin_load(err);
+    if (!p) return CH_STATUS_BAD_INPUT;
+    char why[256] = "";
+    const int count = p->device_count(why, sizeof why);
+    if (count <= 0) return ch_fail(err, CH_STATUS_BAD_INPUT, "cuda:%d: no usable GPU: %s", *device, why);
+    const char *wrap = getenv("COHORT_CUDA_WRAP");
+    if (wrap && strcmp(wrap, "1") == 0) *device %= count;
+    if (*device >= count)
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "cuda:%d: this machine has %d GPU%s (cuda:0-%d)", *device, count,
+                       count == 1 ? "" : "s", count - 1);
+    *ops = p->ops;
+    *k = p->kernels;
+    return CH_STATUS_OK;
+}
+
+static const char *start_failure(const ch_backend_ops *ops)
+{
+    if (strcmp(ops->name, "cuda") != 0) return "";
+    ch_err e;
+    const ch_cuda_plugin *p = ch_cuda_plugin_load(&e);
+    return p ? p->last_error() : "";
+}
+
 ch_status ch_backend_create(const char *name, int device, int nthreads, ch_backend **out, ch_err *err)
 {
     *out = NULL;
-    size_t i = 0;
-    while (i < sizeof backends / sizeof backends[0] && strcmp(name, backends[i].name) != 0) i++;
-    if (i == sizeof backends / sizeof backends[0])
-        return ch_fail(err, CH_STATUS_BAD_INPUT, "backend '%s': expected cpu, or scramble or lazy (test backends)", name);
+    const ch_backend_ops *ops = NULL;
+    const ch_kernels *k = NULL;
+    if (strcmp(name, "cuda") == 0) {
+        CH_TRY(cuda_backend(&device, &ops, &k, err));
+    } else {
+        size_t i = 0;
+        while (i < sizeof backends / sizeof backends[0] && strcmp(name, backends[i].name) != 0) i++;
+        if (i == sizeof backends / sizeof backends[0])
+            return ch_fail(err, CH_STATUS_BAD_INPUT, "backend '%s': expected cpu or cuda, or scramble or lazy (test backends)", name);
+        ops = backends[i].ops;
+        k = backends[i].kernels();
+    }
     ch_backend *be = calloc(1, sizeof *be);
     CH_CHECK_ALLOC(err, be);
-    *be = (ch_backend){ .ops = backends[i].ops, .k = backends[i].kernels(), .nthreads = nthreads > 0 ? nthreads : 1,
-                        .device = device };
+    *be = (ch_backend){ .ops = ops, .k = k, .nthreads = nthreads > 0 ? nthreads : 1, .device = device };
     if (be->ops->start) {
         be->ops->start(be);
         if (!be->ctx) {
             free(be);
-            return ch_fail(err, CH_STATUS_SYSTEM, "the %s backend could not start its streams for device %d", name, device);
+            return ch_fail(err, CH_STATUS_SYSTEM, "%s:%d: the backend could not start: %s", name, device,
+                           start_failure(ops));
         }
     }
     *out = be;

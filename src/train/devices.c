@@ -1,4 +1,5 @@
-/* Device lists: "cpu:0,cpu:1", "cpu:0-3", "cpu*4", and the same for the test backends (scramble, lazy). A CPU
+/* Device lists: "cpu:0,cpu:1", "cpu:0-3", "cpu*4", and the same for GPUs (cuda:0) and the test
+ * backends (scramble, lazy). Whether a GPU is there is the backend's to say, when it starts. A CPU
  * device is a logical device: a replica with its own thread and a share of the cores; its index
  * names it, it does not pick a core. */
 #include <ctype.h>
@@ -18,7 +19,7 @@ static bool parse_index(const char **p, long *out)
     return *out >= 0 && *out < CH_MAX_DEVICES;
 }
 
-static const char *const kind_names[CH_DEVICE_KINDS] = { "cpu", "scramble", "lazy" };
+static const char *const kind_names[CH_DEVICE_KINDS] = { "cpu", "scramble", "lazy", "cuda" };
 
 const char *ch_device_kind_name(ch_device_kind kind)
 {
@@ -51,9 +52,8 @@ static ch_status add_device(ch_device_list *l, ch_device_kind kind, long index, 
 /* One entry: KIND:K | KIND:A-B | KIND*N. *p is left after it. */
 static ch_status parse_entry(const char **p, ch_device_list *l, const char *spec, ch_err *err)
 {
-    if (strncmp(*p, "cuda", 4) == 0 || strncmp(*p, "gpu", 3) == 0)
-        return ch_fail(err, CH_STATUS_BAD_INPUT,
-                       "devices '%s': this build has no CUDA backend; use cpu:K devices", spec);
+    if (strncmp(*p, "gpu", 3) == 0)
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "devices '%s': GPUs are named cuda:K (cuda:0, cuda:0-1, cuda*2)", spec);
     ch_device_kind kind = CH_DEVICE_KINDS;
     for (int k = 0; k < CH_DEVICE_KINDS; k++) {
         const size_t n = strlen(kind_names[k]);
@@ -61,7 +61,7 @@ static ch_status parse_entry(const char **p, ch_device_list *l, const char *spec
     }
     if (kind == CH_DEVICE_KINDS)
         return ch_fail(err, CH_STATUS_BAD_INPUT,
-                       "devices '%s': expected entries like cpu:0, cpu:0-3 or cpu*4 (or scramble:K, lazy:K: test backends)",
+                       "devices '%s': expected entries like cpu:0, cpu:0-3, cpu*4 or cuda:0 (or scramble:K, lazy:K: test backends)",
                        spec);
     *p += strlen(kind_names[kind]);
     long a, b;

@@ -1,0 +1,684 @@
+/* The CUDA plugin's own kernels: everything but GEMM and convolution (cuda_dnn.c). The per-element
+ * arithmetic comes from the same headers the CPU table runs (act_body.h, norm_body.h,
+ * optim_body.h, core/philox.h), and each sum runs in the CPU kernel's order where a thread owns it
+ * (pooling and broadcast backward gather instead of scattering), so results match the CPU's;
+ * this file is built with --fmad=false for the same reason. Reductions over a channel or a batch
+ * (BatchNorm's statistics, the loss) are one block each, summed in double in a fixed tree:
+ * deterministic, and within rounding of the CPU's lane sums. */
+#include <float.h>
+
+#include "core/philox.h"
+#include "kernels/act_body.h"
+#include "kernels/cuda/cuda_impl.h"
+#include "kernels/norm_body.h"
+#include "kernels/optim_body.h"
+
+enum { NT = 256, RT = 512 };
+
+static unsigned grid_for(size_t len)
+{
+    const size_t b = (len + NT - 1) / NT;
+    return (unsigned)(b < 1 ? 1 : b > (1u << 20) ? (1u << 20) : b);
+}
+
+#define FOR_EACH(i, len) \
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (len); i += (size_t)blockDim.x * gridDim.x)
+
+#define LAUNCH(kernel, len, kc, ...)                                                      \
+    do {                                                                                  \
+        if ((len) == 0) break;                                                            \
+        kernel<<<grid_for(len), NT, 0, cu_stream_of(kc)>>>(__VA_ARGS__);                 \
+        CU_CHECK(cudaGetLastError());                                                     \
+    } while (0)
+
+/* The sum of v over the block's RT threads, in a fixed tree; every thread gets it. */
+__device__ static double block_sum(double v, double *sh)
+{
+    sh[threadIdx.x] = v;
+    __syncthreads();
+    for (int s = RT / 2; s > 0; s >>= 1) {
+        if (threadIdx.x < s) sh[threadIdx.x] += sh[threadIdx.x + s];
+        __syncthreads();
+    }
+    const double r = sh[0];
+    __syncthreads();
+    return r;
+}
+
+/* ---- elementwise ------------------------------------------------------------------------ */
+
+__global__ static void k_relu(size_t len, const ch_real *x, ch_real *y)
+{
+    FOR_EACH(i, len) y[i] = x[i] < 0 ? 0 : x[i];
+}
+
+__global__ static void k_relu_back(size_t len, const ch_real *y, const ch_real *dy, ch_real *dx)
+{
+    FOR_EACH(i, len) dx[i] = y[i] > 0 ? dy[i] : 0;
+}
+
+__global__ static void k_add(size_t len, const ch_real *a, const ch_real *b, ch_real *y)
+{
+    FOR_EACH(i, len) y[i] = a[i] + b[i];
+}
+
+extern "C" void cu_relu_forward(const ch_kctx *kc, size_t len, const ch_real *x, ch_real *y)
+{
+    LAUNCH(k_relu, len, kc, len, x, y);
+}
+
+extern "C" void cu_relu_backward(const ch_kctx *kc, size_t len, const ch_real *y, const ch_real *dy, ch_real *dx)
+{
+    LAUNCH(k_relu_back, len, kc, len, y, dy, dx);
+}
+
+extern "C" void cu_relu_mask(const ch_kctx *kc, size_t len, const ch_real *y, ch_real *dy)
+{
+    LAUNCH(k_relu_back, len, kc, len, y, dy, dy);
+}
+
+extern "C" void cu_add(const ch_kctx *kc, size_t len, const ch_real *a, const ch_real *b, ch_real *y)
+{
+    LAUNCH(k_add, len, kc, len, a, b, y);
+}
+
+/* The CPU's act_span, element by element (NaN passes through the piecewise kinds as there). */
+__device__ static ch_real act_at(const ch_act a, ch_real x)
+{
+    const ch_real alpha = (ch_real)a.alpha, lo = (ch_real)a.lo, hi = (ch_real)a.hi;
+    switch (a.kind) {
+    case CH_ACT_LEAKY_RELU: return x > 0 ? x : alpha * x;
+    case CH_ACT_CLIP: return x < lo ? lo : x > hi ? hi : x;
+    case CH_ACT_SIGMOID: return (ch_real)(1 / (1 + exp(-(double)x)));
+    case CH_ACT_TANH: return (ch_real)tanh((double)x);
+    case CH_ACT_HARDSIGMOID: return x <= -3 ? 0 : x >= 3 ? 1 : (x + 3) / 6;
+    case CH_ACT_HARDSWISH: return x <= -3 ? 0 : x >= 3 ? x : x * (x + 3) / 6;
+    case CH_ACT_AFFINE: return (ch_real)((double)a.alpha * x + a.beta);
+    case CH_ACT_ERF: return (ch_real)erf((double)x);
+    case CH_ACT_GELU: return (ch_real)ch_gelu((double)x);
+    case CH_ACT_GELU_TANH: return (ch_real)ch_gelu_tanh((double)x);
+    }
+    return x;
+}
+
+__device__ static ch_real act_back_at(const ch_act a, ch_real x, ch_real y, ch_real dy)
+{
+    const ch_real alpha = (ch_real)a.alpha, lo = (ch_real)a.lo, hi = (ch_real)a.hi;
+    switch (a.kind) {
+    case CH_ACT_LEAKY_RELU: return x > 0 ? dy : dy * alpha;
+    case CH_ACT_CLIP: return x < lo || x > hi ? 0 : dy;
+    case CH_ACT_SIGMOID: return dy * (y * (1 - y));
+    case CH_ACT_TANH: return dy * (1 - y * y);
+    case CH_ACT_HARDSIGMOID: return x > -3 && x < 3 ? dy * (ch_real)(1.0 / 6) : 0;
+    case CH_ACT_HARDSWISH: return x < -3 ? 0 : x <= 3 ? dy * (x / 3 + (ch_real)0.5) : dy;
+    case CH_ACT_AFFINE: return dy * alpha;
+    case CH_ACT_ERF: return (ch_real)(dy * ch_erf_slope((double)x));
+    case CH_ACT_GELU: return (ch_real)(dy * ch_gelu_slope((double)x));
+    case CH_ACT_GELU_TANH: return (ch_real)(dy * ch_gelu_tanh_slope((double)x));
+    }
+    return dy;
+}
+
+__global__ static void k_act(ch_act a, size_t len, const ch_real *x, ch_real *y)
+{
+    FOR_EACH(i, len) y[i] = act_at(a, x[i]);
+}
+
+__global__ static void k_act_back(ch_act a, size_t len, const ch_real *x, const ch_real *y, const ch_real *dy,
+                                  ch_real *dx)
+{
+    FOR_EACH(i, len) dx[i] = act_back_at(a, x ? x[i] : 0, y ? y[i] : 0, dy[i]);
+}
+
+extern "C" void cu_act_forward(const ch_kctx *kc, const ch_act *a, size_t len, const ch_real *x, ch_real *y)
+{
+    LAUNCH(k_act, len, kc, *a, len, x, y);
+}
+
+extern "C" void cu_act_backward(const ch_kctx *kc, const ch_act *a, size_t len, const ch_real *x, const ch_real *y,
+                                const ch_real *dy, ch_real *dx)
+{
+    const bool from_y = a->kind == CH_ACT_SIGMOID || a->kind == CH_ACT_TANH;
+    LAUNCH(k_act_back, len, kc, *a, len, from_y ? NULL : x, from_y ? y : NULL, dy, dx);
+}
+
+/* ---- broadcasting ----------------------------------------------------------------------- */
+
+struct bdims {
+    int op;
+    int out[3], a[3], b[3];
+};
+
+__device__ static size_t bindex(const int op[3], const int out[3], int c, int h, int w)
+{
+    const int cc = op[0] == out[0] ? c : 0, hh = op[1] == out[1] ? h : 0, ww = op[2] == out[2] ? w : 0;
+    return ((size_t)cc * op[1] + hh) * op[2] + ww;
+}
+
+__global__ static void k_bcast(bdims d, size_t len, const ch_real *a, const ch_real *b, ch_real *y)
+{
+    const size_t ys = (size_t)d.out[0] * d.out[1] * d.out[2], as = (size_t)d.a[0] * d.a[1] * d.a[2],
+                 bs = (size_t)d.b[0] * d.b[1] * d.b[2];
+    FOR_EACH(i, len) {
+        const size_t s = i / ys, r = i % ys;
+        const int c = (int)(r / ((size_t)d.out[1] * d.out[2])), h = (int)(r / d.out[2] % d.out[1]),
+                  w = (int)(r % d.out[2]);
+        const ch_real u = a[s * as + bindex(d.a, d.out, c, h, w)], v = b[s * bs + bindex(d.b, d.out, c, h, w)];
+        y[i] = d.op == CH_BCAST_MUL ? u * v : u + v;
+    }
+}
+
+/* d(op)[i] for one operand of dims op: dy (times the other operand) summed over the output
+ * positions that read element i, in c, h, w order (the CPU's). */
+__global__ static void k_bcast_back(bdims d, int n, bool of_a, const ch_real *other, const ch_real *dy, ch_real *dop)
+{
+    const int *op = of_a ? d.a : d.b, *ot = of_a ? d.b : d.a;
+    const size_t ps = (size_t)op[0] * op[1] * op[2], os = (size_t)ot[0] * ot[1] * ot[2],
+                 ys = (size_t)d.out[0] * d.out[1] * d.out[2];
+    const bool mul = d.op == CH_BCAST_MUL;
+    FOR_EACH(i, (size_t)n * ps) {
+        const size_t s = i / ps, r = i % ps;
+        const int c = (int)(r / ((size_t)op[1] * op[2])), h = (int)(r / op[2] % op[1]), w = (int)(r % op[2]);
+        const int c0 = op[0] == d.out[0] ? c : 0, c1 = op[0] == d.out[0] ? c + 1 : d.out[0];
+        const int h0 = op[1] == d.out[1] ? h : 0, h1 = op[1] == d.out[1] ? h + 1 : d.out[1];
+        const int w0 = op[2] == d.out[2] ? w : 0, w1 = op[2] == d.out[2] ? w + 1 : d.out[2];
+        ch_real acc = 0;
+        for (int cc = c0; cc < c1; cc++)
+            for (int hh = h0; hh < h1; hh++)
+                for (int ww = w0; ww < w1; ww++) {
+                    const ch_real g = dy[s * ys + ((size_t)cc * d.out[1] + hh) * d.out[2] + ww];
+                    acc += mul ? g * other[s * os + bindex(ot, d.out, cc, hh, ww)] : g;
+                }
+        dop[i] = acc;
+    }
+}
+
+static bdims bdims_of(const ch_bcast_desc *d)
+{
+    bdims b;
+    b.op = d->op;
+    for (int i = 0; i < 3; i++) {
+        b.out[i] = d->out[i];
+        b.a[i] = d->a[i];
+        b.b[i] = d->b[i];
+    }
+    return b;
+}
+
+extern "C" void cu_bcast_forward(const ch_kctx *kc, const ch_bcast_desc *d, int n, const ch_real *a,
+                                 const ch_real *b, ch_real *y)
+{
+    const size_t len = (size_t)n * d->out[0] * d->out[1] * d->out[2];
+    LAUNCH(k_bcast, len, kc, bdims_of(d), len, a, b, y);
+}
+
+extern "C" void cu_bcast_backward(const ch_kctx *kc, const ch_bcast_desc *d, int n, const ch_real *a,
+                                  const ch_real *b, const ch_real *dy, ch_real *da, ch_real *db)
+{
+    const bdims bd = bdims_of(d);
+    if (da) LAUNCH(k_bcast_back, (size_t)n * d->a[0] * d->a[1] * d->a[2], kc, bd, n, true, b, dy, da);
+    if (db) LAUNCH(k_bcast_back, (size_t)n * d->b[0] * d->b[1] * d->b[2], kc, bd, n, false, a, dy, db);
+}
+
+__global__ static void k_copy_rows(size_t len, size_t total, const ch_real *src, size_t ss, ch_real *dst, size_t ds)
+{
+    FOR_EACH(i, total) dst[i / len * ds + i % len] = src[i / len * ss + i % len];
+}
+
+extern "C" void cu_copy_rows(const ch_kctx *kc, int rows, size_t len, const ch_real *src, size_t src_stride,
+                             ch_real *dst, size_t dst_stride)
+{
+    const size_t total = (size_t)(rows > 0 ? rows : 0) * len;
+    LAUNCH(k_copy_rows, total, kc, len, total, src, src_stride, dst, dst_stride);
+}
+
+/* ---- dropout, conversions, sums, optimizers -------------------------------------------- */
+
+__global__ static void k_dropout(int n, size_t per, uint64_t seed, uint64_t stream, uint64_t step, uint64_t sample0,
+                                 uint32_t threshold, ch_real keep, ch_real *mask)
+{
+    const size_t quads = (per + 3) / 4;
+    FOR_EACH(i, (size_t)n * quads) {
+        const uint64_t s = i / quads, q = i % quads;
+        const uint64_t start = (step << 32) ^ ((sample0 + s) * quads);
+        uint32_t w[4];
+        ch_philox_block(seed, stream, start + q, w);
+        for (size_t e = q * 4; e < per && e < q * 4 + 4; e++) mask[s * per + e] = w[e % 4] >= threshold ? keep : 0;
+    }
+}
+
+extern "C" void cu_dropout_mask(const ch_kctx *kc, int n, size_t per, uint64_t seed, uint64_t stream, uint64_t step,
+                                uint64_t sample0, uint32_t threshold, ch_real keep, ch_real *mask)
+{
+    LAUNCH(k_dropout, (size_t)n * ((per + 3) / 4), kc, n, per, seed, stream, step, sample0, threshold, keep, mask);
+}
+
+__global__ static void k_to_real(size_t len, const double *x, ch_real *y)
+{
+    FOR_EACH(i, len) y[i] = (ch_real)x[i];
+}
+
+extern "C" void cu_to_real(const ch_kctx *kc, size_t len, const double *x, ch_real *y)
+{
+    LAUNCH(k_to_real, len, kc, len, x, y);
+}
+
+__global__ static void k_col_sum(int rows, size_t len, const ch_real *x, ch_real *y)
+{
+    FOR_EACH(j, len) {
+        ch_real s = 0;
+        for (int i = 0; i < rows; i++) s += x[(size_t)i * len + j];
+        y[j] = s;
+    }
+}
+
+extern "C" void cu_col_sum(const ch_kctx *kc, int rows, size_t len, const ch_real *x, ch_real *y)
+{
+    LAUNCH(k_col_sum, len, kc, rows, len, x, y);
+}
+
+__global__ static void k_optim(ch_optim_update u, size_t n, ch_real *p, const ch_real *g, ch_real *s0, ch_real *s1)
+{
+    FOR_EACH(i, n) {
+        switch (u.rule) {
+        case CH_UPDATE_SGD: ch_sgd_at(i, u.lr, u.wd, u.momentum, u.damp, u.first, u.nesterov, p, g, s0); break;
+        case CH_UPDATE_ADAM:
+            ch_adam_at(i, u.decoupled, u.b1, u.b2, u.eps, u.wd, u.decay, u.step_size, u.bc2_sqrt, p, g, s0, s1);
+            break;
+        case CH_UPDATE_ADAGRAD: ch_adagrad_at(i, u.lr, u.wd, u.eps, p, g, s0); break;
+        }
+    }
+}
+
+extern "C" void cu_optim_update(const ch_kctx *kc, const ch_optim_update *u, size_t n, ch_real *p, const ch_real *g,
+                                ch_real *s0, ch_real *s1)
+{
+    LAUNCH(k_optim, n, kc, *u, n, p, g, s0, s1);
+}
+
+/* ---- losses: one block; the sums land in host memory the caller mapped (host_alloc) -------- */
+
+__global__ static void k_softmax_xent(int n, int k, const ch_real *logits, const int32_t *labels, double scale,
+                                      ch_real *dlogits, double *loss_sum, int64_t *correct)
+{
+    __shared__ double sh[RT];
+    double loss = 0, hits = 0;
+    for (int i = threadIdx.x; i < n; i += RT) {
+        const ch_real *z = logits + (size_t)i * k;
+        int arg = 0;
+        for (int j = 1; j < k; j++)
+            if (z[j] > z[arg]) arg = j;
+        const double zmax = z[arg];
+        double se = 0;
+        for (int j = 0; j < k; j++) se += exp((double)z[j] - zmax);
+        const double lse = zmax + log(se);
+        loss += lse - z[labels[i]];
+        hits += arg == labels[i];
+        if (dlogits) {
+            ch_real *g = dlogits + (size_t)i * k;
+            for (int j = 0; j < k; j++) g[j] = (ch_real)((exp((double)z[j] - lse) - (j == labels[i])) * scale);
+        }
+    }
+    loss = block_sum(loss, sh);
+    hits = block_sum(hits, sh);
+    if (threadIdx.x == 0) {
+        *loss_sum = loss;
+        *correct = (int64_t)hits;
+    }
+}
+
+extern "C" void cu_softmax_xent(const ch_kctx *kc, int n, int k, const ch_real *logits, const int32_t *labels,
+                                double scale, ch_real *dlogits, double *loss_sum, int64_t *correct)
+{
+    k_softmax_xent<<<1, RT, 0, cu_stream_of(kc)>>>(n, k, logits, labels, scale, dlogits, loss_sum, correct);
+    CU_CHECK(cudaGetLastError());
+}
+
+__global__ static void k_mse(size_t len, const ch_real *pred, const ch_real *target, double scale, ch_real *dpred,
+                             double *loss_sum)
+{
+    __shared__ double sh[RT];
+    double loss = 0;
+    for (size_t i = threadIdx.x; i < len; i += RT) {
+        const double d = (double)pred[i] - target[i];
+        loss += d * d;
+        if (dpred) dpred[i] = (ch_real)(2 * d * scale);
+    }
+    loss = block_sum(loss, sh);
+    if (threadIdx.x == 0) *loss_sum = loss;
+}
+
+extern "C" void cu_mse(const ch_kctx *kc, size_t len, const ch_real *pred, const ch_real *target, double scale,
+                       ch_real *dpred, double *loss_sum)
+{
+    k_mse<<<1, RT, 0, cu_stream_of(kc)>>>(len, pred, target, scale, dpred, loss_sum);
+    CU_CHECK(cudaGetLastError());
+}
+
+/* ---- pooling and upsampling ------------------------------------------------------------- */
+
+struct pdims {
+    int c, h, w, k, stride, pad, oh, ow;
+    bool exclude_pad;
+};
+
+static pdims pdims_of(const ch_pool_desc *d)
+{
+    pdims p = { d->c, d->h, d->w, d->k, d->stride, d->pad, d->oh, d->ow, d->exclude_pad };
+    return p;
+}
+
+__global__ static void k_maxpool(pdims d, size_t len, const ch_real *x, ch_real *y, int32_t *am)
+{
+    FOR_EACH(o, len) {
+        const size_t pl = o / ((size_t)d.oh * d.ow);
+        const int i = (int)(o / d.ow % d.oh), j = (int)(o % d.ow);
+        const ch_real *xp = x + pl * d.h * d.w;
+        ch_real best = -FLT_MAX;
+        int32_t arg = -1;
+        for (int p = 0; p < d.k; p++) {
+            const int ih = i * d.stride - d.pad + p;
+            if (ih < 0 || ih >= d.h) continue;
+            for (int q = 0; q < d.k; q++) {
+                const int iw = j * d.stride - d.pad + q;
+                if (iw < 0 || iw >= d.w) continue;
+                const ch_real v = xp[ih * d.w + iw];
+                if (arg < 0 || v > best || v != v) {
+                    best = v;
+                    arg = ih * d.w + iw;
+                }
+            }
+        }
+        y[o] = best;
+        am[o] = arg;
+    }
+}
+
+/* The outputs whose windows hold input row (or column) i: [*lo, *hi). */
+__device__ static void windows_over(int i, int k, int stride, int pad, int out, int *lo, int *hi)
+{
+    const int top = i + pad - k + 1;
+    *lo = top <= 0 ? 0 : (top + stride - 1) / stride;
+    *hi = (i + pad) / stride + 1;
+    if (*hi > out) *hi = out;
+}
+
+/* dx gathered per input element from the outputs whose argmax names it, in output order (the
+ * CPU's scatter adds in that order too). */
+__global__ static void k_maxpool_back(pdims d, size_t len, const ch_real *dy, const int32_t *am, ch_real *dx)
+{
+    FOR_EACH(e, len) {
+        const size_t pl = e / ((size_t)d.h * d.w);
+        const int ih = (int)(e / d.w % d.h), iw = (int)(e % d.w), at = ih * d.w + iw;
+        int i0, i1, j0, j1;
+        windows_over(ih, d.k, d.stride, d.pad, d.oh, &i0, &i1);
+        windows_over(iw, d.k, d.stride, d.pad, d.ow, &j0, &j1);
+        const size_t base = pl * d.oh * d.ow;
+        ch_real s = 0;
+        for (int i = i0; i < i1; i++)
+            for (int j = j0; j < j1; j++)
+                if (am[base + (size_t)i * d.ow + j] == at) s += dy[base + (size_t)i * d.ow + j];
+        dx[e] = s;
+    }
+}
+
+__device__ static int avg_divisor(const pdims &d, int i, int j)
+{
+    int h0 = i * d.stride - d.pad, w0 = j * d.stride - d.pad;
+    int h1 = h0 + d.k, w1 = w0 + d.k;
+    if (h1 > d.h + d.pad) h1 = d.h + d.pad;
+    if (w1 > d.w + d.pad) w1 = d.w + d.pad;
+    if (d.exclude_pad) {
+        if (h0 < 0) h0 = 0;
+        if (w0 < 0) w0 = 0;
+        if (h1 > d.h) h1 = d.h;
+        if (w1 > d.w) w1 = d.w;
+    }
+    const int cnt = (h1 - h0) * (w1 - w0);
+    return cnt > 0 ? cnt : 1;
+}
+
+__global__ static void k_avgpool(pdims d, size_t len, const ch_real *x, ch_real *y)
+{
+    FOR_EACH(o, len) {
+        const size_t pl = o / ((size_t)d.oh * d.ow);
+        const int i = (int)(o / d.ow % d.oh), j = (int)(o % d.ow);
+        const ch_real *xp = x + pl * d.h * d.w;
+        ch_real s = 0;
+        for (int p = 0; p < d.k; p++) {
+            const int ih = i * d.stride - d.pad + p;
+            if (ih < 0 || ih >= d.h) continue;
+            for (int q = 0; q < d.k; q++) {
+                const int iw = j * d.stride - d.pad + q;
+                if (iw >= 0 && iw < d.w) s += xp[ih * d.w + iw];
+            }
+        }
+        y[o] = s * ((ch_real)1 / (ch_real)avg_divisor(d, i, j));
+    }
+}
+
+__global__ static void k_avgpool_back(pdims d, size_t len, const ch_real *dy, ch_real *dx)
+{
+    FOR_EACH(e, len) {
+        const size_t pl = e / ((size_t)d.h * d.w);
+        const int ih = (int)(e / d.w % d.h), iw = (int)(e % d.w);
+        int i0, i1, j0, j1;
+        windows_over(ih, d.k, d.stride, d.pad, d.oh, &i0, &i1);
+        windows_over(iw, d.k, d.stride, d.pad, d.ow, &j0, &j1);
+        const ch_real *g = dy + pl * d.oh * d.ow;
+        ch_real s = 0;
+        for (int i = i0; i < i1; i++)
+            for (int j = j0; j < j1; j++) s += g[(size_t)i * d.ow + j] * ((ch_real)1 / (ch_real)avg_divisor(d, i, j));
+        dx[e] = s;
+    }
+}
+
+extern "C" void cu_maxpool2d_forward(const ch_kctx *kc, const ch_pool_desc *d, int n, const ch_real *x, ch_real *y,
+                                     int32_t *argmax)
+{
+    const size_t len = (size_t)n * d->c * d->oh * d->ow;
+    LAUNCH(k_maxpool, len, kc, pdims_of(d), len, x, y, argmax);
+}
+
+extern "C" void cu_maxpool2d_backward(const ch_kctx *kc, const ch_pool_desc *d, int n, const ch_real *dy,
+                                      const int32_t *argmax, ch_real *dx)
+{
+    const size_t len = (size_t)n * d->c * d->h * d->w;
+    LAUNCH(k_maxpool_back, len, kc, pdims_of(d), len, dy, argmax, dx);
+}
+
+extern "C" void cu_avgpool2d_forward(const ch_kctx *kc, const ch_pool_desc *d, int n, const ch_real *x, ch_real *y)
+{
+    const size_t len = (size_t)n * d->c * d->oh * d->ow;
+    LAUNCH(k_avgpool, len, kc, pdims_of(d), len, x, y);
+}
+
+extern "C" void cu_avgpool2d_backward(const ch_kctx *kc, const ch_pool_desc *d, int n, const ch_real *dy, ch_real *dx)
+{
+    const size_t len = (size_t)n * d->c * d->h * d->w;
+    LAUNCH(k_avgpool_back, len, kc, pdims_of(d), len, dy, dx);
+}
+
+__global__ static void k_upsample(size_t len, int h, int w, int sh, int sw, const ch_real *x, ch_real *y)
+{
+    const size_t ow = (size_t)w * sw, oh = (size_t)h * sh;
+    FOR_EACH(o, len) {
+        const size_t pl = o / (oh * ow), i = o / ow % oh, j = o % ow;
+        y[o] = x[(pl * h + i / sh) * w + j / sw];
+    }
+}
+
+__global__ static void k_upsample_back(size_t len, int h, int w, int sh, int sw, const ch_real *dy, ch_real *dx)
+{
+    const size_t ow = (size_t)w * sw;
+    FOR_EACH(e, len) {
+        const size_t pl = e / ((size_t)h * w), i = e / w % h, j = e % w;
+        const ch_real *g = dy + ((size_t)pl * h + i) * sh * ow;
+        ch_real s = 0;
+        for (int r = 0; r < sh; r++)
+            for (int q = 0; q < sw; q++) s += g[r * ow + j * sw + q];
+        dx[e] = s;
+    }
+}
+
+extern "C" void cu_upsample_forward(const ch_kctx *kc, int n, int c, int h, int w, int sh, int sw, const ch_real *x,
+                                    ch_real *y)
+{
+    const size_t len = (size_t)n * c * h * sh * w * sw;
+    LAUNCH(k_upsample, len, kc, len, h, w, sh, sw, x, y);
+}
+
+extern "C" void cu_upsample_backward(const ch_kctx *kc, int n, int c, int h, int w, int sh, int sw,
+                                     const ch_real *dy, ch_real *dx)
+{
+    const size_t len = (size_t)n * c * h * w;
+    LAUNCH(k_upsample_back, len, kc, len, h, w, sh, sw, dy, dx);
+}
+
+/* ---- BatchNorm and the convolution's per-channel companions ----------------------------- */
+
+/* One block per channel: the mean, then the biased variance about it (two passes, as the CPU). */
+__global__ static void k_bn_stats(int n, int c, int hw, const ch_real *x, double *mean, double *var)
+{
+    __shared__ double sh[RT];
+    const int ch = blockIdx.x;
+    const size_t cnt = (size_t)n * hw;
+    double s = 0;
+    for (size_t e = threadIdx.x; e < cnt; e += RT) s += x[((e / hw) * c + ch) * hw + e % hw];
+    s = block_sum(s, sh);
+    const double m = cnt > 0 ? s / (double)cnt : 0;
+    double ss = 0;
+    for (size_t e = threadIdx.x; e < cnt; e += RT) {
+        const double v = x[((e / hw) * c + ch) * hw + e % hw] - m;
+        ss += v * v;
+    }
+    ss = block_sum(ss, sh);
+    if (threadIdx.x == 0) {
+        mean[ch] = m;
+        const double v = cnt > 0 ? ss / (double)cnt : 0;
+        var[ch] = v > 0 ? v : 0;
+    }
+}
+
+extern "C" void cu_batchnorm_stats(const ch_kctx *kc, int n, int c, int hw, const ch_real *x, double *mean, double *var)
+{
+    if (c <= 0) return;
+    k_bn_stats<<<c, RT, 0, cu_stream_of(kc)>>>(n, c, hw, x, mean, var);
+    CU_CHECK(cudaGetLastError());
+}
+
+__global__ static void k_bn_finalize(int c, const double *mean, const double *var, double count, double eps,
+                                     double momentum, const ch_real *gamma, const ch_real *beta, ch_real *rm,
+                                     ch_real *rv, ch_real *save)
+{
+    FOR_EACH(i, (size_t)c) ch_bn_finalize_channel((int)i, c, mean, var, count, eps, momentum, gamma, beta, rm, rv, save);
+}
+
+extern "C" void cu_batchnorm_finalize(const ch_kctx *kc, int c, const double *mean, const double *var, double count,
+                                      double eps, double momentum, const ch_real *gamma, const ch_real *beta,
+                                      ch_real *running_mean, ch_real *running_var, ch_real *save)
+{
+    LAUNCH(k_bn_finalize, (size_t)c, kc, c, mean, var, count, eps, momentum, gamma, beta, running_mean, running_var,
+           save);
+}
+
+__global__ static void k_channel_affine(size_t len, int c, int hw, const ch_real *x, const ch_real *scale,
+                                        const ch_real *shift, ch_real *y)
+{
+    FOR_EACH(i, len) {
+        const int ch = (int)(i / hw % c);
+        y[i] = x[i] * scale[ch] + shift[ch];
+    }
+}
+
+extern "C" void cu_channel_affine(const ch_kctx *kc, int n, int c, int hw, const ch_real *x, const ch_real *scale,
+                                  const ch_real *shift, ch_real *y)
+{
+    const size_t len = (size_t)n * c * hw;
+    LAUNCH(k_channel_affine, len, kc, len, c, hw, x, scale, shift, y);
+}
+
+__global__ static void k_bn_back_reduce(int n, int c, int hw, const ch_real *x, const ch_real *dy,
+                                        const ch_real *mean, const ch_real *invstd, double *sum_dy, double *sum_dyx)
+{
+    __shared__ double sh[RT];
+    const int ch = blockIdx.x;
+    const size_t cnt = (size_t)n * hw;
+    const double m = mean[ch];
+    double s = 0, sx = 0;
+    for (size_t e = threadIdx.x; e < cnt; e += RT) {
+        const size_t k = ((e / hw) * c + ch) * hw + e % hw;
+        s += dy[k];
+        sx += (double)dy[k] * ((double)x[k] - m);
+    }
+    s = block_sum(s, sh);
+    sx = block_sum(sx, sh);
+    if (threadIdx.x == 0) {
+        sum_dy[ch] = s;
+        sum_dyx[ch] = sx * invstd[ch];
+    }
+}
+
+extern "C" void cu_batchnorm_backward_reduce(const ch_kctx *kc, int n, int c, int hw, const ch_real *x,
+                                             const ch_real *dy, const ch_real *mean, const ch_real *invstd,
+                                             double *sum_dy, double *sum_dy_xhat)
+{
+    if (c <= 0) return;
+    k_bn_back_reduce<<<c, RT, 0, cu_stream_of(kc)>>>(n, c, hw, x, dy, mean, invstd, sum_dy, sum_dy_xhat);
+    CU_CHECK(cudaGetLastError());
+}
+
+__global__ static void k_bn_back_data(size_t len, int c, int hw, const ch_real *x, const ch_real *dy,
+                                      const ch_real *mean, const ch_real *invstd, const ch_real *gamma,
+                                      const double *sum_dy, const double *sum_dyx, double count, ch_real *dx)
+{
+    FOR_EACH(i, len) {
+        const int ch = (int)(i / hw % c);
+        const ch_real is = invstd[ch], m = mean[ch], g = gamma[ch] * is;
+        const ch_real mdy = (ch_real)(sum_dy[ch] / count), mdx = (ch_real)(sum_dyx[ch] / count);
+        dx[i] = g * (dy[i] - mdy - (x[i] - m) * is * mdx);
+    }
+}
+
+extern "C" void cu_batchnorm_backward_data(const ch_kctx *kc, int n, int c, int hw, const ch_real *x,
+                                           const ch_real *dy, const ch_real *mean, const ch_real *invstd,
+                                           const ch_real *gamma, const double *sum_dy, const double *sum_dy_xhat,
+                                           double count, ch_real *dx)
+{
+    const size_t len = (size_t)n * c * hw;
+    LAUNCH(k_bn_back_data, len, kc, len, c, hw, x, dy, mean, invstd, gamma, sum_dy, sum_dy_xhat, count, dx);
+}
+
+__global__ static void k_bias_relu(size_t len, int oc, int hw, const ch_real *b, bool relu, ch_real *y)
+{
+    FOR_EACH(i, len) {
+        ch_real v = y[i];
+        if (b) v += b[i / hw % oc];
+        y[i] = relu && v < 0 ? 0 : v;
+    }
+}
+
+extern "C" void cu_bias_relu(const ch_kctx *kc, int n, int oc, int hw, const ch_real *b, bool relu, ch_real *y)
+{
+    if (!b && !relu) return;
+    const size_t len = (size_t)n * oc * hw;
+    LAUNCH(k_bias_relu, len, kc, len, oc, hw, b, relu, y);
+}
+
+__global__ static void k_channel_sum(int n, int c, int hw, const ch_real *x, ch_real *sum)
+{
+    __shared__ double sh[RT];
+    const int ch = blockIdx.x;
+    const size_t cnt = (size_t)n * hw;
+    double s = 0;
+    for (size_t e = threadIdx.x; e < cnt; e += RT) s += x[((e / hw) * c + ch) * hw + e % hw];
+    s = block_sum(s, sh);
+    if (threadIdx.x == 0) sum[ch] = (ch_real)s;
+}
+
+extern "C" void cu_channel_sum(const ch_kctx *kc, int n, int c, int hw, const ch_real *x, ch_real *sum)
+{
+    if (c <= 0) return;
+    k_channel_sum<<<c, RT, 0, cu_stream_of(kc)>>>(n, c, hw, x, sum);
+    CU_CHECK(cudaGetLastError());
+}

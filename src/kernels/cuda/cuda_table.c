@@ -1,0 +1,37 @@
+/* The CUDA plugin's kernel table (kernels.h): cuBLAS and cuDNN for GEMM and convolution
+ * (cuda_dnn.c), this plugin's CUDA C for the rest (cuda_kernels.cu). */
+#include "kernels/cuda/cuda_impl.h"
+
+const ch_kernels ch_cuda_kernel_table = {
+    .name = "cuda",
+    .gemm = cu_gemm,
+    .conv2d_workspace = cu_conv2d_workspace,
+    .conv2d_forward = cu_conv2d_forward,
+    .conv2d_backward_data = cu_conv2d_backward_data,
+    .conv2d_backward_weights = cu_conv2d_backward_weights,
+    .maxpool2d_forward = cu_maxpool2d_forward,
+    .maxpool2d_backward = cu_maxpool2d_backward,
+    .avgpool2d_forward = cu_avgpool2d_forward,
+    .avgpool2d_backward = cu_avgpool2d_backward,
+    .upsample_forward = cu_upsample_forward,
+    .upsample_backward = cu_upsample_backward,
+    .batchnorm_stats = cu_batchnorm_stats,
+    .batchnorm_finalize = cu_batchnorm_finalize,
+    .channel_affine = cu_channel_affine,
+    .batchnorm_backward_reduce = cu_batchnorm_backward_reduce,
+    .batchnorm_backward_data = cu_batchnorm_backward_data,
+    .relu_forward = cu_relu_forward,
+    .relu_backward = cu_relu_backward,
+    .add = cu_add,
+    .act_forward = cu_act_forward,
+    .act_backward = cu_act_backward,
+    .bcast_forward = cu_bcast_forward,
+    .bcast_backward = cu_bcast_backward,
+    .copy_rows = cu_copy_rows,
+    .dropout_mask = cu_dropout_mask,
+    .to_real = cu_to_real,
+    .col_sum = cu_col_sum,
+    .optim_update = cu_optim_update,
+    .softmax_xent = cu_softmax_xent,
+    .mse = cu_mse,
+};
