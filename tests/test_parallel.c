@@ -572,8 +572,13 @@ static void device_lists_parse_and_reject(void **state)
     assert_int_equal(l.dev[1].kind, CH_DEVICE_SCRAMBLE);
     ch_device_list_format(&l, text, sizeof text);
     assert_string_equal(text, "scramble:1, scramble:3");
+    /* GPUs parse here whether or not the machine has any (the backend says so when it starts). */
+    assert_int_equal(ch_device_list_parse("cuda:0-1", &l, &err), CH_STATUS_OK);
+    assert_int_equal(l.dev[1].kind, CH_DEVICE_CUDA);
+    ch_device_list_format(&l, text, sizeof text);
+    assert_string_equal(text, "cuda:0, cuda:1");
     static const char *bad[] = { "", "cpu", "cpu:", "cpu:x", "cpu:0,cpu:0", "cpu:3-1", "cpu*0",
-                                 "gpu:0", "cpu:0;cpu:1", "cpu:99", "cpu:0,", "cuda:0", "cpu:0,scramble:1",
+                                 "gpu:0", "cpu:0;cpu:1", "cpu:99", "cpu:0,", "cuda:0,cpu:1", "cpu:0,scramble:1",
                                  "scramble*2,cpu:0", "scrambled:0", "scramble:0,scramble:0", "cpux:0" };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         err.msg[0] = '\0';

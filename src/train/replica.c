@@ -66,17 +66,26 @@ static ch_status alloc_buffers(ch_replica *rp, const ch_replica_spec *s, ch_err 
     return CH_STATUS_OK;
 }
 
-/* Where the host gathers a batch: the replica's own buffers when they are host memory. */
-static ch_real *x_gather(ch_replica *rp) { return rp->x_host ? rp->x_host : rp->x; }
+/* Where the host gathers a batch: the replica's own buffers when they are host memory, else the
+ * staging buffers, once the last upload from them has run (the step that read it may still be
+ * computing: the host does not wait for that). */
+static ch_real *x_gather(ch_replica *rp)
+{
+    if (!rp->x_host) return rp->x;
+    ch_backend_event_sync(rp->be, rp->upload_done);
+    return rp->x_host;
+}
 static int32_t *labels_gather(ch_replica *rp) { return rp->labels_host ? rp->labels_host : rp->labels; }
 
-/* The gathered n samples to the replica's memory (nothing to do when gathered in place). */
+/* The gathered n samples to the replica's memory (nothing to do when gathered in place), queued on
+ * the compute stream: the kernels before it still read the last batch, the ones after it this. */
 static void upload_batch(ch_replica *rp, const ch_replica_spec *s, int n, size_t at)
 {
     if (!rp->x_host) return;
     const size_t per = ch_shape3_size(s->input);
-    ch_backend_upload(rp->be, rp->x + per * at, rp->x_host + per * at, sizeof(ch_real) * per * (size_t)n);
-    ch_backend_upload(rp->be, rp->labels + at, rp->labels_host + at, sizeof(int32_t) * (size_t)n);
+    ch_backend_upload_async(rp->be, CH_STREAM_COMPUTE, rp->x + per * at, rp->x_host + per * at, sizeof(ch_real) * per * (size_t)n);
+    ch_backend_upload_async(rp->be, CH_STREAM_COMPUTE, rp->labels + at, rp->labels_host + at, sizeof(int32_t) * (size_t)n);
+    ch_backend_record(rp->be, rp->upload_done, CH_STREAM_COMPUTE);
 }
 
 /* A collective over n values of replica memory: in place where the communicator can
@@ -134,8 +143,9 @@ static ch_status build(ch_replica *rp, const ch_replica_spec *s, ch_err *err)
     /* oneDNN's GEMM threads by the calling thread's OpenMP setting: this thread's share. */
     omp_set_num_threads(rp->nthreads);
     CH_TRY(ch_backend_create(s->backend, rp->device.index, rp->nthreads, &rp->be, err));
-    if (ch_backend_async(rp->be) && !(rp->loss_done = ch_backend_event(rp->be)))
-        return CH_SYS_FAIL(err, "creation of the loss event");
+    if (ch_backend_async(rp->be) &&
+        (!(rp->loss_done = ch_backend_event(rp->be)) || !(rp->upload_done = ch_backend_event(rp->be))))
+        return CH_SYS_FAIL(err, "creation of the replica's events");
     CH_TRY(ch_model_create_graph(s->graph, s->input, s->classes, rp->be, &rp->model, err));
     CH_TRY(ch_model_init_params(rp->model, s->init, s->seed, err));
     if (strcmp(s->init, "file") == 0) CH_TRY(ch_model_load_initial(rp->model, s->graph, err));
@@ -362,8 +372,14 @@ static ch_status step_traced(ch_replica *rp, const ch_replica_spec *s, const ch_
     inject_process_faults(rp, s, sl->step);
     count_samples(s, sl);
     ch_real *xg = x_gather(rp);
-    if (sl->x) {
-        /* gathered by the loader: straight up (one copy either way) */
+    if (sl->x && rp->x_host) {
+        /* gathered by the loader into its own (pageable) memory: into the staging buffers, whose
+         * upload the host need not wait for */
+        memcpy(xg, sl->x, (size_t)sl->n * ch_shape3_size(s->input) * sizeof *rp->x);
+        memcpy(labels_gather(rp), sl->labels, (size_t)sl->n * sizeof *rp->labels);
+        upload_batch(rp, s, sl->n, 0);
+    } else if (sl->x) {
+        /* host memory: straight in (one copy either way) */
         ch_backend_upload(rp->be, rp->x, sl->x, (size_t)sl->n * ch_shape3_size(s->input) * sizeof *rp->x);
         ch_backend_upload(rp->be, rp->labels, sl->labels, (size_t)sl->n * sizeof *rp->labels);
     } else {
@@ -598,7 +614,10 @@ void ch_replica_free(ch_replica *rp)
     void *host[] = { rp->x_host, rp->labels_host, rp->logits_host, rp->stage, rp->batch_loss };
     for (size_t i = 0; i < sizeof host / sizeof *host; i++)
         if (host[i]) ch_backend_host_free(rp->be, host[i]);
-    if (rp->be) ch_backend_event_free(rp->be, rp->loss_done);
+    if (rp->be) {
+        ch_backend_event_free(rp->be, rp->loss_done);
+        ch_backend_event_free(rp->be, rp->upload_done);
+    }
     ch_backend_free(rp->be);
     free(rp->class_hits);
     free(rp->class_counts);

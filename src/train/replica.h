@@ -99,6 +99,9 @@ typedef struct ch_replica {
     double *batch_loss;
     int64_t *batch_correct;
     ch_event *loss_done;
+    /* Recorded after the batch's uploads from the staging buffers (x_host, labels_host): the host
+     * waits for it, not for the step's compute, before it gathers the next batch into them. */
+    ch_event *upload_done;
     bool loss_pending;
     double busy_s;          /* the last step's time up to its wait for the gradient sync */
     uint64_t steps_run;     /* steps this replica has run in this process */

@@ -1,9 +1,10 @@
 /* GEMM through cuBLAS and convolutions through cuDNN, for the CUDA plugin.
  * A convolution's plan (its cuDNN descriptors and the three algorithms) is made once per geometry,
  * batch size and workspace limit, and shared by every replica in the process: descriptors are
- * plain host structures that concurrent calls only read. Algorithms come from cuDNN's heuristics,
- * keeping only deterministic ones (the same command gives the same bits) that run without TF32
- * (fp32 results within 1e-4 of the CPU's) and fit the workspace the model planned. */
+ * plain host structures that concurrent calls only read. Algorithms are timed once per plan
+ * (cuDNN's Find, what PyTorch's cudnn.benchmark does) and the fastest is kept among those that are
+ * deterministic (the same command gives the same bits), run without TF32 (fp32 results within 1e-4
+ * of the CPU's) and fit the workspace the model planned. */
 #include "kernels/cuda/cuda_impl.h"
 
 #include <pthread.h>
@@ -82,7 +83,7 @@ static void choose(cudnnHandle_t h, conv_plan *p)
     cudnnConvolutionDescriptor_t probe = conv_desc(d, CUDNN_DEFAULT_MATH);
     int got = 0;
     cudnnConvolutionFwdAlgoPerf_t fw[MAX_ALGOS];
-    CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, p->x, p->w, probe, p->y, MAX_ALGOS, &got, fw));
+    CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithm(h, p->x, p->w, probe, p->y, MAX_ALGOS, &got, fw));
     int i = 0;
     while (i < got && !acceptable(fw[i].status, fw[i].memory, fw[i].determinism, fw[i].mathType, p->limit)) i++;
     if (i == got) fail_no_algo("forward", d, p->n, p->limit);
@@ -90,14 +91,14 @@ static void choose(cudnnHandle_t h, conv_plan *p)
     p->conv_fwd = conv_desc(d, fw[i].mathType);
     p->ws = fw[i].memory;
     cudnnConvolutionBwdDataAlgoPerf_t bd[MAX_ALGOS];
-    CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, p->w, p->y, probe, p->x, MAX_ALGOS, &got, bd));
+    CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithm(h, p->w, p->y, probe, p->x, MAX_ALGOS, &got, bd));
     for (i = 0; i < got && !acceptable(bd[i].status, bd[i].memory, bd[i].determinism, bd[i].mathType, p->limit); i++) {}
     if (i == got) fail_no_algo("backward data", d, p->n, p->limit);
     p->data = bd[i].algo;
     p->conv_data = conv_desc(d, bd[i].mathType);
     if (bd[i].memory > p->ws) p->ws = bd[i].memory;
     cudnnConvolutionBwdFilterAlgoPerf_t bf[MAX_ALGOS];
-    CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, p->x, p->y, probe, p->w, MAX_ALGOS, &got, bf));
+    CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithm(h, p->x, p->y, probe, p->w, MAX_ALGOS, &got, bf));
     for (i = 0; i < got && !acceptable(bf[i].status, bf[i].memory, bf[i].determinism, bf[i].mathType, p->limit); i++) {}
     if (i == got) fail_no_algo("backward filter", d, p->n, p->limit);
     p->filter = bf[i].algo;

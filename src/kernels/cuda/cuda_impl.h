@@ -22,7 +22,12 @@ typedef struct cu_stream {
     int device;
     cublasHandle_t blas;   /* compute stream only, else NULL */
     cudnnHandle_t dnn;
+    /* The partial sums of the reductions over a channel (BatchNorm's, a convolution's bias
+     * gradient), device memory in the compute stream's order: CU_SCRATCH doubles. */
+    double *scratch;
 } cu_stream;
+
+enum { CU_SCRATCH = 1 << 19 };
 
 /* Reports the failed call (what), the library's name for the error, and where; exits. */
 void cu_fail(const char *what, const char *error, const char *file, int line);

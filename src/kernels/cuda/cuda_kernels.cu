@@ -537,34 +537,106 @@ extern "C" void cu_upsample_backward(const ch_kctx *kc, int n, int c, int h, int
 
 /* ---- BatchNorm and the convolution's per-channel companions ----------------------------- */
 
-/* One block per channel: the mean, then the biased variance about it (two passes, as the CPU). */
-__global__ static void k_bn_stats(int n, int c, int hw, const ch_real *x, double *mean, double *var)
+/* Reductions over a channel (n samples of hw values): a grid of blocks per channel, each summing
+ * a contiguous part in double into the stream's scratch, then one thread per channel adding the
+ * parts in order. Deterministic, and enough blocks to keep the GPU's memory busy (one block per
+ * channel left ResNet's 64-channel layers on half the multiprocessors). */
+enum { SUM_X, SUM_SQDEV, SUM_DY_DYX };
+
+struct red {
+    int n, c, hw, parts;
+};
+
+static red red_of(int n, int c, int hw)
+{
+    const size_t cnt = (size_t)n * hw, by_size = cnt / 8192, room = (CU_SCRATCH - (size_t)c) / (2 * (size_t)c);
+    size_t parts = by_size < 1 ? 1 : by_size > 64 ? 64 : by_size;
+    if (parts > room) parts = room;
+    if (3 * (size_t)c > CU_SCRATCH) cu_fail("a channel reduction", "more channels than the scratch holds", __FILE__, __LINE__);
+    red r = { n, c, hw, (int)parts };
+    return r;
+}
+
+__global__ static void k_partials(int mode, red r, const ch_real *x, const ch_real *dy, const double *mean_d,
+                                  const ch_real *mean_f, double *part)
 {
     __shared__ double sh[RT];
-    const int ch = blockIdx.x;
-    const size_t cnt = (size_t)n * hw;
-    double s = 0;
-    for (size_t e = threadIdx.x; e < cnt; e += RT) s += x[((e / hw) * c + ch) * hw + e % hw];
-    s = block_sum(s, sh);
-    const double m = cnt > 0 ? s / (double)cnt : 0;
-    double ss = 0;
-    for (size_t e = threadIdx.x; e < cnt; e += RT) {
-        const double v = x[((e / hw) * c + ch) * hw + e % hw] - m;
-        ss += v * v;
+    const int ch = blockIdx.x, p = blockIdx.y;
+    const size_t cnt = (size_t)r.n * r.hw, lo = cnt * p / r.parts, hi = cnt * (p + 1) / r.parts;
+    const double m = mode == SUM_SQDEV ? mean_d[ch] : mode == SUM_DY_DYX ? (double)mean_f[ch] : 0;
+    double a = 0, b = 0;
+    for (size_t e = lo + threadIdx.x; e < hi; e += RT) {
+        const size_t k = ((e / r.hw) * r.c + ch) * r.hw + e % r.hw;
+        if (mode == SUM_X) {
+            a += x[k];
+        } else if (mode == SUM_SQDEV) {
+            const double v = x[k] - m;
+            a += v * v;
+        } else {
+            a += dy[k];
+            b += (double)dy[k] * ((double)x[k] - m);
+        }
     }
-    ss = block_sum(ss, sh);
+    a = block_sum(a, sh);
+    if (mode == SUM_DY_DYX) b = block_sum(b, sh);
     if (threadIdx.x == 0) {
-        mean[ch] = m;
-        const double v = cnt > 0 ? ss / (double)cnt : 0;
-        var[ch] = v > 0 ? v : 0;
+        part[(size_t)ch * r.parts + p] = a;
+        if (mode == SUM_DY_DYX) part[((size_t)r.c + ch) * r.parts + p] = b;
     }
 }
 
+__device__ static double parts_sum(const double *part, int ch, int parts)
+{
+    double s = 0;
+    for (int p = 0; p < parts; p++) s += part[(size_t)ch * parts + p];
+    return s;
+}
+
+/* what: 0 the mean (into mean_d and out), 1 the biased variance (into out), 2 the real sum. */
+__global__ static void k_finish(int what, red r, const double *part, double *mean_d, double *out, ch_real *out_real)
+{
+    const double cnt = (double)r.n * r.hw;
+    FOR_EACH(ch, (size_t)r.c) {
+        const double s = parts_sum(part, (int)ch, r.parts);
+        if (what == 0) {
+            const double m = cnt > 0 ? s / cnt : 0;
+            mean_d[ch] = m;
+            out[ch] = m;
+        } else if (what == 1) {
+            const double v = cnt > 0 ? s / cnt : 0;
+            out[ch] = v > 0 ? v : 0;
+        } else {
+            out_real[ch] = (ch_real)s;
+        }
+    }
+}
+
+__global__ static void k_finish_dy(red r, const double *part, const ch_real *invstd, double *sum_dy, double *sum_dyx)
+{
+    FOR_EACH(ch, (size_t)r.c) {
+        sum_dy[ch] = parts_sum(part, (int)ch, r.parts);
+        sum_dyx[ch] = parts_sum(part, r.c + (int)ch, r.parts) * invstd[ch];
+    }
+}
+
+static void partials(const ch_kctx *kc, int mode, red r, const ch_real *x, const ch_real *dy, const double *mean_d,
+                     const ch_real *mean_f, double *part)
+{
+    const dim3 grid((unsigned)r.c, (unsigned)r.parts);
+    k_partials<<<grid, RT, 0, cu_stream_of(kc)>>>(mode, r, x, dy, mean_d, mean_f, part);
+    CU_CHECK(cudaGetLastError());
+}
+
+/* Two passes, as the CPU: the mean, then the biased variance about it. */
 extern "C" void cu_batchnorm_stats(const ch_kctx *kc, int n, int c, int hw, const ch_real *x, double *mean, double *var)
 {
     if (c <= 0) return;
-    k_bn_stats<<<c, RT, 0, cu_stream_of(kc)>>>(n, c, hw, x, mean, var);
-    CU_CHECK(cudaGetLastError());
+    const red r = red_of(n, c, hw);
+    double *part = cu_of(kc)->scratch, *mean_d = part + 2 * (size_t)c * r.parts;
+    partials(kc, SUM_X, r, x, NULL, NULL, NULL, part);
+    LAUNCH(k_finish, (size_t)c, kc, 0, r, part, mean_d, mean, NULL);
+    partials(kc, SUM_SQDEV, r, x, NULL, mean_d, NULL, part);
+    LAUNCH(k_finish, (size_t)c, kc, 1, r, part, mean_d, var, NULL);
 }
 
 __global__ static void k_bn_finalize(int c, const double *mean, const double *var, double count, double eps,
@@ -598,34 +670,15 @@ extern "C" void cu_channel_affine(const ch_kctx *kc, int n, int c, int hw, const
     LAUNCH(k_channel_affine, len, kc, len, c, hw, x, scale, shift, y);
 }
 
-__global__ static void k_bn_back_reduce(int n, int c, int hw, const ch_real *x, const ch_real *dy,
-                                        const ch_real *mean, const ch_real *invstd, double *sum_dy, double *sum_dyx)
-{
-    __shared__ double sh[RT];
-    const int ch = blockIdx.x;
-    const size_t cnt = (size_t)n * hw;
-    const double m = mean[ch];
-    double s = 0, sx = 0;
-    for (size_t e = threadIdx.x; e < cnt; e += RT) {
-        const size_t k = ((e / hw) * c + ch) * hw + e % hw;
-        s += dy[k];
-        sx += (double)dy[k] * ((double)x[k] - m);
-    }
-    s = block_sum(s, sh);
-    sx = block_sum(sx, sh);
-    if (threadIdx.x == 0) {
-        sum_dy[ch] = s;
-        sum_dyx[ch] = sx * invstd[ch];
-    }
-}
-
 extern "C" void cu_batchnorm_backward_reduce(const ch_kctx *kc, int n, int c, int hw, const ch_real *x,
                                              const ch_real *dy, const ch_real *mean, const ch_real *invstd,
                                              double *sum_dy, double *sum_dy_xhat)
 {
     if (c <= 0) return;
-    k_bn_back_reduce<<<c, RT, 0, cu_stream_of(kc)>>>(n, c, hw, x, dy, mean, invstd, sum_dy, sum_dy_xhat);
-    CU_CHECK(cudaGetLastError());
+    const red r = red_of(n, c, hw);
+    double *part = cu_of(kc)->scratch;
+    partials(kc, SUM_DY_DYX, r, x, dy, NULL, mean, part);
+    LAUNCH(k_finish_dy, (size_t)c, kc, r, part, invstd, sum_dy, sum_dy_xhat);
 }
 
 __global__ static void k_bn_back_data(size_t len, int c, int hw, const ch_real *x, const ch_real *dy,
@@ -665,20 +718,11 @@ extern "C" void cu_bias_relu(const ch_kctx *kc, int n, int oc, int hw, const ch_
     LAUNCH(k_bias_relu, len, kc, len, oc, hw, b, relu, y);
 }
 
-__global__ static void k_channel_sum(int n, int c, int hw, const ch_real *x, ch_real *sum)
-{
-    __shared__ double sh[RT];
-    const int ch = blockIdx.x;
-    const size_t cnt = (size_t)n * hw;
-    double s = 0;
-    for (size_t e = threadIdx.x; e < cnt; e += RT) s += x[((e / hw) * c + ch) * hw + e % hw];
-    s = block_sum(s, sh);
-    if (threadIdx.x == 0) sum[ch] = (ch_real)s;
-}
-
 extern "C" void cu_channel_sum(const ch_kctx *kc, int n, int c, int hw, const ch_real *x, ch_real *sum)
 {
     if (c <= 0) return;
-    k_channel_sum<<<c, RT, 0, cu_stream_of(kc)>>>(n, c, hw, x, sum);
-    CU_CHECK(cudaGetLastError());
+    const red r = red_of(n, c, hw);
+    double *part = cu_of(kc)->scratch;
+    partials(kc, SUM_X, r, x, NULL, NULL, NULL, part);
+    LAUNCH(k_finish, (size_t)c, kc, 2, r, part, NULL, NULL, sum);
 }

@@ -89,6 +89,8 @@ static void cu_start(ch_backend *be)
     START_CHECK(d == CUDNN_STATUS_SUCCESS, cudnnGetErrorString(d));
     d = cudnnSetStream(comp->dnn, comp->s);
     START_CHECK(d == CUDNN_STATUS_SUCCESS, cudnnGetErrorString(d));
+    e = cudaMalloc((void **)&comp->scratch, sizeof(double) * CU_SCRATCH);
+    START_CHECK(e == cudaSuccess, cudaGetErrorName(e));
     return;
 fail:
     cu_stop(be);
@@ -101,6 +103,7 @@ static void cu_stop(ch_backend *be)
     cu_use_device(be->device);
     for (int i = 0; i < CH_STREAMS; i++) {
         if (c->st[i].s) CU_CHECK(cudaStreamSynchronize(c->st[i].s));
+        if (c->st[i].scratch) cudaFree(c->st[i].scratch);
         if (c->st[i].dnn) cudnnDestroy(c->st[i].dnn);
         if (c->st[i].blas) cublasDestroy(c->st[i].blas);
         if (c->st[i].s) cudaStreamDestroy(c->st[i].s);
