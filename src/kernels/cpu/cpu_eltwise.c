@@ -1,5 +1,6 @@
 /* Elementwise kernels and the softmax cross-entropy loss. */
 #include "kernels/act_body.h"
+#include "kernels/loss_body.h"
 #include "core/philox.h"
 #include "kernels/cpu/cpu.h"
 
@@ -51,33 +52,18 @@ void ch_cpu_add(const ch_kctx *kc, size_t len, const ch_real *a, const ch_real *
     for (size_t i = 0; i < len; i++) y[i] = a[i] + b[i];
 }
 
-/* loss_i = logsumexp(z_i) - z_i[label]; computed with the max subtracted for stability. */
+/* loss_i = logsumexp(z_i) - z_i[label], per sample from kernels/loss_body.h. */
 void ch_cpu_softmax_xent(const ch_kctx *kc, int n, int k, const ch_real *logits,
                          const int32_t *labels, double scale, ch_real *dlogits,
                          double *loss_sum, int64_t *correct)
 {
-    double loss = 0;
-    int64_t hits = 0;
+    double loss = 0, hits = 0;
 #pragma omp parallel for num_threads(kc->nthreads) schedule(static) reduction(+ : loss, hits)
-    for (int i = 0; i < n; i++) {
-        const ch_real *z = logits + (size_t)i * k;
-        int arg = 0;
-        for (int j = 1; j < k; j++)
-            if (z[j] > z[arg]) arg = j;
-        const double zmax = z[arg];
-        double se = 0;
-        for (int j = 0; j < k; j++) se += exp((double)z[j] - zmax);
-        const double lse = zmax + log(se);
-        loss += lse - z[labels[i]];
-        hits += arg == labels[i];
-        if (dlogits) {
-            ch_real *g = dlogits + (size_t)i * k;
-            for (int j = 0; j < k; j++)
-                g[j] = (ch_real)((exp((double)z[j] - lse) - (j == labels[i])) * scale);
-        }
-    }
+    for (int i = 0; i < n; i++)
+        ch_xent_sample(logits + (size_t)i * k, k, labels[i], scale, dlogits ? dlogits + (size_t)i * k : NULL, &loss,
+                       &hits);
     *loss_sum = loss;
-    *correct = hits;
+    *correct = (int64_t)hits;
 }
 
 void ch_cpu_mse(const ch_kctx *kc, size_t len, const ch_real *pred, const ch_real *target,

@@ -10,6 +10,7 @@
 #include "core/philox.h"
 #include "kernels/act_body.h"
 #include "kernels/cuda/cuda_impl.h"
+#include "kernels/loss_body.h"
 #include "kernels/norm_body.h"
 #include "kernels/optim_body.h"
 
@@ -303,22 +304,9 @@ __global__ static void k_softmax_xent(int n, int k, const ch_real *logits, const
 {
     __shared__ double sh[RT];
     double loss = 0, hits = 0;
-    for (int i = threadIdx.x; i < n; i += RT) {
-        const ch_real *z = logits + (size_t)i * k;
-        int arg = 0;
-        for (int j = 1; j < k; j++)
-            if (z[j] > z[arg]) arg = j;
-        const double zmax = z[arg];
-        double se = 0;
-        for (int j = 0; j < k; j++) se += exp((double)z[j] - zmax);
-        const double lse = zmax + log(se);
-        loss += lse - z[labels[i]];
-        hits += arg == labels[i];
-        if (dlogits) {
-            ch_real *g = dlogits + (size_t)i * k;
-            for (int j = 0; j < k; j++) g[j] = (ch_real)((exp((double)z[j] - lse) - (j == labels[i])) * scale);
-        }
-    }
+    for (int i = threadIdx.x; i < n; i += RT)
+        ch_xent_sample(logits + (size_t)i * k, k, labels[i], scale, dlogits ? dlogits + (size_t)i * k : NULL, &loss,
+                       &hits);
     loss = block_sum(loss, sh);
     hits = block_sum(hits, sh);
     if (threadIdx.x == 0) {
