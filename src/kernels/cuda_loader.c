@@ -55,7 +55,8 @@ static void load(void)
     *(void **)&entry = dlsym(h, CH_CUDA_PLUGIN_SYMBOL);
     const ch_cuda_plugin *p = entry ? entry() : NULL;
     if (!p || p->abi != CH_CUDA_PLUGIN_ABI || p->backend_size != sizeof(ch_backend) ||
-        p->kernels_size != sizeof(ch_kernels) || p->ops_size != sizeof(ch_backend_ops)) {
+        p->kernels_size != sizeof(ch_kernels) || p->ops_size != sizeof(ch_backend_ops) ||
+        p->comm_size != sizeof(ch_comm) || p->comm_ops_size != sizeof(ch_comm_ops)) {
         snprintf(why, sizeof why, "%s is from another build of cohort (its interface differs); rebuild both",
                  CH_CUDA_PLUGIN_FILE);
         dlclose(h);

@@ -5,6 +5,7 @@
 
 #include "core/clock.h"
 #include "graph/graph.h"
+#include "kernels/cuda/plugin.h"
 #include "train/ps.h"
 
 #include <math.h>
@@ -138,6 +139,17 @@ static ch_status allgather_op(ch_comm *c, ch_real *v, size_t n, void *arg, ch_er
     return ch_comm_allgather_shards(c, v, n, err);
 }
 
+/* grads_comm becomes this replica's member of the job's NCCL communicator, on its GPU. First thing
+ * after the backend: every member waits in the set-up for all the others. */
+static ch_status join_nccl(ch_replica *rp, const ch_replica_spec *s, ch_err *err)
+{
+    const ch_cuda_plugin *p = ch_cuda_plugin_load(err);
+    if (!p) return CH_STATUS_BAD_INPUT;
+    CH_TRY(p->nccl_init(&rp->grads_comm, rp->be->device, s->nglobal, rp->global_index, s->nccl_id, s->timeout_s, err));
+    rp->nccl = true;
+    return CH_STATUS_OK;
+}
+
 static ch_status build(ch_replica *rp, const ch_replica_spec *s, ch_err *err)
 {
     /* oneDNN's GEMM threads by the calling thread's OpenMP setting: this thread's share. */
@@ -146,6 +158,7 @@ static ch_status build(ch_replica *rp, const ch_replica_spec *s, ch_err *err)
     if (ch_backend_async(rp->be) &&
         (!(rp->loss_done = ch_backend_event(rp->be)) || !(rp->upload_done = ch_backend_event(rp->be))))
         return CH_SYS_FAIL(err, "creation of the replica's events");
+    if (s->nccl) CH_TRY(join_nccl(rp, s, err));
     CH_TRY(ch_model_create_graph(s->graph, s->input, s->classes, rp->be, &rp->model, err));
     CH_TRY(ch_model_init_params(rp->model, s->init, s->seed, err));
     if (strcmp(s->init, "file") == 0) CH_TRY(ch_model_load_initial(rp->model, s->graph, err));
@@ -169,7 +182,7 @@ static ch_status build(ch_replica *rp, const ch_replica_spec *s, ch_err *err)
         snprintf(name, sizeof name, "%s sync", dev);
         CH_TRY(ch_trace_track_init(&rp->trace_sync, name, 2 * rp->index + 1, s->trace_capacity, err));
     }
-    if (rp->grads_comm.size > 1 || s->ps)
+    if (rp->grads_comm.size > 1 || s->ps || s->nccl)
         CH_TRY(ch_gradsync_create(&rp->grads_comm, rp->model, s->bucket_elems, &rp->sync, err));
     return CH_STATUS_OK;
 }
@@ -618,6 +631,9 @@ void ch_replica_free(ch_replica *rp)
         ch_backend_event_free(rp->be, rp->loss_done);
         ch_backend_event_free(rp->be, rp->upload_done);
     }
+    ch_err e;
+    const ch_cuda_plugin *p = rp->nccl ? ch_cuda_plugin_load(&e) : NULL;
+    if (p) p->nccl_free(&rp->grads_comm);
     ch_backend_free(rp->be);
     free(rp->class_hits);
     free(rp->class_counts);

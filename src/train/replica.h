@@ -52,6 +52,11 @@ typedef struct ch_replica_spec {
     bool ps_async;          /* --ps-mode async: no per-step exchange between the workers */
     /* benchmark and test hooks */
     bool skip_sync;         /* bench only: no gradient sync (the cost of sync, by difference) */
+    /* GPU replicas sum their gradients over NCCL (ch_trainer_nccl_setup): the communicator's id,
+     * the same for every member of the job, and the limit on its set-up and calls. */
+    bool nccl;
+    unsigned char nccl_id[128];
+    double timeout_s;
     uint32_t *sample_counts; /* tests only: count every training sample a replica gathers */
     int trace_capacity;     /* spans per track when tracing (0: no trace tracks) */
 } ch_replica_spec;
@@ -65,6 +70,7 @@ typedef struct ch_replica {
     ch_model *model;
     ch_optim opt;           /* over [shard_lo, shard_lo + shard_n) of the parameters */
     bool sharded;           /* --zero 1 with more than one replica in the job */
+    bool nccl;              /* grads_comm is an NCCL member (the CUDA plugin's), freed with it */
     bool state_on_servers;  /* --ps-servers: the optimizer state is the servers' (global replica 0
                              * keeps room for all of it, for checkpoints) */
     size_t shard_lo, shard_n; /* the whole buffer unless sharded */

@@ -165,6 +165,7 @@ static ch_status setup(ch_trainer *t, ch_err *err)
     ch_backend *probe;   /* a bad COHORT_BACKEND is one line here, not one per replica */
     CH_TRY(ch_backend_create(t->spec.backend, 0, 1, &probe, err));
     ch_backend_free(probe);
+    CH_TRY(ch_trainer_nccl_setup(t, err));
     CH_TRY(ch_trainer_parse_fault(&t->spec.fault, err));
     CH_TRY(ch_trainer_optim_config(&t->cfg, &t->spec.optim, err));
     CH_TRY(ch_trainer_schedule_config(&t->cfg, &t->sched, err));

@@ -111,6 +111,9 @@ ch_status ch_trainer_parse_fault(ch_fault *f, ch_err *err);
  * parameter servers' roles); collective over every rank. Then the trace's common clock origin. */
 ch_status ch_trainer_join_ranks(ch_trainer *t, ch_err *err);
 ch_status ch_trainer_align_trace_clocks(ch_trainer *t, ch_err *err);
+/* Whether the job's GPU replicas sum over NCCL, and if so its id, drawn on rank 0 and broadcast
+ * (t->spec.nccl, nccl_id). Collective over every rank. */
+ch_status ch_trainer_nccl_setup(ch_trainer *t, ch_err *err);
 
 /* trainer_ps.c: a server rank's whole part in the job (serve until every worker has stopped). */
 ch_status ch_trainer_serve(ch_trainer *t, ch_err *err);

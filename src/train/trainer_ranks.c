@@ -13,6 +13,7 @@
 #include "comm/world.h"
 #include "core/trace.h"
 #include "data/folder.h"
+#include "kernels/cuda/plugin.h"
 #include "train/options.h"
 #include "train/ps.h"
 
@@ -171,4 +172,44 @@ ch_status ch_trainer_max_over_ranks(ch_trainer *t, double *v, ch_err *err)
         if (all[r] > *v) *v = all[r];
     free(all);
     return st;
+}
+
+/* NCCL where it can serve: every replica of the job a GPU, no two of this process's on one GPU
+ * (NCCL refuses that; such replicas sum through host memory), and no exchange of the host's own
+ * kind (parameter servers, --grad-compress, --zero 1). COHORT_NCCL=0 keeps the host's sums;
+ * COHORT_NCCL=1 uses NCCL even for a single replica (the one-member communicator end to end). The
+ * ranks agree first: a rank that would not join would leave the others waiting in the set-up. */
+static bool nccl_fits(const ch_trainer *t)
+{
+    const char *env = getenv("COHORT_NCCL");
+    if (strcmp(t->spec.backend, "cuda") != 0 || (env && strcmp(env, "0") == 0)) return false;
+    if (t->procs * t->nreplicas < 2 && !(env && strcmp(env, "1") == 0)) return false;
+    if (t->ps || t->cfg.zero == 1 || t->compress != CH_COMPRESS_NONE) return false;
+    const char *wrap = getenv("COHORT_CUDA_WRAP");
+    if (wrap && strcmp(wrap, "1") == 0) return false;
+    for (int i = 0; i < t->devices.count; i++)
+        for (int j = 0; j < i; j++)
+            if (t->devices.dev[i].index == t->devices.dev[j].index) return false;
+    return true;
+}
+
+ch_status ch_trainer_nccl_setup(ch_trainer *t, ch_err *err)
+{
+    if (strcmp(t->spec.backend, "cuda") != 0) return CH_STATUS_OK;   /* no new collective in CPU jobs */
+    bool use = nccl_fits(t);
+    if (t->procs > 1) {
+        double votes = use;
+        CH_TRY(ch_comm_allreduce_sum_f64(&t->mpi_ctl_comm, &votes, 1, err));
+        if (votes != 0 && votes != t->procs)
+            return ch_fail(err, CH_STATUS_BAD_INPUT, "ranks disagree on NCCL (%g of %d would use it): give every rank "
+                           "the same devices kind and COHORT_NCCL", votes, t->procs);
+    }
+    if (!use) return CH_STATUS_OK;
+    const ch_cuda_plugin *p = ch_cuda_plugin_load(err);
+    if (!p) return CH_STATUS_BAD_INPUT;
+    if (t->proc == 0) CH_TRY(p->nccl_id(t->spec.nccl_id, err));
+    if (t->procs > 1) CH_TRY(ch_comm_broadcast_bytes(&t->mpi_ctl_comm, t->spec.nccl_id, sizeof t->spec.nccl_id, 0, err));
+    t->spec.nccl = true;
+    t->spec.timeout_s = t->cfg.timeout_s > 0 ? t->cfg.timeout_s : 300;
+    return CH_STATUS_OK;
 }

@@ -12,6 +12,9 @@
 #include <cudnn.h>
 
 #include "kernels/kernels.h"
+#ifndef __CUDACC__
+#include "core/status.h"   /* C11 only (_Noreturn): the host files need it, the kernels do not */
+#endif
 
 #ifdef __cplusplus
 extern "C" {
@@ -102,6 +105,19 @@ void cu_batchnorm_backward_data(const ch_kctx *kc, int n, int c, int hw, const c
 void cu_bias_relu(const ch_kctx *kc, int n, int oc, int hw, const ch_real *b, bool relu, ch_real *y);
 void cu_relu_mask(const ch_kctx *kc, size_t len, const ch_real *y, ch_real *dy);
 void cu_channel_sum(const ch_kctx *kc, int n, int c, int hw, const ch_real *x, ch_real *sum);
+
+#ifndef __CUDACC__
+/* cuda_nccl.c: the NCCL communicator (plugin.h says what each does). */
+struct ch_comm;
+ch_status cu_nccl_id(unsigned char id[128], ch_err *err);
+ch_status cu_nccl_init(struct ch_comm *c, int device, int nranks, int rank, const unsigned char id[128], double timeout_s,
+                       ch_err *err);
+void cu_nccl_free(struct ch_comm *c);
+#endif
+
+/* cuda_profile.c: COHORT_CUDA_PROFILE's events around a call. */
+cudaEvent_t cu_profile_begin(const ch_kctx *kc);
+void cu_profile_end(const ch_kctx *kc, int kind, const char *name, cudaEvent_t start);
 
 /* cuda_dnn.c: cuBLAS and cuDNN. */
 void cu_gemm(const ch_kctx *kc, bool ta, bool tb, int m, int n, int k, ch_real alpha, const ch_real *a, int lda,

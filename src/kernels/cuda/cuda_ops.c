@@ -300,12 +300,13 @@ static void describe(char *buf, size_t len)
 
 static const char *last_error(void) { return start_error; }
 
-extern const ch_kernels ch_cuda_kernel_table;
+extern const ch_kernels ch_cuda_kernel_table, ch_cuda_kernel_table_profiled;
 
-static const ch_cuda_plugin plugin = {
+static ch_cuda_plugin plugin = {
     .abi = CH_CUDA_PLUGIN_ABI, .backend_size = sizeof(ch_backend), .kernels_size = sizeof(ch_kernels),
-    .ops_size = sizeof(ch_backend_ops), .ops = &cu_ops, .kernels = &ch_cuda_kernel_table,
-    .device_count = device_count, .describe = describe, .last_error = last_error,
+    .ops_size = sizeof(ch_backend_ops), .comm_size = sizeof(ch_comm), .comm_ops_size = sizeof(ch_comm_ops),
+    .ops = &cu_ops, .kernels = &ch_cuda_kernel_table, .device_count = device_count, .describe = describe,
+    .last_error = last_error, .nccl_id = cu_nccl_id, .nccl_init = cu_nccl_init, .nccl_free = cu_nccl_free,
 };
 
 __attribute__((visibility("default"))) const ch_cuda_plugin *ch_cuda_plugin_entry(void);
@@ -314,5 +315,7 @@ const ch_cuda_plugin *ch_cuda_plugin_entry(void)
     /* cuDNN's and cuBLAS's fp32 paths may round through TF32 on tensor cores unless told not to;
      * cohort's fp32 means fp32 (a user can still set the variable to 1 before starting). */
     setenv("NVIDIA_TF32_OVERRIDE", "0", 0);
+    const char *profile = getenv("COHORT_CUDA_PROFILE");
+    if (profile && strcmp(profile, "1") == 0) plugin.kernels = &ch_cuda_kernel_table_profiled;
     return &plugin;
 }

@@ -8,14 +8,15 @@
 
 #include <stddef.h>
 
+#include "comm/comm.h"
 #include "core/status.h"
 #include "kernels/backend.h"
 
-enum { CH_CUDA_PLUGIN_ABI = 1 };
+enum { CH_CUDA_PLUGIN_ABI = 2, CH_NCCL_ID_BYTES = 128 };
 
 typedef struct ch_cuda_plugin {
     int abi;
-    size_t backend_size, kernels_size, ops_size;   /* sizeof what the plugin was built with */
+    size_t backend_size, kernels_size, ops_size, comm_size, comm_ops_size;   /* sizeof what it was built with */
     const ch_backend_ops *ops;
     const ch_kernels *kernels;
     /* The GPUs CUDA sees (after CUDA_VISIBLE_DEVICES); -1 with the reason in why when there is no
@@ -26,6 +27,14 @@ typedef struct ch_cuda_plugin {
     void (*describe)(char *buf, size_t len);
     /* Why the last start (ops->start leaving be->ctx NULL) failed, for the error line. */
     const char *(*last_error)(void);
+    /* NCCL (kernels/cuda/cuda_nccl.c). nccl_id: a new communicator's unique id, drawn by one
+     * member and handed to all. nccl_init: c becomes member rank of nranks on GPU device, once
+     * every member has called it (polled against timeout_s); a collective communicator over
+     * device memory (device_memory "cuda"). nccl_free: c's resources (after an abort too). */
+    ch_status (*nccl_id)(unsigned char id[CH_NCCL_ID_BYTES], ch_err *err);
+    ch_status (*nccl_init)(ch_comm *c, int device, int nranks, int rank, const unsigned char id[CH_NCCL_ID_BYTES],
+                           double timeout_s, ch_err *err);
+    void (*nccl_free)(ch_comm *c);
 } ch_cuda_plugin;
 
 typedef const ch_cuda_plugin *(*ch_cuda_plugin_entry_fn)(void);
