@@ -1,15 +1,18 @@
 /* GEMM through cuBLAS and convolutions through cuDNN, for the CUDA plugin.
  * A convolution's plan (its cuDNN descriptors and the three algorithms) is made once per geometry,
  * batch size and workspace limit, and shared by every replica in the process: descriptors are
- * plain host structures that concurrent calls only read. Algorithms are timed once per plan
- * (cuDNN's Find, what PyTorch's cudnn.benchmark does) and the fastest is kept among those that are
- * deterministic (the same command gives the same bits), run without TF32 (fp32 results within 1e-4
- * of the CPU's) and fit the workspace the model planned. */
+ * plain host structures that concurrent calls only read. Algorithms come from cuDNN's heuristics,
+ * the first in its order that is deterministic, runs without TF32 (fp32 results within 1e-4 of the
+ * CPU's) and fits the workspace the model planned: the same choice on every run, so the same
+ * command gives the same bits. COHORT_CUDNN_BENCHMARK=1 times them instead (cuDNN's Find, what
+ * PyTorch's cudnn.benchmark does) and keeps the fastest: which one wins may differ from run to run
+ * (timing noise), and so may the last bits of the results. */
 #include "kernels/cuda/cuda_impl.h"
 
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* Row-major C = alpha op(A) op(B) + beta C is column-major C^T = alpha op(B)^T op(A)^T + beta C^T:
  * the row-major operands are already the column-major transposes, so only the order changes. */
@@ -77,13 +80,21 @@ static void fail_no_algo(const char *pass, const ch_conv_desc *d, int n, size_t 
 
 enum { MAX_ALGOS = 16 };
 
+static bool timed(void)
+{
+    const char *v = getenv("COHORT_CUDNN_BENCHMARK");
+    return v && strcmp(v, "1") == 0;
+}
+
 static void choose(cudnnHandle_t h, conv_plan *p)
 {
     const ch_conv_desc *d = &p->d;
+    const bool find = timed();
     cudnnConvolutionDescriptor_t probe = conv_desc(d, CUDNN_DEFAULT_MATH);
     int got = 0;
     cudnnConvolutionFwdAlgoPerf_t fw[MAX_ALGOS];
-    CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithm(h, p->x, p->w, probe, p->y, MAX_ALGOS, &got, fw));
+    if (find) CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithm(h, p->x, p->w, probe, p->y, MAX_ALGOS, &got, fw));
+    else CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, p->x, p->w, probe, p->y, MAX_ALGOS, &got, fw));
     int i = 0;
     while (i < got && !acceptable(fw[i].status, fw[i].memory, fw[i].determinism, fw[i].mathType, p->limit)) i++;
     if (i == got) fail_no_algo("forward", d, p->n, p->limit);
@@ -91,14 +102,16 @@ static void choose(cudnnHandle_t h, conv_plan *p)
     p->conv_fwd = conv_desc(d, fw[i].mathType);
     p->ws = fw[i].memory;
     cudnnConvolutionBwdDataAlgoPerf_t bd[MAX_ALGOS];
-    CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithm(h, p->w, p->y, probe, p->x, MAX_ALGOS, &got, bd));
+    if (find) CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithm(h, p->w, p->y, probe, p->x, MAX_ALGOS, &got, bd));
+    else CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, p->w, p->y, probe, p->x, MAX_ALGOS, &got, bd));
     for (i = 0; i < got && !acceptable(bd[i].status, bd[i].memory, bd[i].determinism, bd[i].mathType, p->limit); i++) {}
     if (i == got) fail_no_algo("backward data", d, p->n, p->limit);
     p->data = bd[i].algo;
     p->conv_data = conv_desc(d, bd[i].mathType);
     if (bd[i].memory > p->ws) p->ws = bd[i].memory;
     cudnnConvolutionBwdFilterAlgoPerf_t bf[MAX_ALGOS];
-    CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithm(h, p->x, p->y, probe, p->w, MAX_ALGOS, &got, bf));
+    if (find) CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithm(h, p->x, p->y, probe, p->w, MAX_ALGOS, &got, bf));
+    else CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, p->x, p->y, probe, p->w, MAX_ALGOS, &got, bf));
     for (i = 0; i < got && !acceptable(bf[i].status, bf[i].memory, bf[i].determinism, bf[i].mathType, p->limit); i++) {}
     if (i == got) fail_no_algo("backward filter", d, p->n, p->limit);
     p->filter = bf[i].algo;
