@@ -27,8 +27,9 @@ static void print_cuda(void)
     }
     char buf[4096];
     p->describe(buf, sizeof buf);
-    printf("cuda:       plugin %s loaded (--devices cuda:0, cuda*N); what has run on a GPU so far:\n"
-           "            docs/PERFORMANCE.md, \"CUDA\"\n%s", CH_CUDA_PLUGIN_FILE, buf);
+    printf("cuda:       plugin %s loaded (--devices cuda:0, cuda*N). Run on an H200: every kernel, training,\n"
+           "            checkpoints across devices, NCCL with one member; not yet run on a GPU: NCCL with two\n"
+           "            or more members (docs/PERFORMANCE.md, \"CUDA\")\n%s", CH_CUDA_PLUGIN_FILE, buf);
 }
 
 int ch_cmd_info(int argc, char **argv)

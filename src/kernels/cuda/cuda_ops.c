@@ -293,9 +293,11 @@ static void describe(char *buf, size_t len)
     cublasGetProperty(MAJOR_VERSION, &blas);
     int blas_minor = 0;
     cublasGetProperty(MINOR_VERSION, &blas_minor);
-    at = append(buf, len, at, "cuda libs:  driver %d.%d, runtime %d.%d, cuDNN %zu.%zu.%zu, cuBLAS %d.%d, NCCL %d.%d.%d\n",
-                drv / 1000, drv % 1000 / 10, rt / 1000, rt % 1000 / 10, dnn / 10000, dnn % 10000 / 100, dnn % 100,
-                blas, blas_minor, nccl / 10000, nccl % 10000 / 100, nccl % 100);
+    char driver[32] = "none";
+    if (drv > 0) snprintf(driver, sizeof driver, "%d.%d", drv / 1000, drv % 1000 / 10);
+    at = append(buf, len, at, "cuda libs:  driver %s, runtime %d.%d, cuDNN %zu.%zu.%zu, cuBLAS %d.%d, NCCL %d.%d.%d\n",
+                driver, rt / 1000, rt % 1000 / 10, dnn / 10000, dnn % 10000 / 100, dnn % 100, blas, blas_minor,
+                nccl / 10000, nccl % 10000 / 100, nccl % 100);
 }
 
 static const char *last_error(void) { return start_error; }
