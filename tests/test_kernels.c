@@ -348,7 +348,9 @@ static void winograd5_matches_reference(void **state)
         /* 16 -> 16 on 12x12: no chunk length spreads the points, so two even chunks of 8 */
         { .c = 16, .h = 12, .w = 12, .oc = 16, .kh = 5, .kw = 5, .stride = 1, .pad = 2 },
     };
-    check_winograd_cases(cases, sizeof cases / sizeof cases[0], 33, wino5_dw_tol,
+    /* Batches 1, 3, 9 and 17: one tile chunk and several, and the 1-sample plan's fallback from 9
+     * on (25 and 33 added nothing to these paths, and took two thirds of the sanitizer pass). */
+    check_winograd_cases(cases, sizeof cases / sizeof cases[0], 17, wino5_dw_tol,
                          ch_cpu_wino5_workspace);
     ch_conv_desc narrow = { .c = 20, .h = 14, .w = 14, .oc = 8, .kh = 5, .kw = 5, .stride = 1,
                             .pad = 2, .oh = 14, .ow = 14 };
