@@ -117,8 +117,7 @@ static ch_status make_replicas(ch_trainer *t, ch_err *err)
     return collect_failure(t, err);
 }
 
-/* The devices' backend: their kind's. The test programs, which name cpu devices throughout, run
- * on the backend COHORT_BACKEND names instead when it is set (ctest's *_scramble entries). */
+/* The devices' kind; cpu lists take COHORT_BACKEND's when set (ctest's *_lazy runs, the GPU checks). */
 static const char *backend_of(const ch_device_list *l)
 {
     if (l->count && l->dev[0].kind != CH_DEVICE_CPU) return ch_device_kind_name(l->dev[0].kind);
