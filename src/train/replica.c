@@ -43,13 +43,19 @@ static ch_status alloc_buffers(ch_replica *rp, const ch_replica_spec *s, ch_err 
     /* The injected fault is a request no machine can satisfy: the real failure path. */
     if (s->fault.kind == CH_FAULT_ALLOC && s->fault.replica == rp->global_index) x_bytes = SIZE_MAX / 2;
     const ch_backend *be = rp->be;
-    rp->x = ch_backend_alloc(be, x_bytes);
-    rp->labels = ch_backend_alloc(be, sizeof(int32_t) * b);
+    for (int k = 0; k < 2; k++) {
+        rp->x_slot[k] = ch_backend_alloc(be, x_bytes);
+        rp->labels_slot[k] = ch_backend_alloc(be, sizeof(int32_t) * b);
+        if (!rp->x_slot[k] || !rp->labels_slot[k]) return CH_SYS_FAIL(err, "allocation of replica batch buffers");
+    }
+    rp->slot = 1;   /* the first batch takes slot 0 (next_slot) */
+    rp->x = rp->x_slot[1];
+    rp->labels = rp->labels_slot[1];
     rp->dlogits = ch_backend_alloc(be, sizeof(ch_real) * (size_t)s->classes * (size_t)s->max_micro);
     rp->class_hits = calloc((size_t)s->classes, sizeof(int64_t));
     rp->class_counts = calloc((size_t)s->classes, sizeof(int64_t));
     rp->batch_loss = ch_backend_host_alloc(be, sizeof(double) + sizeof(int64_t));
-    if (!rp->x || !rp->labels || !rp->dlogits || !rp->class_hits || !rp->class_counts || !rp->batch_loss)
+    if (!rp->dlogits || !rp->class_hits || !rp->class_counts || !rp->batch_loss)
         return CH_SYS_FAIL(err, "allocation of replica batch buffers");
     rp->batch_correct = (int64_t *)(rp->batch_loss + 1);
     if (s->accum_buffer) {
@@ -58,35 +64,60 @@ static ch_status alloc_buffers(ch_replica *rp, const ch_replica_spec *s, ch_err 
     }
     if (be->ops->host_visible) return CH_STATUS_OK;
     const ch_model *m = rp->model;
-    rp->x_host = ch_backend_host_alloc(be, x_bytes);
-    rp->labels_host = ch_backend_host_alloc(be, sizeof(int32_t) * b);
+    for (int k = 0; k < 2; k++) {
+        rp->x_host_slot[k] = ch_backend_host_alloc(be, x_bytes);
+        rp->labels_host_slot[k] = ch_backend_host_alloc(be, sizeof(int32_t) * b);
+        if (!rp->x_host_slot[k] || !rp->labels_host_slot[k]) return CH_SYS_FAIL(err, "allocation of replica staging buffers");
+    }
+    rp->x_host = rp->x_host_slot[1];
+    rp->labels_host = rp->labels_host_slot[1];
     rp->logits_host = ch_backend_host_alloc(be, sizeof(ch_real) * (size_t)s->classes * b);
     rp->stage = ch_backend_host_alloc(be, sizeof(ch_real) * ((m->nparams > m->nbuffers ? m->nparams : m->nbuffers) + 1));
-    if (!rp->x_host || !rp->labels_host || !rp->logits_host || !rp->stage)
+    if (!rp->logits_host || !rp->stage)
         return CH_SYS_FAIL(err, "allocation of replica staging buffers");
     return CH_STATUS_OK;
 }
 
+/* The next batch takes the other slot. */
+static void next_slot(ch_replica *rp)
+{
+    rp->slot ^= 1;
+    rp->x = rp->x_slot[rp->slot];
+    rp->labels = rp->labels_slot[rp->slot];
+    rp->x_host = rp->x_host_slot[rp->slot];
+    rp->labels_host = rp->labels_host_slot[rp->slot];
+}
+
+/* The last kernel that reads the current slot has been queued. */
+static void slot_consumed(ch_replica *rp)
+{
+    ch_backend_record(rp->be, rp->consumed[rp->slot], CH_STREAM_COMPUTE);
+}
+
 /* Where the host gathers a batch: the replica's own buffers when they are host memory, else the
- * staging buffers, once the last upload from them has run (the step that read it may still be
- * computing: the host does not wait for that). */
+ * slot's staging buffers, once the last upload from them has run (the steps that read it may still
+ * be computing: the host does not wait for them). */
 static ch_real *x_gather(ch_replica *rp)
 {
     if (!rp->x_host) return rp->x;
-    ch_backend_event_sync(rp->be, rp->upload_done);
+    ch_backend_event_sync(rp->be, rp->uploaded[rp->slot]);
     return rp->x_host;
 }
 static int32_t *labels_gather(ch_replica *rp) { return rp->labels_host ? rp->labels_host : rp->labels; }
 
-/* The gathered n samples to the replica's memory (nothing to do when gathered in place), queued on
- * the compute stream: the kernels before it still read the last batch, the ones after it this. */
+/* The gathered n samples at `at` to the slot's replica memory (nothing to do when gathered in
+ * place): on the transfer stream, once the last step that read the slot is done with it; the
+ * compute stream's next kernels wait for the copy, so it overlaps the kernels queued before. */
 static void upload_batch(ch_replica *rp, const ch_replica_spec *s, int n, size_t at)
 {
     if (!rp->x_host) return;
+    const ch_backend *be = rp->be;
     const size_t per = ch_shape3_size(s->input);
-    ch_backend_upload_async(rp->be, CH_STREAM_COMPUTE, rp->x + per * at, rp->x_host + per * at, sizeof(ch_real) * per * (size_t)n);
-    ch_backend_upload_async(rp->be, CH_STREAM_COMPUTE, rp->labels + at, rp->labels_host + at, sizeof(int32_t) * (size_t)n);
-    ch_backend_record(rp->be, rp->upload_done, CH_STREAM_COMPUTE);
+    ch_backend_wait(be, CH_STREAM_TRANSFER, rp->consumed[rp->slot]);
+    ch_backend_upload_async(be, CH_STREAM_TRANSFER, rp->x + per * at, rp->x_host + per * at, sizeof(ch_real) * per * (size_t)n);
+    ch_backend_upload_async(be, CH_STREAM_TRANSFER, rp->labels + at, rp->labels_host + at, sizeof(int32_t) * (size_t)n);
+    ch_backend_record(be, rp->uploaded[rp->slot], CH_STREAM_TRANSFER);
+    ch_backend_wait(be, CH_STREAM_COMPUTE, rp->uploaded[rp->slot]);
 }
 
 /* A collective over n values of replica memory: in place where the communicator can
@@ -155,9 +186,16 @@ static ch_status build(ch_replica *rp, const ch_replica_spec *s, ch_err *err)
     /* oneDNN's GEMM threads by the calling thread's OpenMP setting: this thread's share. */
     omp_set_num_threads(rp->nthreads);
     CH_TRY(ch_backend_create(s->backend, rp->device.index, rp->nthreads, &rp->be, err));
-    if (ch_backend_async(rp->be) &&
-        (!(rp->loss_done = ch_backend_event(rp->be)) || !(rp->upload_done = ch_backend_event(rp->be))))
-        return CH_SYS_FAIL(err, "creation of the replica's events");
+    if (ch_backend_async(rp->be)) {
+        rp->loss_done = ch_backend_event(rp->be);
+        bool made = rp->loss_done;
+        for (int k = 0; k < 2; k++) {
+            rp->uploaded[k] = ch_backend_event(rp->be);
+            rp->consumed[k] = ch_backend_event(rp->be);
+            made = made && rp->uploaded[k] && rp->consumed[k];
+        }
+        if (!made) return CH_SYS_FAIL(err, "creation of the replica's events");
+    }
     if (s->nccl) CH_TRY(join_nccl(rp, s, err));
     CH_TRY(ch_model_create_graph(s->graph, s->input, s->classes, rp->be, &rp->model, err));
     CH_TRY(ch_model_init_params(rp->model, s->init, s->seed, err));
@@ -384,6 +422,7 @@ static ch_status step_traced(ch_replica *rp, const ch_replica_spec *s, const ch_
     rp->status = CH_STATUS_OK;
     inject_process_faults(rp, s, sl->step);
     count_samples(s, sl);
+    next_slot(rp);
     ch_real *xg = x_gather(rp);
     if (sl->x && rp->x_host) {
         /* gathered by the loader into its own (pageable) memory: into the staging buffers, whose
@@ -432,6 +471,7 @@ static ch_status step_traced(ch_replica *rp, const ch_replica_spec *s, const ch_
         const ch_status st = micro_step(rp, s, sl, &r, lo, hi - lo, tr, &comm_st, &err);
         if (st != CH_STATUS_OK) return st;
     }
+    slot_consumed(rp);   /* backward was the last reader of the batch */
     CH_ASSERT(K == 1 || rp->accum_reported == m->nparams);
     rp->busy_s = ch_clock_s() - start;
     if (sync) {
@@ -508,6 +548,7 @@ ch_status ch_replica_evaluate(ch_replica *rp, const ch_replica_spec *s, const ch
     uint32_t idx[256];
     for (size_t at = (size_t)rp->global_index * B; at < d->n; at += (size_t)s->nglobal * B) {
         const int n = (int)(B < d->n - at ? B : d->n - at);
+        next_slot(rp);
         /* Gather in pieces of up to 256 indices: no allocation per chunk. */
         for (int done = 0; done < n;) {
             const int piece = n - done < 256 ? n - done : 256;
@@ -526,6 +567,7 @@ ch_status ch_replica_evaluate(ch_replica *rp, const ch_replica_spec *s, const ch
         loss_queued(rp);
         take_loss(rp);
         tally_classes(rp, n, rp->model->classes, logits);
+        slot_consumed(rp);
     }
     return CH_STATUS_OK;
 }
@@ -618,18 +660,24 @@ void ch_replica_free(ch_replica *rp)
     ch_trace_track_free(&rp->trace_sync);
     ch_optim_free(&rp->opt);
     if (rp->be) {
-        ch_backend_release(rp->be, rp->x);
-        ch_backend_release(rp->be, rp->labels);
+        for (int k = 0; k < 2; k++) {
+            ch_backend_release(rp->be, rp->x_slot[k]);
+            ch_backend_release(rp->be, rp->labels_slot[k]);
+        }
         ch_backend_release(rp->be, rp->dlogits);
         ch_backend_release(rp->be, rp->accum);
     }
     ch_model_free(rp->model);
-    void *host[] = { rp->x_host, rp->labels_host, rp->logits_host, rp->stage, rp->batch_loss };
+    void *host[] = { rp->x_host_slot[0], rp->x_host_slot[1], rp->labels_host_slot[0], rp->labels_host_slot[1],
+                     rp->logits_host, rp->stage, rp->batch_loss };
     for (size_t i = 0; i < sizeof host / sizeof *host; i++)
         if (host[i]) ch_backend_host_free(rp->be, host[i]);
     if (rp->be) {
         ch_backend_event_free(rp->be, rp->loss_done);
-        ch_backend_event_free(rp->be, rp->upload_done);
+        for (int k = 0; k < 2; k++) {
+            ch_backend_event_free(rp->be, rp->uploaded[k]);
+            ch_backend_event_free(rp->be, rp->consumed[k]);
+        }
     }
     ch_err e;
     const ch_cuda_plugin *p = rp->nccl ? ch_cuda_plugin_load(&e) : NULL;

@@ -74,8 +74,16 @@ typedef struct ch_replica {
     bool state_on_servers;  /* --ps-servers: the optimizer state is the servers' (global replica 0
                              * keeps room for all of it, for checkpoints) */
     size_t shard_lo, shard_n; /* the whole buffer unless sharded */
-    ch_real *x;             /* (max_slice, c, h, w), replica memory */
-    int32_t *labels;        /* replica memory */
+    ch_real *x;             /* the current batch slot: (max_slice, c, h, w), replica memory */
+    int32_t *labels;        /* the current slot's labels, replica memory */
+    /* Two batch slots used in turn (slot: the current one), each with its staging buffers: the
+     * next batch is uploaded into one, on the transfer stream, while a step may still read the
+     * other. x, labels, x_host and labels_host point into the current slot. */
+    ch_real *x_slot[2];
+    int32_t *labels_slot[2];
+    ch_real *x_host_slot[2];
+    int32_t *labels_host_slot[2];
+    int slot;
     ch_real *dlogits;       /* replica memory */
     /* Host copies, only where the backend's memory is not host memory: the batch as gathered,
      * the logits for per-class tallies, and one buffer of max(parameters, buffers) values for
@@ -105,9 +113,11 @@ typedef struct ch_replica {
     double *batch_loss;
     int64_t *batch_correct;
     ch_event *loss_done;
-    /* Recorded after the batch's uploads from the staging buffers (x_host, labels_host): the host
-     * waits for it, not for the step's compute, before it gathers the next batch into them. */
-    ch_event *upload_done;
+    /* Per slot: uploaded, recorded on the transfer stream after the slot's uploads (the compute
+     * stream waits for it before the batch's kernels; the host, before it gathers into the slot's
+     * staging buffers again), and consumed, recorded on the compute stream after the last kernel
+     * that reads the slot (the next upload into it waits for that). */
+    ch_event *uploaded[2], *consumed[2];
     bool loss_pending;
     double busy_s;          /* the last step's time up to its wait for the gradient sync */
     uint64_t steps_run;     /* steps this replica has run in this process */
