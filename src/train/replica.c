@@ -43,11 +43,15 @@ static ch_status alloc_buffers(ch_replica *rp, const ch_replica_spec *s, ch_err 
     /* The injected fault is a request no machine can satisfy: the real failure path. */
     if (s->fault.kind == CH_FAULT_ALLOC && s->fault.replica == rp->global_index) x_bytes = SIZE_MAX / 2;
     const ch_backend *be = rp->be;
-    for (int k = 0; k < 2; k++) {
+    /* Two slots where uploads can run beside the compute (a backend with streams), else one. */
+    const int slots = ch_backend_async(be) ? 2 : 1;
+    for (int k = 0; k < slots; k++) {
         rp->x_slot[k] = ch_backend_alloc(be, x_bytes);
         rp->labels_slot[k] = ch_backend_alloc(be, sizeof(int32_t) * b);
         if (!rp->x_slot[k] || !rp->labels_slot[k]) return CH_SYS_FAIL(err, "allocation of replica batch buffers");
     }
+    rp->x_slot[1] = rp->x_slot[slots - 1];
+    rp->labels_slot[1] = rp->labels_slot[slots - 1];
     rp->slot = 1;   /* the first batch takes slot 0 (next_slot) */
     rp->x = rp->x_slot[1];
     rp->labels = rp->labels_slot[1];
@@ -64,11 +68,13 @@ static ch_status alloc_buffers(ch_replica *rp, const ch_replica_spec *s, ch_err 
     }
     if (be->ops->host_visible) return CH_STATUS_OK;
     const ch_model *m = rp->model;
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < slots; k++) {
         rp->x_host_slot[k] = ch_backend_host_alloc(be, x_bytes);
         rp->labels_host_slot[k] = ch_backend_host_alloc(be, sizeof(int32_t) * b);
         if (!rp->x_host_slot[k] || !rp->labels_host_slot[k]) return CH_SYS_FAIL(err, "allocation of replica staging buffers");
     }
+    rp->x_host_slot[1] = rp->x_host_slot[slots - 1];
+    rp->labels_host_slot[1] = rp->labels_host_slot[slots - 1];
     rp->x_host = rp->x_host_slot[1];
     rp->labels_host = rp->labels_host_slot[1];
     rp->logits_host = ch_backend_host_alloc(be, sizeof(ch_real) * (size_t)s->classes * b);
@@ -660,7 +666,7 @@ void ch_replica_free(ch_replica *rp)
     ch_trace_track_free(&rp->trace_sync);
     ch_optim_free(&rp->opt);
     if (rp->be) {
-        for (int k = 0; k < 2; k++) {
+        for (int k = 0; k < 2 && (k == 0 || rp->x_slot[1] != rp->x_slot[0]); k++) {
             ch_backend_release(rp->be, rp->x_slot[k]);
             ch_backend_release(rp->be, rp->labels_slot[k]);
         }
@@ -668,8 +674,9 @@ void ch_replica_free(ch_replica *rp)
         ch_backend_release(rp->be, rp->accum);
     }
     ch_model_free(rp->model);
-    void *host[] = { rp->x_host_slot[0], rp->x_host_slot[1], rp->labels_host_slot[0], rp->labels_host_slot[1],
-                     rp->logits_host, rp->stage, rp->batch_loss };
+    const bool two = rp->x_host_slot[1] != rp->x_host_slot[0];   /* one slot: [1] names [0] */
+    void *host[] = { rp->x_host_slot[0], two ? rp->x_host_slot[1] : NULL, rp->labels_host_slot[0],
+                     two ? rp->labels_host_slot[1] : NULL, rp->logits_host, rp->stage, rp->batch_loss };
     for (size_t i = 0; i < sizeof host / sizeof *host; i++)
         if (host[i]) ch_backend_host_free(rp->be, host[i]);
     if (rp->be) {

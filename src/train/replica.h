@@ -78,7 +78,8 @@ typedef struct ch_replica {
     int32_t *labels;        /* the current slot's labels, replica memory */
     /* Two batch slots used in turn (slot: the current one), each with its staging buffers: the
      * next batch is uploaded into one, on the transfer stream, while a step may still read the
-     * other. x, labels, x_host and labels_host point into the current slot. */
+     * other. A backend without streams has one ([1] names [0]). x, labels, x_host and labels_host
+     * point into the current slot. */
     ch_real *x_slot[2];
     int32_t *labels_slot[2];
     ch_real *x_host_slot[2];

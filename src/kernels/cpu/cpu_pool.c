@@ -1,5 +1,6 @@
 /* Max and average pooling, parallel over (sample, channel) planes. */
 #include "kernels/cpu/cpu.h"
+#include "kernels/pool_body.h"
 
 #include <float.h>
 #include <string.h>
@@ -277,24 +278,6 @@ static bool avgpool_fast(const ch_pool_desc *d)
     return d->k == 2 && d->stride == 2 && d->pad == 0 && pool_floor_windows(d);
 }
 
-/* The divisor of window (i, j): its part inside the padded input (count_include_pad), or inside
- * the input alone (exclude_pad). k * k for every window of floor mode with padding counted. */
-static int avgpool_divisor(const ch_pool_desc *d, int i, int j)
-{
-    int h0 = i * d->stride - d->pad, w0 = j * d->stride - d->pad;
-    int h1 = h0 + d->k, w1 = w0 + d->k;
-    if (h1 > d->h + d->pad) h1 = d->h + d->pad;
-    if (w1 > d->w + d->pad) w1 = d->w + d->pad;
-    if (d->exclude_pad) {
-        if (h0 < 0) h0 = 0;
-        if (w0 < 0) w0 = 0;
-        if (h1 > d->h) h1 = d->h;
-        if (w1 > d->w) w1 = d->w;
-    }
-    const int cnt = (h1 - h0) * (w1 - w0);
-    return cnt > 0 ? cnt : 1;
-}
-
 static void avgpool_forward(const ch_kctx *kc, const ch_pool_desc *d, int n, const ch_real *x,
                             ch_real *y, bool fast)
 {
@@ -319,7 +302,7 @@ static void avgpool_forward(const ch_kctx *kc, const ch_pool_desc *d, int n, con
                         if (iw >= 0 && iw < d->w) s += xp[ih * d->w + iw];
                     }
                 }
-                yp[i * d->ow + j] = s * ((ch_real)1 / (ch_real)avgpool_divisor(d, i, j));
+                yp[i * d->ow + j] = s * ((ch_real)1 / (ch_real)ch_avgpool_divisor(d, i, j));
             }
         }
     }
@@ -341,7 +324,7 @@ static void avgpool_backward(const ch_kctx *kc, const ch_pool_desc *d, int n, co
         memset(dxp, 0, sizeof(ch_real) * xs);
         for (int i = 0; i < d->oh; i++) {
             for (int j = 0; j < d->ow; j++) {
-                const ch_real g = dyp[i * d->ow + j] * ((ch_real)1 / (ch_real)avgpool_divisor(d, i, j));
+                const ch_real g = dyp[i * d->ow + j] * ((ch_real)1 / (ch_real)ch_avgpool_divisor(d, i, j));
                 for (int p = 0; p < d->k; p++) {
                     const int ih = i * d->stride - d->pad + p;
                     if (ih < 0 || ih >= d->h) continue;

@@ -13,6 +13,7 @@
 #include "kernels/loss_body.h"
 #include "kernels/norm_body.h"
 #include "kernels/optim_body.h"
+#include "kernels/pool_body.h"
 
 enum { NT = 256, RT = 512 };
 
@@ -145,18 +146,13 @@ extern "C" void cu_act_backward(const ch_kctx *kc, const ch_act *a, size_t len, 
 
 /* ---- broadcasting ----------------------------------------------------------------------- */
 
-struct bdims {
-    int op;
-    int out[3], a[3], b[3];
-};
-
 __device__ static size_t bindex(const int op[3], const int out[3], int c, int h, int w)
 {
     const int cc = op[0] == out[0] ? c : 0, hh = op[1] == out[1] ? h : 0, ww = op[2] == out[2] ? w : 0;
     return ((size_t)cc * op[1] + hh) * op[2] + ww;
 }
 
-__global__ static void k_bcast(bdims d, size_t len, const ch_real *a, const ch_real *b, ch_real *y)
+__global__ static void k_bcast(ch_bcast_desc d, size_t len, const ch_real *a, const ch_real *b, ch_real *y)
 {
     const size_t ys = (size_t)d.out[0] * d.out[1] * d.out[2], as = (size_t)d.a[0] * d.a[1] * d.a[2],
                  bs = (size_t)d.b[0] * d.b[1] * d.b[2];
@@ -171,7 +167,7 @@ __global__ static void k_bcast(bdims d, size_t len, const ch_real *a, const ch_r
 
 /* d(op)[i] for one operand of dims op: dy (times the other operand) summed over the output
  * positions that read element i, in c, h, w order (the CPU's). */
-__global__ static void k_bcast_back(bdims d, int n, bool of_a, const ch_real *other, const ch_real *dy, ch_real *dop)
+__global__ static void k_bcast_back(ch_bcast_desc d, int n, bool of_a, const ch_real *other, const ch_real *dy, ch_real *dop)
 {
     const int *op = of_a ? d.a : d.b, *ot = of_a ? d.b : d.a;
     const size_t ps = (size_t)op[0] * op[1] * op[2], os = (size_t)ot[0] * ot[1] * ot[2],
@@ -194,29 +190,17 @@ __global__ static void k_bcast_back(bdims d, int n, bool of_a, const ch_real *ot
     }
 }
 
-static bdims bdims_of(const ch_bcast_desc *d)
-{
-    bdims b;
-    b.op = d->op;
-    for (int i = 0; i < 3; i++) {
-        b.out[i] = d->out[i];
-        b.a[i] = d->a[i];
-        b.b[i] = d->b[i];
-    }
-    return b;
-}
-
 extern "C" void cu_bcast_forward(const ch_kctx *kc, const ch_bcast_desc *d, int n, const ch_real *a,
                                  const ch_real *b, ch_real *y)
 {
     const size_t len = (size_t)n * d->out[0] * d->out[1] * d->out[2];
-    LAUNCH(k_bcast, len, kc, bdims_of(d), len, a, b, y);
+    LAUNCH(k_bcast, len, kc, *d, len, a, b, y);
 }
 
 extern "C" void cu_bcast_backward(const ch_kctx *kc, const ch_bcast_desc *d, int n, const ch_real *a,
                                   const ch_real *b, const ch_real *dy, ch_real *da, ch_real *db)
 {
-    const bdims bd = bdims_of(d);
+    const ch_bcast_desc bd = *d;
     if (da) LAUNCH(k_bcast_back, (size_t)n * d->a[0] * d->a[1] * d->a[2], kc, bd, n, true, b, dy, da);
     if (db) LAUNCH(k_bcast_back, (size_t)n * d->b[0] * d->b[1] * d->b[2], kc, bd, n, false, a, dy, db);
 }
@@ -345,18 +329,7 @@ extern "C" void cu_mse(const ch_kctx *kc, size_t len, const ch_real *pred, const
 
 /* ---- pooling and upsampling ------------------------------------------------------------- */
 
-struct pdims {
-    int c, h, w, k, stride, pad, oh, ow;
-    bool exclude_pad;
-};
-
-static pdims pdims_of(const ch_pool_desc *d)
-{
-    pdims p = { d->c, d->h, d->w, d->k, d->stride, d->pad, d->oh, d->ow, d->exclude_pad };
-    return p;
-}
-
-__global__ static void k_maxpool(pdims d, size_t len, const ch_real *x, ch_real *y, int32_t *am)
+__global__ static void k_maxpool(ch_pool_desc d, size_t len, const ch_real *x, ch_real *y, int32_t *am)
 {
     FOR_EACH(o, len) {
         const size_t pl = o / ((size_t)d.oh * d.ow);
@@ -393,7 +366,7 @@ __device__ static void windows_over(int i, int k, int stride, int pad, int out, 
 
 /* dx gathered per input element from the outputs whose argmax names it, in output order (the
  * CPU's scatter adds in that order too). */
-__global__ static void k_maxpool_back(pdims d, size_t len, const ch_real *dy, const int32_t *am, ch_real *dx)
+__global__ static void k_maxpool_back(ch_pool_desc d, size_t len, const ch_real *dy, const int32_t *am, ch_real *dx)
 {
     FOR_EACH(e, len) {
         const size_t pl = e / ((size_t)d.h * d.w);
@@ -410,23 +383,7 @@ __global__ static void k_maxpool_back(pdims d, size_t len, const ch_real *dy, co
     }
 }
 
-__device__ static int avg_divisor(const pdims &d, int i, int j)
-{
-    int h0 = i * d.stride - d.pad, w0 = j * d.stride - d.pad;
-    int h1 = h0 + d.k, w1 = w0 + d.k;
-    if (h1 > d.h + d.pad) h1 = d.h + d.pad;
-    if (w1 > d.w + d.pad) w1 = d.w + d.pad;
-    if (d.exclude_pad) {
-        if (h0 < 0) h0 = 0;
-        if (w0 < 0) w0 = 0;
-        if (h1 > d.h) h1 = d.h;
-        if (w1 > d.w) w1 = d.w;
-    }
-    const int cnt = (h1 - h0) * (w1 - w0);
-    return cnt > 0 ? cnt : 1;
-}
-
-__global__ static void k_avgpool(pdims d, size_t len, const ch_real *x, ch_real *y)
+__global__ static void k_avgpool(ch_pool_desc d, size_t len, const ch_real *x, ch_real *y)
 {
     FOR_EACH(o, len) {
         const size_t pl = o / ((size_t)d.oh * d.ow);
@@ -441,11 +398,11 @@ __global__ static void k_avgpool(pdims d, size_t len, const ch_real *x, ch_real 
                 if (iw >= 0 && iw < d.w) s += xp[ih * d.w + iw];
             }
         }
-        y[o] = s * ((ch_real)1 / (ch_real)avg_divisor(d, i, j));
+        y[o] = s * ((ch_real)1 / (ch_real)ch_avgpool_divisor(&d, i, j));
     }
 }
 
-__global__ static void k_avgpool_back(pdims d, size_t len, const ch_real *dy, ch_real *dx)
+__global__ static void k_avgpool_back(ch_pool_desc d, size_t len, const ch_real *dy, ch_real *dx)
 {
     FOR_EACH(e, len) {
         const size_t pl = e / ((size_t)d.h * d.w);
@@ -456,7 +413,7 @@ __global__ static void k_avgpool_back(pdims d, size_t len, const ch_real *dy, ch
         const ch_real *g = dy + pl * d.oh * d.ow;
         ch_real s = 0;
         for (int i = i0; i < i1; i++)
-            for (int j = j0; j < j1; j++) s += g[(size_t)i * d.ow + j] * ((ch_real)1 / (ch_real)avg_divisor(d, i, j));
+            for (int j = j0; j < j1; j++) s += g[(size_t)i * d.ow + j] * ((ch_real)1 / (ch_real)ch_avgpool_divisor(&d, i, j));
         dx[e] = s;
     }
 }
@@ -465,26 +422,26 @@ extern "C" void cu_maxpool2d_forward(const ch_kctx *kc, const ch_pool_desc *d, i
                                      int32_t *argmax)
 {
     const size_t len = (size_t)n * d->c * d->oh * d->ow;
-    LAUNCH(k_maxpool, len, kc, pdims_of(d), len, x, y, argmax);
+    LAUNCH(k_maxpool, len, kc, *d, len, x, y, argmax);
 }
 
 extern "C" void cu_maxpool2d_backward(const ch_kctx *kc, const ch_pool_desc *d, int n, const ch_real *dy,
                                       const int32_t *argmax, ch_real *dx)
 {
     const size_t len = (size_t)n * d->c * d->h * d->w;
-    LAUNCH(k_maxpool_back, len, kc, pdims_of(d), len, dy, argmax, dx);
+    LAUNCH(k_maxpool_back, len, kc, *d, len, dy, argmax, dx);
 }
 
 extern "C" void cu_avgpool2d_forward(const ch_kctx *kc, const ch_pool_desc *d, int n, const ch_real *x, ch_real *y)
 {
     const size_t len = (size_t)n * d->c * d->oh * d->ow;
-    LAUNCH(k_avgpool, len, kc, pdims_of(d), len, x, y);
+    LAUNCH(k_avgpool, len, kc, *d, len, x, y);
 }
 
 extern "C" void cu_avgpool2d_backward(const ch_kctx *kc, const ch_pool_desc *d, int n, const ch_real *dy, ch_real *dx)
 {
     const size_t len = (size_t)n * d->c * d->h * d->w;
-    LAUNCH(k_avgpool_back, len, kc, pdims_of(d), len, dy, dx);
+    LAUNCH(k_avgpool_back, len, kc, *d, len, dy, dx);
 }
 
 __global__ static void k_upsample(size_t len, int h, int w, int sh, int sw, const ch_real *x, ch_real *y)
