@@ -191,6 +191,11 @@ int ch_graph_mean_hw(ch_graph *g, const char *name, int x, bool keepdim);
 /* nn.Upsample(scale_factor=(scale_h, scale_w), mode='nearest'): (c, h, w) -> (c, h * scale_h, w * scale_w),
  * whole factors 1..64. */
 int ch_graph_upsample_nearest(ch_graph *g, const char *name, int x, int scale_h, int scale_w);
+/* ShuffleNet's channel shuffle, x.view(n, groups, c / groups, h, w).transpose(1, 2) viewed back as
+ * (c, h, w): output channel j * groups + i is input channel i * (c / groups) + j. groups divides c. */
+int ch_graph_channel_shuffle(ch_graph *g, const char *name, int x, int groups);
+/* x[:, start:start + count]: channels of a (c, h, w) tensor, as x.chunk(k, 1) and x.split(s, 1) make them. */
+int ch_graph_channel_slice(ch_graph *g, const char *name, int x, int start, int count);
 /* (c, h, w) -> (c*h*w). */
 int ch_graph_flatten(ch_graph *g, const char *name, int x);
 /* x.view(x.size(0), c, h, w): the same values as shape (c, h, w), e.g. (features) -> (features, 1, 1)

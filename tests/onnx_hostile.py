@@ -115,11 +115,27 @@ class Upsampled(Net):
 
 
 class Shuffled(Net):
-    """ShuffleNet's channel shuffle: a view into 2 groups, a transpose, a view back."""
+    """A view into 2 channel groups, as ShuffleNet's shuffle begins, then (move) what the shuffle
+    does not do: cohort imports the shuffle (squeeze_step.py's ShuffleNet), not other permutations."""
+    def __init__(self, move):
+        super().__init__()
+        self.move = move
+
     def forward(self, x):
         x = F.relu(self.bn1(self.conv1(x)))
         b, c, h, w = x.size()
-        x = x.view(b, 2, c // 2, h, w).transpose(1, 2).contiguous().view(b, c, h, w)
+        x = self.move(x.view(b, 2, c // 2, h, w)).contiguous().view(b, c, h, w)
+        return self.fc(F.max_pool2d(x, 2).view(x.size(0), -1))
+
+
+class Cropped(Net):
+    """x[:, :, 1:-1, 1:-1]: a slice of rows and columns, not of channels."""
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4 * 13 * 13, 10)
+
+    def forward(self, x):
+        x = F.relu(self.bn1(self.conv1(x)))[:, :, 1:-1, 1:-1]
         return self.fc(F.max_pool2d(x, 2).view(x.size(0), -1))
 
 
@@ -374,8 +390,12 @@ def main(out):
     # downstream or upstream of it.
     export(Upsampled(), p("upsample"), opset=13)
     case("upsample", "(Resize): only mode 'nearest' is imported (bilinear and bicubic Resize are not yet)")
-    export(Shuffled(), p("channel_shuffle"), opset=13)
-    case("channel_shuffle", "a view into channel groups, as in a channel shuffle, is not imported yet")
+    export(Shuffled(lambda v: v.transpose(3, 4)), p("group_transpose"), opset=13)
+    case("group_transpose", "cohort imports only the channel shuffle's, perm (0, 2, 1, 3, 4)")
+    export(Shuffled(lambda v: torch.sigmoid(v)), p("group_read"), opset=13)
+    case("group_read", "(Sigmoid): reads '/Reshape_output_0', a (batch, 2, 2, h, w) view into channel groups")
+    export(Cropped(), p("slice_rows"), opset=13)
+    case("slice_rows", "only a slice of the channels (axis 1) of a (batch, c, h, w) tensor")
 
     # Three operators cohort lacks, in one file: all three named at once (onnx_hostile.sh checks
     # the lines), not one per run. Not a case of one line.

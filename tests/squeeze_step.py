@@ -9,12 +9,14 @@ the first seed whose pre-activations all lie at least 1e-6 from zero (100 times 
 their sums); on it, float32 arithmetic in any order gives the float64 step within rounding, and so
 must cohort.
 
-The same check takes a tiny U-Net (unet: nn.Upsample, nearest, x2, and a skip concatenation) and
+The same check takes a small ShuffleNetV2 (shuffle: torchvision's units, x.chunk(2, 1), the channel
+shuffle's 5-D view and transpose, BatchNorm with eps 1e-3 and momentum 0.3, whose running statistics
+after the step are checked too), a tiny U-Net (unet: nn.Upsample, nearest, x2, and a skip concatenation) and
 gelu: ConvNeXt-style pieces cohort has (a patchify stem, a 7x7
 depthwise conv, pointwise convs, nn.GELU() exported through Erf and approximate='tanh' through Tanh, a
 residual), with PyTorch's default initialisation.
 
-  python3 squeeze_step.py make DIR DATA_ROOT [squeeze|gelu|unet]   DIR/model.onnx, DIR/init.pt, DIR/seed
+  python3 squeeze_step.py make DIR DATA_ROOT [squeeze|gelu|unet|shuffle]   DIR/model.onnx, DIR/init.pt, DIR/seed
   python3 squeeze_step.py check DIR DATA_ROOT COHORT_MODEL.safetensors
 """
 import copy
@@ -98,7 +100,55 @@ class UNet(nn.Module):
         return self.fc(F.adaptive_avg_pool2d(d, 1).flatten(1))
 
 
-MODELS = {"squeeze": Squeeze, "gelu": GeluNet, "unet": UNet}
+def channel_shuffle(x, groups):
+    """ShuffleNet's shuffle as torchvision writes it: a 5-D view, transpose(1, 2), a view back."""
+    b, c, h, w = x.size()
+    x = x.view(b, groups, c // groups, h, w)
+    x = torch.transpose(x, 1, 2).contiguous()
+    return x.view(b, -1, h, w)
+
+
+class ShuffleUnit(nn.Module):
+    """torchvision's ShuffleNetV2 InvertedResidual: at stride 1 the input's halves (x.chunk(2, 1)),
+    one passed through, at stride 2 two branches; concatenated, then the channel shuffle."""
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        self.stride, f = stride, cout // 2
+        if stride > 1:
+            self.branch1 = nn.Sequential(nn.Conv2d(cin, cin, 3, stride, 1, groups=cin, bias=False), nn.BatchNorm2d(cin),
+                                         nn.Conv2d(cin, f, 1, bias=False), nn.BatchNorm2d(f), nn.ReLU())
+        self.branch2 = nn.Sequential(nn.Conv2d(cin if stride > 1 else f, f, 1, bias=False), nn.BatchNorm2d(f), nn.ReLU(),
+                                     nn.Conv2d(f, f, 3, stride, 1, groups=f, bias=False), nn.BatchNorm2d(f),
+                                     nn.Conv2d(f, f, 1, bias=False), nn.BatchNorm2d(f), nn.ReLU())
+
+    def forward(self, x):
+        if self.stride == 1:
+            x1, x2 = x.chunk(2, dim=1)
+            out = torch.cat((x1, self.branch2(x2)), dim=1)
+        else:
+            out = torch.cat((self.branch1(x), self.branch2(x)), dim=1)
+        return channel_shuffle(out, 2)
+
+
+class ShuffleNet(nn.Module):
+    """A small ShuffleNetV2: stem, max pool, a stage of three units, a 1x1 conv, the mean, a classifier.
+    BatchNorm with eps and momentum of its own, so a dropped argument shows."""
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(1, 16, 3, 1, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
+                                  nn.MaxPool2d(3, 2, 1))
+        self.stage = nn.Sequential(ShuffleUnit(16, 32, 2), ShuffleUnit(32, 32, 1), ShuffleUnit(32, 32, 1))
+        self.conv5 = nn.Sequential(nn.Conv2d(32, 64, 1, bias=False), nn.BatchNorm2d(64), nn.ReLU())
+        self.fc = nn.Linear(64, 10)
+        for mod in self.modules():
+            if isinstance(mod, nn.BatchNorm2d):
+                mod.eps, mod.momentum = 1e-3, 0.3
+
+    def forward(self, x):
+        return self.fc(self.conv5(self.stage(self.stem(x))).mean((2, 3)))
+
+
+MODELS = {"squeeze": Squeeze, "gelu": GeluNet, "unet": UNet, "shuffle": ShuffleNet}
 
 
 def data(root):
@@ -110,10 +160,10 @@ def data(root):
 
 
 def nearest_to_zero(m, x):
-    """The smallest non-zero |input| of any ReLU (a conv's output), in float64."""
+    """The smallest non-zero |input| of any ReLU (a conv's or a BatchNorm's output), in float64."""
     seen = []
     hooks = [c.register_forward_hook(lambda mod, i, o: seen.append(o.detach().abs()))
-             for c in m.modules() if isinstance(c, nn.Conv2d)]
+             for c in m.modules() if isinstance(c, (nn.Conv2d, nn.BatchNorm2d))]
     m(torch.tensor(x))
     for h in hooks:
         h.remove()
@@ -132,14 +182,16 @@ def step(m, x, y, dtype):
 
 
 def load_safetensors(path):
+    """The file's tensors as float64 arrays, and as the tensors of their own types (for load_state_dict)."""
     raw = open(path, "rb").read()
     n = struct.unpack("<Q", raw[:8])[0]
-    out = {}
+    out, typed = {}, {}
     for k, v in json.loads(raw[8:8 + n]).items():
         if k != "__metadata__":
             lo, hi = v["data_offsets"]
-            out[k] = np.frombuffer(raw[8 + n + lo:8 + n + hi], "<f4").reshape(v["shape"]).astype(np.float64)
-    return out
+            a = np.frombuffer(raw[8 + n + lo:8 + n + hi], {"F32": "<f4", "I64": "<i8"}[v["dtype"]]).reshape(v["shape"])
+            out[k], typed[k] = a.astype(np.float64), torch.from_numpy(a.copy())
+    return out, typed
 
 
 def make(out, root, name):
@@ -153,13 +205,15 @@ def make(out, root, name):
     else:
         sys.exit("squeeze_step: no seed below 100 keeps every pre-activation 1e-6 from zero")
     m = m.float()
-    torch.save(m.state_dict(), out + "/init.pt")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(m, torch.zeros(2, 1, 28, 28), out + "/model.onnx", opset_version=13,
                           training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False,
                           input_names=["input"], output_names=["output"],
                           dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}})
+    # After the export: tracing in training mode ran a forward that moved BatchNorm's running statistics
+    # (running_var 1 -> 0.7 at momentum 0.3), and the file holds the moved ones, which cohort starts from.
+    torch.save(m.state_dict(), out + "/init.pt")
     open(out + "/seed", "w").write(f"{seed}\n")
     open(out + "/model", "w").write(name)
     print(f"squeeze_step: seed {seed}, the nearest pre-activation {nearest_to_zero(copy.deepcopy(m).double(), x):.2e} "
@@ -175,10 +229,17 @@ def check(out, root, got_path):
         m = make_model()
         m.load_state_dict(init)
         res[dt] = step(m, x, y, dt)
-    got = load_safetensors(got_path)
+    got, typed = load_safetensors(got_path)
+    make_model().load_state_dict(typed, strict=True)   # every name and shape PyTorch's, nothing extra
     start = {k: v.double().numpy() for k, v in init.items()}
     worst_c, worst_t, failed = 0.0, 0.0, []
     for k, want in res[torch.float64].items():
+        if k.endswith("num_batches_tracked"):
+            # ONNX files carry no step count: cohort counts its own steps from 0 (one here), PyTorch
+            # from the export's trace on.
+            if got[k] != want - start[k]:
+                failed.append(k)
+            continue
         update = np.abs(want - start[k]).max()
         scale = max(update, 1e-6 * np.abs(want).max())
         c = np.abs(got[k] - want).max() / scale

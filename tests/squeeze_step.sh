@@ -5,8 +5,11 @@
 # float64 step (within 4x PyTorch's own float32 distance, or 1e-5 of the update). Issue 41's bias
 # outliers were a ReLU input within rounding of zero; the fixture is a seed without one.
 # With MODEL gelu, the same for squeeze_step.py's GELU net (both GELU forms through ONNX, a 7x7
-# depthwise conv); with unet, for its U-Net (nn.Upsample, a skip concatenation).
-# usage: squeeze_step.sh COHORT DATA_ROOT [squeeze|gelu|unet]
+# depthwise conv); with unet, for its U-Net (nn.Upsample, a skip concatenation); with shuffle, for its
+# ShuffleNetV2 (chunk, channel shuffle, BatchNorm: two devices with --sync-bn, so that the batch
+# statistics and running averages are the whole batch's). The check also loads the checkpoint into
+# the PyTorch module with strict=True.
+# usage: squeeze_step.sh COHORT DATA_ROOT [squeeze|gelu|unet|shuffle]
 set -uo pipefail
 cohort=$1 data=$2 model=${3:-squeeze}
 py=/usr/bin/python3
@@ -16,7 +19,9 @@ tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 fails=0
 for devices in cpu:0 cpu:0,cpu:1; do
     echo "== $devices"
-    "$cohort" train --model "$tmp/model.onnx" --data "$data/mnist" --train-limit 8 -b 8 --epochs 1 --shuffle off \
+    sync=()
+    [ "$model" = shuffle ] && [ "$devices" != cpu:0 ] && sync=(--sync-bn)
+    "$cohort" train "${sync[@]}" --model "$tmp/model.onnx" --data "$data/mnist" --train-limit 8 -b 8 --epochs 1 --shuffle off \
         --lr 0.1 --devices "$devices" --checkpoint-dir "$tmp/ck-$devices" --test-limit 10 --no-progress ||
         { echo "FAIL: training on $devices"; fails=$((fails + 1)); continue; }
     "$py" "$here/squeeze_step.py" check "$tmp" "$data" "$tmp/ck-$devices/epoch-0001/model.safetensors" ||

@@ -99,6 +99,9 @@ static void analytic(probe *p)
     } else {
         ch_backend_copy(be, p->dout, p->R, sizeof(ch_real) * len);
     }
+    /* Backward overwrites dx: stale values there (here 1e3) must not show through. */
+    const size_t xl = ch_shape3_size(p->m->input) * (size_t)p->n;
+    upload_uniform(p->dx, xl, 1e3, 1e3, 1);
     p->m->root->ops->backward(p->m->root, &p->run, p->n, p->x, p->dout, p->dx);
 }
 
@@ -262,6 +265,47 @@ static void pooling_gradients(void **state)
     check_layer("global avgpool", MAKE(ch_global_avgpool_create, "p", (ch_shape3){ 3, 4, 4 }), 2);
     check_layer("upsample nearest 2x3", MAKE(ch_upsample_nearest_create, "u", (ch_shape3){ 2, 3, 4 }, 2, 3), 2);
     check_layer("upsample nearest 1x2", MAKE(ch_upsample_nearest_create, "u", (ch_shape3){ 3, 2, 3 }, 1, 2), 2);
+}
+
+/* The channel shuffle and slice forward: y's values are x's at the index maps of their definitions
+ * (ch_graph_channel_shuffle: channel j * g + i from i * m + j), on n samples. */
+static void check_channel_map(ch_layer *l, int n, int groups, int start)
+{
+    ch_model *m;
+    ch_err err;
+    assert_int_equal(ch_model_create_from("layer", l, 0, be, &m, &err), CH_STATUS_OK);
+    probe p;
+    probe_init(&p, m, n, false, 5);
+    const ch_shape3 in = m->input, out = m->root->out;
+    const size_t hw = (size_t)in.h * in.w, xl = ch_shape3_size(in) * (size_t)n, yl = ch_shape3_size(out) * (size_t)n;
+    ch_real *x = malloc(sizeof(ch_real) * xl), *y = malloc(sizeof(ch_real) * yl);
+    assert_true(x && y);
+    ch_backend_download(be, x, p.x, sizeof(ch_real) * xl);
+    ch_backend_download(be, y, ch_model_forward(p.m, &p.run, n, p.x), sizeof(ch_real) * yl);
+    size_t wrong = 0;
+    for (int s = 0; s < n; s++)
+        for (int k = 0; k < out.c; k++) {
+            const int from = groups ? (k % groups) * (in.c / groups) + k / groups : start + k;
+            for (size_t q = 0; q < hw; q++)
+                wrong += y[((size_t)s * out.c + k) * hw + q] != x[((size_t)s * in.c + from) * hw + q];
+        }
+    free(x), free(y);
+    probe_free(&p);
+    assert_int_equal(wrong, 0);
+}
+
+/* Both of the shuffle's copy orders (per sample and group while n * groups <= c, else per channel
+ * over the batch), and a slice inside the channels. */
+static void channel_move_gradients(void **state)
+{
+    (void)state;
+    check_layer("channel shuffle 6/3, n 1", MAKE(ch_channel_shuffle_create, "s", (ch_shape3){ 6, 2, 3 }, 3), 1);
+    check_layer("channel shuffle 6/3, n 4", MAKE(ch_channel_shuffle_create, "s", (ch_shape3){ 6, 2, 3 }, 3), 4);
+    check_layer("channel slice 1+3 of 5", MAKE(ch_channel_slice_create, "s", (ch_shape3){ 5, 2, 2 }, 1, 3), 2);
+    check_channel_map(MAKE(ch_channel_shuffle_create, "s", (ch_shape3){ 6, 2, 3 }, 3), 1, 3, 0);
+    check_channel_map(MAKE(ch_channel_shuffle_create, "s", (ch_shape3){ 6, 2, 3 }, 3), 4, 3, 0);
+    check_channel_map(MAKE(ch_channel_shuffle_create, "s", (ch_shape3){ 8, 1, 2 }, 2), 3, 2, 0);
+    check_channel_map(MAKE(ch_channel_slice_create, "s", (ch_shape3){ 5, 2, 2 }, 1, 3), 3, 0, 1);
 }
 
 static void elementwise_gradients(void **state)
@@ -521,6 +565,7 @@ int main(void)
         cmocka_unit_test(linear_gradients),
         cmocka_unit_test(pooling_gradients),
         cmocka_unit_test(elementwise_gradients),
+        cmocka_unit_test(channel_move_gradients),
         cmocka_unit_test(batchnorm_gradients),
         cmocka_unit_test(conv_options_gradients),
         cmocka_unit_test(activation_gradients),

@@ -350,6 +350,48 @@ static void json_keeps_gelu_forms(void **state)
     ch_graph_free(back);
 }
 
+/* The channel shuffle and slice survive a graph.json round trip with their arguments; groups that
+ * do not divide the channels and slices outside them are refused by the builder and the reader. */
+static void json_keeps_channel_moves(void **state)
+{
+    (void)state;
+    ch_err err;
+    ch_graph *g, *back;
+    assert_int_equal(ch_graph_create("moves", &g, &err), CH_STATUS_OK);
+    int x = ch_graph_input(g, "x", 6, 2, 2);
+    x = ch_graph_channel_shuffle(g, "shuffle", x, 3);
+    x = ch_graph_channel_slice(g, "slice", x, 2, 3);
+    assert_int_equal(ch_graph_shape(g, x).c, 3);
+    ch_graph_output(g, ch_graph_linear(g, "fc", ch_graph_flatten(g, "flat", x), 3, true));
+    char *text = ch_graph_to_json(g), *again;
+    assert_non_null(text);
+    assert_int_equal(ch_graph_from_json(text, strlen(text), "moves", &back, &err), CH_STATUS_OK);
+    assert_non_null(again = ch_graph_to_json(back));
+    assert_string_equal(text, again);
+    assert_int_equal(back->nodes[0].op, CH_GOP_SHUFFLE);
+    assert_int_equal(back->nodes[0].groups, 3);
+    assert_int_equal(back->nodes[1].op, CH_GOP_SLICE);
+    assert_int_equal(back->nodes[1].slice[0], 2);
+    assert_int_equal(back->nodes[1].slice[1], 3);
+    free(again);
+    /* The slice read back as 4 channels from 2 of 6: past the end. */
+    char *bad = malloc(strlen(text) + 8), *at = strstr(text, "\"count\"");
+    assert_non_null(at);
+    at = strchr(at, ':');
+    sprintf(bad, "%.*s: 5%s", (int)(at - text), text, strpbrk(at, ",}"));
+    ch_graph *refused = NULL;
+    assert_int_equal(ch_graph_from_json(bad, strlen(bad), "moves", &refused, &err), CH_STATUS_BAD_INPUT);
+    assert_non_null(strstr(err.msg, "channels 2..6 of 6"));
+    free(bad), free(text);
+    ch_graph_free(back);
+    ch_graph_free(g);
+    assert_int_equal(ch_graph_create("moves", &g, &err), CH_STATUS_OK);
+    assert_true(ch_graph_channel_shuffle(g, "s", ch_graph_input(g, "x", 6, 2, 2), 4) < 0);
+    assert_int_equal(ch_graph_status(g, &err), CH_STATUS_BAD_INPUT);
+    assert_non_null(strstr(err.msg, "4 groups do not divide 6 channels"));
+    ch_graph_free(g);
+}
+
 /* One op on a 4x6x6 input with argument v; -1 when the builder refuses it. */
 static int one_op(ch_graph *g, int which, double v)
 {
@@ -446,6 +488,7 @@ int main(void)
         cmocka_unit_test(fingerprint_follows_the_graph),
         cmocka_unit_test(json_keeps_every_op),
         cmocka_unit_test(json_keeps_gelu_forms),
+        cmocka_unit_test(json_keeps_channel_moves),
         cmocka_unit_test(json_reads_what_the_builder_takes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

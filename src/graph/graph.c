@@ -20,6 +20,7 @@ static const char *const gop_names[] = {
     [CH_GOP_GLOBAL_AVG_POOL] = "global_avg_pool", [CH_GOP_MEAN_HW] = "mean", [CH_GOP_FLATTEN] = "flatten",
     [CH_GOP_LINEAR] = "linear", [CH_GOP_DROPOUT] = "dropout", [CH_GOP_ADD] = "add", [CH_GOP_MUL] = "mul",
     [CH_GOP_CONCAT] = "concat", [CH_GOP_VIEW] = "view", [CH_GOP_UPSAMPLE] = "upsample_nearest",
+    [CH_GOP_SHUFFLE] = "channel_shuffle", [CH_GOP_SLICE] = "channel_slice",
 };
 
 const char *ch_gop_name(ch_gop op) { return gop_names[op]; }
@@ -233,6 +234,8 @@ static ch_status node_layer(const ch_graph *g, const ch_gnode *nd, ch_layer **ou
     case CH_GOP_MEAN_HW: return ch_global_avgpool_create(nd->name, x, out, err);
     case CH_GOP_FLATTEN: return ch_flatten_create(nd->name, x, out, err);
     case CH_GOP_UPSAMPLE: return ch_upsample_nearest_create(nd->name, x, nd->scale[0], nd->scale[1], out, err);
+    case CH_GOP_SLICE: return ch_channel_slice_create(nd->name, x, nd->slice[0], nd->slice[1], out, err);
+    case CH_GOP_SHUFFLE: return ch_channel_shuffle_create(nd->name, x, nd->groups, out, err);
     case CH_GOP_VIEW:
         return ch_view_create(nd->name, x, (ch_shape3){ nd->view[0], nd->view[1], nd->view[2] }, out, err);
     case CH_GOP_LINEAR: return ch_linear_create_opts(nd->name, x, nd->features, nd->bias, out, err);
@@ -287,7 +290,8 @@ static int out_rank(const ch_graph *g, const ch_gnode *nd)
 static bool needs_rank3(ch_gop op)
 {
     return op == CH_GOP_CONV2D || op == CH_GOP_MAX_POOL2D ||
-           op == CH_GOP_AVG_POOL2D || op == CH_GOP_GLOBAL_AVG_POOL || op == CH_GOP_MEAN_HW || op == CH_GOP_UPSAMPLE;
+           op == CH_GOP_AVG_POOL2D || op == CH_GOP_GLOBAL_AVG_POOL || op == CH_GOP_MEAN_HW || op == CH_GOP_UPSAMPLE ||
+           op == CH_GOP_SHUFFLE || op == CH_GOP_SLICE;
 }
 
 /* Append node nd (op and args set) named name, reading in (copied); returns its output tensor. */
@@ -529,6 +533,24 @@ int ch_graph_upsample_nearest(ch_graph *g, const char *name, int x, int scale_h,
     ch_gnode nd = node_of(CH_GOP_UPSAMPLE);
     nd.scale[0] = scale_h;
     nd.scale[1] = scale_w;
+    return add_node(g, name, &nd, &x, 1);
+}
+
+int ch_graph_channel_shuffle(ch_graph *g, const char *name, int x, int groups)
+{
+    ch_gnode nd = node_of(CH_GOP_SHUFFLE);
+    if (!ch_garg_ok(CH_GARG_CHANNELS, groups)) return refuse_arg(g, name, "channel_shuffle", "groups", groups, CH_GARG_CHANNELS);
+    nd.groups = groups;
+    return add_node(g, name, &nd, &x, 1);
+}
+
+int ch_graph_channel_slice(ch_graph *g, const char *name, int x, int start, int count)
+{
+    ch_gnode nd = node_of(CH_GOP_SLICE);
+    if (!ch_garg_ok(CH_GARG_PADDING, start)) return refuse_arg(g, name, "channel_slice", "start", start, CH_GARG_PADDING);
+    if (!ch_garg_ok(CH_GARG_CHANNELS, count)) return refuse_arg(g, name, "channel_slice", "count", count, CH_GARG_CHANNELS);
+    nd.slice[0] = start;
+    nd.slice[1] = count;
     return add_node(g, name, &nd, &x, 1);
 }
 

@@ -16,6 +16,7 @@ typedef enum ch_gop {
     CH_GOP_CONV2D, CH_GOP_BATCHNORM2D, CH_GOP_RELU, CH_GOP_ACT, CH_GOP_MAX_POOL2D,
     CH_GOP_AVG_POOL2D, CH_GOP_GLOBAL_AVG_POOL, CH_GOP_MEAN_HW, CH_GOP_FLATTEN, CH_GOP_LINEAR,
     CH_GOP_DROPOUT, CH_GOP_ADD, CH_GOP_MUL, CH_GOP_CONCAT, CH_GOP_VIEW, CH_GOP_UPSAMPLE,
+    CH_GOP_SHUFFLE, CH_GOP_SLICE,
 } ch_gop;
 
 typedef enum ch_dtype { CH_DTYPE_F32 = 0 } ch_dtype;
@@ -61,6 +62,8 @@ typedef struct ch_gnode {
     double p;           /* dropout */
     int view[3];        /* view: the per-sample shape (c, h, w) */
     int scale[2];       /* upsample: whole factors (h, w) */
+    int groups;         /* channel shuffle */
+    int slice[2];       /* channel slice: start, count */
 } ch_gnode;
 
 /* A tensor's starting values (an imported file's weights), by state_dict name. */

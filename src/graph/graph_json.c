@@ -56,6 +56,11 @@ static void put_args(cJSON *o, const ch_gnode *nd)
         cJSON_AddBoolToObject(o, "exclude_pad", nd->pool.exclude_pad);
         break;
     case CH_GOP_MEAN_HW: cJSON_AddBoolToObject(o, "keepdim", nd->keepdim); break;
+    case CH_GOP_SHUFFLE: add_num(o, "groups", nd->groups); break;
+    case CH_GOP_SLICE:
+        add_num(o, "start", nd->slice[0]);
+        add_num(o, "count", nd->slice[1]);
+        break;
     case CH_GOP_UPSAMPLE:
         add_num(o, "scale_h", nd->scale[0]);
         add_num(o, "scale_w", nd->scale[1]);
@@ -261,6 +266,13 @@ static ch_status replay(reader *r, ch_graph *g, const char *op, const char *name
         CH_TRY(whole(r, "scale_h", CH_GARG_SCALE, 0, &sh));
         CH_TRY(whole(r, "scale_w", CH_GARG_SCALE, 0, &sw));
         *t = ch_graph_upsample_nearest(g, name, x, sh, sw);
+    } else if (strcmp(op, "channel_shuffle") == 0) {
+        CH_TRY(whole(r, "groups", CH_GARG_CHANNELS, 0, &f));
+        *t = ch_graph_channel_shuffle(g, name, x, f);
+    } else if (strcmp(op, "channel_slice") == 0) {
+        CH_TRY(whole(r, "start", CH_GARG_PADDING, 0, &p));
+        CH_TRY(whole(r, "count", CH_GARG_CHANNELS, 0, &f));
+        *t = ch_graph_channel_slice(g, name, x, p, f);
     } else if (strcmp(op, "view") == 0) {
         int v[3];
         CH_TRY(shape3(r, "shape", v));

@@ -74,13 +74,14 @@ void ch_onnx_unknown_why(ch_onnx_imp *m, const Onnx__NodeProto *n, char *buf, si
     "cohort imports Conv, BatchNormalization, Relu, LeakyRelu, Clip, Sigmoid, Tanh, Erf, HardSigmoid, HardSwish, " \
     "MaxPool, AveragePool, GlobalAveragePool, ReduceMean, Flatten, Reshape, Gemm, MatMul, Add, Mul (of tensors or " \
     "by numbers), Sub and Div by numbers, Expand into Add or Mul, Concat, Dropout, Resize (nearest, whole factors), " \
-    "a final (Log)Softmax and shape arithmetic"
+    "Slice of channels, a channel shuffle (a Reshape into groups, Transpose, Reshape back), a final (Log)Softmax and shape arithmetic"
 const char *ch_onnx_op_hint(const char *op);
 /* The shape operators (onnx_shape.c), for the walk's table. */
 ch_status ch_onnx_op_shape(ch_onnx_imp *m);
 ch_status ch_onnx_op_gather(ch_onnx_imp *m);
 ch_status ch_onnx_op_squeeze(ch_onnx_imp *m);
 ch_status ch_onnx_op_concat(ch_onnx_imp *m);
+ch_status ch_onnx_op_slice(ch_onnx_imp *m);
 /* Node n of the walk into the graph, by its operator; a refusal names it. */
 ch_status ch_onnx_import_node(ch_onnx_imp *m, const Onnx__NodeProto *n);
 

@@ -176,24 +176,77 @@ static ch_status op_flatten(ch_onnx_imp *m)
     return ch_onnx_tensor_out(m, ch_graph_flatten(m->g, ch_onnx_node_name(m, buf, sizeof buf), v->tensor));
 }
 
+/* The target shape s of a reshape of a (c, h, w) sample x to 5 dimensions, with the batch first and
+ * at most one -1: (batch, g, c / g, h, w) into *g, *m; false when it is another shape. */
+static bool groups_view(const ch_oval *s, const ch_gtensor *x, int64_t *g, int64_t *m)
+{
+    if (s->is_float || s->rank != 1 || s->n != 5 || x->rank != 3 || s->i[0] != CH_ONNX_BATCH) return false;
+    int64_t t[5];
+    int infer = -1;
+    double known = 1;
+    for (int i = 1; i < 5; i++) {
+        t[i] = s->i[i];
+        if (t[i] == -1 && infer < 0) infer = i;
+        else if (t[i] < 1 || t[i] > (1 << 30)) return false;
+        else known *= (double)t[i];
+    }
+    const double per = (double)x->dims[0] * x->dims[1] * x->dims[2];
+    if (infer > 0) {
+        if (fmod(per, known) != 0) return false;
+        t[infer] = (int64_t)(per / known);
+    }
+    *g = t[1];
+    *m = t[2];
+    return t[1] * t[2] == x->dims[0] && t[3] == x->dims[1] && t[4] == x->dims[2];
+}
+
+/* Output 0 is v's tensor under v's view into channel groups, or plain (g 0). */
+static ch_status grouped_out(ch_onnx_imp *m, int tensor, int g, int per_group)
+{
+    ch_oval *o;
+    CH_TRY(ch_onnx_define(m, 0, CH_OVAL_TENSOR, &o));
+    o->tensor = tensor;
+    o->grouped[0] = g;
+    o->grouped[1] = per_group;
+    return CH_STATUS_OK;
+}
+
+/* A reshape of a view into channel groups: back to (batch, c, h, w) (or (batch, -1, h, w)) is the
+ * tensor itself, whatever the view's order (the shuffle's Transpose has moved the values). */
+static ch_status reshape_grouped(ch_onnx_imp *m, const ch_oval *v, const ch_oval *s)
+{
+    const ch_gtensor *x = &m->g->tensors[v->tensor];
+    bool back = !s->is_float && s->rank == 1 && s->n == 4 && s->i[0] == CH_ONNX_BATCH &&
+                (s->i[1] == x->dims[0] || s->i[1] == -1) && s->i[2] == x->dims[1] && s->i[3] == x->dims[2];
+    if (!back)
+        return ch_onnx_bad(m, "reshape of a (batch, %d, %d, %d, %d) view into channel groups: cohort imports only the "
+                   "channel shuffle's reshape back to (batch, %d, %d, %d)", v->grouped[0], v->grouped[1], x->dims[1],
+                   x->dims[2], x->dims[0], x->dims[1], x->dims[2]);
+    return grouped_out(m, v->tensor, 0, 0);
+}
+
 /* Reshape with the batch symbolic: to (batch, c*h*w) is flatten; to the same shape, nothing; to
- * another (batch, c, h, w), a view. */
+ * another (batch, c, h, w), a view; to (batch, g, c / g, h, w), a view into channel groups that
+ * only a channel shuffle may read. */
 static ch_status op_reshape(ch_onnx_imp *m)
 {
     ch_oval *v, *s;
-    int64_t allowzero = 0;
+    int64_t allowzero = 0, groups = 0, per_group = 0;
     char buf[CH_NODE_NAME_MAX];
-    CH_TRY(ch_onnx_tensor_val(m, 0, &v));
+    CH_TRY(ch_onnx_input(m, 0, true, &v));
     CH_TRY(ch_onnx_const_in(m, 1, true, &s));
     CH_TRY(ch_onnx_attr_int(m, "allowzero", 0, &allowzero));
+    if (v->kind == CH_OVAL_TENSOR && v->grouped[0] && !allowzero) return reshape_grouped(m, v, s);
+    CH_TRY(ch_onnx_tensor_val(m, 0, &v));
     const ch_gtensor *x = &m->g->tensors[v->tensor];
     const int64_t in[4] = { CH_ONNX_BATCH, x->dims[0], x->rank == 3 ? x->dims[1] : 1, x->rank == 3 ? x->dims[2] : 1 };
     const int in_rank = x->rank + 1;
     const double per = (double)x->dims[0] * x->dims[1] * x->dims[2];
-    /* x.view(b, groups, c // groups, h, w).transpose(1, 2): ShuffleNet's channel shuffle. */
+    /* x.view(b, groups, c // groups, h, w), as ShuffleNet's channel shuffle begins. */
+    if (!allowzero && groups_view(s, x, &groups, &per_group)) return grouped_out(m, v->tensor, (int)groups, (int)per_group);
     if (!s->is_float && s->rank == 1 && s->n == 5 && x->rank == 3 && s->i[0] == CH_ONNX_BATCH)
-        return ch_onnx_bad(m, "reshape of a (%d, %d, %d) sample to 5 dimensions: a view into channel groups, as in a "
-                           "channel shuffle, is not imported yet", x->dims[0], x->dims[1], x->dims[2]);
+        return ch_onnx_bad(m, "reshape of a (%d, %d, %d) sample to 5 dimensions: cohort imports only a view into channel "
+                           "groups, (batch, g, c / g, h, w), as a channel shuffle makes", x->dims[0], x->dims[1], x->dims[2]);
     if (s->is_float || s->rank != 1 || s->n < 2 || s->n > 4 || allowzero)
         return ch_onnx_bad(m, "the target shape must be 2 to 4 integers (batch first)");
     int64_t t[4];
@@ -276,11 +329,28 @@ static ch_status op_matmul(ch_onnx_imp *m)
     return ch_onnx_tensor_out(m, ch_graph_linear(m->g, prefix, x, (int)w->dims[0], false));
 }
 
+/* transpose(1, 2) of a (batch, g, m, h, w) view: the channel shuffle, whose output is the
+ * (batch, m, g, h, w) view of the shuffled tensor. */
+static ch_status transpose_groups(ch_onnx_imp *m, const ch_oval *v, const Onnx__AttributeProto *p)
+{
+    static const int64_t shuffle[5] = { 0, 2, 1, 3, 4 };
+    bool ok = p && p->type == ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__INTS && p->n_ints == 5;
+    for (int i = 0; ok && i < 5; i++) ok = p->ints[i] == shuffle[i];
+    if (!ok)
+        return ch_onnx_bad(m, "transpose of a (batch, %d, %d, h, w) view into channel groups: cohort imports only the "
+                   "channel shuffle's, perm (0, 2, 1, 3, 4)", v->grouped[0], v->grouped[1]);
+    char buf[CH_NODE_NAME_MAX];
+    const int t = ch_graph_channel_shuffle(m->g, ch_onnx_node_name(m, buf, sizeof buf), v->tensor, v->grouped[0]);
+    if (t < 0) return ch_onnx_tensor_out(m, t);
+    return grouped_out(m, t, v->grouped[1], v->grouped[0]);
+}
+
 static ch_status op_transpose(ch_onnx_imp *m)
 {
     ch_oval *v, *o;
     CH_TRY(ch_onnx_input(m, 0, true, &v));
     const Onnx__AttributeProto *p = ch_onnx_attr(m->node, "perm");
+    if (v->kind == CH_OVAL_TENSOR && v->grouped[0]) return transpose_groups(m, v, p);
     if (v->kind != CH_OVAL_PARAM || v->init->n_dims != 2 || !p || p->n_ints != 2 || p->ints[0] != 1 || p->ints[1] != 0)
         return ch_onnx_bad(m, "only the transpose of a 2-D weight, read by MatMul (nn.Linear without bias), is supported");
     CH_TRY(ch_onnx_define(m, 0, CH_OVAL_PARAM_T, &o));
@@ -606,7 +676,7 @@ static const op_entry ops[] = {
     { "Pad", op_pad, 3 }, { "LogSoftmax", op_softmax, 1 }, { "Softmax", op_softmax, 1 }, { "Identity", op_identity, 1 },
     { "Cast", op_cast, 1 }, { "Constant", op_constant, 0 }, { "Resize", op_resize, 4 },
     { "Shape", ch_onnx_op_shape, 1 }, { "Gather", ch_onnx_op_gather, 2 },
-    { "Unsqueeze", ch_onnx_op_squeeze, 2 }, { "Squeeze", ch_onnx_op_squeeze, 2 },
+    { "Unsqueeze", ch_onnx_op_squeeze, 2 }, { "Squeeze", ch_onnx_op_squeeze, 2 }, { "Slice", ch_onnx_op_slice, 5 },
 };
 
 bool ch_onnx_op_known(const Onnx__NodeProto *n)

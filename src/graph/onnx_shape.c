@@ -1,6 +1,7 @@
-/* The ONNX importer's shape operators (Shape, Gather, Squeeze, Unsqueeze, Concat): what PyTorch
- * emits around x.view(x.size(0), -1), y[:, :, None, None] or a Resize's scales is folded into
- * constants and views, not run; Concat of tensors is the channel concatenation. */
+/* The ONNX importer's shape operators (Shape, Gather, Squeeze, Unsqueeze, Concat, Slice): what
+ * PyTorch emits around x.view(x.size(0), -1), y[:, :, None, None] or a Resize's scales is folded
+ * into constants and views, not run; Concat of tensors is the channel concatenation, Slice of
+ * tensors the channel slice (x.chunk, x.split, x[:, a:b]). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -173,3 +174,52 @@ ch_status ch_onnx_op_concat(ch_onnx_imp *m)
     return ch_onnx_alias_out(m, &c);
 }
 
+
+/* Slice's bound b on a dimension of size dim, as ONNX clamps it for step 1. */
+static int64_t slice_bound(int64_t b, int64_t dim)
+{
+    if (b < 0) b += dim;
+    return b < 0 ? 0 : b > dim ? dim : b;
+}
+
+/* Slice along one axis with step 1: of a constant vector, folded (x.shape[2:]); of a tensor, its
+ * channels (x.chunk(2, 1) exports as two Slices). */
+ch_status ch_onnx_op_slice(ch_onnx_imp *m)
+{
+    ch_oval *v, *starts, *ends, *axes, *steps;
+    CH_TRY(ch_onnx_input(m, 0, true, &v));
+    CH_TRY(ch_onnx_const_in(m, 1, true, &starts));
+    CH_TRY(ch_onnx_const_in(m, 2, true, &ends));
+    CH_TRY(ch_onnx_const_in(m, 3, false, &axes));
+    CH_TRY(ch_onnx_const_in(m, 4, false, &steps));
+    const ch_oval *ints[4] = { starts, ends, axes, steps };
+    for (int i = 0; i < 4; i++)
+        if (ints[i] && (ints[i]->is_float || ints[i]->n != 1 || ints[i]->i[0] == CH_ONNX_BATCH))
+            return ch_onnx_bad(m, "only a slice along one axis by constant bounds is supported");
+    if (steps && steps->i[0] != 1) return ch_onnx_bad(m, "step %lld: only step 1 is supported", (long long)steps->i[0]);
+    const int64_t axis = axes ? axes->i[0] : 0;
+    if (v->kind != CH_OVAL_TENSOR) {
+        CH_TRY(ch_onnx_const_in(m, 0, true, &v));
+        if (v->rank != 1 || (axis != 0 && axis != -1)) return ch_onnx_bad(m, "only a slice of a constant vector is supported");
+        const int64_t a = slice_bound(starts->i[0], v->n), b = slice_bound(ends->i[0], v->n);
+        ch_oval c = *v;
+        c.n = b > a ? (int)(b - a) : 0;
+        for (int k = 0; k < c.n; k++) {
+            c.i[k] = v->i[a + k];
+            c.f[k] = v->f[a + k];
+        }
+        return ch_onnx_alias_out(m, &c);
+    }
+    CH_TRY(ch_onnx_tensor_val(m, 0, &v));
+    const ch_gtensor *x = &m->g->tensors[v->tensor];
+    if (x->rank != 3 || (axis != 1 && axis != -3))
+        return ch_onnx_bad(m, "only a slice of the channels (axis 1) of a (batch, c, h, w) tensor, as x.chunk, x.split "
+                   "and x[:, a:b] make, is supported");
+    const int64_t a = slice_bound(starts->i[0], x->dims[0]), b = slice_bound(ends->i[0], x->dims[0]);
+    if (b <= a) return ch_onnx_bad(m, "the slice %lld:%lld of %d channels is empty", (long long)starts->i[0],
+                                  (long long)ends->i[0], x->dims[0]);
+    if (a == 0 && b == x->dims[0]) return ch_onnx_alias_out(m, v);
+    char buf[CH_NODE_NAME_MAX];
+    return ch_onnx_tensor_out(m, ch_graph_channel_slice(m->g, ch_onnx_node_name(m, buf, sizeof buf), v->tensor,
+                                                        (int)a, (int)(b - a)));
+}

@@ -46,6 +46,10 @@ typedef struct ch_oval {
      * AvgPool2d(padding=p) with count_include_pad: only an AveragePool may read it, which folds
      * the padding into its own, counting the zeros. */
     int padded;
+    /* A tensor viewed as (batch, grouped[0], grouped[1], h, w), its channels split into groups (a
+     * channel shuffle's 5-D view; 0: not so viewed): only the shuffle's Transpose and a Reshape
+     * back to 4 dimensions may read it. */
+    int grouped[2];
     const char *why;
 } ch_oval;
 

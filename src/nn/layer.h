@@ -216,6 +216,10 @@ enum { CH_UPSAMPLE_MAX = 64, CH_UPSAMPLE_MAX_SIDE = 16384 };
 ch_status ch_upsample_nearest_create(const char *name, ch_shape3 in, int sh, int sw, ch_layer **out,
                                      ch_err *err);
 ch_status ch_relu_create(const char *name, ch_shape3 in, ch_layer **out, ch_err *err);
+/* ShuffleNet's channel shuffle (include/cohort.h's ch_graph_channel_shuffle); groups divides in.c. */
+ch_status ch_channel_shuffle_create(const char *name, ch_shape3 in, int groups, ch_layer **out, ch_err *err);
+/* Channels start .. start + count - 1 of the input. */
+ch_status ch_channel_slice_create(const char *name, ch_shape3 in, int start, int count, ch_layer **out, ch_err *err);
 bool ch_layer_is_relu(const ch_layer *l);
 bool ch_layer_is_batchnorm(const ch_layer *l);
 /* An add of two inputs of the output's shape (a residual sum): it may write over either input

@@ -1,5 +1,7 @@
-/* ReLU, Flatten and View: layers without parameters. */
+/* ReLU, Flatten, View, the channel shuffle and the channel slice: layers without parameters. */
 #include "nn/layer.h"
+
+#include <stdlib.h>
 
 static ch_status own_output_plan(ch_layer *l, ch_plan *pl, ch_err *err)
 {
@@ -68,5 +70,119 @@ ch_status ch_view_create(const char *name, ch_shape3 in, ch_shape3 shape, ch_lay
                        shape.h, shape.w, ch_shape3_size(shape), ch_shape3_size(in));
     *out = ch_layer_alloc(&view_ops, name, in, shape);
     CH_CHECK_ALLOC(err, *out);
+    return CH_STATUS_OK;
+}
+
+/* ---- channel shuffle ---- */
+
+typedef struct shuffle_impl {
+    int groups;
+} shuffle_impl;
+
+/* Input channel i * m + j (group i of g, m = c / g) is output channel j * g + i. back: the other
+ * way, from the output's gradient to the input's. Each copy moves whole planes: per sample and
+ * group (m planes hw apart to m planes g * hw apart), or per channel over the batch (n planes c * hw
+ * apart), whichever makes fewer calls. */
+static void shuffle_planes(const ch_layer *l, const ch_run *r, int n, const ch_real *from, ch_real *to, bool back)
+{
+    const int g = ((const shuffle_impl *)l->impl)->groups, c = l->in.c, m = c / g;
+    const size_t hw = (size_t)l->in.h * l->in.w, per = (size_t)c * hw;
+    if ((long)n * g <= c) {
+        for (int s = 0; s < n; s++)
+            for (int i = 0; i < g; i++) {
+                const size_t grouped = s * per + (size_t)i * m * hw, spread = s * per + (size_t)i * hw;
+                if (back) r->k->copy_rows(&r->kc, m, hw, from + spread, g * hw, to + grouped, hw);
+                else r->k->copy_rows(&r->kc, m, hw, from + grouped, hw, to + spread, g * hw);
+            }
+        return;
+    }
+    for (int i = 0; i < g; i++)
+        for (int j = 0; j < m; j++) {
+            const size_t grouped = ((size_t)i * m + j) * hw, spread = ((size_t)j * g + i) * hw;
+            r->k->copy_rows(&r->kc, n, hw, from + (back ? spread : grouped), per, to + (back ? grouped : spread), per);
+        }
+}
+
+static void shuffle_forward(ch_layer *l, const ch_run *r, int n, const ch_real *x)
+{
+    shuffle_planes(l, r, n, x, l->y, false);
+}
+
+static void shuffle_backward(ch_layer *l, const ch_run *r, int n, const ch_real *x, const ch_real *dy,
+                             ch_real *dx)
+{
+    (void)x;
+    if (dx) shuffle_planes(l, r, n, dy, dx, true);
+}
+
+static const ch_layer_ops shuffle_ops = {
+    .kind = "ChannelShuffle", .plan = own_output_plan, .forward = shuffle_forward, .backward = shuffle_backward,
+    .y_unread_by_backward = true,
+};
+
+ch_status ch_channel_shuffle_create(const char *name, ch_shape3 in, int groups, ch_layer **out, ch_err *err)
+{
+    if (groups < 1 || in.c % groups != 0)
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "channel shuffle %s: %d groups do not divide %d channels", name,
+                       groups, in.c);
+    ch_layer *l = ch_layer_alloc(&shuffle_ops, name, in, in);
+    shuffle_impl *u = malloc(sizeof *u);
+    if (!l || !u) {
+        free(u);
+        ch_layer_free(l);
+        return CH_SYS_FAIL(err, "allocation of a channel shuffle layer");
+    }
+    u->groups = groups;
+    l->impl = u;
+    *out = l;
+    return CH_STATUS_OK;
+}
+
+/* ---- channel slice ---- */
+
+typedef struct slice_impl {
+    int start;
+} slice_impl;
+
+static void slice_forward(ch_layer *l, const ch_run *r, int n, const ch_real *x)
+{
+    const size_t hw = (size_t)l->in.h * l->in.w, per_in = ch_shape3_size(l->in), len = ch_shape3_size(l->out);
+    const int start = ((const slice_impl *)l->impl)->start;
+    r->k->copy_rows(&r->kc, n, len, x + (size_t)start * hw, per_in, l->y, len);
+}
+
+/* dx is the whole input's gradient: zero outside the slice (the graph sums it with the gradients
+ * of the input's other readers, another slice's among them). */
+static void slice_backward(ch_layer *l, const ch_run *r, int n, const ch_real *x, const ch_real *dy,
+                           ch_real *dx)
+{
+    (void)x;
+    if (!dx) return;
+    const size_t hw = (size_t)l->in.h * l->in.w, per_in = ch_shape3_size(l->in), len = ch_shape3_size(l->out);
+    const int start = ((const slice_impl *)l->impl)->start;
+    if (len < per_in) ch_backend_zero(r->be, dx, sizeof(ch_real) * per_in * (size_t)n);
+    r->k->copy_rows(&r->kc, n, len, dy, len, dx + (size_t)start * hw, per_in);
+}
+
+static const ch_layer_ops slice_ops = {
+    .kind = "ChannelSlice", .plan = own_output_plan, .forward = slice_forward, .backward = slice_backward,
+    .y_unread_by_backward = true,
+};
+
+ch_status ch_channel_slice_create(const char *name, ch_shape3 in, int start, int count, ch_layer **out, ch_err *err)
+{
+    if (start < 0 || count < 1 || start > in.c - count)
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "channel slice %s: channels %d..%d of %d", name, start,
+                       start + count - 1, in.c);
+    ch_layer *l = ch_layer_alloc(&slice_ops, name, in, (ch_shape3){ count, in.h, in.w });
+    slice_impl *u = malloc(sizeof *u);
+    if (!l || !u) {
+        free(u);
+        ch_layer_free(l);
+        return CH_SYS_FAIL(err, "allocation of a channel slice layer");
+    }
+    u->start = start;
+    l->impl = u;
+    *out = l;
     return CH_STATUS_OK;
 }
