@@ -166,6 +166,13 @@ int ch_graph_conv2d(ch_graph *g, const char *name, int x, const ch_conv2d_args *
 int ch_graph_batchnorm2d(ch_graph *g, const char *name, int x, const ch_batchnorm_args *a);
 /* BatchNorm1d of a (features) input (the same node as batchnorm2d; the state_dict is the same). */
 int ch_graph_batchnorm1d(ch_graph *g, const char *name, int x, const ch_batchnorm_args *a);
+/* nn.LayerNorm: each sample normalised over its dimensions from axis on, counting the batch as 0 as
+ * ONNX does (of a (c, h, w) tensor: 1 is LayerNorm([c, h, w]), 2 LayerNorm([h, w]), 3 LayerNorm([w]);
+ * of a (features) tensor: 1), weight and bias of that shape; or, with CH_LAYER_NORM_CHANNELS, over
+ * the channels at every pixel, weight and bias (c) (ConvNeXt's x.permute(0, 2, 3, 1), LayerNorm(c),
+ * permute back). eps: 1e-12..1 (nn.LayerNorm's default 1e-5). */
+enum { CH_LAYER_NORM_CHANNELS = 0 };
+int ch_graph_layer_norm(ch_graph *g, const char *name, int x, int axis, double eps);
 int ch_graph_relu(ch_graph *g, const char *name, int x);
 int ch_graph_leaky_relu(ch_graph *g, const char *name, int x, double negative_slope);
 int ch_graph_relu6(ch_graph *g, const char *name, int x);

@@ -128,6 +128,19 @@ class Shuffled(Net):
         return self.fc(F.max_pool2d(x, 2).view(x.size(0), -1))
 
 
+class ChannelsLast(Net):
+    """x.permute(0, 2, 3, 1) read by something other than a LayerNorm over the channels (then f)."""
+    def __init__(self, f):
+        super().__init__()
+        self.f = f
+        self.ln = nn.LayerNorm([28, 4])
+
+    def forward(self, x):
+        x = F.relu(self.bn1(self.conv1(x)))
+        x = self.f(self, x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+        return self.fc(F.max_pool2d(x, 2).reshape(x.size(0), -1))
+
+
 class Cropped(Net):
     """x[:, :, 1:-1, 1:-1]: a slice of rows and columns, not of channels."""
     def __init__(self):
@@ -394,6 +407,10 @@ def main(out):
     case("group_transpose", "cohort imports only the channel shuffle's, perm (0, 2, 1, 3, 4)")
     export(Shuffled(lambda v: torch.sigmoid(v)), p("group_read"), opset=13)
     case("group_read", "(Sigmoid): reads '/Reshape_output_0', a (batch, 2, 2, h, w) view into channel groups")
+    export(ChannelsLast(lambda s, v: torch.sigmoid(v)), p("channels_last_read"), opset=17)
+    case("channels_last_read", "(Sigmoid): reads '/Transpose_output_0', a channels-last view (x.permute(0, 2, 3, 1))")
+    export(ChannelsLast(lambda s, v: s.ln(v)), p("channels_last_wide"), opset=17)
+    case("channels_last_wide", "a LayerNorm of a channels-last view over more than its last axis (the channels)")
     export(Cropped(), p("slice_rows"), opset=13)
     case("slice_rows", "only a slice of the channels (axis 1) of a (batch, c, h, w) tensor")
 
@@ -401,7 +418,7 @@ def main(out):
     # the lines), not one per run. Not a case of one line.
     def three(m):
         for op, name, new in (("Relu", "/act/Relu", "Elu"), ("MaxPool", "/up1/MaxPool", "ConvTranspose"),
-                              ("BatchNormalization", "/norm/BatchNormalization", "LayerNormalization")):
+                              ("BatchNormalization", "/norm/BatchNormalization", "InstanceNormalization")):
             n = node(m, op)
             n.op_type, n.name = new, name
     edited(good, p("three_unknown"), three)

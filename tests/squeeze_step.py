@@ -9,14 +9,15 @@ the first seed whose pre-activations all lie at least 1e-6 from zero (100 times 
 their sums); on it, float32 arithmetic in any order gives the float64 step within rounding, and so
 must cohort.
 
-The same check takes a small ShuffleNetV2 (shuffle: torchvision's units, x.chunk(2, 1), the channel
+The same check takes a ConvNeXt-style net (convnext: GELU and LayerNorm, channels-last and over
+trailing dimensions), a small ShuffleNetV2 (shuffle: torchvision's units, x.chunk(2, 1), the channel
 shuffle's 5-D view and transpose, BatchNorm with eps 1e-3 and momentum 0.3, whose running statistics
 after the step are checked too), a tiny U-Net (unet: nn.Upsample, nearest, x2, and a skip concatenation) and
 gelu: ConvNeXt-style pieces cohort has (a patchify stem, a 7x7
 depthwise conv, pointwise convs, nn.GELU() exported through Erf and approximate='tanh' through Tanh, a
 residual), with PyTorch's default initialisation.
 
-  python3 squeeze_step.py make DIR DATA_ROOT [squeeze|gelu|unet|shuffle]   DIR/model.onnx, DIR/init.pt, DIR/seed
+  python3 squeeze_step.py make DIR DATA_ROOT [squeeze|gelu|unet|shuffle|convnext]   DIR/model.onnx, DIR/init.pt, DIR/seed
   python3 squeeze_step.py check DIR DATA_ROOT COHORT_MODEL.safetensors
 """
 import copy
@@ -148,7 +149,39 @@ class ShuffleNet(nn.Module):
         return self.fc(self.conv5(self.stage(self.stem(x))).mean((2, 3)))
 
 
-MODELS = {"squeeze": Squeeze, "gelu": GeluNet, "unet": UNet, "shuffle": ShuffleNet}
+class ConvNeXtNet(nn.Module):
+    """ConvNeXt's pieces with GELU and LayerNorm as its code writes them: a patchify stem, the
+    channels-last LayerNorm (permute, LayerNorm(c), permute back), a 7x7 depthwise conv, an inverted
+    bottleneck with GELU, a residual; then LayerNorms over the last axis, over (c, h, w) and over the
+    pooled features. Exported at opset 17, where nn.LayerNorm is one LayerNormalization."""
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(1, 16, 4, stride=4)
+        self.stem_norm = nn.LayerNorm(16, eps=1e-6)
+        self.dw = nn.Conv2d(16, 16, 7, padding=3, groups=16)
+        self.norm = nn.LayerNorm(16, eps=1e-6)
+        self.pw1 = nn.Conv2d(16, 64, 1)
+        self.act = nn.GELU()
+        self.pw2 = nn.Conv2d(64, 16, 1)
+        self.norm_w = nn.LayerNorm(7, eps=1e-3)
+        self.norm_all = nn.LayerNorm([16, 7, 7])
+        self.head_norm = nn.LayerNorm(16, eps=1e-4)
+        self.fc = nn.Linear(16, 10)
+        with torch.no_grad():   # weights and biases away from 1 and 0, so that a dropped one shows
+            for mod in self.modules():
+                if isinstance(mod, nn.LayerNorm):
+                    mod.weight.uniform_(0.5, 1.5)
+                    mod.bias.uniform_(-0.5, 0.5)
+
+    def forward(self, x):
+        x = self.stem_norm(self.stem(x).permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+        y = self.norm(self.dw(x).permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+        x = x + self.pw2(self.act(self.pw1(y)))
+        x = self.norm_all(self.norm_w(x))
+        return self.fc(self.head_norm(x.mean((2, 3))))
+
+
+MODELS = {"squeeze": Squeeze, "gelu": GeluNet, "unet": UNet, "shuffle": ShuffleNet, "convnext": ConvNeXtNet}
 
 
 def data(root):
@@ -200,14 +233,14 @@ def make(out, root, name):
         torch.manual_seed(seed)
         m = MODELS[name]()
         # GELU has no kink: any seed does.
-        if name == "gelu" or nearest_to_zero(copy.deepcopy(m).double(), x) >= NEAR:
+        if name in ("gelu", "convnext") or nearest_to_zero(copy.deepcopy(m).double(), x) >= NEAR:
             break
     else:
         sys.exit("squeeze_step: no seed below 100 keeps every pre-activation 1e-6 from zero")
     m = m.float()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(m, torch.zeros(2, 1, 28, 28), out + "/model.onnx", opset_version=13,
+        torch.onnx.export(m, torch.zeros(2, 1, 28, 28), out + "/model.onnx", opset_version=17 if name == "convnext" else 13,
                           training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False,
                           input_names=["input"], output_names=["output"],
                           dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}})

@@ -8,8 +8,9 @@
 # depthwise conv); with unet, for its U-Net (nn.Upsample, a skip concatenation); with shuffle, for its
 # ShuffleNetV2 (chunk, channel shuffle, BatchNorm: two devices with --sync-bn, so that the batch
 # statistics and running averages are the whole batch's). The check also loads the checkpoint into
-# the PyTorch module with strict=True.
-# usage: squeeze_step.sh COHORT DATA_ROOT [squeeze|gelu|unet|shuffle]
+# the PyTorch module with strict=True. With convnext, for its ConvNeXt-style net (GELU, LayerNorm over
+# the channels through permutes and over trailing dimensions).
+# usage: squeeze_step.sh COHORT DATA_ROOT [squeeze|gelu|unet|shuffle|convnext]
 set -uo pipefail
 cohort=$1 data=$2 model=${3:-squeeze}
 py=/usr/bin/python3

@@ -308,6 +308,19 @@ static void channel_move_gradients(void **state)
     check_channel_map(MAKE(ch_channel_slice_create, "s", (ch_shape3){ 5, 2, 2 }, 1, 3), 3, 0, 1);
 }
 
+/* LayerNorm over each trailing span and over the channels (ConvNeXt's), with eps 1e-3 (a dropped eps
+ * shows) and weights and biases away from 1 and 0 (probe_init). */
+static void layernorm_gradients(void **state)
+{
+    (void)state;
+    const ch_shape3 s = { 3, 2, 4 };
+    check_layer("layernorm (w)", MAKE(ch_layernorm_create, "n", s, 3, false, 1e-3), 3);
+    check_layer("layernorm (h, w)", MAKE(ch_layernorm_create, "n", s, 2, false, 1e-3), 2);
+    check_layer("layernorm (c, h, w)", MAKE(ch_layernorm_create, "n", s, 1, false, 1e-3), 2);
+    check_layer("layernorm channels", MAKE(ch_layernorm_create, "n", s, CH_LN_CHANNELS, false, 1e-3), 2);
+    check_layer("layernorm features", MAKE(ch_layernorm_create, "n", (ch_shape3){ 6, 1, 1 }, 1, true, 1e-3), 3);
+}
+
 static void elementwise_gradients(void **state)
 {
     (void)state;
@@ -566,6 +579,7 @@ int main(void)
         cmocka_unit_test(pooling_gradients),
         cmocka_unit_test(elementwise_gradients),
         cmocka_unit_test(channel_move_gradients),
+        cmocka_unit_test(layernorm_gradients),
         cmocka_unit_test(batchnorm_gradients),
         cmocka_unit_test(conv_options_gradients),
         cmocka_unit_test(activation_gradients),

@@ -350,9 +350,10 @@ static void json_keeps_gelu_forms(void **state)
     ch_graph_free(back);
 }
 
-/* The channel shuffle and slice survive a graph.json round trip with their arguments; groups that
- * do not divide the channels and slices outside them are refused by the builder and the reader. */
-static void json_keeps_channel_moves(void **state)
+/* The channel shuffle and slice and LayerNorm's forms survive a graph.json round trip with their
+ * arguments; groups that do not divide the channels, slices outside them and a LayerNorm axis past
+ * the tensor's are refused by the builder and the reader. */
+static void json_keeps_moves_and_norms(void **state)
 {
     (void)state;
     ch_err err;
@@ -362,6 +363,8 @@ static void json_keeps_channel_moves(void **state)
     x = ch_graph_channel_shuffle(g, "shuffle", x, 3);
     x = ch_graph_channel_slice(g, "slice", x, 2, 3);
     assert_int_equal(ch_graph_shape(g, x).c, 3);
+    x = ch_graph_layer_norm(g, "ln_c", x, CH_LAYER_NORM_CHANNELS, 1e-6);
+    x = ch_graph_layer_norm(g, "ln_hw", x, 2, 3e-4);
     ch_graph_output(g, ch_graph_linear(g, "fc", ch_graph_flatten(g, "flat", x), 3, true));
     char *text = ch_graph_to_json(g), *again;
     assert_non_null(text);
@@ -373,6 +376,10 @@ static void json_keeps_channel_moves(void **state)
     assert_int_equal(back->nodes[1].op, CH_GOP_SLICE);
     assert_int_equal(back->nodes[1].slice[0], 2);
     assert_int_equal(back->nodes[1].slice[1], 3);
+    assert_int_equal(back->nodes[2].ln_axis, CH_LAYER_NORM_CHANNELS);
+    assert_true(back->nodes[2].bn.eps == 1e-6);
+    assert_int_equal(back->nodes[3].ln_axis, 2);
+    assert_true(back->nodes[3].bn.eps == 3e-4);
     free(again);
     /* The slice read back as 4 channels from 2 of 6: past the end. */
     char *bad = malloc(strlen(text) + 8), *at = strstr(text, "\"count\"");
@@ -389,6 +396,12 @@ static void json_keeps_channel_moves(void **state)
     assert_true(ch_graph_channel_shuffle(g, "s", ch_graph_input(g, "x", 6, 2, 2), 4) < 0);
     assert_int_equal(ch_graph_status(g, &err), CH_STATUS_BAD_INPUT);
     assert_non_null(strstr(err.msg, "4 groups do not divide 6 channels"));
+    ch_graph_free(g);
+    assert_int_equal(ch_graph_create("moves", &g, &err), CH_STATUS_OK);
+    x = ch_graph_flatten(g, "flat", ch_graph_input(g, "x", 6, 2, 2));
+    assert_true(ch_graph_layer_norm(g, "n", x, 2, 1e-5) < 0);
+    assert_int_equal(ch_graph_status(g, &err), CH_STATUS_BAD_INPUT);
+    assert_non_null(strstr(err.msg, "the axis 1..3 (1 on features)"));
     ch_graph_free(g);
 }
 
@@ -488,7 +501,7 @@ int main(void)
         cmocka_unit_test(fingerprint_follows_the_graph),
         cmocka_unit_test(json_keeps_every_op),
         cmocka_unit_test(json_keeps_gelu_forms),
-        cmocka_unit_test(json_keeps_channel_moves),
+        cmocka_unit_test(json_keeps_moves_and_norms),
         cmocka_unit_test(json_reads_what_the_builder_takes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -21,6 +21,7 @@ static const char *const gop_names[] = {
     [CH_GOP_LINEAR] = "linear", [CH_GOP_DROPOUT] = "dropout", [CH_GOP_ADD] = "add", [CH_GOP_MUL] = "mul",
     [CH_GOP_CONCAT] = "concat", [CH_GOP_VIEW] = "view", [CH_GOP_UPSAMPLE] = "upsample_nearest",
     [CH_GOP_SHUFFLE] = "channel_shuffle", [CH_GOP_SLICE] = "channel_slice",
+    [CH_GOP_LAYERNORM] = "layer_norm",
 };
 
 const char *ch_gop_name(ch_gop op) { return gop_names[op]; }
@@ -234,6 +235,8 @@ static ch_status node_layer(const ch_graph *g, const ch_gnode *nd, ch_layer **ou
     case CH_GOP_MEAN_HW: return ch_global_avgpool_create(nd->name, x, out, err);
     case CH_GOP_FLATTEN: return ch_flatten_create(nd->name, x, out, err);
     case CH_GOP_UPSAMPLE: return ch_upsample_nearest_create(nd->name, x, nd->scale[0], nd->scale[1], out, err);
+    case CH_GOP_LAYERNORM:
+        return ch_layernorm_create(nd->name, x, nd->ln_axis, g->tensors[nd->in[0]].rank == 1, nd->bn.eps, out, err);
     case CH_GOP_SLICE: return ch_channel_slice_create(nd->name, x, nd->slice[0], nd->slice[1], out, err);
     case CH_GOP_SHUFFLE: return ch_channel_shuffle_create(nd->name, x, nd->groups, out, err);
     case CH_GOP_VIEW:
@@ -369,7 +372,7 @@ static const ch_garg_range garg_ranges[CH_GARG_COUNT] = {
     [CH_GARG_KERNEL] = { 1, 1 << 12 },     [CH_GARG_STRIDE] = { 1, 1 << 12 },
     [CH_GARG_PADDING] = { 0, 1 << 12 },    [CH_GARG_DILATION] = { 1, 1 << 12 },
     [CH_GARG_CHANNELS] = { 1, 1 << 16 },   [CH_GARG_FEATURES] = { 1, 1 << 20 },
-    [CH_GARG_SCALE] = { 1, CH_UPSAMPLE_MAX },
+    [CH_GARG_SCALE] = { 1, CH_UPSAMPLE_MAX },     [CH_GARG_LN_AXIS] = { CH_LAYER_NORM_CHANNELS, 3 },
 };
 
 ch_garg_range ch_garg_range_of(ch_garg a) { return garg_ranges[a]; }
@@ -410,6 +413,16 @@ int ch_graph_batchnorm2d(ch_graph *g, const char *name, int x, const ch_batchnor
         return refuse_arg(g, name, "batchnorm", "eps", nd.bn.eps, CH_GARG_BN_EPS);
     if (!ch_garg_ok(CH_GARG_BN_MOMENTUM, nd.bn.momentum))
         return refuse_arg(g, name, "batchnorm", "momentum", nd.bn.momentum, CH_GARG_BN_MOMENTUM);
+    return add_node(g, name, &nd, &x, 1);
+}
+
+int ch_graph_layer_norm(ch_graph *g, const char *name, int x, int axis, double eps)
+{
+    ch_gnode nd = node_of(CH_GOP_LAYERNORM);
+    nd.bn.eps = eps;
+    nd.ln_axis = axis;
+    if (!ch_garg_ok(CH_GARG_BN_EPS, nd.bn.eps)) return refuse_arg(g, name, "layer_norm", "eps", nd.bn.eps, CH_GARG_BN_EPS);
+    if (!ch_garg_ok(CH_GARG_LN_AXIS, axis)) return refuse_arg(g, name, "layer_norm", "axis", axis, CH_GARG_LN_AXIS);
     return add_node(g, name, &nd, &x, 1);
 }
 

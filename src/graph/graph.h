@@ -16,7 +16,7 @@ typedef enum ch_gop {
     CH_GOP_CONV2D, CH_GOP_BATCHNORM2D, CH_GOP_RELU, CH_GOP_ACT, CH_GOP_MAX_POOL2D,
     CH_GOP_AVG_POOL2D, CH_GOP_GLOBAL_AVG_POOL, CH_GOP_MEAN_HW, CH_GOP_FLATTEN, CH_GOP_LINEAR,
     CH_GOP_DROPOUT, CH_GOP_ADD, CH_GOP_MUL, CH_GOP_CONCAT, CH_GOP_VIEW, CH_GOP_UPSAMPLE,
-    CH_GOP_SHUFFLE, CH_GOP_SLICE,
+    CH_GOP_SHUFFLE, CH_GOP_SLICE, CH_GOP_LAYERNORM,
 } ch_gop;
 
 typedef enum ch_dtype { CH_DTYPE_F32 = 0 } ch_dtype;
@@ -27,7 +27,7 @@ typedef enum ch_dtype { CH_DTYPE_F32 = 0 } ch_dtype;
 typedef enum ch_garg {
     CH_GARG_BN_EPS, CH_GARG_BN_MOMENTUM, CH_GARG_LEAKY_ALPHA, CH_GARG_CLIP_BOUND, CH_GARG_AFFINE,
     CH_GARG_DROPOUT_P, CH_GARG_KERNEL, CH_GARG_STRIDE, CH_GARG_PADDING, CH_GARG_DILATION, CH_GARG_CHANNELS,
-    CH_GARG_FEATURES, CH_GARG_SCALE, CH_GARG_COUNT
+    CH_GARG_FEATURES, CH_GARG_SCALE, CH_GARG_LN_AXIS, CH_GARG_COUNT
 } ch_garg;
 
 typedef struct ch_garg_range {
@@ -64,6 +64,7 @@ typedef struct ch_gnode {
     int scale[2];       /* upsample: whole factors (h, w) */
     int groups;         /* channel shuffle */
     int slice[2];       /* channel slice: start, count */
+    int ln_axis;        /* layer norm (eps in bn.eps) */
 } ch_gnode;
 
 /* A tensor's starting values (an imported file's weights), by state_dict name. */

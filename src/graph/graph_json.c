@@ -57,6 +57,10 @@ static void put_args(cJSON *o, const ch_gnode *nd)
         break;
     case CH_GOP_MEAN_HW: cJSON_AddBoolToObject(o, "keepdim", nd->keepdim); break;
     case CH_GOP_SHUFFLE: add_num(o, "groups", nd->groups); break;
+    case CH_GOP_LAYERNORM:
+        add_num(o, "axis", nd->ln_axis);
+        add_num(o, "eps", nd->bn.eps);
+        break;
     case CH_GOP_SLICE:
         add_num(o, "start", nd->slice[0]);
         add_num(o, "count", nd->slice[1]);
@@ -218,6 +222,10 @@ static ch_status replay(reader *r, ch_graph *g, const char *op, const char *name
         CH_TRY(arg(r, "eps", CH_GARG_BN_EPS, 1e-5, &a));
         CH_TRY(arg(r, "momentum", CH_GARG_BN_MOMENTUM, 0.1, &lo));
         *t = ch_graph_batchnorm2d(g, name, x, &(ch_batchnorm_args){ .eps = a, .momentum = lo });
+    } else if (strcmp(op, "layer_norm") == 0) {
+        CH_TRY(whole(r, "axis", CH_GARG_LN_AXIS, 0, &k));
+        CH_TRY(arg(r, "eps", CH_GARG_BN_EPS, 1e-5, &a));
+        *t = ch_graph_layer_norm(g, name, x, k, a);
     } else if (strcmp(op, "relu") == 0) {
         *t = ch_graph_relu(g, name, x);
     } else if (strcmp(op, "leaky_relu") == 0) {

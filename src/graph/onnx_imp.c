@@ -133,6 +133,9 @@ ch_status ch_onnx_tensor_val(ch_onnx_imp *m, size_t k, ch_oval **out)
     if ((*out)->pending)
         return ch_onnx_bad(m, "reads '%s', a (batch, %d, %d) tensor: cohort has (batch, features) and (batch, c, h, w) "
                    "tensors only", ch_onnx_show(m, 0, (*out)->name), (*out)->pdims[0], (*out)->pdims[1]);
+    if ((*out)->channels_last)
+        return ch_onnx_bad(m, "reads '%s', a channels-last view (x.permute(0, 2, 3, 1)): cohort imports it only around a "
+                   "LayerNorm over the channels (LayerNormalization, then the permute back)", ch_onnx_show(m, 0, (*out)->name));
     if ((*out)->grouped[0])
         return ch_onnx_bad(m, "reads '%s', a (batch, %d, %d, h, w) view into channel groups: cohort imports it only as a "
                    "channel shuffle (Transpose with perm (0, 2, 1, 3, 4), then a Reshape back to (batch, c, h, w))",

@@ -73,6 +73,53 @@ static ch_status op_batchnorm(ch_onnx_imp *m)
     return ch_onnx_dead_from(m, 1, "a running statistic of BatchNormalization, which cohort keeps itself");
 }
 
+/* Output 0 is tensor t (a builder result), viewed channels-last or not. */
+static ch_status viewed_out(ch_onnx_imp *m, int t, bool channels_last)
+{
+    CH_TRY(ch_onnx_tensor_out(m, t));
+    ch_ovals_find(&m->vals, m->node->output[0])->channels_last = channels_last;
+    return CH_STATUS_OK;
+}
+
+/* nn.LayerNorm (opset 17's LayerNormalization): over the trailing dimensions from axis, or over the
+ * channels of a channels-last view (ConvNeXt's permute, LayerNorm, permute back). */
+static ch_status op_layernorm(ch_onnx_imp *m)
+{
+    ch_oval *v;
+    int64_t axis = -1, stash = 1;
+    double eps = 0;
+    const Onnx__TensorProto *w = NULL;
+    char prefix[CH_NODE_NAME_MAX];
+    CH_TRY(ch_onnx_input(m, 0, true, &v));
+    const bool last = v->kind == CH_OVAL_TENSOR && v->channels_last;
+    if (!last) CH_TRY(ch_onnx_tensor_val(m, 0, &v));
+    CH_TRY(ch_onnx_attr_int(m, "axis", -1, &axis));
+    CH_TRY(ch_onnx_attr_float(m, "epsilon", 1e-5, &eps));
+    CH_TRY(ch_onnx_attr_int(m, "stash_type", 1, &stash));
+    if (stash != 1) return ch_onnx_bad(m, "stash_type %lld: only float statistics (1) are supported", (long long)stash);
+    const ch_gtensor *x = &m->g->tensors[v->tensor];
+    const int rank = x->rank + 1;
+    axis = axis < 0 ? axis + rank : axis;
+    if (last && axis != 3)
+        return ch_onnx_bad(m, "a LayerNorm of a channels-last view over more than its last axis (the channels) is not supported");
+    if (axis < 1 || axis >= rank)
+        return ch_onnx_bad(m, "axis %lld: a LayerNorm over the batch dimension is not supported", (long long)axis);
+    int64_t shape[3];
+    int nd = 0;
+    if (last) shape[nd++] = x->dims[0];
+    else
+        for (int a = (int)axis; a < rank; a++) shape[nd++] = x->dims[a - 1];
+    CH_TRY(ch_onnx_weight_of(m, 1, &w, prefix));
+    bool has_bias;
+    CH_TRY(ch_onnx_param(m, 1, prefix, "weight", shape, nd, NULL));
+    CH_TRY(ch_onnx_param(m, 2, prefix, "bias", shape, nd, &has_bias));
+    if (!has_bias) return ch_onnx_bad(m, "a LayerNorm without a bias is not supported");
+    const int t = ch_graph_layer_norm(m->g, prefix, v->tensor, last ? CH_LAYER_NORM_CHANNELS : (int)axis,
+                                      ch_onnx_as_typed(eps));
+    CH_TRY(viewed_out(m, t, last));
+    return ch_onnx_dead_from(m, 1, "a statistic of LayerNormalization, which cohort does not give out");
+}
+
 static ch_status op_activation(ch_onnx_imp *m)
 {
     int x = 0;
@@ -351,6 +398,17 @@ static ch_status op_transpose(ch_onnx_imp *m)
     CH_TRY(ch_onnx_input(m, 0, true, &v));
     const Onnx__AttributeProto *p = ch_onnx_attr(m->node, "perm");
     if (v->kind == CH_OVAL_TENSOR && v->grouped[0]) return transpose_groups(m, v, p);
+    if (v->kind == CH_OVAL_TENSOR) {
+        /* x.permute(0, 2, 3, 1) and back: a mark, the values stay (see op_layernorm). */
+        const bool ints4 = p && p->type == ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__INTS && p->n_ints == 4 &&
+                           p->ints[0] == 0 && m->g->tensors[v->tensor].rank == 3;
+        if (ints4 && !v->channels_last && p->ints[1] == 2 && p->ints[2] == 3 && p->ints[3] == 1)
+            return viewed_out(m, v->tensor, true);
+        if (ints4 && v->channels_last && p->ints[1] == 3 && p->ints[2] == 1 && p->ints[3] == 2)
+            return viewed_out(m, v->tensor, false);
+        return ch_onnx_bad(m, "a transpose of a tensor: cohort imports x.permute(0, 2, 3, 1) around a LayerNorm (and the "
+                   "permute back), and the channel shuffle's");
+    }
     if (v->kind != CH_OVAL_PARAM || v->init->n_dims != 2 || !p || p->n_ints != 2 || p->ints[0] != 1 || p->ints[1] != 0)
         return ch_onnx_bad(m, "only the transpose of a 2-D weight, read by MatMul (nn.Linear without bias), is supported");
     CH_TRY(ch_onnx_define(m, 0, CH_OVAL_PARAM_T, &o));
@@ -675,6 +733,7 @@ static const op_entry ops[] = {
     { "Concat", ch_onnx_op_concat, -1 }, { "Dropout", op_dropout, 3 },
     { "Pad", op_pad, 3 }, { "LogSoftmax", op_softmax, 1 }, { "Softmax", op_softmax, 1 }, { "Identity", op_identity, 1 },
     { "Cast", op_cast, 1 }, { "Constant", op_constant, 0 }, { "Resize", op_resize, 4 },
+    { "LayerNormalization", op_layernorm, 3 },
     { "Shape", ch_onnx_op_shape, 1 }, { "Gather", ch_onnx_op_gather, 2 },
     { "Unsqueeze", ch_onnx_op_squeeze, 2 }, { "Squeeze", ch_onnx_op_squeeze, 2 }, { "Slice", ch_onnx_op_slice, 5 },
 };
@@ -717,8 +776,8 @@ const char *ch_onnx_op_hint(const char *op)
     static const struct { const char *op, *what; } hints[] = {
         { "Upsample", "nn.Upsample or F.interpolate" },
         { "Elu", "nn.ELU" }, { "ConvTranspose", "nn.ConvTranspose2d" },
-        { "LayerNormalization", "nn.LayerNorm" }, { "ReduceMax", "a max over an axis" },
-        { "Pow", "x ** p, as in a hand-written LayerNorm" }, { "Sqrt", "a square root, as in a hand-written LayerNorm" },
+        { "InstanceNormalization", "nn.InstanceNorm2d" }, { "ReduceMax", "a max over an axis" },
+        { "Pow", "x ** p, as in a hand-written LayerNorm (export with opset_version=17 for nn.LayerNorm)" }, { "Sqrt", "a square root, as in a hand-written LayerNorm" },
     };
     for (size_t i = 0; op && i < sizeof hints / sizeof *hints; i++)
         if (strcmp(op, hints[i].op) == 0) return hints[i].what;

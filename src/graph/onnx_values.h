@@ -50,6 +50,9 @@ typedef struct ch_oval {
      * channel shuffle's 5-D view; 0: not so viewed): only the shuffle's Transpose and a Reshape
      * back to 4 dimensions may read it. */
     int grouped[2];
+    /* A tensor viewed channels-last, (batch, h, w, c), as x.permute(0, 2, 3, 1) makes it: only a
+     * LayerNorm over its last axis (ConvNeXt's, over the channels) and the permute back may read it. */
+    bool channels_last;
     const char *why;
 } ch_oval;
 

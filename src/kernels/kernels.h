@@ -168,6 +168,18 @@ typedef struct ch_kernels {
                                     const ch_real *gamma, const double *sum_dy,
                                     const double *sum_dy_xhat, double count, ch_real *dx);
 
+    /* Layer normalisation: x, y are (outer, len, inner), each of the outer * inner groups of len
+     * values inner apart normalised by its own mean and biased variance, then scaled by gamma[j]
+     * and shifted by beta[j] (len each; kernels/norm_body.h). mean and invstd (outer * inner) are
+     * saved for backward. Backward overwrites dgamma and dbeta (sums over the groups) and, unless
+     * NULL, dx. */
+    void (*layernorm_forward)(const ch_kctx *kc, int outer, int len, int inner, const ch_real *x,
+                              const ch_real *gamma, const ch_real *beta, double eps, ch_real *y,
+                              ch_real *mean, ch_real *invstd);
+    void (*layernorm_backward)(const ch_kctx *kc, int outer, int len, int inner, const ch_real *x,
+                               const ch_real *dy, const ch_real *gamma, const ch_real *mean,
+                               const ch_real *invstd, ch_real *dx, ch_real *dgamma, ch_real *dbeta);
+
     /* Elementwise. */
     void (*relu_forward)(const ch_kctx *kc, size_t len, const ch_real *x, ch_real *y);
     /* dx = dy where y > 0, else 0 (dx may alias dy). */

@@ -1,12 +1,14 @@
-/* BatchNorm's per-channel arithmetic between its statistics and its normalisation: plain C11 that
- * the CPU kernel runs per channel and a device kernel can include as its body. All the host's
- * former arithmetic, in the same order and precision, so the bits did not move. */
+/* BatchNorm's per-channel arithmetic between its statistics and its normalisation, and LayerNorm's
+ * per-group passes: plain C11 that the CPU kernels run per channel or group and a device kernel can
+ * include as its body. BatchNorm's is all the host's former arithmetic, in the same order and
+ * precision, so the bits did not move. */
 #ifndef CH_KERNELS_NORM_BODY_H
 #define CH_KERNELS_NORM_BODY_H
 
 #include "core/hd.h"
 
 #include <math.h>
+#include <stddef.h>
 
 #include "core/real.h"
 
@@ -33,6 +35,62 @@ static inline CH_HD void ch_bn_finalize_channel(int i, int c, const double *mean
     }
     s_scale[i] = gamma[i] * s_invstd[i];
     s_shift[i] = beta[i] - s_mean[i] * s_scale[i];
+}
+
+/* LayerNorm of one group: len values inner apart from x, normalised by their mean and biased
+ * variance (two passes in double), then y = xhat * gamma[j] + beta[j]. The group's mean and 1/std
+ * go to *mean and *invstd, which backward reads. */
+static inline CH_HD void ch_ln_forward_group(int len, size_t inner, const ch_real *x, const ch_real *gamma,
+                                             const ch_real *beta, double eps, ch_real *y, ch_real *mean,
+                                             ch_real *invstd)
+{
+    double s = 0, v = 0;
+    for (int j = 0; j < len; j++) s += x[j * inner];
+    const double m = s / len;
+    for (int j = 0; j < len; j++) {
+        const double d = x[j * inner] - m;
+        v += d * d;
+    }
+    const double is = 1.0 / sqrt(v / len + eps);
+    for (int j = 0; j < len; j++) y[j * inner] = (ch_real)((x[j * inner] - m) * is * gamma[j] + beta[j]);
+    *mean = (ch_real)m;
+    *invstd = (ch_real)is;
+}
+
+/* dx of one group from forward's saved mean and invstd: with g = dy * gamma[j] and xhat,
+ * dx = invstd * (g - mean(g) - xhat * mean(g * xhat)), the means over the group, in double. */
+static inline CH_HD void ch_ln_backward_group(int len, size_t inner, const ch_real *x, const ch_real *dy,
+                                              const ch_real *gamma, ch_real mean, ch_real invstd, ch_real *dx)
+{
+    double a = 0, b = 0;
+    for (int j = 0; j < len; j++) {
+        const double g = (double)dy[j * inner] * gamma[j];
+        a += g;
+        b += g * ((x[j * inner] - mean) * invstd);
+    }
+    a /= len;
+    b /= len;
+    for (int j = 0; j < len; j++) {
+        const double xh = (x[j * inner] - mean) * invstd, g = (double)dy[j * inner] * gamma[j];
+        dx[j * inner] = (ch_real)(invstd * (g - a - xh * b));
+    }
+}
+
+/* The gradients of gamma[j] and beta[j]: dy * xhat and dy summed over every group (outer, then
+ * inner order), in double. x and dy are (outer, len, inner); mean and invstd (outer, inner). */
+static inline CH_HD void ch_ln_param_grads(int j, int outer, int len, size_t inner, const ch_real *x,
+                                           const ch_real *dy, const ch_real *mean, const ch_real *invstd,
+                                           ch_real *dgamma, ch_real *dbeta)
+{
+    double sg = 0, sb = 0;
+    for (int o = 0; o < outer; o++)
+        for (size_t i = 0; i < inner; i++) {
+            const size_t at = ((size_t)o * len + j) * inner + i, grp = (size_t)o * inner + i;
+            sg += (double)dy[at] * ((x[at] - mean[grp]) * invstd[grp]);
+            sb += dy[at];
+        }
+    dgamma[j] = (ch_real)sg;
+    dbeta[j] = (ch_real)sb;
 }
 
 #endif

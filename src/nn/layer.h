@@ -238,6 +238,12 @@ ch_status ch_batchnorm1d_create_opts(const char *name, int features, double eps,
 /* A BatchNorm2d's last forward again: y = its output for input x, from the scale and shift that
  * forward saved (the same bits), for a parent that recomputes the output instead of keeping it. */
 void ch_batchnorm2d_reapply(const ch_layer *l, const ch_run *r, int n, const ch_real *x, ch_real *y);
+/* LayerNorm over the trailing dimensions from axis 1, 2 or 3 of a (c, h, w) sample (weight and bias
+ * of that shape; flat: a (features) tensor, axis 1, weight (features)), or with axis CH_LN_CHANNELS
+ * over the channels at every pixel (weight (c)). eps in (0, 1). */
+enum { CH_LN_CHANNELS = 0 };
+ch_status ch_layernorm_create(const char *name, ch_shape3 in, int axis, bool flat, double eps, ch_layer **out,
+                              ch_err *err);
 ch_status ch_dropout_create(const char *name, ch_shape3 in, double p, uint32_t id,
                             ch_layer **out, ch_err *err);
 

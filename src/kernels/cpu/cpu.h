@@ -116,6 +116,12 @@ void ch_cpu_batchnorm_backward_data(const ch_kctx *kc, int n, int c, int hw, con
                                     const ch_real *invstd, const ch_real *gamma,
                                     const double *sum_dy, const double *sum_dy_xhat,
                                     double count, ch_real *dx);
+void ch_cpu_layernorm_forward(const ch_kctx *kc, int outer, int len, int inner, const ch_real *x,
+                              const ch_real *gamma, const ch_real *beta, double eps, ch_real *y, ch_real *mean,
+                              ch_real *invstd);
+void ch_cpu_layernorm_backward(const ch_kctx *kc, int outer, int len, int inner, const ch_real *x,
+                               const ch_real *dy, const ch_real *gamma, const ch_real *mean, const ch_real *invstd,
+                               ch_real *dx, ch_real *dgamma, ch_real *dbeta);
 
 void ch_cpu_relu_forward(const ch_kctx *kc, size_t len, const ch_real *x, ch_real *y);
 /* The same on the calling thread alone (a convolution's fused ReLU, one group at a time). */

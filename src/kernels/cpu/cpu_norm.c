@@ -1,4 +1,5 @@
-/* Batch-normalisation pieces, parallel over channels. Per-channel sums go through float lanes of at
+/* Batch-normalisation pieces, parallel over channels, and layer normalisation, parallel over its
+ * groups (the parameter gradients over their elements, each summed in one fixed order). Per-channel sums go through float lanes of at
  * most 64 terms into double: a float sum over 256*28*28 elements would lose digits that the
  * variance needs, and all-double sums cost MobileNetV2 a fifth of its step (float vectors hold twice
  * the numbers and need no conversion). */
@@ -124,5 +125,36 @@ void ch_cpu_batchnorm_backward_data(const ch_kctx *kc, int n, int c, int hw, con
         const ch_real *xp = x + pl * hw, *dyp = dy + pl * hw;
         ch_real *dxp = dx + pl * hw;
         for (int j = 0; j < hw; j++) dxp[j] = g * (dyp[j] - mdy - (xp[j] - m) * is * mdx);
+    }
+}
+
+void ch_cpu_layernorm_forward(const ch_kctx *kc, int outer, int len, int inner, const ch_real *x,
+                              const ch_real *gamma, const ch_real *beta, double eps, ch_real *y, ch_real *mean,
+                              ch_real *invstd)
+{
+    const long groups = (long)outer * inner;
+#pragma omp parallel for num_threads(kc->nthreads) schedule(static)
+    for (long g = 0; g < groups; g++) {
+        const size_t at = (size_t)(g / inner) * len * inner + (size_t)(g % inner);
+        ch_ln_forward_group(len, (size_t)inner, x + at, gamma, beta, eps, y + at, mean + g, invstd + g);
+    }
+}
+
+void ch_cpu_layernorm_backward(const ch_kctx *kc, int outer, int len, int inner, const ch_real *x,
+                               const ch_real *dy, const ch_real *gamma, const ch_real *mean, const ch_real *invstd,
+                               ch_real *dx, ch_real *dgamma, ch_real *dbeta)
+{
+    const long groups = (long)outer * inner;
+#pragma omp parallel num_threads(kc->nthreads)
+    {
+#pragma omp for schedule(static) nowait
+        for (int j = 0; j < len; j++) ch_ln_param_grads(j, outer, len, (size_t)inner, x, dy, mean, invstd, dgamma, dbeta);
+        if (dx) {
+#pragma omp for schedule(static)
+            for (long g = 0; g < groups; g++) {
+                const size_t at = (size_t)(g / inner) * len * inner + (size_t)(g % inner);
+                ch_ln_backward_group(len, (size_t)inner, x + at, dy + at, gamma, mean[g], invstd[g], dx + at);
+            }
+        }
     }
 }

@@ -100,6 +100,11 @@ void cu_batchnorm_backward_reduce(const ch_kctx *kc, int n, int c, int hw, const
 void cu_batchnorm_backward_data(const ch_kctx *kc, int n, int c, int hw, const ch_real *x, const ch_real *dy,
                                 const ch_real *mean, const ch_real *invstd, const ch_real *gamma,
                                 const double *sum_dy, const double *sum_dy_xhat, double count, ch_real *dx);
+void cu_layernorm_forward(const ch_kctx *kc, int outer, int len, int inner, const ch_real *x, const ch_real *gamma,
+                          const ch_real *beta, double eps, ch_real *y, ch_real *mean, ch_real *invstd);
+void cu_layernorm_backward(const ch_kctx *kc, int outer, int len, int inner, const ch_real *x, const ch_real *dy,
+                           const ch_real *gamma, const ch_real *mean, const ch_real *invstd, ch_real *dx,
+                           ch_real *dgamma, ch_real *dbeta);
 /* The convolution's companions: y += b[o] then ReLU where asked; dy = 0 where y <= 0; db[o] = the
  * sum of dy over samples and positions. */
 void cu_bias_relu(const ch_kctx *kc, int n, int oc, int hw, const ch_real *b, bool relu, ch_real *y);

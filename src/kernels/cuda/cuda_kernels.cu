@@ -647,6 +647,50 @@ extern "C" void cu_batchnorm_backward_data(const ch_kctx *kc, int n, int c, int 
     LAUNCH(k_bn_back_data, len, kc, len, c, hw, x, dy, mean, invstd, gamma, sum_dy, sum_dy_xhat, count, dx);
 }
 
+/* LayerNorm: a thread per group (its len values inner apart), and a thread per parameter for the
+ * gradients, each summing in the CPU kernel's order (norm_body.h). Simple rather than fast:
+ * LayerNorm's groups are short in the CNNs that use it. */
+__global__ static void k_ln_forward(size_t groups, int len, int inner, const ch_real *x, const ch_real *gamma,
+                                    const ch_real *beta, double eps, ch_real *y, ch_real *mean, ch_real *invstd)
+{
+    FOR_EACH(g, groups) {
+        const size_t at = g / inner * len * inner + g % inner;
+        ch_ln_forward_group(len, (size_t)inner, x + at, gamma, beta, eps, y + at, mean + g, invstd + g);
+    }
+}
+
+__global__ static void k_ln_backward(size_t groups, int len, int inner, const ch_real *x, const ch_real *dy,
+                                     const ch_real *gamma, const ch_real *mean, const ch_real *invstd, ch_real *dx)
+{
+    FOR_EACH(g, groups) {
+        const size_t at = g / inner * len * inner + g % inner;
+        ch_ln_backward_group(len, (size_t)inner, x + at, dy + at, gamma, mean[g], invstd[g], dx + at);
+    }
+}
+
+__global__ static void k_ln_params(int outer, int len, int inner, const ch_real *x, const ch_real *dy,
+                                   const ch_real *mean, const ch_real *invstd, ch_real *dgamma, ch_real *dbeta)
+{
+    FOR_EACH(j, (size_t)len) ch_ln_param_grads((int)j, outer, len, (size_t)inner, x, dy, mean, invstd, dgamma, dbeta);
+}
+
+extern "C" void cu_layernorm_forward(const ch_kctx *kc, int outer, int len, int inner, const ch_real *x,
+                                     const ch_real *gamma, const ch_real *beta, double eps, ch_real *y, ch_real *mean,
+                                     ch_real *invstd)
+{
+    const size_t groups = (size_t)outer * inner;
+    LAUNCH(k_ln_forward, groups, kc, groups, len, inner, x, gamma, beta, eps, y, mean, invstd);
+}
+
+extern "C" void cu_layernorm_backward(const ch_kctx *kc, int outer, int len, int inner, const ch_real *x,
+                                      const ch_real *dy, const ch_real *gamma, const ch_real *mean,
+                                      const ch_real *invstd, ch_real *dx, ch_real *dgamma, ch_real *dbeta)
+{
+    const size_t groups = (size_t)outer * inner;
+    LAUNCH(k_ln_params, (size_t)len, kc, outer, len, inner, x, dy, mean, invstd, dgamma, dbeta);
+    if (dx) LAUNCH(k_ln_backward, groups, kc, groups, len, inner, x, dy, gamma, mean, invstd, dx);
+}
+
 __global__ static void k_bias_relu(size_t len, int oc, int hw, const ch_real *b, bool relu, ch_real *y)
 {
     FOR_EACH(i, len) {

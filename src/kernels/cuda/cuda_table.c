@@ -21,6 +21,8 @@ const ch_kernels ch_cuda_kernel_table = {
     .channel_affine = cu_channel_affine,
     .batchnorm_backward_reduce = cu_batchnorm_backward_reduce,
     .batchnorm_backward_data = cu_batchnorm_backward_data,
+    .layernorm_forward = cu_layernorm_forward,
+    .layernorm_backward = cu_layernorm_backward,
     .relu_forward = cu_relu_forward,
     .relu_backward = cu_relu_backward,
     .add = cu_add,
@@ -143,6 +145,20 @@ static void p_batchnorm_backward_data(const ch_kctx *kc, int n, int c, int hw, c
     cu_profile_end(kc, 15, "batchnorm_backward_data", ev_);
 }
 
+static void p_layernorm_forward(const ch_kctx *kc, int outer, int len, int inner, const ch_real *x, const ch_real *gamma, const ch_real *beta, double eps, ch_real *y, ch_real *mean, ch_real *invstd)
+{
+    const cudaEvent_t ev_ = cu_profile_begin(kc);
+    cu_layernorm_forward(kc, outer, len, inner, x, gamma, beta, eps, y, mean, invstd);
+    cu_profile_end(kc, 30, "layernorm_forward", ev_);
+}
+
+static void p_layernorm_backward(const ch_kctx *kc, int outer, int len, int inner, const ch_real *x, const ch_real *dy, const ch_real *gamma, const ch_real *mean, const ch_real *invstd, ch_real *dx, ch_real *dgamma, ch_real *dbeta)
+{
+    const cudaEvent_t ev_ = cu_profile_begin(kc);
+    cu_layernorm_backward(kc, outer, len, inner, x, dy, gamma, mean, invstd, dx, dgamma, dbeta);
+    cu_profile_end(kc, 31, "layernorm_backward", ev_);
+}
+
 static void p_relu_forward(const ch_kctx *kc, size_t len, const ch_real *x, ch_real *y)
 {
     const cudaEvent_t ev_ = cu_profile_begin(kc);
@@ -259,6 +275,8 @@ const ch_kernels ch_cuda_kernel_table_profiled = {
     .channel_affine = p_channel_affine,
     .batchnorm_backward_reduce = p_batchnorm_backward_reduce,
     .batchnorm_backward_data = p_batchnorm_backward_data,
+    .layernorm_forward = p_layernorm_forward,
+    .layernorm_backward = p_layernorm_backward,
     .relu_forward = p_relu_forward,
     .relu_backward = p_relu_backward,
     .add = p_add,

@@ -386,6 +386,43 @@ static void lz_batchnorm_backward_data(const ch_kctx *kc, int n, int c, int hw, 
     ch_lazy_queue_call(kc, run_batchnorm_backward_data, &queued, sizeof queued);
 }
 
+typedef struct layernorm_forward_args {
+    int outer, len, inner;
+    const ch_real *x, *gamma, *beta;
+    double eps;
+    ch_real *y, *mean, *invstd;
+} layernorm_forward_args;
+
+static void run_layernorm_forward(const ch_kctx *kc, const void *args)
+{
+    const layernorm_forward_args *g = args;
+    sc()->layernorm_forward(kc, g->outer, g->len, g->inner, g->x, g->gamma, g->beta, g->eps, g->y, g->mean, g->invstd);
+}
+
+static void lz_layernorm_forward(const ch_kctx *kc, int outer, int len, int inner, const ch_real *x, const ch_real *gamma, const ch_real *beta, double eps, ch_real *y, ch_real *mean, ch_real *invstd)
+{
+    const layernorm_forward_args queued = { outer, len, inner, x, gamma, beta, eps, y, mean, invstd };
+    ch_lazy_queue_call(kc, run_layernorm_forward, &queued, sizeof queued);
+}
+
+typedef struct layernorm_backward_args {
+    int outer, len, inner;
+    const ch_real *x, *dy, *gamma, *mean, *invstd;
+    ch_real *dx, *dgamma, *dbeta;
+} layernorm_backward_args;
+
+static void run_layernorm_backward(const ch_kctx *kc, const void *args)
+{
+    const layernorm_backward_args *g = args;
+    sc()->layernorm_backward(kc, g->outer, g->len, g->inner, g->x, g->dy, g->gamma, g->mean, g->invstd, g->dx, g->dgamma, g->dbeta);
+}
+
+static void lz_layernorm_backward(const ch_kctx *kc, int outer, int len, int inner, const ch_real *x, const ch_real *dy, const ch_real *gamma, const ch_real *mean, const ch_real *invstd, ch_real *dx, ch_real *dgamma, ch_real *dbeta)
+{
+    const layernorm_backward_args queued = { outer, len, inner, x, dy, gamma, mean, invstd, dx, dgamma, dbeta };
+    ch_lazy_queue_call(kc, run_layernorm_backward, &queued, sizeof queued);
+}
+
 typedef struct relu_forward_args {
     size_t len;
     const ch_real *x;
@@ -647,6 +684,8 @@ static const ch_kernels lazy_table = {
     .channel_affine = lz_channel_affine,
     .batchnorm_backward_reduce = lz_batchnorm_backward_reduce,
     .batchnorm_backward_data = lz_batchnorm_backward_data,
+    .layernorm_forward = lz_layernorm_forward,
+    .layernorm_backward = lz_layernorm_backward,
     .relu_forward = lz_relu_forward,
     .relu_backward = lz_relu_backward,
     .add = lz_add,

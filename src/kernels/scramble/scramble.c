@@ -323,6 +323,37 @@ static void sc_bn_backward_data(const ch_kctx *kc, int n, int c, int hw, const c
                                              sum_dy_xhat, count, dx));
 }
 
+static void sc_ln_forward(const ch_kctx *kc, int outer, int len, int inner, const ch_real *x, const ch_real *gamma,
+                          const ch_real *beta, double eps, ch_real *y, ch_real *mean, ch_real *invstd)
+{
+    regions r = { 0 };
+    const size_t all = (size_t)outer * len * inner, groups = (size_t)outer * inner;
+    add(&r, x, F(all));
+    add(&r, gamma, F((size_t)len));
+    add(&r, beta, F((size_t)len));
+    add(&r, y, F(all));
+    add(&r, mean, F(groups));
+    add(&r, invstd, F(groups));
+    AROUND(r, ch_cpu_layernorm_forward(kc, outer, len, inner, x, gamma, beta, eps, y, mean, invstd));
+}
+
+static void sc_ln_backward(const ch_kctx *kc, int outer, int len, int inner, const ch_real *x, const ch_real *dy,
+                           const ch_real *gamma, const ch_real *mean, const ch_real *invstd, ch_real *dx,
+                           ch_real *dgamma, ch_real *dbeta)
+{
+    regions r = { 0 };
+    const size_t all = (size_t)outer * len * inner, groups = (size_t)outer * inner;
+    add(&r, x, F(all));
+    add(&r, dy, F(all));
+    add(&r, gamma, F((size_t)len));
+    add(&r, mean, F(groups));
+    add(&r, invstd, F(groups));
+    if (dx) add(&r, dx, F(all));
+    add(&r, dgamma, F((size_t)len));
+    add(&r, dbeta, F((size_t)len));
+    AROUND(r, ch_cpu_layernorm_backward(kc, outer, len, inner, x, dy, gamma, mean, invstd, dx, dgamma, dbeta));
+}
+
 static void sc_relu_forward(const ch_kctx *kc, size_t len, const ch_real *x, ch_real *y)
 {
     regions r = { 0 };
@@ -481,6 +512,8 @@ static const ch_kernels scramble_table = {
     .channel_affine = sc_channel_affine,
     .batchnorm_backward_reduce = sc_bn_backward_reduce,
     .batchnorm_backward_data = sc_bn_backward_data,
+    .layernorm_forward = sc_ln_forward,
+    .layernorm_backward = sc_ln_backward,
     .relu_forward = sc_relu_forward,
     .relu_backward = sc_relu_backward,
     .add = sc_add,
