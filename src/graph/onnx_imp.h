@@ -82,6 +82,10 @@ ch_status ch_onnx_op_gather(ch_onnx_imp *m);
 ch_status ch_onnx_op_squeeze(ch_onnx_imp *m);
 ch_status ch_onnx_op_concat(ch_onnx_imp *m);
 ch_status ch_onnx_op_slice(ch_onnx_imp *m);
+ch_status ch_onnx_op_reshape(ch_onnx_imp *m);
+ch_status ch_onnx_op_transpose(ch_onnx_imp *m);
+/* Output 0 is tensor t (a builder result), viewed channels-last or not (LayerNorm's permutes). */
+ch_status ch_onnx_viewed_out(ch_onnx_imp *m, int t, bool channels_last);
 /* Node n of the walk into the graph, by its operator; a refusal names it. */
 ch_status ch_onnx_import_node(ch_onnx_imp *m, const Onnx__NodeProto *n);
 

@@ -73,14 +73,6 @@ static ch_status op_batchnorm(ch_onnx_imp *m)
     return ch_onnx_dead_from(m, 1, "a running statistic of BatchNormalization, which cohort keeps itself");
 }
 
-/* Output 0 is tensor t (a builder result), viewed channels-last or not. */
-static ch_status viewed_out(ch_onnx_imp *m, int t, bool channels_last)
-{
-    CH_TRY(ch_onnx_tensor_out(m, t));
-    ch_ovals_find(&m->vals, m->node->output[0])->channels_last = channels_last;
-    return CH_STATUS_OK;
-}
-
 /* nn.LayerNorm (opset 17's LayerNormalization): over the trailing dimensions from axis, or over the
  * channels of a channels-last view (ConvNeXt's permute, LayerNorm, permute back). */
 static ch_status op_layernorm(ch_onnx_imp *m)
@@ -116,7 +108,7 @@ static ch_status op_layernorm(ch_onnx_imp *m)
     if (!has_bias) return ch_onnx_bad(m, "a LayerNorm without a bias is not supported");
     const int t = ch_graph_layer_norm(m->g, prefix, v->tensor, last ? CH_LAYER_NORM_CHANNELS : (int)axis,
                                       ch_onnx_as_typed(eps));
-    CH_TRY(viewed_out(m, t, last));
+    CH_TRY(ch_onnx_viewed_out(m, t, last));
     return ch_onnx_dead_from(m, 1, "a statistic of LayerNormalization, which cohort does not give out");
 }
 
@@ -223,112 +215,6 @@ static ch_status op_flatten(ch_onnx_imp *m)
     return ch_onnx_tensor_out(m, ch_graph_flatten(m->g, ch_onnx_node_name(m, buf, sizeof buf), v->tensor));
 }
 
-/* The target shape s of a reshape of a (c, h, w) sample x to 5 dimensions, with the batch first and
- * at most one -1: (batch, g, c / g, h, w) into *g, *m; false when it is another shape. */
-static bool groups_view(const ch_oval *s, const ch_gtensor *x, int64_t *g, int64_t *m)
-{
-    if (s->is_float || s->rank != 1 || s->n != 5 || x->rank != 3 || s->i[0] != CH_ONNX_BATCH) return false;
-    int64_t t[5];
-    int infer = -1;
-    double known = 1;
-    for (int i = 1; i < 5; i++) {
-        t[i] = s->i[i];
-        if (t[i] == -1 && infer < 0) infer = i;
-        else if (t[i] < 1 || t[i] > (1 << 30)) return false;
-        else known *= (double)t[i];
-    }
-    const double per = (double)x->dims[0] * x->dims[1] * x->dims[2];
-    if (infer > 0) {
-        if (fmod(per, known) != 0) return false;
-        t[infer] = (int64_t)(per / known);
-    }
-    *g = t[1];
-    *m = t[2];
-    return t[1] * t[2] == x->dims[0] && t[3] == x->dims[1] && t[4] == x->dims[2];
-}
-
-/* Output 0 is v's tensor under v's view into channel groups, or plain (g 0). */
-static ch_status grouped_out(ch_onnx_imp *m, int tensor, int g, int per_group)
-{
-    ch_oval *o;
-    CH_TRY(ch_onnx_define(m, 0, CH_OVAL_TENSOR, &o));
-    o->tensor = tensor;
-    o->grouped[0] = g;
-    o->grouped[1] = per_group;
-    return CH_STATUS_OK;
-}
-
-/* A reshape of a view into channel groups: back to (batch, c, h, w) (or (batch, -1, h, w)) is the
- * tensor itself, whatever the view's order (the shuffle's Transpose has moved the values). */
-static ch_status reshape_grouped(ch_onnx_imp *m, const ch_oval *v, const ch_oval *s)
-{
-    const ch_gtensor *x = &m->g->tensors[v->tensor];
-    bool back = !s->is_float && s->rank == 1 && s->n == 4 && s->i[0] == CH_ONNX_BATCH &&
-                (s->i[1] == x->dims[0] || s->i[1] == -1) && s->i[2] == x->dims[1] && s->i[3] == x->dims[2];
-    if (!back)
-        return ch_onnx_bad(m, "reshape of a (batch, %d, %d, %d, %d) view into channel groups: cohort imports only the "
-                   "channel shuffle's reshape back to (batch, %d, %d, %d)", v->grouped[0], v->grouped[1], x->dims[1],
-                   x->dims[2], x->dims[0], x->dims[1], x->dims[2]);
-    return grouped_out(m, v->tensor, 0, 0);
-}
-
-/* Reshape with the batch symbolic: to (batch, c*h*w) is flatten; to the same shape, nothing; to
- * another (batch, c, h, w), a view; to (batch, g, c / g, h, w), a view into channel groups that
- * only a channel shuffle may read. */
-static ch_status op_reshape(ch_onnx_imp *m)
-{
-    ch_oval *v, *s;
-    int64_t allowzero = 0, groups = 0, per_group = 0;
-    char buf[CH_NODE_NAME_MAX];
-    CH_TRY(ch_onnx_input(m, 0, true, &v));
-    CH_TRY(ch_onnx_const_in(m, 1, true, &s));
-    CH_TRY(ch_onnx_attr_int(m, "allowzero", 0, &allowzero));
-    if (v->kind == CH_OVAL_TENSOR && v->grouped[0] && !allowzero) return reshape_grouped(m, v, s);
-    CH_TRY(ch_onnx_tensor_val(m, 0, &v));
-    const ch_gtensor *x = &m->g->tensors[v->tensor];
-    const int64_t in[4] = { CH_ONNX_BATCH, x->dims[0], x->rank == 3 ? x->dims[1] : 1, x->rank == 3 ? x->dims[2] : 1 };
-    const int in_rank = x->rank + 1;
-    const double per = (double)x->dims[0] * x->dims[1] * x->dims[2];
-    /* x.view(b, groups, c // groups, h, w), as ShuffleNet's channel shuffle begins. */
-    if (!allowzero && groups_view(s, x, &groups, &per_group)) return grouped_out(m, v->tensor, (int)groups, (int)per_group);
-    if (!s->is_float && s->rank == 1 && s->n == 5 && x->rank == 3 && s->i[0] == CH_ONNX_BATCH)
-        return ch_onnx_bad(m, "reshape of a (%d, %d, %d) sample to 5 dimensions: cohort imports only a view into channel "
-                           "groups, (batch, g, c / g, h, w), as a channel shuffle makes", x->dims[0], x->dims[1], x->dims[2]);
-    if (s->is_float || s->rank != 1 || s->n < 2 || s->n > 4 || allowzero)
-        return ch_onnx_bad(m, "the target shape must be 2 to 4 integers (batch first)");
-    int64_t t[4];
-    int infer = -1;
-    double known = 1;
-    for (int i = 0; i < s->n; i++) {
-        t[i] = s->i[i];
-        if (t[i] == 0 && i < in_rank) t[i] = in[i];
-        if (t[i] == -1) {
-            if (infer >= 0) return ch_onnx_bad(m, "two dimensions of the target shape are -1");
-            infer = i;
-        } else if (i > 0 && (t[i] < 1 || t[i] > (1 << 30))) {
-            return ch_onnx_bad(m, "target dimension %d is %lld", i, t[i] == CH_ONNX_BATCH ? -2LL : (long long)t[i]);
-        } else if (i > 0) {
-            known *= (double)t[i];
-        }
-    }
-    if (t[0] != CH_ONNX_BATCH && infer != 0)
-        return ch_onnx_bad(m, "reshapes to a batch of %lld, fixed when the model was exported: write x.view(x.size(0), -1) "
-                   "or torch.flatten(x, 1)", (long long)t[0]);
-    if (infer > 0) t[infer] = (int64_t)(per / known);
-    if (infer > 0 ? fmod(per, known) != 0 : known != per)
-        return ch_onnx_bad(m, "target shape does not hold the %.0f values of a sample", per);
-    if (s->n == 2) {
-        if (x->rank == 1) return ch_onnx_alias_out(m, v);
-        return ch_onnx_tensor_out(m, ch_graph_flatten(m->g, ch_onnx_node_name(m, buf, sizeof buf), v->tensor));
-    }
-    if (s->n == in_rank && x->rank == 3 && t[1] == in[1] && t[2] == in[2] && t[3] == in[3]) return ch_onnx_alias_out(m, v);
-    if (s->n == 4)
-        return ch_onnx_tensor_out(m, ch_graph_view(m->g, ch_onnx_node_name(m, buf, sizeof buf), v->tensor, (int)t[1], (int)t[2],
-                                           (int)t[3]));
-    return ch_onnx_bad(m, "reshape of a (%d, %d, %d) sample to %d dimensions: cohort reshapes to (batch, features) or "
-               "(batch, c, h, w) only", x->dims[0], x->dims[1], x->dims[2], s->n);
-}
-
 static ch_status op_gemm(ch_onnx_imp *m)
 {
     int x = 0;
@@ -374,46 +260,6 @@ static ch_status op_matmul(ch_onnx_imp *m)
     const int64_t shape[2] = { w->dims[0], f };
     CH_TRY(ch_onnx_param(m, 1, prefix, "weight", shape, 2, NULL));
     return ch_onnx_tensor_out(m, ch_graph_linear(m->g, prefix, x, (int)w->dims[0], false));
-}
-
-/* transpose(1, 2) of a (batch, g, m, h, w) view: the channel shuffle, whose output is the
- * (batch, m, g, h, w) view of the shuffled tensor. */
-static ch_status transpose_groups(ch_onnx_imp *m, const ch_oval *v, const Onnx__AttributeProto *p)
-{
-    static const int64_t shuffle[5] = { 0, 2, 1, 3, 4 };
-    bool ok = p && p->type == ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__INTS && p->n_ints == 5;
-    for (int i = 0; ok && i < 5; i++) ok = p->ints[i] == shuffle[i];
-    if (!ok)
-        return ch_onnx_bad(m, "transpose of a (batch, %d, %d, h, w) view into channel groups: cohort imports only the "
-                   "channel shuffle's, perm (0, 2, 1, 3, 4)", v->grouped[0], v->grouped[1]);
-    char buf[CH_NODE_NAME_MAX];
-    const int t = ch_graph_channel_shuffle(m->g, ch_onnx_node_name(m, buf, sizeof buf), v->tensor, v->grouped[0]);
-    if (t < 0) return ch_onnx_tensor_out(m, t);
-    return grouped_out(m, t, v->grouped[1], v->grouped[0]);
-}
-
-static ch_status op_transpose(ch_onnx_imp *m)
-{
-    ch_oval *v, *o;
-    CH_TRY(ch_onnx_input(m, 0, true, &v));
-    const Onnx__AttributeProto *p = ch_onnx_attr(m->node, "perm");
-    if (v->kind == CH_OVAL_TENSOR && v->grouped[0]) return transpose_groups(m, v, p);
-    if (v->kind == CH_OVAL_TENSOR) {
-        /* x.permute(0, 2, 3, 1) and back: a mark, the values stay (see op_layernorm). */
-        const bool ints4 = p && p->type == ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__INTS && p->n_ints == 4 &&
-                           p->ints[0] == 0 && m->g->tensors[v->tensor].rank == 3;
-        if (ints4 && !v->channels_last && p->ints[1] == 2 && p->ints[2] == 3 && p->ints[3] == 1)
-            return viewed_out(m, v->tensor, true);
-        if (ints4 && v->channels_last && p->ints[1] == 3 && p->ints[2] == 1 && p->ints[3] == 2)
-            return viewed_out(m, v->tensor, false);
-        return ch_onnx_bad(m, "a transpose of a tensor: cohort imports x.permute(0, 2, 3, 1) around a LayerNorm (and the "
-                   "permute back), and the channel shuffle's");
-    }
-    if (v->kind != CH_OVAL_PARAM || v->init->n_dims != 2 || !p || p->n_ints != 2 || p->ints[0] != 1 || p->ints[1] != 0)
-        return ch_onnx_bad(m, "only the transpose of a 2-D weight, read by MatMul (nn.Linear without bias), is supported");
-    CH_TRY(ch_onnx_define(m, 0, CH_OVAL_PARAM_T, &o));
-    o->init = v->init;
-    return CH_STATUS_OK;
 }
 
 /* Input k of an elementwise op: a tensor (maybe an Expand's output) or a single constant number. */
@@ -727,7 +573,7 @@ static const op_entry ops[] = {
     { "LeakyRelu", op_activation, 1 }, { "Clip", op_activation, 3 }, { "Sigmoid", op_activation, 1 },
     { "Tanh", op_activation, 1 }, { "Erf", op_activation, 1 }, { "MaxPool", op_pool, 1 }, { "AveragePool", op_pool, 1 },
     { "GlobalAveragePool", op_global_pool, 1 }, { "ReduceMean", op_reduce_mean, 1 }, { "Flatten", op_flatten, 1 },
-    { "Reshape", op_reshape, 2 }, { "Gemm", op_gemm, 3 }, { "MatMul", op_matmul, 2 }, { "Transpose", op_transpose, 1 },
+    { "Reshape", ch_onnx_op_reshape, 2 }, { "Gemm", op_gemm, 3 }, { "MatMul", op_matmul, 2 }, { "Transpose", ch_onnx_op_transpose, 1 },
     { "Add", op_binary, 2 }, { "Mul", op_binary, 2 }, { "Sub", op_binary, 2 }, { "Div", op_binary, 2 },
     { "Expand", op_expand, 2 }, { "HardSigmoid", op_activation, 1 }, { "HardSwish", op_activation, 1 },
     { "Concat", ch_onnx_op_concat, -1 }, { "Dropout", op_dropout, 3 },
