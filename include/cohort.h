@@ -173,6 +173,11 @@ int ch_graph_batchnorm1d(ch_graph *g, const char *name, int x, const ch_batchnor
  * permute back). eps: 1e-12..1 (nn.LayerNorm's default 1e-5). */
 enum { CH_LAYER_NORM_CHANNELS = 0 };
 int ch_graph_layer_norm(ch_graph *g, const char *name, int x, int axis, double eps);
+/* A module called twice: node `node`'s operation again, on x, with the same parameters (one set:
+ * their gradients are summed; checkpoints keep it once, under node's names). node is a conv2d,
+ * linear or layer_norm node made before (one whose reuse is named resolves to the first); x must
+ * give parameters of the same shapes. */
+int ch_graph_reuse(ch_graph *g, const char *name, const char *node, int x);
 int ch_graph_relu(ch_graph *g, const char *name, int x);
 int ch_graph_leaky_relu(ch_graph *g, const char *name, int x, double negative_slope);
 int ch_graph_relu6(ch_graph *g, const char *name, int x);

@@ -90,16 +90,6 @@ class HalfUnsqueeze(Net):
         return self.fc(x.view(x.size(0), -1))
 
 
-class Shared(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv = nn.Conv2d(1, 1, 3, padding=1)
-        self.fc = nn.Linear(784, 10)
-
-    def forward(self, x):
-        return self.fc(torch.flatten(self.conv(self.conv(x)), 1))
-
-
 class Upsampled(Net):
     """A U-Net's decoder step: upsample (bilinear, which cohort does not import yet; nearest it
     does), concatenate with the skip connection."""
@@ -139,6 +129,19 @@ class ChannelsLast(Net):
         x = F.relu(self.bn1(self.conv1(x)))
         x = self.f(self, x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
         return self.fc(F.max_pool2d(x, 2).reshape(x.size(0), -1))
+
+
+class SharedOther(Net):
+    """conv2's weights read again by a convolution with other arguments (dilation 2): not a module
+    called twice, which cohort imports."""
+    def __init__(self):
+        super().__init__()
+        self.conv2 = nn.Conv2d(4, 4, 3, padding=1)
+
+    def forward(self, x):
+        x = F.relu(self.bn1(self.conv1(x)))
+        x = F.conv2d(self.conv2(x), self.conv2.weight, self.conv2.bias, padding=2, dilation=2)
+        return self.fc(F.max_pool2d(x, 2).view(x.size(0), -1))
 
 
 class Cropped(Net):
@@ -319,8 +322,6 @@ def main(out):
     case("fixed_batch", "reshapes to a batch of 2, fixed when the model was exported")
     export(MidSoftmax(), p("mid_softmax"))
     case("mid_softmax", "only as the model's last operation")
-    export(Shared(), p("shared_weights"))
-    case("shared_weights", "initializer 'conv.weight' is read by two nodes")
 
     def constant(m, name, value):
         m.graph.node.insert(0, helper.make_node("Constant", [], [name], value=numpy_helper.from_array(value)))
@@ -411,6 +412,8 @@ def main(out):
     case("channels_last_read", "(Sigmoid): reads '/Transpose_output_0', a channels-last view (x.permute(0, 2, 3, 1))")
     export(ChannelsLast(lambda s, v: s.ln(v)), p("channels_last_wide"), opset=17)
     case("channels_last_wide", "a LayerNorm of a channels-last view over more than its last axis (the channels)")
+    export(SharedOther(), p("shared_other_args"), opset=13)
+    case("shared_other_args", "reads the weights of node 'conv2' with other arguments")
     export(Cropped(), p("slice_rows"), opset=13)
     case("slice_rows", "only a slice of the channels (axis 1) of a (batch, c, h, w) tensor")
 

@@ -9,7 +9,7 @@ the first seed whose pre-activations all lie at least 1e-6 from zero (100 times 
 their sums); on it, float32 arithmetic in any order gives the float64 step within rounding, and so
 must cohort.
 
-The same check takes a ConvNeXt-style net (convnext: GELU and LayerNorm, channels-last and over
+The same check takes a net whose conv and linear modules are called twice (twice), a ConvNeXt-style net (convnext: GELU and LayerNorm, channels-last and over
 trailing dimensions), a small ShuffleNetV2 (shuffle: torchvision's units, x.chunk(2, 1), the channel
 shuffle's 5-D view and transpose, BatchNorm with eps 1e-3 and momentum 0.3, whose running statistics
 after the step are checked too), a tiny U-Net (unet: nn.Upsample, nearest, x2, and a skip concatenation) and
@@ -17,7 +17,7 @@ gelu: ConvNeXt-style pieces cohort has (a patchify stem, a 7x7
 depthwise conv, pointwise convs, nn.GELU() exported through Erf and approximate='tanh' through Tanh, a
 residual), with PyTorch's default initialisation.
 
-  python3 squeeze_step.py make DIR DATA_ROOT [squeeze|gelu|unet|shuffle|convnext]   DIR/model.onnx, DIR/init.pt, DIR/seed
+  python3 squeeze_step.py make DIR DATA_ROOT [squeeze|gelu|unet|shuffle|convnext|twice]   DIR/model.onnx, DIR/init.pt, DIR/seed
   python3 squeeze_step.py check DIR DATA_ROOT COHORT_MODEL.safetensors
 """
 import copy
@@ -181,7 +181,27 @@ class ConvNeXtNet(nn.Module):
         return self.fc(self.head_norm(x.mean((2, 3))))
 
 
-MODELS = {"squeeze": Squeeze, "gelu": GeluNet, "unet": UNet, "shuffle": ShuffleNet, "convnext": ConvNeXtNet}
+class Twice(nn.Module):
+    """Modules called twice: a conv (each call with a BatchNorm of its own) and a linear layer, so their
+    parameters' gradients are sums over two uses; the state_dict has them once."""
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(1, 8, 3, padding=1)
+        self.conv = nn.Conv2d(8, 8, 3, padding=1)
+        self.bn1 = nn.BatchNorm2d(8, momentum=0.3)
+        self.bn2 = nn.BatchNorm2d(8, eps=1e-3)
+        self.fc = nn.Linear(8, 8)
+        self.out = nn.Linear(8, 10)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.stem(x)), 2)
+        x = F.relu(self.bn1(self.conv(x)))
+        x = F.relu(self.bn2(self.conv(x)))
+        return self.out(self.fc(torch.tanh(self.fc(x.mean((2, 3))))))
+
+
+MODELS = {"squeeze": Squeeze, "gelu": GeluNet, "unet": UNet, "shuffle": ShuffleNet, "convnext": ConvNeXtNet,
+          "twice": Twice}
 
 
 def data(root):

@@ -10,7 +10,9 @@
 # statistics and running averages are the whole batch's). The check also loads the checkpoint into
 # the PyTorch module with strict=True. With convnext, for its ConvNeXt-style net (GELU, LayerNorm over
 # the channels through permutes and over trailing dimensions).
-# usage: squeeze_step.sh COHORT DATA_ROOT [squeeze|gelu|unet|shuffle|convnext]
+# With twice, for a net that calls a conv and a linear module twice (shared weights; BatchNorm, so
+# --sync-bn on two devices).
+# usage: squeeze_step.sh COHORT DATA_ROOT [squeeze|gelu|unet|shuffle|convnext|twice]
 set -uo pipefail
 cohort=$1 data=$2 model=${3:-squeeze}
 py=/usr/bin/python3
@@ -21,7 +23,7 @@ fails=0
 for devices in cpu:0 cpu:0,cpu:1; do
     echo "== $devices"
     sync=()
-    [ "$model" = shuffle ] && [ "$devices" != cpu:0 ] && sync=(--sync-bn)
+    case $model in shuffle | twice) [ "$devices" != cpu:0 ] && sync=(--sync-bn) ;; esac
     "$cohort" train "${sync[@]}" --model "$tmp/model.onnx" --data "$data/mnist" --train-limit 8 -b 8 --epochs 1 --shuffle off \
         --lr 0.1 --devices "$devices" --checkpoint-dir "$tmp/ck-$devices" --test-limit 10 --no-progress ||
         { echo "FAIL: training on $devices"; fails=$((fails + 1)); continue; }

@@ -482,6 +482,22 @@ static void check_graph_inputs(const char *what, void (*build)(ch_graph *), int 
     probe_free(&p);
 }
 
+/* Modules called twice or three times (ch_graph_reuse): a conv three times (the third named by
+ * the second's name), a linear and a LayerNorm twice; each parameter's gradient is the sum over
+ * its uses, checked against the numeric one. */
+static void build_tied(ch_graph *g)
+{
+    int x = ch_graph_input(g, "x", 2, 4, 4);
+    int y = ch_graph_conv2d(g, "conv", x, &(ch_conv2d_args){ .out_channels = 2, .kernel = 3, .padding = 1 });
+    y = ch_graph_reuse(g, "conv_again", "conv", ch_graph_sigmoid(g, "act1", y));
+    y = ch_graph_reuse(g, "conv_third", "conv_again", ch_graph_tanh(g, "act2", y));
+    y = ch_graph_layer_norm(g, "ln", y, 2, 1e-3);
+    y = ch_graph_reuse(g, "ln_again", "ln", ch_graph_sigmoid(g, "act3", y));
+    int f = ch_graph_linear(g, "fc", ch_graph_flatten(g, "flat", y), 32, true);
+    f = ch_graph_reuse(g, "fc_again", "fc", ch_graph_tanh(g, "act4", f));
+    ch_graph_output(g, ch_graph_linear(g, "out", f, 3, true));
+}
+
 static void check_graph(const char *what, void (*build)(ch_graph *), int n, bool xent)
 {
     check_graph_inputs(what, build, n, xent, 6);
@@ -494,6 +510,7 @@ static void graph_gradients(void **state)
     check_graph("graph se-gate xent", build_se, 3, true);
     check_graph("graph dense", build_dense, 3, false);
     check_graph("graph flat broadcast", build_flat, 3, false);
+    check_graph("graph modules reused", build_tied, 3, false);
     /* Every input element: each piece of the hard activations is checked. */
     check_graph_inputs("graph hard activations, views, batchnorm1d", build_head, 3, false, 96);
 }

@@ -405,6 +405,54 @@ static void json_keeps_moves_and_norms(void **state)
     ch_graph_free(g);
 }
 
+/* A reused node: graph.json names what it reuses and reads back the same; the model has the twin's
+ * tensors once; reuse of a node with running statistics, of an unknown name, on an input giving
+ * other parameter shapes, or a "reuses" whose op differs, is refused naming it. */
+static void reuse_ties_parameters(void **state)
+{
+    (void)state;
+    ch_err err;
+    ch_graph *g, *back;
+    assert_int_equal(ch_graph_create("tied", &g, &err), CH_STATUS_OK);
+    int x = ch_graph_input(g, "x", 3, 4, 4);
+    const ch_conv2d_args c = { .out_channels = 3, .kernel = 3, .padding = 1 };
+    x = ch_graph_reuse(g, "conv_again", "conv", ch_graph_relu(g, "r", ch_graph_conv2d(g, "conv", x, &c)));
+    ch_graph_output(g, ch_graph_linear(g, "fc", ch_graph_flatten(g, "flat", x), 3, true));
+    char *text = ch_graph_to_json(g), *again;
+    assert_non_null(strstr(text, "\"reuses\":\t\"conv\""));
+    assert_int_equal(ch_graph_from_json(text, strlen(text), "tied", &back, &err), CH_STATUS_OK);
+    assert_non_null(again = ch_graph_to_json(back));
+    assert_string_equal(text, again);
+    assert_int_equal(back->nodes[2].tied, 1);
+    ch_model *m;
+    assert_int_equal(ch_model_create_graph(back, (ch_shape3){ 3, 4, 4 }, 3, ch_backend_host(), &m, &err), CH_STATUS_OK);
+    assert_int_equal(m->ntensors, 4);                       /* conv.weight, conv.bias, fc.weight, fc.bias */
+    assert_int_equal(m->nparams, 3 * 3 * 9 + 3 + 3 * 48 + 3);
+    assert_int_equal(m->ntied, 3 * 3 * 9 + 3);
+    ch_model_free(m);
+    char *bad = malloc(strlen(text) + 16), *at = strstr(text, "\"op\":\t\"conv2d\"");
+    at = strstr(at + 1, "\"op\":\t\"conv2d\"");   /* the reusing node's */
+    assert_non_null(at);
+    sprintf(bad, "%.*s\"op\":\t\"linear\"%s", (int)(at - text), text, at + strlen("\"op\":\t\"conv2d\""));
+    ch_graph *refused = NULL;
+    assert_int_equal(ch_graph_from_json(bad, strlen(bad), "tied", &refused, &err), CH_STATUS_BAD_INPUT);
+    assert_non_null(strstr(err.msg, "op 'linear' reuses a conv2d node"));
+    free(bad), free(text), free(again);
+    ch_graph_free(back);
+    ch_graph_free(g);
+    static const char *const want[3] = { "no node named 'nothing' before it", "only conv2d, linear and layer_norm",
+                                         "gives parameters of other shapes" };
+    for (int k = 0; k < 3; k++) {
+        assert_int_equal(ch_graph_create("tied", &g, &err), CH_STATUS_OK);
+        x = ch_graph_input(g, "x", 3, 4, 4);
+        const int y = ch_graph_batchnorm2d(g, "bn", ch_graph_conv2d(g, "conv", x, &(ch_conv2d_args){ .out_channels = 2, .kernel = 1 }), NULL);
+        assert_true(ch_graph_reuse(g, "again", k == 0 ? "nothing" : k == 1 ? "bn" : "conv", y) < 0);
+        assert_int_equal(ch_graph_status(g, &err), CH_STATUS_BAD_INPUT);
+        assert_non_null(strstr(err.msg, want[k]));
+        ch_graph_free(g);
+    }
+}
+
 /* One op on a 4x6x6 input with argument v; -1 when the builder refuses it. */
 static int one_op(ch_graph *g, int which, double v)
 {
@@ -502,6 +550,7 @@ int main(void)
         cmocka_unit_test(json_keeps_every_op),
         cmocka_unit_test(json_keeps_gelu_forms),
         cmocka_unit_test(json_keeps_moves_and_norms),
+        cmocka_unit_test(reuse_ties_parameters),
         cmocka_unit_test(json_reads_what_the_builder_takes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

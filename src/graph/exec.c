@@ -371,6 +371,13 @@ ch_status ch_graph_compile(const ch_graph *g, ch_layer **out, ch_err *err)
         st = ch_graph_node_layer(g, i, &c, err);
         if (st == CH_STATUS_OK) st = ch_layer_add_child(l, c, err);
         if (st == CH_STATUS_OK) gi->nodes[i].l = c;
+        /* A reused node's layer is tied to its twin's, at the end of the twin's list of ties. */
+        if (st == CH_STATUS_OK && g->nodes[i].tied) {
+            ch_layer **at = &gi->nodes[g->nodes[i].tied - 1].l->tie_next;
+            while (*at) at = &(*at)->tie_next;
+            *at = c;
+            c->tied_to = gi->nodes[g->nodes[i].tied - 1].l;
+        }
     }
     if (st != CH_STATUS_OK) {
         ch_layer_free(l);

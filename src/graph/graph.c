@@ -426,6 +426,47 @@ int ch_graph_layer_norm(ch_graph *g, const char *name, int x, int axis, double e
     return add_node(g, name, &nd, &x, 1);
 }
 
+/* Whether nodes a and b (same op) make parameters of the same shapes. */
+static bool same_param_shapes(const ch_graph *g, int a, int b)
+{
+    ch_layer *la = NULL, *lb = NULL;
+    ch_err e;
+    bool same = ch_graph_node_layer(g, a, &la, &e) == CH_STATUS_OK && ch_graph_node_layer(g, b, &lb, &e) == CH_STATUS_OK &&
+                la->nparams == lb->nparams;
+    for (int i = 0; same && i < la->nparams; i++) {
+        same = la->params[i].ndim == lb->params[i].ndim;
+        for (int d = 0; same && d < la->params[i].ndim; d++) same = la->params[i].dims[d] == lb->params[i].dims[d];
+    }
+    ch_layer_free(la);
+    ch_layer_free(lb);
+    return same;
+}
+
+int ch_graph_reuse(ch_graph *g, const char *name, const char *node, int x)
+{
+    if (!g || g->st != CH_STATUS_OK) return -1;
+    int k = -1;
+    for (int i = 0; node && i < g->nnodes && k < 0; i++)
+        if (strcmp(g->nodes[i].name, node) == 0) k = i;
+    if (k < 0) return fail(g, CH_STATUS_BAD_INPUT, "node '%s' (reuse): no node named '%.40s' before it", name ? name : "",
+                           node ? node : "");
+    if (g->nodes[k].tied) k = g->nodes[k].tied - 1;
+    const ch_gop op = g->nodes[k].op;
+    if (op != CH_GOP_CONV2D && op != CH_GOP_LINEAR && op != CH_GOP_LAYERNORM)
+        return fail(g, CH_STATUS_BAD_INPUT, "node '%s' (reuse): '%s' is a %s node; only conv2d, linear and layer_norm "
+                    "nodes are used again (their parameters have no running statistics)", name ? name : "",
+                    g->nodes[k].name, ch_gnode_op_name(&g->nodes[k]));
+    ch_gnode nd = g->nodes[k];
+    nd.in = NULL;
+    nd.nin = 0;
+    nd.tied = k + 1;
+    const int t = add_node(g, name, &nd, &x, 1);
+    if (t >= 0 && !same_param_shapes(g, k, g->nnodes - 1))
+        return fail(g, CH_STATUS_BAD_INPUT, "node '%s' (reuse of '%s'): its input gives parameters of other shapes than "
+                    "that node's", name, g->nodes[k].name);
+    return t;
+}
+
 int ch_graph_batchnorm1d(ch_graph *g, const char *name, int x, const ch_batchnorm_args *a)
 {
     if (g && g->st == CH_STATUS_OK && x >= 0 && x < g->ntensors && g->tensors[x].rank != 1)

@@ -65,6 +65,7 @@ typedef struct ch_gnode {
     int groups;         /* channel shuffle */
     int slice[2];       /* channel slice: start, count */
     int ln_axis;        /* layer norm (eps in bn.eps) */
+    int tied;           /* 1 + the node whose parameters this one uses (ch_graph_reuse); 0: its own */
 } ch_gnode;
 
 /* A tensor's starting values (an imported file's weights), by state_dict name. */

@@ -79,6 +79,13 @@ static void put_args(cJSON *o, const ch_gnode *nd)
     }
 }
 
+/* A reused node names the node whose operation and parameters it takes; its arguments are that
+ * node's (written too, for a reader's eyes). */
+static void put_tie(cJSON *o, const ch_graph *g, const ch_gnode *nd)
+{
+    if (nd->tied) cJSON_AddStringToObject(o, "reuses", g->nodes[nd->tied - 1].name);
+}
+
 char *ch_graph_to_json(const ch_graph *g)
 {
     cJSON *j = cJSON_CreateObject();
@@ -100,6 +107,7 @@ char *ch_graph_to_json(const ch_graph *g)
         cJSON_AddItemToObject(o, "in", cJSON_CreateIntArray(nd->in, nd->nin));
         add_num(o, "out", nd->out);
         put_args(o, nd);
+        put_tie(o, g, nd);
     }
     add_num(j, "output", g->output);
     char *text = cJSON_Print(j);
@@ -208,6 +216,17 @@ static ch_status replay(reader *r, ch_graph *g, const char *op, const char *name
     bool b = false;
     int k = 0, s = 0, p = 0, d = 0, gr = 0, f = 0;
     double a = 0, lo = 0, hi = 0;
+    const cJSON *reuses = get(r->node, "reuses");
+    if (reuses) {
+        if (!cJSON_IsString(reuses) || nin != 1)
+            return ch_fail(r->err, CH_STATUS_BAD_INPUT, "%s: node %d: 'reuses' must name a node, with one input", r->path,
+                           r->index);
+        *t = ch_graph_reuse(g, name, reuses->valuestring, x);
+        if (*t >= 0 && strcmp(ch_gnode_op_name(&g->nodes[g->nnodes - 1]), op) != 0)
+            return ch_fail(r->err, CH_STATUS_BAD_INPUT, "%s: node %d: op '%.40s' reuses a %s node", r->path, r->index, op,
+                           ch_gnode_op_name(&g->nodes[g->nnodes - 1]));
+        return CH_STATUS_OK;
+    }
     if (strcmp(op, "conv2d") == 0) {
         CH_TRY(whole(r, "out_channels", CH_GARG_CHANNELS, 0, &f));
         CH_TRY(whole(r, "kernel", CH_GARG_KERNEL, 0, &k));

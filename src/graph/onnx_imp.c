@@ -261,6 +261,38 @@ static ch_status weight_prefix(ch_onnx_imp *m, const ch_oval *w, char *prefix)
     return CH_STATUS_OK;
 }
 
+/* The initializer behind input k (through a MatMul's transpose), or NULL. */
+static const ch_oval *init_of(ch_onnx_imp *m, size_t k)
+{
+    const Onnx__NodeProto *n = m->node;
+    const ch_oval *v = k < n->n_input && n->input[k][0] ? ch_ovals_find(&m->vals, n->input[k]) : NULL;
+    if (v && v->kind == CH_OVAL_PARAM_T) v = ch_ovals_find(&m->vals, v->init->name);
+    return v && v->kind == CH_OVAL_PARAM ? v : NULL;
+}
+
+ch_status ch_onnx_twin(ch_onnx_imp *m, size_t k, size_t last, int *twin)
+{
+    const ch_oval *w = init_of(m, k);
+    *twin = w && w->owner ? w->owner - 1 : -1;
+    if (*twin < 0) return CH_STATUS_OK;
+    for (size_t i = k + 1; i <= last && i < m->node->n_input; i++) {
+        const ch_oval *p = init_of(m, i);
+        if (m->node->input[i][0] && (!p || p->owner != w->owner))
+            return ch_onnx_bad(m, "reads weight '%s' of node '%s' but not its other parameters ('%s')", ch_onnx_show(m, 0, w->name),
+                       ch_onnx_show(m, 1, m->g->nodes[*twin].name), ch_onnx_show(m, 2, m->node->input[i]));
+    }
+    return CH_STATUS_OK;
+}
+
+ch_status ch_onnx_reuse_out(ch_onnx_imp *m, int twin, int x, bool same)
+{
+    char buf[CH_NODE_NAME_MAX];
+    if (!same)
+        return ch_onnx_bad(m, "reads the weights of node '%s' with other arguments: a module called twice has the same ones",
+                   ch_onnx_show(m, 0, m->g->nodes[twin].name));
+    return ch_onnx_tensor_out(m, ch_graph_reuse(m->g, ch_onnx_node_name(m, buf, sizeof buf), m->g->nodes[twin].name, x));
+}
+
 /* Input k is the initializer PREFIX.SUFFIX of the given shape, read by no other node: its values
  * become the graph's starting values. Absent and optional: *present false. */
 ch_status ch_onnx_param(ch_onnx_imp *m, size_t k, const char *prefix, const char *suffix, const int64_t *shape, int rank,
@@ -280,7 +312,8 @@ ch_status ch_onnx_param(ch_onnx_imp *m, size_t k, const char *prefix, const char
         return ch_onnx_bad(m, "initializer '%s' should be named '%s' (state_dict names, as a training export keeps them)",
                    ch_onnx_show(m, 0, v->name), ch_onnx_show(m, 1, want));
     if (v->uses++ > 0)
-        return ch_onnx_bad(m, "initializer '%s' is read by two nodes: shared weights are not supported", ch_onnx_show(m, 0, v->name));
+        return ch_onnx_bad(m, "initializer '%s' is read by two nodes of different kinds", ch_onnx_show(m, 0, v->name));
+    v->owner = m->g->nnodes + 1;   /* the node the caller makes next */
     const Onnx__TensorProto *t = v->init;
     bool same = t->n_dims == (size_t)rank;
     for (int i = 0; same && i < rank; i++) same = t->dims[i] == shape[i];

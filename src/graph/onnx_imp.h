@@ -62,6 +62,13 @@ ch_status ch_onnx_inference_export(ch_onnx_imp *m, const char *init);
  * become the graph's starting values. Absent and optional: *present false. */
 ch_status ch_onnx_param(ch_onnx_imp *m, size_t k, const char *prefix, const char *suffix, const int64_t *shape,
                         int rank, bool *present);
+/* A module called twice: when the initializer of weight input k already became a parameter of an
+ * earlier node, *twin is that node (else -1), and the node's other parameter inputs (k + 1 to
+ * last) must be that node's too. */
+ch_status ch_onnx_twin(ch_onnx_imp *m, size_t k, size_t last, int *twin);
+/* Output 0 is twin's operation and parameters again on tensor x (ch_graph_reuse), when the node's
+ * arguments are the twin's (same); refused naming the twin otherwise. */
+ch_status ch_onnx_reuse_out(ch_onnx_imp *m, int twin, int x, bool same);
 /* The weight input k (an initializer, maybe transposed) and its module path. */
 ch_status ch_onnx_weight_of(ch_onnx_imp *m, size_t k, const Onnx__TensorProto **t, char *prefix);
 /* Whether cohort imports n's operator at all (its domain and op type), and what in PyTorch makes an

@@ -40,11 +40,19 @@ static ch_status op_conv(ch_onnx_imp *m)
         return ch_onnx_bad(m, "group %lld does not divide %d input and %lld output channels", (long long)group, cin,
                    (long long)w->dims[0]);
     const int64_t shape[4] = { w->dims[0], cin / group, k, k };
-    bool has_bias;
-    CH_TRY(ch_onnx_param(m, 1, prefix, "weight", shape, 4, NULL));
-    CH_TRY(ch_onnx_param(m, 2, prefix, "bias", shape, 1, &has_bias));
+    bool has_bias = m->node->n_input > 2 && m->node->input[2][0];
+    int twin;
     const ch_conv2d_args a = { .out_channels = (int)w->dims[0], .kernel = k, .stride = stride, .padding = pad,
                                .dilation = dil, .groups = (int)group, .no_bias = !has_bias };
+    CH_TRY(ch_onnx_twin(m, 1, 2, &twin));
+    if (twin >= 0) {
+        const ch_conv2d_args *t = &m->g->nodes[twin].conv;
+        return ch_onnx_reuse_out(m, twin, x, m->g->nodes[twin].op == CH_GOP_CONV2D && t->out_channels == a.out_channels && t->kernel == a.kernel &&
+                                 t->stride == a.stride && t->padding == a.padding && t->dilation == a.dilation &&
+                                 t->groups == a.groups && t->no_bias == a.no_bias);
+    }
+    CH_TRY(ch_onnx_param(m, 1, prefix, "weight", shape, 4, NULL));
+    CH_TRY(ch_onnx_param(m, 2, prefix, "bias", shape, 1, &has_bias));
     return ch_onnx_tensor_out(m, ch_graph_conv2d(m->g, prefix, x, &a));
 }
 
@@ -103,6 +111,11 @@ static ch_status op_layernorm(ch_onnx_imp *m)
         for (int a = (int)axis; a < rank; a++) shape[nd++] = x->dims[a - 1];
     CH_TRY(ch_onnx_weight_of(m, 1, &w, prefix));
     bool has_bias;
+    int twin;
+    CH_TRY(ch_onnx_twin(m, 1, 2, &twin));
+    if (twin >= 0)
+        return ch_onnx_reuse_out(m, twin, v->tensor, !last && m->g->nodes[twin].op == CH_GOP_LAYERNORM &&
+                                 m->g->nodes[twin].ln_axis == axis && m->g->nodes[twin].bn.eps == ch_onnx_as_typed(eps));
     CH_TRY(ch_onnx_param(m, 1, prefix, "weight", shape, nd, NULL));
     CH_TRY(ch_onnx_param(m, 2, prefix, "bias", shape, nd, &has_bias));
     if (!has_bias) return ch_onnx_bad(m, "a LayerNorm without a bias is not supported");
@@ -235,7 +248,12 @@ static ch_status op_gemm(ch_onnx_imp *m)
     if (w->n_dims != 2 || w->dims[0] < 1 || w->dims[0] > (1 << 20))
         return ch_onnx_bad(m, "weight '%s' is not (out_features, in_features)", ch_onnx_show(m, 0, w->name));
     const int64_t shape[2] = { w->dims[0], f };
-    bool has_bias;
+    bool has_bias = m->node->n_input > 2 && m->node->input[2][0];
+    int twin;
+    CH_TRY(ch_onnx_twin(m, 1, 2, &twin));
+    if (twin >= 0)
+        return ch_onnx_reuse_out(m, twin, x, m->g->nodes[twin].op == CH_GOP_LINEAR &&
+                                 m->g->nodes[twin].features == w->dims[0] && m->g->nodes[twin].bias == has_bias);
     CH_TRY(ch_onnx_param(m, 1, prefix, "weight", shape, 2, NULL));
     CH_TRY(ch_onnx_param(m, 2, prefix, "bias", shape, 1, &has_bias));
     return ch_onnx_tensor_out(m, ch_graph_linear(m->g, prefix, x, (int)w->dims[0], has_bias));
@@ -258,6 +276,11 @@ static ch_status op_matmul(ch_onnx_imp *m)
     if (w->dims[0] < 1 || w->dims[0] > (1 << 20)) return ch_onnx_bad(m, "weight '%s' has %lld rows", ch_onnx_show(m, 0, w->name),
                                                              (long long)w->dims[0]);
     const int64_t shape[2] = { w->dims[0], f };
+    int twin;
+    CH_TRY(ch_onnx_twin(m, 1, 1, &twin));
+    if (twin >= 0)
+        return ch_onnx_reuse_out(m, twin, x, m->g->nodes[twin].op == CH_GOP_LINEAR &&
+                                 m->g->nodes[twin].features == w->dims[0] && !m->g->nodes[twin].bias);
     CH_TRY(ch_onnx_param(m, 1, prefix, "weight", shape, 2, NULL));
     return ch_onnx_tensor_out(m, ch_graph_linear(m->g, prefix, x, (int)w->dims[0], false));
 }

@@ -34,6 +34,7 @@ typedef struct ch_oval {
     double f[CH_ONNX_CONST_MAX];
     const Onnx__TensorProto *init;
     int uses;           /* how many nodes read an initializer */
+    int owner;          /* 1 + the graph node whose parameter an initializer became; 0: none yet */
     /* A tensor that an Expand broadcasts to dims (aligned right, as (c, h, w)); only a broadcasting
      * Add or Mul may read it, where the broadcast happens anyway. */
     bool expanded;

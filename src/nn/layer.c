@@ -157,6 +157,9 @@ ch_run ch_run_above(const ch_run *r, const ch_layer *l)
 
 void ch_run_grads_ready(const ch_run *r, const ch_layer *l)
 {
+    if (l->tied_to) return;
+    for (const ch_layer *t = l->tie_next; t; t = t->tie_next)
+        for (int i = 0; i < l->nparams; i++) r->k->add(&r->kc, l->params[i].count, l->g[i], t->g[i], l->g[i]);
     if (!r->grads_ready) return;
     for (int i = 0; i < l->nparams; i++)
         r->grads_ready(r->grads_user, l->params[i].offset, l->params[i].count);

@@ -126,6 +126,11 @@ struct ch_layer {
     ch_tensor_spec *params, *buffers;
     ch_real **p, **g, **b;         /* bound to the model's flat buffers */
     int64_t *num_batches_tracked;  /* BatchNorm only; bound by the model */
+    /* Weights shared by several layers (a module called twice): a layer tied_to an earlier one has
+     * no tensors of its own; its p are the earlier layer's, its g a private gradient (the model's
+     * tied_grads) that the earlier layer adds to its own before it reports them ready. The earlier
+     * layer lists its ties in tie_next order. Both borrowed. */
+    ch_layer *tied_to, *tie_next;
     const ch_backend *be;          /* whose memory y and the impl's saved values are (planned) */
     ch_real *y;                    /* output activations (replica memory); owned when y_owned */
     bool y_owned;
@@ -137,7 +142,9 @@ struct ch_layer {
     void *impl;                    /* owned, layer-specific */
 };
 
-/* Tell the run's listener (if any) that layer l's parameter gradients are written. */
+/* Tell the run's listener (if any) that layer l's parameter gradients are written, after adding the
+ * gradients of the layers tied to it (which ran their backward before it: they come later in
+ * forward); a tied layer reports nothing, its gradients are not the model's. */
 void ch_run_grads_ready(const ch_run *r, const ch_layer *l);
 /* Record a failed collective in the run (keeps the first). */
 void ch_run_comm_failed(const ch_run *r, ch_status st, const ch_err *err);

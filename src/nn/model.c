@@ -26,7 +26,13 @@ static void walk(ch_model *m, ch_layer *l, const char *path, visit_fn visit)
 static void count_tensors(ch_model *m, ch_layer *l, const char *path)
 {
     (void)path;
-    for (int i = 0; i < l->nparams; i++) {
+    /* A tied layer's parameters are its earlier twin's: only a private gradient (offsets into
+     * tied_grads). */
+    for (int i = 0; l->tied_to && i < l->nparams; i++) {
+        l->params[i].offset = m->ntied;
+        m->ntied += l->params[i].count;
+    }
+    for (int i = 0; !l->tied_to && i < l->nparams; i++) {
         l->params[i].offset = m->nparams;
         m->nparams += l->params[i].count;
     }
@@ -37,7 +43,7 @@ static void count_tensors(ch_model *m, ch_layer *l, const char *path)
     /* PyTorch's BatchNorm counts its batches; no other module has a counter. */
     const bool counts = ch_layer_is_batchnorm(l);
     m->ncounters += counts;
-    m->ntensors += l->nparams + l->nbuffers + counts;
+    m->ntensors += (l->tied_to ? 0 : l->nparams) + l->nbuffers + counts;
 }
 
 static void add_ref(ch_model *m, const char *path, const char *suffix, ch_tensor_kind kind,
@@ -54,7 +60,11 @@ static void add_ref(ch_model *m, const char *path, const char *suffix, ch_tensor
 
 static void bind_tensors(ch_model *m, ch_layer *l, const char *path)
 {
-    for (int i = 0; i < l->nparams; i++) {
+    for (int i = 0; l->tied_to && i < l->nparams; i++) {
+        l->p[i] = l->tied_to->p[i];   /* bound before: the twin comes earlier in module order */
+        l->g[i] = m->tied_grads + l->params[i].offset;
+    }
+    for (int i = 0; !l->tied_to && i < l->nparams; i++) {
         l->p[i] = m->params + l->params[i].offset;
         l->g[i] = m->grads + l->params[i].offset;
         add_ref(m, path, l->params[i].suffix, CH_TENSOR_PARAM, &l->params[i], l->p[i], NULL);
@@ -93,9 +103,10 @@ ch_status ch_model_create_from(const char *arch, ch_layer *root, int classes, co
     m->params = alloc_reals(be, m->nparams);
     m->grads = alloc_reals(be, m->nparams);
     m->buffers = alloc_reals(be, m->nbuffers);
+    m->tied_grads = alloc_reals(be, m->ntied);
     m->counters = calloc((size_t)m->ncounters + 1, sizeof(int64_t));
     m->tensors = calloc((size_t)m->ntensors + 1, sizeof(ch_tensor_ref));
-    if (!m->params || !m->grads || !m->buffers || !m->counters || !m->tensors) {
+    if (!m->params || !m->grads || !m->buffers || !m->tied_grads || !m->counters || !m->tensors) {
         ch_model_free(m);
         return CH_SYS_FAIL(err, "allocation of model buffers");
     }
@@ -287,6 +298,7 @@ void ch_model_free(ch_model *m)
         ch_backend_release(m->be, m->params);
         ch_backend_release(m->be, m->grads);
         ch_backend_release(m->be, m->buffers);
+        ch_backend_release(m->be, m->tied_grads);
         ch_backend_release(m->be, m->ws);
         ch_backend_release(m->be, m->scratch);
     }

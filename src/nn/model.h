@@ -26,6 +26,8 @@ typedef struct ch_model {
     int ncounters, ntensors;
     const ch_backend *be;           /* whose memory the flat buffers and activations are */
     ch_real *params, *grads, *buffers;  /* replica memory: through be only */
+    ch_real *tied_grads;            /* the gradients of layers tied to others (ntied values) */
+    size_t ntied;
     int64_t *counters;
     ch_tensor_ref *tensors;
     int max_batch, nthreads;        /* as planned */

@@ -32,7 +32,7 @@ static size_t shape_size(ch_shape3 s) { return (size_t)s.c * (size_t)s.h * (size
 static size_t layer_params(const ch_layer *l)
 {
     size_t n = 0;
-    for (int i = 0; i < l->nparams; i++) n += l->params[i].count;
+    for (int i = 0; !l->tied_to && i < l->nparams; i++) n += l->params[i].count;
     return n;
 }
 
