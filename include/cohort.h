@@ -173,10 +173,14 @@ int ch_graph_batchnorm1d(ch_graph *g, const char *name, int x, const ch_batchnor
  * permute back). eps: 1e-12..1 (nn.LayerNorm's default 1e-5). */
 enum { CH_LAYER_NORM_CHANNELS = 0 };
 int ch_graph_layer_norm(ch_graph *g, const char *name, int x, int axis, double eps);
+/* nn.ConvTranspose2d(in, a->out_channels, a->kernel, stride, padding, output_padding, groups, bias,
+ * dilation): weight (c, out_channels / groups, k, k). output_padding is below the stride or the
+ * dilation. */
+int ch_graph_conv_transpose2d(ch_graph *g, const char *name, int x, const ch_conv2d_args *a, int output_padding);
 /* A module called twice: node `node`'s operation again, on x, with the same parameters (one set:
  * their gradients are summed; checkpoints keep it once, under node's names). node is a conv2d,
  * linear or layer_norm node made before (one whose reuse is named resolves to the first); x must
- * give parameters of the same shapes. */
+ * give parameters of the same shapes. conv_transpose2d nodes may be reused too. */
 int ch_graph_reuse(ch_graph *g, const char *name, const char *node, int x);
 int ch_graph_relu(ch_graph *g, const char *name, int x);
 int ch_graph_leaky_relu(ch_graph *g, const char *name, int x, double negative_slope);

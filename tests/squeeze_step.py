@@ -9,7 +9,7 @@ the first seed whose pre-activations all lie at least 1e-6 from zero (100 times 
 their sums); on it, float32 arithmetic in any order gives the float64 step within rounding, and so
 must cohort.
 
-The same check takes a net whose conv and linear modules are called twice (twice), a ConvNeXt-style net (convnext: GELU and LayerNorm, channels-last and over
+The same check takes a U-Net that upsamples with nn.ConvTranspose2d (unet_t), a net whose conv and linear modules are called twice (twice), a ConvNeXt-style net (convnext: GELU and LayerNorm, channels-last and over
 trailing dimensions), a small ShuffleNetV2 (shuffle: torchvision's units, x.chunk(2, 1), the channel
 shuffle's 5-D view and transpose, BatchNorm with eps 1e-3 and momentum 0.3, whose running statistics
 after the step are checked too), a tiny U-Net (unet: nn.Upsample, nearest, x2, and a skip concatenation) and
@@ -17,7 +17,7 @@ gelu: ConvNeXt-style pieces cohort has (a patchify stem, a 7x7
 depthwise conv, pointwise convs, nn.GELU() exported through Erf and approximate='tanh' through Tanh, a
 residual), with PyTorch's default initialisation.
 
-  python3 squeeze_step.py make DIR DATA_ROOT [squeeze|gelu|unet|shuffle|convnext|twice]   DIR/model.onnx, DIR/init.pt, DIR/seed
+  python3 squeeze_step.py make DIR DATA_ROOT [squeeze|gelu|unet|unet_t|shuffle|convnext|twice]   DIR/model.onnx, DIR/init.pt, DIR/seed
   python3 squeeze_step.py check DIR DATA_ROOT COHORT_MODEL.safetensors
 """
 import copy
@@ -200,8 +200,31 @@ class Twice(nn.Module):
         return self.out(self.fc(torch.tanh(self.fc(x.mean((2, 3))))))
 
 
+class UNetT(nn.Module):
+    """A U-Net whose decoder upsamples with nn.ConvTranspose2d: 2x2 stride 2 without bias (the
+    original U-Net's up-convolution), and 3x3 stride 2 with padding 1 and output_padding 1."""
+    def __init__(self):
+        super().__init__()
+        self.enc1 = nn.Conv2d(1, 8, 3, padding=1)
+        self.enc2 = nn.Conv2d(8, 16, 3, padding=1)
+        self.enc3 = nn.Conv2d(16, 16, 3, padding=1)
+        self.up2 = nn.ConvTranspose2d(16, 16, 2, stride=2, bias=False)
+        self.dec2 = nn.Conv2d(32, 16, 3, padding=1)
+        self.up1 = nn.ConvTranspose2d(16, 8, 3, stride=2, padding=1, output_padding=1)
+        self.dec1 = nn.Conv2d(16, 8, 3, padding=1)
+        self.fc = nn.Linear(8, 10)
+
+    def forward(self, x):
+        e1 = F.relu(self.enc1(x))
+        e2 = F.relu(self.enc2(F.max_pool2d(e1, 2)))
+        e3 = F.relu(self.enc3(F.max_pool2d(e2, 2)))
+        d2 = F.relu(self.dec2(torch.cat([self.up2(e3), e2], 1)))
+        d1 = F.relu(self.dec1(torch.cat([self.up1(d2), e1], 1)))
+        return self.fc(d1.mean((2, 3)))
+
+
 MODELS = {"squeeze": Squeeze, "gelu": GeluNet, "unet": UNet, "shuffle": ShuffleNet, "convnext": ConvNeXtNet,
-          "twice": Twice}
+          "twice": Twice, "unet_t": UNetT}
 
 
 def data(root):

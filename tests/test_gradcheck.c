@@ -249,6 +249,18 @@ static void conv2d_gradients(void **state)
     check_layer("conv 1x1 s1 pointwise", MAKE(ch_conv2d_create, "c", (ch_shape3){ 3, 4, 4 }, 5, 1, 1, 0, true), 3);
 }
 
+/* ConvTranspose2d: stride 2 with output_padding (a U-Net's up-step), groups without bias, dilation. */
+static void conv_transpose_gradients(void **state)
+{
+    (void)state;
+    const ch_conv2d_opts up = { .out_channels = 2, .kernel = 3, .stride = 2, .pad = 1, .dilation = 1, .groups = 1, .bias = true };
+    check_layer("conv transpose 3x3 s2 p1 op1", MAKE(ch_conv_transpose2d_create, "t", (ch_shape3){ 3, 4, 3 }, &up, 1), 2);
+    const ch_conv2d_opts grouped = { .out_channels = 6, .kernel = 2, .stride = 2, .dilation = 1, .groups = 2 };
+    check_layer("conv transpose 2x2 s2 groups 2", MAKE(ch_conv_transpose2d_create, "t", (ch_shape3){ 4, 3, 3 }, &grouped, 0), 3);
+    const ch_conv2d_opts dil = { .out_channels = 3, .kernel = 3, .stride = 1, .pad = 2, .dilation = 2, .groups = 1, .bias = true };
+    check_layer("conv transpose 3x3 d2 p2", MAKE(ch_conv_transpose2d_create, "t", (ch_shape3){ 2, 5, 5 }, &dil, 0), 2);
+}
+
 static void linear_gradients(void **state)
 {
     (void)state;
@@ -592,6 +604,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(conv2d_gradients),
+        cmocka_unit_test(conv_transpose_gradients),
         cmocka_unit_test(linear_gradients),
         cmocka_unit_test(pooling_gradients),
         cmocka_unit_test(elementwise_gradients),

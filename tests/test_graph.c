@@ -350,7 +350,7 @@ static void json_keeps_gelu_forms(void **state)
     ch_graph_free(back);
 }
 
-/* The channel shuffle and slice and LayerNorm's forms survive a graph.json round trip with their
+/* The channel shuffle and slice, LayerNorm's forms and a transposed convolution survive a graph.json round trip with their
  * arguments; groups that do not divide the channels, slices outside them and a LayerNorm axis past
  * the tensor's are refused by the builder and the reader. */
 static void json_keeps_moves_and_norms(void **state)
@@ -365,6 +365,8 @@ static void json_keeps_moves_and_norms(void **state)
     assert_int_equal(ch_graph_shape(g, x).c, 3);
     x = ch_graph_layer_norm(g, "ln_c", x, CH_LAYER_NORM_CHANNELS, 1e-6);
     x = ch_graph_layer_norm(g, "ln_hw", x, 2, 3e-4);
+    x = ch_graph_conv_transpose2d(g, "up", x, &(ch_conv2d_args){ .out_channels = 2, .kernel = 3, .stride = 2, .padding = 1 }, 1);
+    assert_int_equal(ch_graph_shape(g, x).h, 4);
     ch_graph_output(g, ch_graph_linear(g, "fc", ch_graph_flatten(g, "flat", x), 3, true));
     char *text = ch_graph_to_json(g), *again;
     assert_non_null(text);
@@ -380,6 +382,9 @@ static void json_keeps_moves_and_norms(void **state)
     assert_true(back->nodes[2].bn.eps == 1e-6);
     assert_int_equal(back->nodes[3].ln_axis, 2);
     assert_true(back->nodes[3].bn.eps == 3e-4);
+    assert_int_equal(back->nodes[4].op, CH_GOP_CONV_T);
+    assert_int_equal(back->nodes[4].out_pad, 1);
+    assert_int_equal(back->nodes[4].conv.stride, 2);
     free(again);
     /* The slice read back as 4 channels from 2 of 6: past the end. */
     char *bad = malloc(strlen(text) + 8), *at = strstr(text, "\"count\"");
@@ -440,7 +445,7 @@ static void reuse_ties_parameters(void **state)
     free(bad), free(text), free(again);
     ch_graph_free(back);
     ch_graph_free(g);
-    static const char *const want[3] = { "no node named 'nothing' before it", "only conv2d, linear and layer_norm",
+    static const char *const want[3] = { "no node named 'nothing' before it", "only conv2d, conv_transpose2d, linear and layer_norm",
                                          "gives parameters of other shapes" };
     for (int k = 0; k < 3; k++) {
         assert_int_equal(ch_graph_create("tied", &g, &err), CH_STATUS_OK);

@@ -21,7 +21,7 @@ static const char *const gop_names[] = {
     [CH_GOP_LINEAR] = "linear", [CH_GOP_DROPOUT] = "dropout", [CH_GOP_ADD] = "add", [CH_GOP_MUL] = "mul",
     [CH_GOP_CONCAT] = "concat", [CH_GOP_VIEW] = "view", [CH_GOP_UPSAMPLE] = "upsample_nearest",
     [CH_GOP_SHUFFLE] = "channel_shuffle", [CH_GOP_SLICE] = "channel_slice",
-    [CH_GOP_LAYERNORM] = "layer_norm",
+    [CH_GOP_LAYERNORM] = "layer_norm", [CH_GOP_CONV_T] = "conv_transpose2d",
 };
 
 const char *ch_gop_name(ch_gop op) { return gop_names[op]; }
@@ -208,12 +208,14 @@ static ch_status node_layer(const ch_graph *g, const ch_gnode *nd, ch_layer **ou
 {
     const ch_shape3 x = ch_graph_shape(g, nd->in[0]);
     switch (nd->op) {
-    case CH_GOP_CONV2D: {
+    case CH_GOP_CONV2D:
+    case CH_GOP_CONV_T: {
         const ch_conv2d_args *a = &nd->conv;
         const ch_conv2d_opts o = { .out_channels = a->out_channels, .kernel = a->kernel,
                                    .stride = a->stride ? a->stride : 1, .pad = a->padding,
                                    .dilation = a->dilation ? a->dilation : 1,
                                    .groups = a->groups ? a->groups : 1, .bias = !a->no_bias };
+        if (nd->op == CH_GOP_CONV_T) return ch_conv_transpose2d_create(nd->name, x, &o, nd->out_pad, out, err);
         return ch_conv2d_create_opts(nd->name, x, &o, out, err);
     }
     case CH_GOP_BATCHNORM2D:
@@ -292,7 +294,7 @@ static int out_rank(const ch_graph *g, const ch_gnode *nd)
 /* Ops that need (c, h, w) inputs. */
 static bool needs_rank3(ch_gop op)
 {
-    return op == CH_GOP_CONV2D || op == CH_GOP_MAX_POOL2D ||
+    return op == CH_GOP_CONV2D || op == CH_GOP_CONV_T || op == CH_GOP_MAX_POOL2D ||
            op == CH_GOP_AVG_POOL2D || op == CH_GOP_GLOBAL_AVG_POOL || op == CH_GOP_MEAN_HW || op == CH_GOP_UPSAMPLE ||
            op == CH_GOP_SHUFFLE || op == CH_GOP_SLICE;
 }
@@ -389,19 +391,34 @@ static int refuse_arg(ch_graph *g, const char *name, const char *op, const char 
 /* A size argument where 0 means the op's default (stride, dilation, groups). */
 static bool size_ok(ch_garg a, int v, bool zero_default) { return (zero_default && v == 0) || ch_garg_ok(a, v); }
 
-int ch_graph_conv2d(ch_graph *g, const char *name, int x, const ch_conv2d_args *a)
+/* conv2d's and conv_transpose2d's node (the transposed one with output padding out_pad). */
+static int conv_node(ch_graph *g, const char *name, int x, const ch_conv2d_args *a, ch_gop op, int out_pad)
 {
-    ch_gnode nd = node_of(CH_GOP_CONV2D);
-    if (!a) return g ? fail(g, CH_STATUS_BAD_INPUT, "node '%s' (conv2d): no arguments", name ? name : "") : -1;
+    ch_gnode nd = node_of(op);
+    const char *what = op == CH_GOP_CONV2D ? "conv2d" : "conv_transpose2d";
+    if (!a) return g ? fail(g, CH_STATUS_BAD_INPUT, "node '%s' (%s): no arguments", name ? name : "", what) : -1;
+    if (!size_ok(CH_GARG_PADDING, out_pad, false))
+        return g ? fail(g, CH_STATUS_BAD_INPUT, "node '%s' (%s): output_padding %d", name ? name : "", what, out_pad) : -1;
+    nd.out_pad = out_pad;
     nd.conv = *a;
     if (!size_ok(CH_GARG_CHANNELS, a->out_channels, false) || !size_ok(CH_GARG_KERNEL, a->kernel, false) ||
         !size_ok(CH_GARG_STRIDE, a->stride, true) || !size_ok(CH_GARG_PADDING, a->padding, false) ||
         !size_ok(CH_GARG_DILATION, a->dilation, true) || !size_ok(CH_GARG_CHANNELS, a->groups, true))
-        return g ? fail(g, CH_STATUS_BAD_INPUT, "node '%s' (conv2d): out_channels %d, kernel %d, stride %d, "
+        return g ? fail(g, CH_STATUS_BAD_INPUT, "node '%s' (%s): out_channels %d, kernel %d, stride %d, "
                         "padding %d, dilation %d, groups %d (channels and groups up to %d, the others up to %d)",
-                        name ? name : "", a->out_channels, a->kernel, a->stride, a->padding, a->dilation, a->groups,
+                        name ? name : "", what, a->out_channels, a->kernel, a->stride, a->padding, a->dilation, a->groups,
                         1 << 16, 1 << 12) : -1;
     return add_node(g, name, &nd, &x, 1);
+}
+
+int ch_graph_conv2d(ch_graph *g, const char *name, int x, const ch_conv2d_args *a)
+{
+    return conv_node(g, name, x, a, CH_GOP_CONV2D, 0);
+}
+
+int ch_graph_conv_transpose2d(ch_graph *g, const char *name, int x, const ch_conv2d_args *a, int output_padding)
+{
+    return conv_node(g, name, x, a, CH_GOP_CONV_T, output_padding);
 }
 
 int ch_graph_batchnorm2d(ch_graph *g, const char *name, int x, const ch_batchnorm_args *a)
@@ -452,8 +469,8 @@ int ch_graph_reuse(ch_graph *g, const char *name, const char *node, int x)
                            node ? node : "");
     if (g->nodes[k].tied) k = g->nodes[k].tied - 1;
     const ch_gop op = g->nodes[k].op;
-    if (op != CH_GOP_CONV2D && op != CH_GOP_LINEAR && op != CH_GOP_LAYERNORM)
-        return fail(g, CH_STATUS_BAD_INPUT, "node '%s' (reuse): '%s' is a %s node; only conv2d, linear and layer_norm "
+    if (op != CH_GOP_CONV2D && op != CH_GOP_CONV_T && op != CH_GOP_LINEAR && op != CH_GOP_LAYERNORM)
+        return fail(g, CH_STATUS_BAD_INPUT, "node '%s' (reuse): '%s' is a %s node; only conv2d, conv_transpose2d, linear and layer_norm "
                     "nodes are used again (their parameters have no running statistics)", name ? name : "",
                     g->nodes[k].name, ch_gnode_op_name(&g->nodes[k]));
     ch_gnode nd = g->nodes[k];

@@ -16,7 +16,7 @@ typedef enum ch_gop {
     CH_GOP_CONV2D, CH_GOP_BATCHNORM2D, CH_GOP_RELU, CH_GOP_ACT, CH_GOP_MAX_POOL2D,
     CH_GOP_AVG_POOL2D, CH_GOP_GLOBAL_AVG_POOL, CH_GOP_MEAN_HW, CH_GOP_FLATTEN, CH_GOP_LINEAR,
     CH_GOP_DROPOUT, CH_GOP_ADD, CH_GOP_MUL, CH_GOP_CONCAT, CH_GOP_VIEW, CH_GOP_UPSAMPLE,
-    CH_GOP_SHUFFLE, CH_GOP_SLICE, CH_GOP_LAYERNORM,
+    CH_GOP_SHUFFLE, CH_GOP_SLICE, CH_GOP_LAYERNORM, CH_GOP_CONV_T,
 } ch_gop;
 
 typedef enum ch_dtype { CH_DTYPE_F32 = 0 } ch_dtype;
@@ -53,6 +53,7 @@ typedef struct ch_gnode {
     int out;            /* tensor id */
     /* Arguments, by op. */
     ch_conv2d_args conv;
+    int out_pad;        /* conv_transpose2d's output_padding */
     ch_pool2d_args pool;
     ch_batchnorm_args bn;
     ch_act act;

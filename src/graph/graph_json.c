@@ -20,6 +20,8 @@ static void put_args(cJSON *o, const ch_gnode *nd)
 {
     switch (nd->op) {
     case CH_GOP_CONV2D:
+    case CH_GOP_CONV_T:
+        if (nd->op == CH_GOP_CONV_T) add_num(o, "output_padding", nd->out_pad);
         add_num(o, "out_channels", nd->conv.out_channels);
         add_num(o, "kernel", nd->conv.kernel);
         add_num(o, "stride", nd->conv.stride ? nd->conv.stride : 1);
@@ -227,7 +229,9 @@ static ch_status replay(reader *r, ch_graph *g, const char *op, const char *name
                            ch_gnode_op_name(&g->nodes[g->nnodes - 1]));
         return CH_STATUS_OK;
     }
-    if (strcmp(op, "conv2d") == 0) {
+    if (strcmp(op, "conv2d") == 0 || strcmp(op, "conv_transpose2d") == 0) {
+        int op_pad = 0;
+        if (op[4] == '_') CH_TRY(whole(r, "output_padding", CH_GARG_PADDING, 0, &op_pad));
         CH_TRY(whole(r, "out_channels", CH_GARG_CHANNELS, 0, &f));
         CH_TRY(whole(r, "kernel", CH_GARG_KERNEL, 0, &k));
         CH_TRY(whole(r, "stride", CH_GARG_STRIDE, 1, &s));
@@ -235,8 +239,9 @@ static ch_status replay(reader *r, ch_graph *g, const char *op, const char *name
         CH_TRY(whole(r, "dilation", CH_GARG_DILATION, 1, &d));
         CH_TRY(whole(r, "groups", CH_GARG_CHANNELS, 1, &gr));
         CH_TRY(flag(r, "bias", &b));
-        *t = ch_graph_conv2d(g, name, x, &(ch_conv2d_args){ .out_channels = f, .kernel = k, .stride = s,
-                                                            .padding = p, .dilation = d, .groups = gr, .no_bias = !b });
+        const ch_conv2d_args ca = { .out_channels = f, .kernel = k, .stride = s, .padding = p, .dilation = d,
+                                    .groups = gr, .no_bias = !b };
+        *t = op[4] == '_' ? ch_graph_conv_transpose2d(g, name, x, &ca, op_pad) : ch_graph_conv2d(g, name, x, &ca);
     } else if (strcmp(op, "batchnorm2d") == 0) {
         CH_TRY(arg(r, "eps", CH_GARG_BN_EPS, 1e-5, &a));
         CH_TRY(arg(r, "momentum", CH_GARG_BN_MOMENTUM, 0.1, &lo));

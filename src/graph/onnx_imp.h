@@ -78,7 +78,7 @@ bool ch_onnx_op_known(const Onnx__NodeProto *n);
  * whose operator (or domain) cohort does not import. */
 void ch_onnx_unknown_why(ch_onnx_imp *m, const Onnx__NodeProto *n, char *buf, size_t len);
 #define CH_ONNX_IMPORTS                                                                                            \
-    "cohort imports Conv, BatchNormalization, Relu, LeakyRelu, Clip, Sigmoid, Tanh, Erf, HardSigmoid, HardSwish, " \
+    "cohort imports Conv, ConvTranspose, BatchNormalization, Relu, LeakyRelu, Clip, Sigmoid, Tanh, Erf, HardSigmoid, HardSwish, " \
     "MaxPool, AveragePool, GlobalAveragePool, ReduceMean, Flatten, Reshape, Gemm, MatMul, Add, Mul (of tensors or " \
     "by numbers), Sub and Div by numbers, Expand into Add or Mul, Concat, Dropout, Resize (nearest, whole factors), " \
     "LayerNormalization (and the permutes around a channels-last one), Slice of channels, a channel shuffle (a Reshape into groups, Transpose, Reshape back), a final (Log)Softmax and shape arithmetic"

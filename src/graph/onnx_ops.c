@@ -18,9 +18,11 @@ static int features_of(const ch_graph *g, int t)
     return x->rank == 1 ? x->dims[0] : x->dims[1] == 1 && x->dims[2] == 1 ? x->dims[0] : -1;
 }
 
+/* Conv, and ConvTranspose (nn.ConvTranspose2d: weight (c, out / group, k, k), output_padding). */
 static ch_status op_conv(ch_onnx_imp *m)
 {
-    int x = 0, k = 0, stride = 0, pad = 0, dil = 0;
+    const bool tr = strcmp(m->node->op_type, "ConvTranspose") == 0;
+    int x = 0, k = 0, stride = 0, pad = 0, dil = 0, out_pad = 0;
     int64_t group = 0;
     const Onnx__TensorProto *w = NULL;
     char prefix[CH_NODE_NAME_MAX];
@@ -33,27 +35,35 @@ static ch_status op_conv(ch_onnx_imp *m)
     CH_TRY(ch_onnx_attr_square(m, "pads", 4, 0, 0, 1 << 12, &pad));
     CH_TRY(ch_onnx_attr_square(m, "dilations", 2, 1, 1, 1 << 12, &dil));
     CH_TRY(ch_onnx_attr_int(m, "group", 1, &group));
+    if (tr) {
+        CH_TRY(ch_onnx_attr_square(m, "output_padding", 2, 0, 0, 1 << 12, &out_pad));
+        if (ch_onnx_attr(m->node, "output_shape"))
+            return ch_onnx_bad(m, "output_shape is not supported: give the padding and output_padding instead");
+    }
     const int cin = m->g->tensors[x].dims[0];
     if (m->g->tensors[x].rank != 3) return ch_onnx_bad(m, "needs a (batch, c, h, w) input");
-    if (group < 1 || group > cin || cin % group != 0 || w->dims[0] % group != 0 || w->dims[0] < 1 ||
-        w->dims[0] > (1 << 16))
-        return ch_onnx_bad(m, "group %lld does not divide %d input and %lld output channels", (long long)group, cin,
-                   (long long)w->dims[0]);
-    const int64_t shape[4] = { w->dims[0], cin / group, k, k };
+    const int64_t cout = tr ? w->dims[1] * (group > 0 && group <= cin ? group : 1) : w->dims[0];
+    if (group < 1 || group > cin || cin % group != 0 || cout % group != 0 || cout < 1 || cout > (1 << 16) ||
+        (tr && w->dims[0] != cin))
+        return ch_onnx_bad(m, "group %lld does not divide %d input and %lld output channels, or the weight does not fit "
+                   "them", (long long)group, cin, (long long)cout);
+    const int64_t shape[4] = { tr ? cin : cout, tr ? cout / group : cin / group, k, k };
     bool has_bias = m->node->n_input > 2 && m->node->input[2][0];
     int twin;
-    const ch_conv2d_args a = { .out_channels = (int)w->dims[0], .kernel = k, .stride = stride, .padding = pad,
+    const ch_conv2d_args a = { .out_channels = (int)cout, .kernel = k, .stride = stride, .padding = pad,
                                .dilation = dil, .groups = (int)group, .no_bias = !has_bias };
     CH_TRY(ch_onnx_twin(m, 1, 2, &twin));
     if (twin >= 0) {
         const ch_conv2d_args *t = &m->g->nodes[twin].conv;
-        return ch_onnx_reuse_out(m, twin, x, m->g->nodes[twin].op == CH_GOP_CONV2D && t->out_channels == a.out_channels && t->kernel == a.kernel &&
+        return ch_onnx_reuse_out(m, twin, x, m->g->nodes[twin].op == (tr ? CH_GOP_CONV_T : CH_GOP_CONV2D) &&
+                                 m->g->nodes[twin].out_pad == out_pad && t->out_channels == a.out_channels && t->kernel == a.kernel &&
                                  t->stride == a.stride && t->padding == a.padding && t->dilation == a.dilation &&
                                  t->groups == a.groups && t->no_bias == a.no_bias);
     }
     CH_TRY(ch_onnx_param(m, 1, prefix, "weight", shape, 4, NULL));
-    CH_TRY(ch_onnx_param(m, 2, prefix, "bias", shape, 1, &has_bias));
-    return ch_onnx_tensor_out(m, ch_graph_conv2d(m->g, prefix, x, &a));
+    const int64_t bias_shape[1] = { cout };
+    CH_TRY(ch_onnx_param(m, 2, prefix, "bias", bias_shape, 1, &has_bias));
+    return ch_onnx_tensor_out(m, tr ? ch_graph_conv_transpose2d(m->g, prefix, x, &a, out_pad) : ch_graph_conv2d(m->g, prefix, x, &a));
 }
 
 static ch_status op_batchnorm(ch_onnx_imp *m)
@@ -592,7 +602,7 @@ typedef struct op_entry {
 } op_entry;
 
 static const op_entry ops[] = {
-    { "Conv", op_conv, 3 }, { "BatchNormalization", op_batchnorm, 5 }, { "Relu", op_activation, 1 },
+    { "Conv", op_conv, 3 }, { "ConvTranspose", op_conv, 3 }, { "BatchNormalization", op_batchnorm, 5 }, { "Relu", op_activation, 1 },
     { "LeakyRelu", op_activation, 1 }, { "Clip", op_activation, 3 }, { "Sigmoid", op_activation, 1 },
     { "Tanh", op_activation, 1 }, { "Erf", op_activation, 1 }, { "MaxPool", op_pool, 1 }, { "AveragePool", op_pool, 1 },
     { "GlobalAveragePool", op_global_pool, 1 }, { "ReduceMean", op_reduce_mean, 1 }, { "Flatten", op_flatten, 1 },

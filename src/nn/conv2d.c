@@ -1,4 +1,7 @@
-/* Conv2d: weight (oc, c, k, k), optional bias (oc). Arithmetic in the kernel table. */
+/* Conv2d: weight (oc, c, k, k), optional bias (oc). ConvTranspose2d: the adjoint of a convolution
+ * from its output to its input (its "mirror"), so the three convolution kernels run it with the
+ * roles of forward and backward data swapped; weight (c, oc / groups, k, k) as PyTorch keeps it.
+ * Arithmetic in the kernel table. */
 #include "nn/layer.h"
 
 #include <stdlib.h>
@@ -90,4 +93,105 @@ ch_status ch_conv2d_create(const char *name, ch_shape3 in, int out_channels, int
     const ch_conv2d_opts o = { .out_channels = out_channels, .kernel = kernel, .stride = stride,
                                .pad = pad, .dilation = 1, .groups = 1, .bias = bias };
     return ch_conv2d_create_opts(name, in, &o, out, err);
+}
+
+/* ---- ConvTranspose2d ---- */
+
+typedef struct convt_impl {
+    ch_conv_desc d;     /* the mirror: from this layer's output (c = out channels) to its input */
+    bool bias;
+    ch_real *ones;      /* max(batch, h * w) ones: the bias through GEMMs */
+    ch_real *plane;     /* (out channels, h, w): the bias spread over a sample, or dy summed over the batch */
+} convt_impl;
+
+static ch_status convt_plan(ch_layer *l, ch_plan *pl, ch_err *err)
+{
+    convt_impl *c = l->impl;
+    const size_t need = pl->k->conv2d_workspace(&c->d, pl->max_batch, pl->nthreads);
+    if (need > pl->ws_need) pl->ws_need = need;
+    if (c->bias) {
+        const size_t hw = (size_t)l->out.h * l->out.w, nones = hw > (size_t)pl->max_batch ? hw : (size_t)pl->max_batch;
+        c->ones = ch_layer_alloc_saved(l, pl, nones + ch_shape3_size(l->out), sizeof(ch_real), err);
+        if (!c->ones) return CH_STATUS_SYSTEM;
+        c->plane = c->ones + nones;
+        ch_real *h = malloc(sizeof(ch_real) * nones);
+        if (!h) return CH_SYS_FAIL(err, "allocation of a transposed convolution's ones");
+        for (size_t i = 0; i < nones; i++) h[i] = 1;
+        ch_backend_upload(pl->be, c->ones, h, sizeof(ch_real) * nones);
+        free(h);
+    }
+    return ch_layer_alloc_output(l, pl, err);
+}
+
+static void convt_free(ch_layer *l)
+{
+    convt_impl *c = l->impl;
+    if (c) ch_layer_release(l, c->ones);
+}
+
+static void convt_forward(ch_layer *l, const ch_run *r, int n, const ch_real *x)
+{
+    convt_impl *c = l->impl;
+    r->k->conv2d_backward_data(&r->kc, &c->d, n, x, l->p[0], l->y);
+    if (!c->bias) return;
+    const int oc = l->out.c, hw = l->out.h * l->out.w, per = oc * hw;
+    r->k->gemm(&r->kc, false, false, oc, hw, 1, 1, l->p[1], 1, c->ones, hw, 0, c->plane, hw);
+    r->k->gemm(&r->kc, false, false, n, per, 1, 1, c->ones, 1, c->plane, per, 1, l->y, per);
+}
+
+static void convt_backward(ch_layer *l, const ch_run *r, int n, const ch_real *x, const ch_real *dy, ch_real *dx)
+{
+    convt_impl *c = l->impl;
+    /* The mirror's weight gradient, its input being dy and its output's gradient x (relu is off:
+     * x is not written). */
+    r->k->conv2d_backward_weights(&r->kc, &c->d, n, dy, x, (ch_real *)x, l->g[0], NULL);
+    if (c->bias) {
+        const int oc = l->out.c, hw = l->out.h * l->out.w;
+        r->k->col_sum(&r->kc, n, (size_t)oc * hw, dy, c->plane);
+        r->k->gemm(&r->kc, false, false, oc, 1, hw, 1, c->plane, hw, c->ones, 1, 0, l->g[1], 1);
+    }
+    ch_run_grads_ready(r, l);
+    if (dx) r->k->conv2d_forward(&r->kc, &c->d, n, dy, l->p[0], NULL, dx);
+}
+
+static const ch_layer_ops convt_ops = {
+    .kind = "ConvTranspose2d", .plan = convt_plan, .forward = convt_forward, .backward = convt_backward,
+    .free_impl = convt_free, .y_unread_by_backward = true,
+};
+
+ch_status ch_conv_transpose2d_create(const char *name, ch_shape3 in, const ch_conv2d_opts *o, int out_pad,
+                                     ch_layer **out, ch_err *err)
+{
+    const int D = o->dilation, G = o->groups, k = o->kernel, ke = D * (k - 1) + 1, s = o->stride;
+    if (o->out_channels <= 0 || k <= 0 || s <= 0 || D <= 0 || G <= 0 || o->pad < 0 || out_pad < 0 ||
+        (out_pad >= s && out_pad >= D))
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "conv_transpose %s: out_channels %d, kernel %d, stride %d, dilation %d "
+                       "and groups %d must be positive, padding %d not negative, output_padding %d below the stride or "
+                       "the dilation", name, o->out_channels, k, s, D, G, o->pad, out_pad);
+    if (in.c % G != 0 || o->out_channels % G != 0)
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "conv_transpose %s: %d input and %d output channels do not divide "
+                       "into %d groups", name, in.c, o->out_channels, G);
+    const long oh = (long)(in.h - 1) * s - 2L * o->pad + ke + out_pad, ow = (long)(in.w - 1) * s - 2L * o->pad + ke + out_pad;
+    if (oh <= 0 || ow <= 0 || oh > (1 << 16) || ow > (1 << 16) ||
+        ch_window_out((int)oh, ke, s, o->pad) != in.h || ch_window_out((int)ow, ke, s, o->pad) != in.w)
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "conv_transpose %s: kernel %d (dilation %d) stride %d padding %d makes "
+                       "a %ldx%ld output from %dx%d", name, k, D, s, o->pad, oh, ow, in.h, in.w);
+    ch_layer *l = ch_layer_alloc(&convt_ops, name, in, (ch_shape3){ o->out_channels, (int)oh, (int)ow });
+    convt_impl *c = calloc(1, sizeof *c);
+    if (!l || !c) {
+        free(c);
+        ch_layer_free(l);
+        return CH_SYS_FAIL(err, "allocation of a transposed convolution");
+    }
+    l->impl = c;
+    c->d = (ch_conv_desc){ .c = o->out_channels, .h = (int)oh, .w = (int)ow, .oc = in.c, .kh = k, .kw = k, .stride = s,
+                           .pad = o->pad, .oh = in.h, .ow = in.w, .groups = G, .dilation = D };
+    c->bias = o->bias;
+    /* PyTorch's init: fan_in from weight.size(1) * k * k, i.e. out_channels / groups. */
+    const int fan_in = o->out_channels / G * k * k;
+    ch_status st = ch_layer_add_param(l, "weight", 4, (int64_t[]){ in.c, o->out_channels / G, k, k }, CH_ROLE_WEIGHT,
+                                      fan_in, err);
+    if (st == CH_STATUS_OK && o->bias)
+        st = ch_layer_add_param(l, "bias", 1, (int64_t[]){ o->out_channels }, CH_ROLE_BIAS, fan_in, err);
+    return ch_layer_finish(l, st, out);
 }

@@ -189,6 +189,9 @@ typedef struct ch_conv2d_opts {
 } ch_conv2d_opts;
 ch_status ch_conv2d_create_opts(const char *name, ch_shape3 in, const ch_conv2d_opts *o,
                                 ch_layer **out, ch_err *err);
+/* ConvTranspose2d (o's fields as Conv2d's, out_channels being the output's), output_padding out_pad. */
+ch_status ch_conv_transpose2d_create(const char *name, ch_shape3 in, const ch_conv2d_opts *o, int out_pad,
+                                     ch_layer **out, ch_err *err);
 ch_status ch_linear_create(const char *name, ch_shape3 in, int out_features, ch_layer **out,
                            ch_err *err);
 ch_status ch_linear_create_opts(const char *name, ch_shape3 in, int out_features, bool bias,
