@@ -207,6 +207,9 @@ int ch_graph_mean_hw(ch_graph *g, const char *name, int x, bool keepdim);
 /* nn.Upsample(scale_factor=(scale_h, scale_w), mode='nearest'): (c, h, w) -> (c, h * scale_h, w * scale_w),
  * whole factors 1..64. */
 int ch_graph_upsample_nearest(ch_graph *g, const char *name, int x, int scale_h, int scale_w);
+/* F.interpolate(x, size=(out_h, out_w), mode='bilinear', align_corners=align_corners) (also what
+ * nn.Upsample(scale_factor=k, mode='bilinear') makes): (c, h, w) -> (c, out_h, out_w), sides 1..16384. */
+int ch_graph_upsample_bilinear(ch_graph *g, const char *name, int x, int out_h, int out_w, bool align_corners);
 /* ShuffleNet's channel shuffle, x.view(n, groups, c / groups, h, w).transpose(1, 2) viewed back as
  * (c, h, w): output channel j * groups + i is input channel i * (c / groups) + j. groups divides c. */
 int ch_graph_channel_shuffle(ch_graph *g, const char *name, int x, int groups);

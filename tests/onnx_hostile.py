@@ -91,11 +91,11 @@ class HalfUnsqueeze(Net):
 
 
 class Upsampled(Net):
-    """A U-Net's decoder step: upsample (bilinear, which cohort does not import yet; nearest it
-    does), concatenate with the skip connection."""
+    """A U-Net's decoder step: upsample (bicubic, which cohort does not import yet; nearest and
+    bilinear it does), concatenate with the skip connection."""
     def __init__(self):
         super().__init__()
-        self.up1 = nn.Upsample(scale_factor=2, mode="bilinear")
+        self.up1 = nn.Upsample(scale_factor=2, mode="bicubic")
         self.fc = nn.Linear(8 * 14 * 14, 10)
 
     def forward(self, x):
@@ -403,7 +403,7 @@ def main(out):
     # The refusal names the operator that cohort lacks and what in PyTorch made it, not a node
     # downstream or upstream of it.
     export(Upsampled(), p("upsample"), opset=13)
-    case("upsample", "(Resize): only mode 'nearest' is imported (bilinear and bicubic Resize are not yet)")
+    case("upsample", "(Resize): only modes 'nearest' and 'linear' (bilinear) are imported (bicubic Resize is not yet)")
     export(Shuffled(lambda v: v.transpose(3, 4)), p("group_transpose"), opset=13)
     case("group_transpose", "cohort imports only the channel shuffle's, perm (0, 2, 1, 3, 4)")
     export(Shuffled(lambda v: torch.sigmoid(v)), p("group_read"), opset=13)

@@ -9,7 +9,8 @@ the first seed whose pre-activations all lie at least 1e-6 from zero (100 times 
 their sums); on it, float32 arithmetic in any order gives the float64 step within rounding, and so
 must cohort.
 
-The same check takes a U-Net that upsamples with nn.ConvTranspose2d (unet_t), a net whose conv and linear modules are called twice (twice), a ConvNeXt-style net (convnext: GELU and LayerNorm, channels-last and over
+The same check takes a U-Net that upsamples with nn.ConvTranspose2d (unet_t), one that resizes
+bilinearly (unet_bilinear: half-pixel and align_corners), a net whose conv and linear modules are called twice (twice), a ConvNeXt-style net (convnext: GELU and LayerNorm, channels-last and over
 trailing dimensions), a small ShuffleNetV2 (shuffle: torchvision's units, x.chunk(2, 1), the channel
 shuffle's 5-D view and transpose, BatchNorm with eps 1e-3 and momentum 0.3, whose running statistics
 after the step are checked too), a tiny U-Net (unet: nn.Upsample, nearest, x2, and a skip concatenation) and
@@ -17,7 +18,7 @@ gelu: ConvNeXt-style pieces cohort has (a patchify stem, a 7x7
 depthwise conv, pointwise convs, nn.GELU() exported through Erf and approximate='tanh' through Tanh, a
 residual), with PyTorch's default initialisation.
 
-  python3 squeeze_step.py make DIR DATA_ROOT [squeeze|gelu|unet|unet_t|shuffle|convnext|twice]   DIR/model.onnx, DIR/init.pt, DIR/seed
+  python3 squeeze_step.py make DIR DATA_ROOT [squeeze|gelu|unet|unet_t|unet_bilinear|shuffle|convnext|twice]   DIR/model.onnx, DIR/init.pt, DIR/seed
   python3 squeeze_step.py check DIR DATA_ROOT COHORT_MODEL.safetensors
 """
 import copy
@@ -223,8 +224,27 @@ class UNetT(nn.Module):
         return self.fc(d1.mean((2, 3)))
 
 
+class UNetBilinear(nn.Module):
+    """A U-Net step with bilinear upsampling (nn.Upsample(scale_factor=2, mode='bilinear'), half-pixel)
+    and a side branch resized by F.interpolate(size=(10, 10), align_corners=True), not a whole factor."""
+    def __init__(self):
+        super().__init__()
+        self.enc1 = nn.Conv2d(1, 8, 3, padding=1)
+        self.enc2 = nn.Conv2d(8, 16, 3, padding=1)
+        self.up = nn.Upsample(scale_factor=2, mode="bilinear")
+        self.dec = nn.Conv2d(24, 8, 3, padding=1)
+        self.fc = nn.Linear(24, 10)
+
+    def forward(self, x):
+        e1 = F.relu(self.enc1(x))
+        e2 = F.relu(self.enc2(F.max_pool2d(e1, 2)))
+        d = F.relu(self.dec(torch.cat([self.up(e2), e1], 1)))
+        side = F.interpolate(e2, size=(10, 10), mode="bilinear", align_corners=True)
+        return self.fc(torch.cat([d.mean((2, 3)), side.mean((2, 3))], 1))
+
+
 MODELS = {"squeeze": Squeeze, "gelu": GeluNet, "unet": UNet, "shuffle": ShuffleNet, "convnext": ConvNeXtNet,
-          "twice": Twice, "unet_t": UNetT}
+          "twice": Twice, "unet_t": UNetT, "unet_bilinear": UNetBilinear}
 
 
 def data(root):

@@ -12,8 +12,9 @@
 # the channels through permutes and over trailing dimensions).
 # With twice, for a net that calls a conv and a linear module twice (shared weights; BatchNorm, so
 # --sync-bn on two devices).
-# With unet_t, for a U-Net whose decoder upsamples with nn.ConvTranspose2d.
-# usage: squeeze_step.sh COHORT DATA_ROOT [squeeze|gelu|unet|unet_t|shuffle|convnext|twice]
+# With unet_t, for a U-Net whose decoder upsamples with nn.ConvTranspose2d; with unet_bilinear, one
+# that resizes bilinearly (half-pixel x2 and align_corners to 10x10).
+# usage: squeeze_step.sh COHORT DATA_ROOT [squeeze|gelu|unet|unet_t|unet_bilinear|shuffle|convnext|twice]
 set -uo pipefail
 cohort=$1 data=$2 model=${3:-squeeze}
 py=/usr/bin/python3

@@ -210,8 +210,8 @@ static void probe_free(probe *p)
     free(p->Rh), free(p->yh);
 }
 
-/* Wrap one layer in a model and check it. */
-static void check_layer(const char *what, ch_layer *l, int n)
+/* Wrap one layer in a model and check it, at `inputs` input elements. */
+static void check_layer_inputs(const char *what, ch_layer *l, int n, int inputs)
 {
     assert_non_null(l);
     ch_model *m;
@@ -219,9 +219,11 @@ static void check_layer(const char *what, ch_layer *l, int n)
     assert_int_equal(ch_model_create_from("layer", l, 0, be, &m, &err), CH_STATUS_OK);
     probe p;
     probe_init(&p, m, n, false, 11);
-    check(&p, what, 4, 6);
+    check(&p, what, 4, inputs);
     probe_free(&p);
 }
+
+static void check_layer(const char *what, ch_layer *l, int n) { check_layer_inputs(what, l, n, 6); }
 
 static ch_layer *made_layer;
 static ch_err made_err;
@@ -277,6 +279,10 @@ static void pooling_gradients(void **state)
     check_layer("global avgpool", MAKE(ch_global_avgpool_create, "p", (ch_shape3){ 3, 4, 4 }), 2);
     check_layer("upsample nearest 2x3", MAKE(ch_upsample_nearest_create, "u", (ch_shape3){ 2, 3, 4 }, 2, 3), 2);
     check_layer("upsample nearest 1x2", MAKE(ch_upsample_nearest_create, "u", (ch_shape3){ 3, 2, 3 }, 1, 2), 2);
+    /* Every input element: bilinear weights reach each one differently near the edges. */
+    check_layer_inputs("bilinear x2", MAKE(ch_upsample_bilinear_create, "u", (ch_shape3){ 2, 3, 4 }, 6, 8, false), 2, 48);
+    check_layer_inputs("bilinear x2 aligned", MAKE(ch_upsample_bilinear_create, "u", (ch_shape3){ 2, 3, 4 }, 6, 8, true), 2, 48);
+    check_layer_inputs("bilinear 5x4 -> 7x3", MAKE(ch_upsample_bilinear_create, "u", (ch_shape3){ 1, 5, 4 }, 7, 3, false), 2, 40);
 }
 
 /* The channel shuffle and slice forward: y's values are x's at the index maps of their definitions

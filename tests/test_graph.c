@@ -350,7 +350,7 @@ static void json_keeps_gelu_forms(void **state)
     ch_graph_free(back);
 }
 
-/* The channel shuffle and slice, LayerNorm's forms and a transposed convolution survive a graph.json round trip with their
+/* The channel shuffle and slice, LayerNorm's forms, a transposed convolution and a bilinear resize survive a graph.json round trip with their
  * arguments; groups that do not divide the channels, slices outside them and a LayerNorm axis past
  * the tensor's are refused by the builder and the reader. */
 static void json_keeps_moves_and_norms(void **state)
@@ -367,6 +367,7 @@ static void json_keeps_moves_and_norms(void **state)
     x = ch_graph_layer_norm(g, "ln_hw", x, 2, 3e-4);
     x = ch_graph_conv_transpose2d(g, "up", x, &(ch_conv2d_args){ .out_channels = 2, .kernel = 3, .stride = 2, .padding = 1 }, 1);
     assert_int_equal(ch_graph_shape(g, x).h, 4);
+    x = ch_graph_upsample_bilinear(g, "resize", x, 7, 5, true);
     ch_graph_output(g, ch_graph_linear(g, "fc", ch_graph_flatten(g, "flat", x), 3, true));
     char *text = ch_graph_to_json(g), *again;
     assert_non_null(text);
@@ -385,6 +386,10 @@ static void json_keeps_moves_and_norms(void **state)
     assert_int_equal(back->nodes[4].op, CH_GOP_CONV_T);
     assert_int_equal(back->nodes[4].out_pad, 1);
     assert_int_equal(back->nodes[4].conv.stride, 2);
+    assert_int_equal(back->nodes[5].op, CH_GOP_BILINEAR);
+    assert_int_equal(back->nodes[5].scale[0], 7);
+    assert_int_equal(back->nodes[5].scale[1], 5);
+    assert_true(back->nodes[5].align);
     free(again);
     /* The slice read back as 4 channels from 2 of 6: past the end. */
     char *bad = malloc(strlen(text) + 8), *at = strstr(text, "\"count\"");

@@ -22,6 +22,7 @@ static const char *const gop_names[] = {
     [CH_GOP_CONCAT] = "concat", [CH_GOP_VIEW] = "view", [CH_GOP_UPSAMPLE] = "upsample_nearest",
     [CH_GOP_SHUFFLE] = "channel_shuffle", [CH_GOP_SLICE] = "channel_slice",
     [CH_GOP_LAYERNORM] = "layer_norm", [CH_GOP_CONV_T] = "conv_transpose2d",
+    [CH_GOP_BILINEAR] = "upsample_bilinear",
 };
 
 const char *ch_gop_name(ch_gop op) { return gop_names[op]; }
@@ -236,6 +237,7 @@ static ch_status node_layer(const ch_graph *g, const ch_gnode *nd, ch_layer **ou
     case CH_GOP_GLOBAL_AVG_POOL:
     case CH_GOP_MEAN_HW: return ch_global_avgpool_create(nd->name, x, out, err);
     case CH_GOP_FLATTEN: return ch_flatten_create(nd->name, x, out, err);
+    case CH_GOP_BILINEAR: return ch_upsample_bilinear_create(nd->name, x, nd->scale[0], nd->scale[1], nd->align, out, err);
     case CH_GOP_UPSAMPLE: return ch_upsample_nearest_create(nd->name, x, nd->scale[0], nd->scale[1], out, err);
     case CH_GOP_LAYERNORM:
         return ch_layernorm_create(nd->name, x, nd->ln_axis, g->tensors[nd->in[0]].rank == 1, nd->bn.eps, out, err);
@@ -295,7 +297,7 @@ static int out_rank(const ch_graph *g, const ch_gnode *nd)
 static bool needs_rank3(ch_gop op)
 {
     return op == CH_GOP_CONV2D || op == CH_GOP_CONV_T || op == CH_GOP_MAX_POOL2D ||
-           op == CH_GOP_AVG_POOL2D || op == CH_GOP_GLOBAL_AVG_POOL || op == CH_GOP_MEAN_HW || op == CH_GOP_UPSAMPLE ||
+           op == CH_GOP_AVG_POOL2D || op == CH_GOP_GLOBAL_AVG_POOL || op == CH_GOP_MEAN_HW || op == CH_GOP_UPSAMPLE || op == CH_GOP_BILINEAR ||
            op == CH_GOP_SHUFFLE || op == CH_GOP_SLICE;
 }
 
@@ -375,6 +377,7 @@ static const ch_garg_range garg_ranges[CH_GARG_COUNT] = {
     [CH_GARG_PADDING] = { 0, 1 << 12 },    [CH_GARG_DILATION] = { 1, 1 << 12 },
     [CH_GARG_CHANNELS] = { 1, 1 << 16 },   [CH_GARG_FEATURES] = { 1, 1 << 20 },
     [CH_GARG_SCALE] = { 1, CH_UPSAMPLE_MAX },     [CH_GARG_LN_AXIS] = { CH_LAYER_NORM_CHANNELS, 3 },
+    [CH_GARG_SIDE] = { 1, CH_UPSAMPLE_MAX_SIDE },
 };
 
 ch_garg_range ch_garg_range_of(ch_garg a) { return garg_ranges[a]; }
@@ -604,6 +607,15 @@ int ch_graph_upsample_nearest(ch_graph *g, const char *name, int x, int scale_h,
     ch_gnode nd = node_of(CH_GOP_UPSAMPLE);
     nd.scale[0] = scale_h;
     nd.scale[1] = scale_w;
+    return add_node(g, name, &nd, &x, 1);
+}
+
+int ch_graph_upsample_bilinear(ch_graph *g, const char *name, int x, int out_h, int out_w, bool align_corners)
+{
+    ch_gnode nd = node_of(CH_GOP_BILINEAR);
+    nd.scale[0] = out_h;
+    nd.scale[1] = out_w;
+    nd.align = align_corners;
     return add_node(g, name, &nd, &x, 1);
 }
 

@@ -17,6 +17,7 @@ typedef enum ch_gop {
     CH_GOP_AVG_POOL2D, CH_GOP_GLOBAL_AVG_POOL, CH_GOP_MEAN_HW, CH_GOP_FLATTEN, CH_GOP_LINEAR,
     CH_GOP_DROPOUT, CH_GOP_ADD, CH_GOP_MUL, CH_GOP_CONCAT, CH_GOP_VIEW, CH_GOP_UPSAMPLE,
     CH_GOP_SHUFFLE, CH_GOP_SLICE, CH_GOP_LAYERNORM, CH_GOP_CONV_T,
+    CH_GOP_BILINEAR,
 } ch_gop;
 
 typedef enum ch_dtype { CH_DTYPE_F32 = 0 } ch_dtype;
@@ -27,7 +28,7 @@ typedef enum ch_dtype { CH_DTYPE_F32 = 0 } ch_dtype;
 typedef enum ch_garg {
     CH_GARG_BN_EPS, CH_GARG_BN_MOMENTUM, CH_GARG_LEAKY_ALPHA, CH_GARG_CLIP_BOUND, CH_GARG_AFFINE,
     CH_GARG_DROPOUT_P, CH_GARG_KERNEL, CH_GARG_STRIDE, CH_GARG_PADDING, CH_GARG_DILATION, CH_GARG_CHANNELS,
-    CH_GARG_FEATURES, CH_GARG_SCALE, CH_GARG_LN_AXIS, CH_GARG_COUNT
+    CH_GARG_FEATURES, CH_GARG_SCALE, CH_GARG_LN_AXIS, CH_GARG_SIDE, CH_GARG_COUNT
 } ch_garg;
 
 typedef struct ch_garg_range {
@@ -62,7 +63,8 @@ typedef struct ch_gnode {
     bool keepdim;       /* mean_hw */
     double p;           /* dropout */
     int view[3];        /* view: the per-sample shape (c, h, w) */
-    int scale[2];       /* upsample: whole factors (h, w) */
+    int scale[2];       /* upsample: whole factors (h, w); bilinear: the output's (h, w) */
+    bool align;         /* bilinear: align_corners */
     int groups;         /* channel shuffle */
     int slice[2];       /* channel slice: start, count */
     int ln_axis;        /* layer norm (eps in bn.eps) */

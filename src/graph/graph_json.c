@@ -67,6 +67,11 @@ static void put_args(cJSON *o, const ch_gnode *nd)
         add_num(o, "start", nd->slice[0]);
         add_num(o, "count", nd->slice[1]);
         break;
+    case CH_GOP_BILINEAR:
+        add_num(o, "height", nd->scale[0]);
+        add_num(o, "width", nd->scale[1]);
+        cJSON_AddBoolToObject(o, "align_corners", nd->align);
+        break;
     case CH_GOP_UPSAMPLE:
         add_num(o, "scale_h", nd->scale[0]);
         add_num(o, "scale_w", nd->scale[1]);
@@ -298,6 +303,11 @@ static ch_status replay(reader *r, ch_graph *g, const char *op, const char *name
         CH_TRY(whole(r, "scale_h", CH_GARG_SCALE, 0, &sh));
         CH_TRY(whole(r, "scale_w", CH_GARG_SCALE, 0, &sw));
         *t = ch_graph_upsample_nearest(g, name, x, sh, sw);
+    } else if (strcmp(op, "upsample_bilinear") == 0) {
+        CH_TRY(whole(r, "height", CH_GARG_SIDE, 0, &k));
+        CH_TRY(whole(r, "width", CH_GARG_SIDE, 0, &s));
+        CH_TRY(flag(r, "align_corners", &b));
+        *t = ch_graph_upsample_bilinear(g, name, x, k, s, b);
     } else if (strcmp(op, "channel_shuffle") == 0) {
         CH_TRY(whole(r, "groups", CH_GARG_CHANNELS, 0, &f));
         *t = ch_graph_channel_shuffle(g, name, x, f);

@@ -80,7 +80,7 @@ void ch_onnx_unknown_why(ch_onnx_imp *m, const Onnx__NodeProto *n, char *buf, si
 #define CH_ONNX_IMPORTS                                                                                            \
     "cohort imports Conv, ConvTranspose, BatchNormalization, Relu, LeakyRelu, Clip, Sigmoid, Tanh, Erf, HardSigmoid, HardSwish, " \
     "MaxPool, AveragePool, GlobalAveragePool, ReduceMean, Flatten, Reshape, Gemm, MatMul, Add, Mul (of tensors or " \
-    "by numbers), Sub and Div by numbers, Expand into Add or Mul, Concat, Dropout, Resize (nearest, whole factors), " \
+    "by numbers), Sub and Div by numbers, Expand into Add or Mul, Concat, Dropout, Resize (nearest by whole factors, and bilinear), " \
     "LayerNormalization (and the permutes around a channels-last one), Slice of channels, a channel shuffle (a Reshape into groups, Transpose, Reshape back), a final (Log)Softmax and shape arithmetic"
 const char *ch_onnx_op_hint(const char *op);
 /* The shape operators (onnx_shape.c), for the walk's table. */

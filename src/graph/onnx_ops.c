@@ -460,9 +460,37 @@ static bool attr_is(const ch_onnx_imp *m, const char *name, const char *def, con
     return false;
 }
 
-/* Resize (nn.Upsample, F.interpolate) in nearest mode by whole factors: each input pixel becomes a
- * block. For whole factors PyTorch's asymmetric + floor mapping and the half-pixel ones (with any
- * rounding) pick the same source pixel; asymmetric with rounding to nearest would not. */
+/* Bilinear Resize (mode linear): PyTorch's half-pixel mapping or align_corners, to the output size
+ * the scales (whole outputs) or sizes give. */
+static ch_status resize_linear(ch_onnx_imp *m, int x, const ch_oval *scales, const ch_oval *sizes)
+{
+    static const char *const half[] = { "half_pixel", "pytorch_half_pixel", NULL }, *const corners[] = { "align_corners", NULL };
+    const bool align = attr_is(m, "coordinate_transformation_mode", "half_pixel", corners);
+    if (!align && !attr_is(m, "coordinate_transformation_mode", "half_pixel", half))
+        return ch_onnx_bad(m, "bilinear: only PyTorch's mappings (half_pixel, pytorch_half_pixel, align_corners) are imported");
+    const ch_gtensor *t = &m->g->tensors[x];
+    double o[2];
+    if (scales && scales->n > 0) {
+        if (scales->n != 4 || scales->f[0] != 1 || scales->f[1] != 1)
+            return ch_onnx_bad(m, "scales must be (1, 1, sh, sw): batch and channels stay");
+        for (int i = 0; i < 2; i++) o[i] = t->dims[i + 1] * scales->f[i + 2];
+    } else if (sizes && sizes->n == 4 && sizes->i[1] == t->dims[0]) {
+        o[0] = (double)sizes->i[2], o[1] = (double)sizes->i[3];
+    } else {
+        return ch_onnx_bad(m, "needs constant scales (1, 1, sh, sw) or sizes (n, c, H, W)");
+    }
+    for (int i = 0; i < 2; i++)
+        if (!(o[i] >= 1 && o[i] <= CH_UPSAMPLE_MAX_SIDE && o[i] == floor(o[i])))
+            return ch_onnx_bad(m, "bilinear: an output side of %g: only whole sides 1..%d are imported", o[i], CH_UPSAMPLE_MAX_SIDE);
+    char buf[CH_NODE_NAME_MAX];
+    return ch_onnx_tensor_out(m, ch_graph_upsample_bilinear(m->g, ch_onnx_node_name(m, buf, sizeof buf), x, (int)o[0],
+                                                            (int)o[1], align));
+}
+
+/* Resize (nn.Upsample, F.interpolate): in nearest mode by whole factors, each input pixel becomes a
+ * block (for whole factors PyTorch's asymmetric + floor mapping and the half-pixel ones, with any
+ * rounding, pick the same source pixel; asymmetric with rounding to nearest would not); in linear
+ * mode, bilinear resizing. */
 static ch_status op_resize(ch_onnx_imp *m)
 {
     int x = 0;
@@ -473,8 +501,11 @@ static ch_status op_resize(ch_onnx_imp *m)
     CH_TRY(ch_onnx_const_in(m, 3, false, &sizes));
     static const char *const nearest[] = { "nearest", NULL }, *const floor_[] = { "floor", NULL };
     static const char *const asym[] = { "asymmetric", NULL }, *const half[] = { "half_pixel", "pytorch_half_pixel", NULL };
+    static const char *const linear[] = { "linear", NULL };
+    if (m->g->tensors[x].rank != 3) return ch_onnx_bad(m, "the input is not (batch, c, h, w)");
+    if (attr_is(m, "mode", "nearest", linear)) return resize_linear(m, x, scales, sizes);
     if (!attr_is(m, "mode", "nearest", nearest))
-        return ch_onnx_bad(m, "only mode 'nearest' is imported (bilinear and bicubic Resize are not yet)");
+        return ch_onnx_bad(m, "only modes 'nearest' and 'linear' (bilinear) are imported (bicubic Resize is not yet)");
     if (!attr_is(m, "coordinate_transformation_mode", "half_pixel", half) &&
         !(attr_is(m, "coordinate_transformation_mode", "half_pixel", asym) && attr_is(m, "nearest_mode", "round_prefer_floor", floor_)))
         return ch_onnx_bad(m, "only PyTorch's nearest mapping (asymmetric with floor, or half_pixel) is imported");

@@ -140,6 +140,14 @@ typedef struct ch_kernels {
     void (*upsample_backward)(const ch_kctx *kc, int n, int c, int h, int w, int sh, int sw,
                               const ch_real *dy, ch_real *dx);
 
+    /* Bilinear resampling (PyTorch's upsample_bilinear2d, with align_corners or without;
+     * kernels/pool_body.h) of planes h x w planes to oh x ow; backward overwrites dx, each plane's
+     * sums in output order. */
+    void (*bilinear_forward)(const ch_kctx *kc, int planes, int h, int w, int oh, int ow, bool align,
+                             const ch_real *x, ch_real *y);
+    void (*bilinear_backward)(const ch_kctx *kc, int planes, int h, int w, int oh, int ow, bool align,
+                              const ch_real *dy, ch_real *dx);
+
     /* Batch normalisation, in pieces so that statistics can be combined across devices between
      * them (sync BN). x, y: (n, c, hw).
      * stats: mean[c] and biased var[c] over (n, hw), two passes in double (a one-pass

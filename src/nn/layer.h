@@ -225,6 +225,10 @@ ch_status ch_global_avgpool_create(const char *name, ch_shape3 in, ch_layer **ou
 enum { CH_UPSAMPLE_MAX = 64, CH_UPSAMPLE_MAX_SIDE = 16384 };
 ch_status ch_upsample_nearest_create(const char *name, ch_shape3 in, int sh, int sw, ch_layer **out,
                                      ch_err *err);
+/* Bilinear resizing to oh x ow (each 1..CH_UPSAMPLE_MAX_SIDE), PyTorch's mapping with
+ * align_corners or without. */
+ch_status ch_upsample_bilinear_create(const char *name, ch_shape3 in, int oh, int ow, bool align_corners,
+                                      ch_layer **out, ch_err *err);
 ch_status ch_relu_create(const char *name, ch_shape3 in, ch_layer **out, ch_err *err);
 /* ShuffleNet's channel shuffle (include/cohort.h's ch_graph_channel_shuffle); groups divides in.c. */
 ch_status ch_channel_shuffle_create(const char *name, ch_shape3 in, int groups, ch_layer **out, ch_err *err);

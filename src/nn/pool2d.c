@@ -1,5 +1,6 @@
-/* MaxPool2d, AvgPool2d, the global average pool (AdaptiveAvgPool2d((1, 1))) and nearest
- * upsampling (nn.Upsample(scale_factor=k)): the resampling layers. */
+/* MaxPool2d, AvgPool2d, the global average pool (AdaptiveAvgPool2d((1, 1))), nearest upsampling
+ * (nn.Upsample(scale_factor=k)) and bilinear resizing (mode='bilinear', align_corners either way):
+ * the resampling layers. */
 #include "nn/layer.h"
 
 #include <stdlib.h>
@@ -170,6 +171,47 @@ ch_status ch_upsample_nearest_create(const char *name, ch_shape3 in, int sh, int
         return CH_SYS_FAIL(err, "allocation of an upsample layer");
     }
     *u = (upsample_impl){ sh, sw };
+    l->impl = u;
+    *out = l;
+    return CH_STATUS_OK;
+}
+
+typedef struct bilinear_impl {
+    bool align;
+} bilinear_impl;
+
+static void bilinear_forward(ch_layer *l, const ch_run *r, int n, const ch_real *x)
+{
+    const bilinear_impl *u = l->impl;
+    r->k->bilinear_forward(&r->kc, n * l->in.c, l->in.h, l->in.w, l->out.h, l->out.w, u->align, x, l->y);
+}
+
+static void bilinear_backward(ch_layer *l, const ch_run *r, int n, const ch_real *x, const ch_real *dy, ch_real *dx)
+{
+    (void)x;
+    const bilinear_impl *u = l->impl;
+    if (dx) r->k->bilinear_backward(&r->kc, n * l->in.c, l->in.h, l->in.w, l->out.h, l->out.w, u->align, dy, dx);
+}
+
+static const ch_layer_ops bilinear_ops = {
+    .kind = "UpsampleBilinear", .plan = pool_plan, .forward = bilinear_forward, .backward = bilinear_backward,
+    .y_unread_by_backward = true,
+};
+
+ch_status ch_upsample_bilinear_create(const char *name, ch_shape3 in, int oh, int ow, bool align_corners,
+                                      ch_layer **out, ch_err *err)
+{
+    if (oh < 1 || ow < 1 || oh > CH_UPSAMPLE_MAX_SIDE || ow > CH_UPSAMPLE_MAX_SIDE)
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "upsample %s: a %dx%d output: each side must be 1..%d", name, oh, ow,
+                       CH_UPSAMPLE_MAX_SIDE);
+    ch_layer *l = ch_layer_alloc(&bilinear_ops, name, in, (ch_shape3){ in.c, oh, ow });
+    bilinear_impl *u = malloc(sizeof *u);
+    if (!l || !u) {
+        free(u);
+        ch_layer_free(l);
+        return CH_SYS_FAIL(err, "allocation of an upsample layer");
+    }
+    u->align = align_corners;
     l->impl = u;
     *out = l;
     return CH_STATUS_OK;

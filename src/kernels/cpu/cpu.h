@@ -116,6 +116,10 @@ void ch_cpu_batchnorm_backward_data(const ch_kctx *kc, int n, int c, int hw, con
                                     const ch_real *invstd, const ch_real *gamma,
                                     const double *sum_dy, const double *sum_dy_xhat,
                                     double count, ch_real *dx);
+void ch_cpu_bilinear_forward(const ch_kctx *kc, int planes, int h, int w, int oh, int ow, bool align, const ch_real *x,
+                             ch_real *y);
+void ch_cpu_bilinear_backward(const ch_kctx *kc, int planes, int h, int w, int oh, int ow, bool align,
+                              const ch_real *dy, ch_real *dx);
 void ch_cpu_layernorm_forward(const ch_kctx *kc, int outer, int len, int inner, const ch_real *x,
                               const ch_real *gamma, const ch_real *beta, double eps, ch_real *y, ch_real *mean,
                               ch_real *invstd);

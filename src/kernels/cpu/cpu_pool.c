@@ -397,3 +397,23 @@ void ch_cpu_upsample_backward(const ch_kctx *kc, int n, int c, int h, int w, int
             }
         }
 }
+
+void ch_cpu_bilinear_forward(const ch_kctx *kc, int planes, int h, int w, int oh, int ow, bool align, const ch_real *x,
+                             ch_real *y)
+{
+#pragma omp parallel for num_threads(kc->nthreads) schedule(static)
+    for (int p = 0; p < planes; p++) {
+        const ch_real *xp = x + (size_t)p * h * w;
+        ch_real *yp = y + (size_t)p * oh * ow;
+        for (int i = 0; i < oh; i++)
+            for (int j = 0; j < ow; j++) yp[i * ow + j] = ch_bilinear_at(xp, h, w, oh, ow, align, i, j);
+    }
+}
+
+void ch_cpu_bilinear_backward(const ch_kctx *kc, int planes, int h, int w, int oh, int ow, bool align,
+                              const ch_real *dy, ch_real *dx)
+{
+#pragma omp parallel for num_threads(kc->nthreads) schedule(static)
+    for (int p = 0; p < planes; p++)
+        ch_bilinear_plane_back(h, w, oh, ow, align, dy + (size_t)p * oh * ow, dx + (size_t)p * h * w);
+}

@@ -100,6 +100,10 @@ void cu_batchnorm_backward_reduce(const ch_kctx *kc, int n, int c, int hw, const
 void cu_batchnorm_backward_data(const ch_kctx *kc, int n, int c, int hw, const ch_real *x, const ch_real *dy,
                                 const ch_real *mean, const ch_real *invstd, const ch_real *gamma,
                                 const double *sum_dy, const double *sum_dy_xhat, double count, ch_real *dx);
+void cu_bilinear_forward(const ch_kctx *kc, int planes, int h, int w, int oh, int ow, bool align, const ch_real *x,
+                         ch_real *y);
+void cu_bilinear_backward(const ch_kctx *kc, int planes, int h, int w, int oh, int ow, bool align, const ch_real *dy,
+                          ch_real *dx);
 void cu_layernorm_forward(const ch_kctx *kc, int outer, int len, int inner, const ch_real *x, const ch_real *gamma,
                           const ch_real *beta, double eps, ch_real *y, ch_real *mean, ch_real *invstd);
 void cu_layernorm_backward(const ch_kctx *kc, int outer, int len, int inner, const ch_real *x, const ch_real *dy,

@@ -480,6 +480,35 @@ extern "C" void cu_upsample_backward(const ch_kctx *kc, int n, int c, int h, int
     LAUNCH(k_upsample_back, len, kc, len, h, w, sh, sw, dy, dx);
 }
 
+/* Bilinear: a thread per output pixel forward; backward a thread per plane, summing in the CPU's
+ * output order (pool_body.h) without atomics. */
+__global__ static void k_bilinear(size_t len, int h, int w, int oh, int ow, bool align, const ch_real *x, ch_real *y)
+{
+    FOR_EACH(i, len) {
+        const size_t p = i / ((size_t)oh * ow), q = i % ((size_t)oh * ow);
+        y[i] = ch_bilinear_at(x + p * h * w, h, w, oh, ow, align, (int)(q / ow), (int)(q % ow));
+    }
+}
+
+__global__ static void k_bilinear_back(size_t planes, int h, int w, int oh, int ow, bool align, const ch_real *dy,
+                                       ch_real *dx)
+{
+    FOR_EACH(p, planes) ch_bilinear_plane_back(h, w, oh, ow, align, dy + p * oh * ow, dx + p * h * w);
+}
+
+extern "C" void cu_bilinear_forward(const ch_kctx *kc, int planes, int h, int w, int oh, int ow, bool align,
+                                    const ch_real *x, ch_real *y)
+{
+    const size_t len = (size_t)planes * oh * ow;
+    LAUNCH(k_bilinear, len, kc, len, h, w, oh, ow, align, x, y);
+}
+
+extern "C" void cu_bilinear_backward(const ch_kctx *kc, int planes, int h, int w, int oh, int ow, bool align,
+                                     const ch_real *dy, ch_real *dx)
+{
+    LAUNCH(k_bilinear_back, (size_t)planes, kc, (size_t)planes, h, w, oh, ow, align, dy, dx);
+}
+
 /* ---- BatchNorm and the convolution's per-channel companions ----------------------------- */
 
 /* Reductions over a channel (n samples of hw values): a grid of blocks per channel, each summing

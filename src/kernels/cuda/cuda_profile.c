@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { KINDS = 32, PENDING = 4096 };
+enum { KINDS = 40, PENDING = 4096 };
 
 typedef struct pending {
     cudaEvent_t a, b;

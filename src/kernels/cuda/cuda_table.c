@@ -16,6 +16,8 @@ const ch_kernels ch_cuda_kernel_table = {
     .avgpool2d_backward = cu_avgpool2d_backward,
     .upsample_forward = cu_upsample_forward,
     .upsample_backward = cu_upsample_backward,
+    .bilinear_forward = cu_bilinear_forward,
+    .bilinear_backward = cu_bilinear_backward,
     .batchnorm_stats = cu_batchnorm_stats,
     .batchnorm_finalize = cu_batchnorm_finalize,
     .channel_affine = cu_channel_affine,
@@ -145,6 +147,20 @@ static void p_batchnorm_backward_data(const ch_kctx *kc, int n, int c, int hw, c
     cu_profile_end(kc, 15, "batchnorm_backward_data", ev_);
 }
 
+static void p_bilinear_forward(const ch_kctx *kc, int planes, int h, int w, int oh, int ow, bool align, const ch_real *x, ch_real *y)
+{
+    const cudaEvent_t ev_ = cu_profile_begin(kc);
+    cu_bilinear_forward(kc, planes, h, w, oh, ow, align, x, y);
+    cu_profile_end(kc, 32, "bilinear_forward", ev_);
+}
+
+static void p_bilinear_backward(const ch_kctx *kc, int planes, int h, int w, int oh, int ow, bool align, const ch_real *dy, ch_real *dx)
+{
+    const cudaEvent_t ev_ = cu_profile_begin(kc);
+    cu_bilinear_backward(kc, planes, h, w, oh, ow, align, dy, dx);
+    cu_profile_end(kc, 33, "bilinear_backward", ev_);
+}
+
 static void p_layernorm_forward(const ch_kctx *kc, int outer, int len, int inner, const ch_real *x, const ch_real *gamma, const ch_real *beta, double eps, ch_real *y, ch_real *mean, ch_real *invstd)
 {
     const cudaEvent_t ev_ = cu_profile_begin(kc);
@@ -270,6 +286,8 @@ const ch_kernels ch_cuda_kernel_table_profiled = {
     .avgpool2d_backward = p_avgpool2d_backward,
     .upsample_forward = p_upsample_forward,
     .upsample_backward = p_upsample_backward,
+    .bilinear_forward = p_bilinear_forward,
+    .bilinear_backward = p_bilinear_backward,
     .batchnorm_stats = p_batchnorm_stats,
     .batchnorm_finalize = p_batchnorm_finalize,
     .channel_affine = p_channel_affine,

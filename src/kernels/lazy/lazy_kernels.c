@@ -386,6 +386,37 @@ static void lz_batchnorm_backward_data(const ch_kctx *kc, int n, int c, int hw, 
     ch_lazy_queue_call(kc, run_batchnorm_backward_data, &queued, sizeof queued);
 }
 
+typedef struct bilinear_args {
+    int planes, h, w, oh, ow;
+    bool align;
+    const ch_real *from;
+    ch_real *to;
+} bilinear_args;
+
+static void run_bilinear_forward(const ch_kctx *kc, const void *args)
+{
+    const bilinear_args *g = args;
+    sc()->bilinear_forward(kc, g->planes, g->h, g->w, g->oh, g->ow, g->align, g->from, g->to);
+}
+
+static void lz_bilinear_forward(const ch_kctx *kc, int planes, int h, int w, int oh, int ow, bool align, const ch_real *x, ch_real *y)
+{
+    const bilinear_args queued = { planes, h, w, oh, ow, align, x, y };
+    ch_lazy_queue_call(kc, run_bilinear_forward, &queued, sizeof queued);
+}
+
+static void run_bilinear_backward(const ch_kctx *kc, const void *args)
+{
+    const bilinear_args *g = args;
+    sc()->bilinear_backward(kc, g->planes, g->h, g->w, g->oh, g->ow, g->align, g->from, g->to);
+}
+
+static void lz_bilinear_backward(const ch_kctx *kc, int planes, int h, int w, int oh, int ow, bool align, const ch_real *dy, ch_real *dx)
+{
+    const bilinear_args queued = { planes, h, w, oh, ow, align, dy, dx };
+    ch_lazy_queue_call(kc, run_bilinear_backward, &queued, sizeof queued);
+}
+
 typedef struct layernorm_forward_args {
     int outer, len, inner;
     const ch_real *x, *gamma, *beta;
@@ -679,6 +710,8 @@ static const ch_kernels lazy_table = {
     .avgpool2d_backward = lz_avgpool2d_backward,
     .upsample_forward = lz_upsample_forward,
     .upsample_backward = lz_upsample_backward,
+    .bilinear_forward = lz_bilinear_forward,
+    .bilinear_backward = lz_bilinear_backward,
     .batchnorm_stats = lz_batchnorm_stats,
     .batchnorm_finalize = lz_batchnorm_finalize,
     .channel_affine = lz_channel_affine,

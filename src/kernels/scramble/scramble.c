@@ -421,6 +421,24 @@ static void sc_upsample_backward(const ch_kctx *kc, int n, int c, int h, int w, 
     AROUND(r, ch_cpu_upsample_backward(kc, n, c, h, w, sh, sw, dy, dx));
 }
 
+static void sc_bilinear_forward(const ch_kctx *kc, int planes, int h, int w, int oh, int ow, bool align,
+                                const ch_real *x, ch_real *y)
+{
+    regions r = { 0 };
+    add(&r, x, F((size_t)planes * h * w));
+    add(&r, y, F((size_t)planes * oh * ow));
+    AROUND(r, ch_cpu_bilinear_forward(kc, planes, h, w, oh, ow, align, x, y));
+}
+
+static void sc_bilinear_backward(const ch_kctx *kc, int planes, int h, int w, int oh, int ow, bool align,
+                                 const ch_real *dy, ch_real *dx)
+{
+    regions r = { 0 };
+    add(&r, dy, F((size_t)planes * oh * ow));
+    add(&r, dx, F((size_t)planes * h * w));
+    AROUND(r, ch_cpu_bilinear_backward(kc, planes, h, w, oh, ow, align, dy, dx));
+}
+
 static size_t vol(const int s[3], int n) { return F((size_t)n * s[0] * s[1] * s[2]); }
 
 static void sc_bcast_forward(const ch_kctx *kc, const ch_bcast_desc *d, int n, const ch_real *a,
@@ -507,6 +525,8 @@ static const ch_kernels scramble_table = {
     .avgpool2d_backward = sc_avgpool_backward,
     .upsample_forward = sc_upsample_forward,
     .upsample_backward = sc_upsample_backward,
+    .bilinear_forward = sc_bilinear_forward,
+    .bilinear_backward = sc_bilinear_backward,
     .batchnorm_stats = sc_bn_stats,
     .batchnorm_finalize = sc_bn_finalize,
     .channel_affine = sc_channel_affine,
