@@ -176,14 +176,10 @@ ch_status ch_conv_transpose2d_create(const char *name, ch_shape3 in, const ch_co
         ch_window_out((int)oh, ke, s, o->pad) != in.h || ch_window_out((int)ow, ke, s, o->pad) != in.w)
         return ch_fail(err, CH_STATUS_BAD_INPUT, "conv_transpose %s: kernel %d (dilation %d) stride %d padding %d makes "
                        "a %ldx%ld output from %dx%d", name, k, D, s, o->pad, oh, ow, in.h, in.w);
-    ch_layer *l = ch_layer_alloc(&convt_ops, name, in, (ch_shape3){ o->out_channels, (int)oh, (int)ow });
-    convt_impl *c = calloc(1, sizeof *c);
-    if (!l || !c) {
-        free(c);
-        ch_layer_free(l);
-        return CH_SYS_FAIL(err, "allocation of a transposed convolution");
-    }
-    l->impl = c;
+    ch_layer *l;
+    convt_impl *c =
+        ch_layer_alloc_impl(&convt_ops, name, in, (ch_shape3){ o->out_channels, (int)oh, (int)ow }, sizeof *c, &l, err);
+    if (!c) return CH_STATUS_SYSTEM;
     c->d = (ch_conv_desc){ .c = o->out_channels, .h = (int)oh, .w = (int)ow, .oc = in.c, .kh = k, .kw = k, .stride = s,
                            .pad = o->pad, .oh = in.h, .ow = in.w, .groups = G, .dilation = D };
     c->bias = o->bias;

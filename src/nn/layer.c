@@ -17,6 +17,21 @@ ch_layer *ch_layer_alloc(const ch_layer_ops *ops, const char *name, ch_shape3 in
     return l;
 }
 
+void *ch_layer_alloc_impl(const ch_layer_ops *ops, const char *name, ch_shape3 in, ch_shape3 out, size_t impl_size,
+                          ch_layer **l, ch_err *err)
+{
+    *l = ch_layer_alloc(ops, name, in, out);
+    void *impl = *l ? calloc(1, impl_size) : NULL;
+    if (!impl) {
+        ch_layer_free(*l);
+        *l = NULL;
+        CH_SYS_FAIL(err, "allocation of a layer");
+        return NULL;
+    }
+    (*l)->impl = impl;
+    return impl;
+}
+
 void ch_layer_free(ch_layer *l)
 {
     if (!l) return;

@@ -151,6 +151,10 @@ void ch_run_comm_failed(const ch_run *r, ch_status st, const ch_err *err);
 
 /* Allocate a layer shell with the given ops, name and shapes; NULL on allocation failure. */
 ch_layer *ch_layer_alloc(const ch_layer_ops *ops, const char *name, ch_shape3 in, ch_shape3 out);
+/* The same into *l, with a zeroed impl of impl_size bytes (the layer's, freed with it), which it
+ * returns; NULL on failure, with err set, nothing left allocated and *l NULL. */
+void *ch_layer_alloc_impl(const ch_layer_ops *ops, const char *name, ch_shape3 in, ch_shape3 out, size_t impl_size,
+                          ch_layer **l, ch_err *err);
 /* Free a layer, its children, its y and its impl. NULL is a no-op. */
 void ch_layer_free(ch_layer *l);
 /* Add a parameter / buffer spec (SYSTEM when the arrays cannot grow; the layer stays whole). */

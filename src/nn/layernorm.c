@@ -58,14 +58,9 @@ ch_status ch_layernorm_create(const char *name, ch_shape3 in, int axis, bool fla
     if (!(eps > 0 && eps < 1) || axis < CH_LN_CHANNELS || axis > 3 || (flat && axis > 1))
         return ch_fail(err, CH_STATUS_BAD_INPUT, "layernorm %s: eps %g must be in (0, 1) and the axis 1..3 (1 on "
                        "features), or the channels", name, eps);
-    ch_layer *l = ch_layer_alloc(&ln_ops, name, in, in);
-    ln_impl *u = calloc(1, sizeof *u);
-    if (!l || !u) {
-        free(u);
-        ch_layer_free(l);
-        return CH_SYS_FAIL(err, "allocation of a layernorm layer");
-    }
-    l->impl = u;
+    ch_layer *l;
+    ln_impl *u = ch_layer_alloc_impl(&ln_ops, name, in, in, sizeof *u, &l, err);
+    if (!u) return CH_STATUS_SYSTEM;
     u->eps = eps;
     const int d[3] = { in.c, in.h, in.w };
     int64_t dims[3];

@@ -163,16 +163,10 @@ ch_status ch_upsample_nearest_create(const char *name, ch_shape3 in, int sh, int
         return ch_fail(err, CH_STATUS_BAD_INPUT,
                        "upsample %s: factors %d x %d of a %dx%d input: each must be 1..%d and the output at most "
                        "%d a side", name, sh, sw, in.h, in.w, CH_UPSAMPLE_MAX, CH_UPSAMPLE_MAX_SIDE);
-    ch_layer *l = ch_layer_alloc(&upsample_ops, name, in, (ch_shape3){ in.c, in.h * sh, in.w * sw });
-    upsample_impl *u = malloc(sizeof *u);
-    if (!l || !u) {
-        free(u);
-        ch_layer_free(l);
-        return CH_SYS_FAIL(err, "allocation of an upsample layer");
-    }
+    upsample_impl *u =
+        ch_layer_alloc_impl(&upsample_ops, name, in, (ch_shape3){ in.c, in.h * sh, in.w * sw }, sizeof *u, out, err);
+    if (!u) return CH_STATUS_SYSTEM;
     *u = (upsample_impl){ sh, sw };
-    l->impl = u;
-    *out = l;
     return CH_STATUS_OK;
 }
 
@@ -204,15 +198,8 @@ ch_status ch_upsample_bilinear_create(const char *name, ch_shape3 in, int oh, in
     if (oh < 1 || ow < 1 || oh > CH_UPSAMPLE_MAX_SIDE || ow > CH_UPSAMPLE_MAX_SIDE)
         return ch_fail(err, CH_STATUS_BAD_INPUT, "upsample %s: a %dx%d output: each side must be 1..%d", name, oh, ow,
                        CH_UPSAMPLE_MAX_SIDE);
-    ch_layer *l = ch_layer_alloc(&bilinear_ops, name, in, (ch_shape3){ in.c, oh, ow });
-    bilinear_impl *u = malloc(sizeof *u);
-    if (!l || !u) {
-        free(u);
-        ch_layer_free(l);
-        return CH_SYS_FAIL(err, "allocation of an upsample layer");
-    }
+    bilinear_impl *u = ch_layer_alloc_impl(&bilinear_ops, name, in, (ch_shape3){ in.c, oh, ow }, sizeof *u, out, err);
+    if (!u) return CH_STATUS_SYSTEM;
     u->align = align_corners;
-    l->impl = u;
-    *out = l;
     return CH_STATUS_OK;
 }

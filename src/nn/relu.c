@@ -125,16 +125,9 @@ ch_status ch_channel_shuffle_create(const char *name, ch_shape3 in, int groups, 
     if (groups < 1 || in.c % groups != 0)
         return ch_fail(err, CH_STATUS_BAD_INPUT, "channel shuffle %s: %d groups do not divide %d channels", name,
                        groups, in.c);
-    ch_layer *l = ch_layer_alloc(&shuffle_ops, name, in, in);
-    shuffle_impl *u = malloc(sizeof *u);
-    if (!l || !u) {
-        free(u);
-        ch_layer_free(l);
-        return CH_SYS_FAIL(err, "allocation of a channel shuffle layer");
-    }
+    shuffle_impl *u = ch_layer_alloc_impl(&shuffle_ops, name, in, in, sizeof *u, out, err);
+    if (!u) return CH_STATUS_SYSTEM;
     u->groups = groups;
-    l->impl = u;
-    *out = l;
     return CH_STATUS_OK;
 }
 
@@ -174,15 +167,8 @@ ch_status ch_channel_slice_create(const char *name, ch_shape3 in, int start, int
     if (start < 0 || count < 1 || start > in.c - count)
         return ch_fail(err, CH_STATUS_BAD_INPUT, "channel slice %s: channels %d..%d of %d", name, start,
                        start + count - 1, in.c);
-    ch_layer *l = ch_layer_alloc(&slice_ops, name, in, (ch_shape3){ count, in.h, in.w });
-    slice_impl *u = malloc(sizeof *u);
-    if (!l || !u) {
-        free(u);
-        ch_layer_free(l);
-        return CH_SYS_FAIL(err, "allocation of a channel slice layer");
-    }
+    slice_impl *u = ch_layer_alloc_impl(&slice_ops, name, in, (ch_shape3){ count, in.h, in.w }, sizeof *u, out, err);
+    if (!u) return CH_STATUS_SYSTEM;
     u->start = start;
-    l->impl = u;
-    *out = l;
     return CH_STATUS_OK;
 }
