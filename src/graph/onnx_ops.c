@@ -460,25 +460,28 @@ static bool attr_is(const ch_onnx_imp *m, const char *name, const char *def, con
     return false;
 }
 
-/* Bilinear Resize (mode linear): PyTorch's half-pixel mapping or align_corners, to the output size
- * the scales (whole outputs) or sizes give. */
-static ch_status resize_linear(ch_onnx_imp *m, int x, const ch_oval *scales, const ch_oval *sizes)
+/* A Resize's output sides (h, w) from its constant scales (1, 1, sh, sw) or sizes (n, c, H, W). */
+static ch_status resize_sides(ch_onnx_imp *m, const ch_gtensor *t, const ch_oval *scales, const ch_oval *sizes, double o[2])
+{
+    if (scales && scales->n > 0) {
+        if (scales->n != 4 || scales->f[0] != 1 || scales->f[1] != 1)
+            return ch_onnx_bad(m, "scales must be (1, 1, sh, sw): batch and channels stay");
+        for (int i = 0; i < 2; i++) o[i] = t->dims[i + 1] * scales->f[i + 2];
+        return CH_STATUS_OK;
+    }
+    if (!sizes || sizes->n != 4 || sizes->i[1] != t->dims[0])
+        return ch_onnx_bad(m, "needs constant scales (1, 1, sh, sw) or sizes (n, c, H, W)");
+    o[0] = (double)sizes->i[2], o[1] = (double)sizes->i[3];
+    return CH_STATUS_OK;
+}
+
+/* Bilinear Resize (mode linear): PyTorch's half-pixel mapping or align_corners, to whole output sides. */
+static ch_status resize_linear(ch_onnx_imp *m, int x, const double o[2])
 {
     static const char *const half[] = { "half_pixel", "pytorch_half_pixel", NULL }, *const corners[] = { "align_corners", NULL };
     const bool align = attr_is(m, "coordinate_transformation_mode", "half_pixel", corners);
     if (!align && !attr_is(m, "coordinate_transformation_mode", "half_pixel", half))
         return ch_onnx_bad(m, "bilinear: only PyTorch's mappings (half_pixel, pytorch_half_pixel, align_corners) are imported");
-    const ch_gtensor *t = &m->g->tensors[x];
-    double o[2];
-    if (scales && scales->n > 0) {
-        if (scales->n != 4 || scales->f[0] != 1 || scales->f[1] != 1)
-            return ch_onnx_bad(m, "scales must be (1, 1, sh, sw): batch and channels stay");
-        for (int i = 0; i < 2; i++) o[i] = t->dims[i + 1] * scales->f[i + 2];
-    } else if (sizes && sizes->n == 4 && sizes->i[1] == t->dims[0]) {
-        o[0] = (double)sizes->i[2], o[1] = (double)sizes->i[3];
-    } else {
-        return ch_onnx_bad(m, "needs constant scales (1, 1, sh, sw) or sizes (n, c, H, W)");
-    }
     for (int i = 0; i < 2; i++)
         if (!(o[i] >= 1 && o[i] <= CH_UPSAMPLE_MAX_SIDE && o[i] == floor(o[i])))
             return ch_onnx_bad(m, "bilinear: an output side of %g: only whole sides 1..%d are imported", o[i], CH_UPSAMPLE_MAX_SIDE);
@@ -502,25 +505,17 @@ static ch_status op_resize(ch_onnx_imp *m)
     static const char *const nearest[] = { "nearest", NULL }, *const floor_[] = { "floor", NULL };
     static const char *const asym[] = { "asymmetric", NULL }, *const half[] = { "half_pixel", "pytorch_half_pixel", NULL };
     static const char *const linear[] = { "linear", NULL };
-    if (m->g->tensors[x].rank != 3) return ch_onnx_bad(m, "the input is not (batch, c, h, w)");
-    if (attr_is(m, "mode", "nearest", linear)) return resize_linear(m, x, scales, sizes);
+    const ch_gtensor *t = &m->g->tensors[x];
+    if (t->rank != 3) return ch_onnx_bad(m, "the input is not (batch, c, h, w)");
+    double o[2] = { 0, 0 }, f[2];
+    CH_TRY(resize_sides(m, t, scales, sizes, o));
+    if (attr_is(m, "mode", "nearest", linear)) return resize_linear(m, x, o);
     if (!attr_is(m, "mode", "nearest", nearest))
         return ch_onnx_bad(m, "only modes 'nearest' and 'linear' (bilinear) are imported (bicubic Resize is not yet)");
     if (!attr_is(m, "coordinate_transformation_mode", "half_pixel", half) &&
         !(attr_is(m, "coordinate_transformation_mode", "half_pixel", asym) && attr_is(m, "nearest_mode", "round_prefer_floor", floor_)))
         return ch_onnx_bad(m, "only PyTorch's nearest mapping (asymmetric with floor, or half_pixel) is imported");
-    const ch_gtensor *t = &m->g->tensors[x];
-    if (t->rank != 3) return ch_onnx_bad(m, "the input is not (batch, c, h, w)");
-    double f[2] = { 0, 0 };
-    if (scales && scales->n > 0) {
-        if (scales->n != 4 || scales->f[0] != 1 || scales->f[1] != 1)
-            return ch_onnx_bad(m, "scales must be (1, 1, sh, sw): batch and channels stay");
-        f[0] = scales->f[2], f[1] = scales->f[3];
-    } else if (sizes && sizes->n == 4 && sizes->i[1] == t->dims[0]) {
-        f[0] = (double)sizes->i[2] / t->dims[1], f[1] = (double)sizes->i[3] / t->dims[2];
-    } else {
-        return ch_onnx_bad(m, "needs constant scales (1, 1, sh, sw) or sizes (n, c, H, W)");
-    }
+    for (int i = 0; i < 2; i++) f[i] = o[i] / t->dims[i + 1];
     for (int i = 0; i < 2; i++)
         if (!(f[i] >= 1 && f[i] <= CH_UPSAMPLE_MAX && f[i] == floor(f[i])))
             return ch_onnx_bad(m, "scale %g: only whole factors 1..%d are imported (nearest upsampling)", f[i],
