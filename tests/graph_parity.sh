@@ -13,13 +13,18 @@ here=$(cd "$(dirname "$0")" && pwd)
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 "$py" "$here/graph_parity.py" make "$data" "$tmp"
 
+# Each run keeps its checkpoint under a name of its own and lists it; PyTorch loads them all at the
+# end, in one process (strict loading and eval accuracy).
+runs=0
 run() { # label model command...
     local label=$1 model=$2; shift 2
     echo "== $model, $label"
     "$@" | tee "$tmp/out"
     local correct; correct=$(sed -n 's/^correct \([0-9]*\)$/\1/p' "$tmp/out")
     [ -n "$correct" ] || { echo "FAIL: $model ($label) printed no accuracy"; exit 1; }
-    "$py" "$here/graph_parity.py" check "$tmp" "$model" "$tmp/$model.cohort.safetensors" "$correct"
+    runs=$((runs + 1))
+    mv "$tmp/$model.cohort.safetensors" "$tmp/run$runs.safetensors"
+    echo "$model $tmp/run$runs.safetensors $correct $model, $label" >>"$tmp/runs"
 }
 
 for m in resnet mobilenet densenet lognet headnet; do
@@ -38,4 +43,6 @@ if [ $# -gt 0 ]; then
 else
     run "zoo, 2 devices, sync-BN" resnet18 "$bin" step "$tmp" zoo:resnet18 cpu:0,cpu:1 sync-bn
 fi
-echo "graph_parity: all models match PyTorch"
+"$py" "$here/graph_parity.py" check "$tmp" "$tmp/runs"
+[ "$(wc -l <"$tmp/runs")" -eq "$runs" ] || { echo "FAIL: $runs runs, $(wc -l <"$tmp/runs") listed"; exit 1; }
+echo "graph_parity: all $runs runs match PyTorch"
