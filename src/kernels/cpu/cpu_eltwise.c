@@ -3,6 +3,7 @@
 #include "kernels/loss_body.h"
 #include "core/philox.h"
 #include "kernels/cpu/cpu.h"
+#include "kernels/cpu/cpu_vmath.h"
 
 #include <math.h>
 #include <string.h>
@@ -79,10 +80,54 @@ void ch_cpu_mse(const ch_kctx *kc, size_t len, const ch_real *pred, const ch_rea
     *loss_sum = loss;
 }
 
+/* The smooth kinds per element. The float build uses cpu_vmath.h's branch-free float functions,
+ * so that each loop below vectorises; the double build (gradient checks) keeps libm's through
+ * act_body.h. GELU's tanh form is written as x * sigmoid(2u), the same function as
+ * x (1 + tanh u) / 2 without its cancellation for large negative x. */
+#ifdef CH_REAL_DOUBLE
+static inline ch_real sigmoid_of(ch_real x) { return 1 / (1 + exp(-x)); }
+static inline ch_real tanh_of(ch_real x) { return tanh(x); }
+static inline ch_real erf_of(ch_real x) { return erf(x); }
+static inline ch_real gelu_of(ch_real x) { return ch_gelu(x); }
+static inline ch_real gelu_tanh_of(ch_real x) { return ch_gelu_tanh(x); }
+static inline ch_real erf_slope_of(ch_real x) { return ch_erf_slope(x); }
+static inline ch_real gelu_slope_of(ch_real x) { return ch_gelu_slope(x); }
+static inline ch_real gelu_tanh_slope_of(ch_real x) { return ch_gelu_tanh_slope(x); }
+#else
+static inline float sigmoid_of(float x) { return ch_vm_sigmoid(x); }
+static inline float tanh_of(float x) { return ch_vm_tanh(x); }
+static inline float erf_of(float x) { return ch_vm_erf(x); }
+static inline float gelu_of(float x)
+{
+    return 0.5f * x * ch_vm_twice_normal_cdf(x);
+}
+static inline float erf_slope_of(float x) { return (float)CH_2_SQRTPI * ch_vm_exp_neg_square(x, 1.0f); }
+static inline float gelu_slope_of(float x)
+{
+    return 0.5f * ch_vm_twice_normal_cdf(x) +
+           x * (float)CH_INV_SQRT_2PI * ch_vm_exp_neg_square(x, 0.5f);
+}
+/* 2u, u = sqrt(2 / pi) (x + 0.044715 x^3), and its slope d(2u)/dx. */
+static inline float gelu_tanh_2u(float x)
+{
+    return 2.0f * (float)CH_SQRT_2_PI * (x + (float)CH_GELU_CUBIC * x * x * x);
+}
+static inline float gelu_tanh_of(float x) { return x * ch_vm_sigmoid(gelu_tanh_2u(x)); }
+/* d/dx x s(2u) = s + x s (1 - s) 2u'; 1 - s taken as e s (e = e^-2u) where s is near 1. Where
+ * s (1 - s) is 0 the second term is 0, also for |x| so large that 2u' is inf (0 * inf). */
+static inline float gelu_tanh_slope_of(float x)
+{
+    const float e = ch_vm_exp(-gelu_tanh_2u(x)), s = 1.0f / (1.0f + e);
+    const float spread = s * (s > 0.5f ? e * s : 1.0f - s);
+    const float slope_2u = 2.0f * (float)CH_SQRT_2_PI * (1.0f + 3.0f * (float)CH_GELU_CUBIC * x * x);
+    const float second = x * spread * slope_2u;
+    return s + (spread == 0 ? 0.0f : second);
+}
+#endif
+
 /* One loop per kind, the kind chosen outside it, so that the compiler vectorises each (a switch
  * per element did not: MobileNet's ReLU6 took a third of a step). The piecewise kinds run in float,
- * as PyTorch's; the transcendental ones keep libm's double functions. Comparisons are written so
- * that NaN passes through, as ReLU's. */
+ * as PyTorch's. Comparisons are written so that NaN passes through, as ReLU's. */
 static void act_span(const ch_act *a, size_t len, const ch_real *x, ch_real *y)
 {
     const ch_real alpha = (ch_real)a->alpha, lo = (ch_real)a->lo, hi = (ch_real)a->hi;
@@ -94,10 +139,10 @@ static void act_span(const ch_act *a, size_t len, const ch_real *x, ch_real *y)
         for (size_t i = 0; i < len; i++) y[i] = x[i] < lo ? lo : x[i] > hi ? hi : x[i];
         return;
     case CH_ACT_SIGMOID:
-        for (size_t i = 0; i < len; i++) y[i] = (ch_real)(1 / (1 + exp(-(double)x[i])));
+        for (size_t i = 0; i < len; i++) y[i] = sigmoid_of(x[i]);
         return;
     case CH_ACT_TANH:
-        for (size_t i = 0; i < len; i++) y[i] = (ch_real)tanh((double)x[i]);
+        for (size_t i = 0; i < len; i++) y[i] = tanh_of(x[i]);
         return;
     case CH_ACT_HARDSIGMOID:
         for (size_t i = 0; i < len; i++) y[i] = x[i] <= -3 ? 0 : x[i] >= 3 ? 1 : (x[i] + 3) / 6;
@@ -109,13 +154,13 @@ static void act_span(const ch_act *a, size_t len, const ch_real *x, ch_real *y)
         for (size_t i = 0; i < len; i++) y[i] = (ch_real)((double)a->alpha * x[i] + a->beta);
         return;
     case CH_ACT_ERF:
-        for (size_t i = 0; i < len; i++) y[i] = (ch_real)erf((double)x[i]);
+        for (size_t i = 0; i < len; i++) y[i] = erf_of(x[i]);
         return;
     case CH_ACT_GELU:
-        for (size_t i = 0; i < len; i++) y[i] = (ch_real)ch_gelu((double)x[i]);
+        for (size_t i = 0; i < len; i++) y[i] = gelu_of(x[i]);
         return;
     case CH_ACT_GELU_TANH:
-        for (size_t i = 0; i < len; i++) y[i] = (ch_real)ch_gelu_tanh((double)x[i]);
+        for (size_t i = 0; i < len; i++) y[i] = gelu_tanh_of(x[i]);
         return;
     }
     memcpy(y, x, sizeof(ch_real) * len);
@@ -151,13 +196,13 @@ static void act_backward_span(const ch_act *a, size_t len, const ch_real *x, con
         for (size_t i = 0; i < len; i++) dx[i] = dy[i] * alpha;
         return;
     case CH_ACT_ERF:
-        for (size_t i = 0; i < len; i++) dx[i] = (ch_real)(dy[i] * ch_erf_slope((double)x[i]));
+        for (size_t i = 0; i < len; i++) dx[i] = dy[i] * erf_slope_of(x[i]);
         return;
     case CH_ACT_GELU:
-        for (size_t i = 0; i < len; i++) dx[i] = (ch_real)(dy[i] * ch_gelu_slope((double)x[i]));
+        for (size_t i = 0; i < len; i++) dx[i] = dy[i] * gelu_slope_of(x[i]);
         return;
     case CH_ACT_GELU_TANH:
-        for (size_t i = 0; i < len; i++) dx[i] = (ch_real)(dy[i] * ch_gelu_tanh_slope((double)x[i]));
+        for (size_t i = 0; i < len; i++) dx[i] = dy[i] * gelu_tanh_slope_of(x[i]);
         return;
     }
     memcpy(dx, dy, sizeof(ch_real) * len);
