@@ -1,6 +1,6 @@
 /* Every kernel of a backend against the CPU backend's, through the backend's own memory: inputs
  * uploaded, outputs downloaded after a sync, double results in the backend's host_alloc memory.
- * The backend is argv[1] (default: COHORT_BACKEND, else lazy). On the CPU it runs on the lazy
+ * The backend is argv[1] (default: lazy). On the CPU it runs on the lazy
  * backend (queued work, scrambled memory: a kernel that skips an argument or a wait shows); on a
  * GPU machine, as ctest's backend_cuda (label gpu), it checks the CUDA plugin's kernels within
  * 1e-4 of the CPU's (fp32, TF32 off). Where the backend cannot start for want of a GPU it exits
@@ -408,7 +408,7 @@ static void losses(void)
 
 int main(int argc, char **argv)
 {
-    const char *name = argc > 1 ? argv[1] : getenv("COHORT_BACKEND") ? getenv("COHORT_BACKEND") : "lazy";
+    const char *name = argc > 1 ? argv[1] : "lazy";
     ch_err err;
     if (ch_backend_create(name, 0, 1, &be, &err) != CH_STATUS_OK) {
         fprintf(stderr, "test_backend: %s\n", err.msg);

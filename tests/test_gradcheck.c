@@ -9,8 +9,9 @@
  * L = sum(y * R) for a fixed random R; models under the softmax cross-entropy of random labels and
  * under the mean squared error against a random target.
  * Inputs are random and continuous, so no ReLU or max-pool kink lies within eps of a probe.
- * The models live on the backend COHORT_BACKEND names (cpu when unset); CI runs this test on the
- * scramble backend too, whose memory reads as garbage to any code that bypasses the backend. */
+ * The models live on the backend --backend=NAME names (cpu without it); CI runs this test on the
+ * lazy backend too (gradcheck_lazy), whose memory reads as garbage to any code that bypasses the
+ * backend and whose work runs only when waited for. */
 #include "test_util.h"
 
 #include <math.h>
@@ -606,8 +607,10 @@ static void model_gradients(void **state)
     check_model("linear", (ch_shape3){ 1, 1, 5 }, 3, 3, 4);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    tu_take_backend(&argc, argv);
+    if (argc > 1) cmocka_set_test_filter(argv[1]);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(conv2d_gradients),
         cmocka_unit_test(conv_transpose_gradients),
@@ -625,7 +628,7 @@ int main(void)
         cmocka_unit_test(model_gradients),
     };
     ch_err err;
-    if (ch_backend_create(ch_backend_default_name(), 0, 2, &be, &err) != CH_STATUS_OK) {
+    if (ch_backend_create(tu_backend, 0, 2, &be, &err) != CH_STATUS_OK) {
         fprintf(stderr, "%s\n", err.msg);
         return 1;
     }

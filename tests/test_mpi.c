@@ -47,7 +47,7 @@ static ch_trainer *make(const char *model, const ch_dataset *train, const ch_dat
     cfg.momentum = momentum;
     cfg.seed = 11;
     cfg.threads = 1;
-    cfg.devices = devices;
+    cfg.devices = tu_devices(devices);
     cfg.sync_bn = true;
     cfg.bucket_mb = 0.05;   /* several buckets, several Iallreduce per step */
     cfg.local_only = local_only;
@@ -56,10 +56,12 @@ static ch_trainer *make(const char *model, const ch_dataset *train, const ch_dat
     ch_err err;
     ch_status st = ch_trainer_create(&cfg, train, test, &t, &err);
     CHECK(st == CH_STATUS_OK, "trainer: %s", err.msg);
+    CHECK(strcmp(t->replicas[0].be->ops->name, tu_backend) == 0, "the job runs on %s, not on --backend=%s",
+          t->replicas[0].be->ops->name, tu_backend);
     return t;
 }
 
-/* A host copy of n values of m's memory (the backend COHORT_BACKEND names); the caller frees it. */
+/* A host copy of n values of m's memory (the backend --backend names); the caller frees it. */
 static ch_real *down(const ch_model *m, const ch_real *dev, size_t n)
 {
     ch_real *h = malloc(sizeof(ch_real) * (n ? n : 1));
@@ -364,10 +366,11 @@ int main(int argc, char **argv)
         fprintf(stderr, "test_mpi: %s\n", err.msg);
         return 1;
     }
+    tu_take_backend(&argc, argv);   /* --backend=lazy: ctest's mpi_equivalence_np2_lazy */
     /* --epoch-only: the multi-host test, where each exchange crosses a (namespaced) network. */
     const bool epoch_only = argc == 3 && strcmp(argv[1], "--epoch-only") == 0;
     if (argc != 2 && !epoch_only) {
-        fprintf(stderr, "usage: mpirun -np N test_mpi [--epoch-only] DATA_ROOT\n");
+        fprintf(stderr, "usage: mpirun -np N test_mpi [--backend=NAME] [--epoch-only] DATA_ROOT\n");
         return 2;
     }
     if (!getenv("OMPI_COMM_WORLD_SIZE")) {

@@ -30,12 +30,13 @@ static ch_trainer *make(const char *model, const ch_dataset *d, const char *devi
     cfg.lr = lr;
     cfg.seed = 7;
     cfg.threads = 2;
-    cfg.devices = devices;
+    cfg.devices = tu_devices(devices);
     cfg.sync_bn = sync_bn;
     cfg.bucket_mb = 0.05;   /* several buckets even for lenet: the bucket path is exercised */
     ch_trainer *t = NULL;
     ch_err err;
     if (ch_trainer_create(&cfg, d, NULL, &t, &err) != CH_STATUS_OK) fail_msg("%s", err.msg);
+    assert_string_equal(t->replicas[0].be->ops->name, tu_backend);
     return t;
 }
 
@@ -49,8 +50,8 @@ static void step_once(ch_trainer *t, int n, double *loss)
     if (ch_trainer_step(t, idx, n, loss, &correct, &err) != CH_STATUS_OK) fail_msg("%s", err.msg);
 }
 
-/* A host copy of n values of m's memory (the trainer's backend: COHORT_BACKEND, so that this test
- * also runs on the scramble backend); the caller frees it. */
+/* A host copy of n values of m's memory (the trainer's backend: --backend's, so that this test
+ * also runs on the lazy backend); the caller frees it. */
 static ch_real *down(const ch_model *m, const ch_real *dev, size_t n)
 {
     ch_real *h = malloc(sizeof(ch_real) * (n ? n : 1));
@@ -249,7 +250,7 @@ static void replicas_stay_bit_identical(void **state)
         cfg.momentum = 0.9;
         cfg.weight_decay = 5e-4;
         cfg.threads = 2;
-        cfg.devices = "cpu:0,cpu:1";
+        cfg.devices = tu_devices("cpu:0,cpu:1");
         cfg.bucket_mb = 0.1;
         ch_trainer *t;
         ch_err err;
@@ -273,20 +274,13 @@ static void replicas_stay_bit_identical(void **state)
     }
 }
 
-/* Two epochs of cfg's job on devices; the CPU backend when cpu is asked for, whatever
- * COHORT_BACKEND says (this test compares backends). */
+/* Two epochs of cfg's job on devices, taken as written (this test compares backends). */
 static ch_trainer *train_on(ch_train_config cfg, const ch_dataset *d, const char *devices, ch_epoch_stats *s)
 {
-    char *saved = getenv("COHORT_BACKEND") ? strdup(getenv("COHORT_BACKEND")) : NULL;
-    setenv("COHORT_BACKEND", "cpu", 1);
     cfg.devices = devices;
     ch_trainer *t;
     ch_err err;
-    const ch_status st = ch_trainer_create(&cfg, d, d, &t, &err);
-    if (saved) setenv("COHORT_BACKEND", saved, 1);
-    else unsetenv("COHORT_BACKEND");
-    free(saved);
-    if (st != CH_STATUS_OK) fail_msg("%s", err.msg);
+    if (ch_trainer_create(&cfg, d, d, &t, &err) != CH_STATUS_OK) fail_msg("%s", err.msg);
     for (int e = 0; e < 2; e++)
         if (ch_trainer_run_epoch(t, &s[e], &err) != CH_STATUS_OK) fail_msg("%s", err.msg);
     return t;
@@ -452,7 +446,7 @@ static void every_epoch_reshuffles(void **state)
         cfg.model = "linear";
         cfg.batch_size = 32;
         cfg.seed = 5;
-        cfg.devices = k ? "cpu*3" : "cpu:0";
+        cfg.devices = tu_devices(k ? "cpu*3" : "cpu:0");
         ch_trainer *t;
         ch_err err;
         if (ch_trainer_create(&cfg, d, NULL, &t, &err) != CH_STATUS_OK) fail_msg("%s", err.msg);
@@ -500,7 +494,7 @@ static void shuffle_off_trains_in_file_order(void **state)
         cfg.seed = 5;
         cfg.lr = 0.2;
         cfg.momentum = 0.7;
-        cfg.devices = "cpu:0,cpu:1";
+        cfg.devices = tu_devices("cpu:0,cpu:1");
         cfg.in_order = k < 2;
         ch_trainer *t;
         ch_err err;
@@ -530,11 +524,13 @@ static void shuffle_off_trains_in_file_order(void **state)
 }
 
 /* --devices scramble:K: every replica computes on the scramble backend (memory not host-visible),
- * and cpu:K on the CPU backend unless the test run asks for another (COHORT_BACKEND). */
+ * lazy:K on the lazy one and cpu:K on the CPU backend, whatever the environment says (the
+ * variable that once switched cpu lists to another backend is set here to show it no longer does). */
 static void device_kind_picks_the_backend(void **state)
 {
     (void)state;
     ch_dataset *d = tu_synthetic(40, 28, 3);
+    setenv("COHORT_BACKEND", "scramble", 1);
     const char *lists[3] = { "scramble*2", "cpu:0", "lazy:0,lazy:1" };
     for (int k = 0; k < 3; k++) {
         ch_train_config cfg = ch_train_config_default();
@@ -544,10 +540,11 @@ static void device_kind_picks_the_backend(void **state)
         ch_trainer *t;
         ch_err err;
         if (ch_trainer_create(&cfg, d, NULL, &t, &err) != CH_STATUS_OK) fail_msg("%s", err.msg);
-        const char *want = k == 0 ? "scramble" : k == 2 ? "lazy" : ch_backend_default_name();
+        const char *want = k == 0 ? "scramble" : k == 2 ? "lazy" : "cpu";
         for (int r = 0; r < t->nreplicas; r++) assert_string_equal(t->replicas[r].be->ops->name, want);
         ch_trainer_free(t);
     }
+    unsetenv("COHORT_BACKEND");
     ch_dataset_free(d);
 }
 
@@ -615,7 +612,7 @@ static void failing_replica_stops_everyone(void **state)
         ch_train_config cfg = ch_train_config_default();
         cfg.model = "lenet";
         cfg.batch_size = 16;
-        cfg.devices = "cpu*3";
+        cfg.devices = tu_devices("cpu*3");
         cfg.nan_check = true;
         cfg.bucket_mb = 0.05;
         ch_trainer *t;
@@ -623,7 +620,8 @@ static void failing_replica_stops_everyone(void **state)
         if (ch_trainer_create(&cfg, d, NULL, &t, &err) != CH_STATUS_OK) fail_msg("%s", err.msg);
         ch_epoch_stats s;
         assert_int_equal(ch_trainer_run_epoch(t, &s, &err), cases[c].want);
-        if (!strstr(err.msg, cases[c].says)) fail_msg("message '%s' lacks '%s'", err.msg, cases[c].says);
+        const char *says = tu_devices(cases[c].says);   /* "on lazy:2" under --backend=lazy */
+        if (!strstr(err.msg, says)) fail_msg("message '%s' lacks '%s'", err.msg, says);
         /* The trainer refuses to go on from a state where the replicas may disagree. */
         assert_int_not_equal(ch_trainer_run_epoch(t, &s, &err), CH_STATUS_OK);
         assert_non_null(strstr(err.msg, "stopped after a failure"));
@@ -645,6 +643,7 @@ static void failing_replica_stops_everyone(void **state)
 /* An argument runs only the tests whose names match it (a cmocka pattern: "lazy_*"). */
 int main(int argc, char **argv)
 {
+    tu_take_backend(&argc, argv);   /* --backend=lazy: ctest's parallel_lazy */
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     if (argc > 2) cmocka_set_skip_filter(argv[2]);   /* ctest's shorter runs (tests/CMakeLists.txt) */
     const struct CMUnitTest tests[] = {

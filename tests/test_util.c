@@ -12,6 +12,38 @@
 #include "data/dataset.h"
 #include "train/trainer.h"
 
+const char *tu_backend = "cpu";
+
+void tu_take_backend(int *argc, char **argv)
+{
+    static const char flag[] = "--backend=";
+    if (*argc < 2 || strncmp(argv[1], flag, sizeof flag - 1) != 0) return;
+    tu_backend = argv[1] + sizeof flag - 1;
+    for (int i = 1; i < *argc; i++) argv[i] = argv[i + 1];   /* argv[argc] is NULL */
+    (*argc)--;
+}
+
+const char *tu_devices(const char *cpu_list)
+{
+    enum { SLOTS = 16, LEN = 256 };
+    static char ring[SLOTS][LEN];
+    static unsigned next;
+    char *out = ring[next++ % SLOTS];
+    size_t o = 0;
+    for (const char *p = cpu_list; *p;) {
+        const bool starts = p == cpu_list || p[-1] == ',' || p[-1] == ' ';
+        const bool cpu = starts && strncmp(p, "cpu", 3) == 0;
+        const char *piece = cpu ? tu_backend : p;
+        const size_t len = cpu ? strlen(tu_backend) : 1;
+        if (o + len >= LEN) fail_msg("tu_devices: '%s' is too long for %s", cpu_list, tu_backend);
+        memcpy(out + o, piece, len);
+        o += len;
+        p += cpu ? 3 : 1;
+    }
+    out[o] = '\0';
+    return out;
+}
+
 void tu_fill_uniform(ch_real *x, size_t n, double lo, double hi, uint64_t seed)
 {
     ch_rng r;
@@ -128,7 +160,7 @@ static ch_trainer *shape_trainer(const char *model, const ch_dataset *d, const c
 {
     ch_device_list l;
     ch_err err;
-    if (ch_device_list_parse(devices, &l, &err) != CH_STATUS_OK) fail_msg("%s", err.msg);
+    if (ch_device_list_parse(tu_devices(devices), &l, &err) != CH_STATUS_OK) fail_msg("%s", err.msg);
     ch_train_config cfg = ch_train_config_default();
     cfg.model = model;
     ch_graph *g = NULL;
@@ -148,7 +180,7 @@ static ch_trainer *shape_trainer(const char *model, const ch_dataset *d, const c
     cfg.momentum = 0.9;
     cfg.seed = 3;
     cfg.threads = l.count;   /* one thread per replica, as the reference: sums differ only by the split */
-    cfg.devices = devices;
+    cfg.devices = tu_devices(devices);
     cfg.sync_bn = sync_bn;
     cfg.bucket_mb = 0.05;
     cfg.local_only = local_only;
@@ -158,6 +190,8 @@ static ch_trainer *shape_trainer(const char *model, const ch_dataset *d, const c
     const ch_status st = ch_trainer_create(&cfg, d, NULL, &t, &err);
     ch_graph_free(g);   /* the trainer keeps what it needs */
     if (st != CH_STATUS_OK) fail_msg("%s", err.msg);
+    if (strcmp(t->replicas[0].be->ops->name, tu_backend) != 0)
+        fail_msg("the job runs on %s, not on --backend=%s", t->replicas[0].be->ops->name, tu_backend);
     return t;
 }
 

@@ -55,6 +55,14 @@ struct ch_dataset *tu_identical(size_t n, int size, uint64_t seed);
  * and this rank's training samples per epoch with them, in mine. */
 double tu_shares_error(const char *model, const struct ch_dataset *d, const char *devices, int batch,
                        const char *shares, int epochs, char *shares_out, size_t len, size_t *mine);
+/* The backend the device lists of a test run name (--backend=NAME as the program's first argument,
+ * taken out of argv by tu_take_backend; "cpu" without it): ctest's *_lazy runs and the GPU checks
+ * pass it, so no environment switch picks a backend. tu_devices rewrites a list written for the
+ * CPU ("cpu:0,cpu:1", "cpu*3") to that backend's ("lazy:0,lazy:1"); the result lives until 16
+ * more calls. */
+extern const char *tu_backend;
+void tu_take_backend(int *argc, char **argv);
+const char *tu_devices(const char *cpu_list);
 /* A scratch directory for the test's files (removed by tu_rmdir). */
 void tu_mkdtemp(char *buf, size_t len);
 void tu_rmdir(const char *dir);

@@ -117,12 +117,6 @@ const ch_backend *ch_backend_host(void)
     return &host;
 }
 
-const char *ch_backend_default_name(void)
-{
-    const char *v = getenv("COHORT_BACKEND");
-    return v && *v ? v : "cpu";
-}
-
 ch_kctx ch_backend_kctx(const ch_backend *be)
 {
     return (ch_kctx){ .nthreads = be->nthreads, .stream = be->streams[CH_STREAM_COMPUTE] };

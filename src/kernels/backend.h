@@ -88,8 +88,6 @@ ch_status ch_backend_create(const char *name, int device, int nthreads, ch_backe
 void ch_backend_free(ch_backend *be);
 /* A process-wide CPU backend (one thread) for code with no replica: tools and tests. */
 const ch_backend *ch_backend_host(void);
-/* The backend tests and benchmarks ask for: COHORT_BACKEND's value, "cpu" when unset. */
-const char *ch_backend_default_name(void);
 /* What a kernel on this backend gets: its threads and its compute stream (workspace none). */
 ch_kctx ch_backend_kctx(const ch_backend *be);
 

@@ -117,11 +117,11 @@ static ch_status make_replicas(ch_trainer *t, ch_err *err)
     return collect_failure(t, err);
 }
 
-/* The devices' kind; cpu lists take COHORT_BACKEND's when set (ctest's *_lazy runs, the GPU checks). */
+/* The devices' kind names their backend: --devices alone picks it (lazy:0,lazy:1 for the lazy
+ * test backend), no environment variable does. */
 static const char *backend_of(const ch_device_list *l)
 {
-    if (l->count && l->dev[0].kind != CH_DEVICE_CPU) return ch_device_kind_name(l->dev[0].kind);
-    return ch_backend_default_name();
+    return ch_device_kind_name(l->count ? l->dev[0].kind : CH_DEVICE_CPU);
 }
 
 static ch_status setup(ch_trainer *t, ch_err *err)
@@ -161,7 +161,7 @@ static ch_status setup(ch_trainer *t, ch_err *err)
                                  sizeof(ch_real)),
         .backend = backend_of(&t->devices),
     };
-    ch_backend *probe;   /* a bad COHORT_BACKEND is one line here, not one per replica */
+    ch_backend *probe;   /* a backend that cannot start is one line here, not one per replica */
     CH_TRY(ch_backend_create(t->spec.backend, 0, 1, &probe, err));
     ch_backend_free(probe);
     CH_TRY(ch_trainer_nccl_setup(t, err));
