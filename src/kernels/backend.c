@@ -92,10 +92,16 @@ ch_status ch_backend_create(const char *name, int device, int nthreads, ch_backe
     }
     ch_backend *be = calloc(1, sizeof *be);
     CH_CHECK_ALLOC(err, be);
-    *be = (ch_backend){ .ops = ops, .k = k, .nthreads = nthreads > 0 ? nthreads : 1, .device = device };
+    ch_workspace *ws = calloc(1, sizeof *ws);
+    if (!ws) {
+        free(be);
+        return CH_SYS_FAIL(err, "allocation of a backend's workspace record");
+    }
+    *be = (ch_backend){ .ops = ops, .k = k, .nthreads = nthreads > 0 ? nthreads : 1, .device = device, .ws = ws };
     if (be->ops->start) {
         be->ops->start(be);
         if (!be->ctx) {
+            free(ws);
             free(be);
             return ch_fail(err, CH_STATUS_SYSTEM, "%s:%d: the backend could not start: %s", name, device,
                            start_failure(ops));
@@ -107,17 +113,36 @@ ch_status ch_backend_create(const char *name, int device, int nthreads, ch_backe
 
 void ch_backend_free(ch_backend *be)
 {
-    if (be && be->ops->stop) be->ops->stop(be);
+    if (!be) return;
+    if (be->ws) ch_backend_release(be, be->ws->p);   /* before stop: free may wait on a stream */
+    if (be->ops->stop) be->ops->stop(be);
+    free(be->ws);
     free(be);
 }
 
+/* Its workspace is held until exit (reachable, so no leak to LeakSanitizer). Only tests plan
+ * models on it, one thread at a time; the library's replicas plan on backends of their own. */
 const ch_backend *ch_backend_host(void)
 {
-    static const ch_backend host = { .ops = &cpu_ops, .k = &ch_cpu_kernel_table, .nthreads = 1 };
+    static ch_workspace host_ws;
+    static const ch_backend host = { .ops = &cpu_ops, .k = &ch_cpu_kernel_table, .nthreads = 1, .ws = &host_ws };
     return &host;
 }
 
 ch_kctx ch_backend_kctx(const ch_backend *be)
 {
-    return (ch_kctx){ .nthreads = be->nthreads, .stream = be->streams[CH_STREAM_COMPUTE] };
+    return (ch_kctx){ .nthreads = be->nthreads, .stream = be->streams[CH_STREAM_COMPUTE],
+                      .ws = be->ws ? be->ws->p : NULL, .ws_len = be->ws ? be->ws->len : 0 };
+}
+
+ch_status ch_backend_reserve_workspace(const ch_backend *be, size_t elems, ch_err *err)
+{
+    CH_ASSERT(be->ws);
+    if (be->ws->p && elems <= be->ws->len) return CH_STATUS_OK;
+    ch_real *p = ch_backend_alloc(be, sizeof(ch_real) * elems);
+    if (!p) return CH_SYS_FAIL(err, "allocation of the kernels' workspace");
+    ch_backend_release(be, be->ws->p);   /* free waits for the work queued on it */
+    be->ws->p = p;
+    be->ws->len = elems;
+    return CH_STATUS_OK;
 }

@@ -73,12 +73,21 @@ typedef struct ch_backend_ops {
     void (*stream_sync)(const ch_backend *be, ch_stream *s);           /* the host waits for s */
 } ch_backend_ops;
 
+/* The kernels' workspace in a backend's memory: one per backend instance, grown to the largest any
+ * model planned on it asks for (ch_backend_reserve_workspace). Its kernels run one at a time on
+ * the compute stream, so the models of one backend can share it. */
+typedef struct ch_workspace {
+    ch_real *p;
+    size_t len;   /* reals */
+} ch_workspace;
+
 struct ch_backend {
     const ch_backend_ops *ops;
     const ch_kernels *k;
     int nthreads;
     int device;                       /* the device's index in its kind */
     ch_stream *streams[CH_STREAMS];   /* NULL on a backend without streams */
+    ch_workspace *ws;                 /* owned (ch_backend_host's is static) */
     void *ctx;                        /* the backend's own state */
 };
 
@@ -86,10 +95,14 @@ struct ch_backend {
  * nthreads threads. */
 ch_status ch_backend_create(const char *name, int device, int nthreads, ch_backend **out, ch_err *err);
 void ch_backend_free(ch_backend *be);
-/* A process-wide CPU backend (one thread) for code with no replica: tools and tests. */
+/* A process-wide CPU backend (one thread) for code with no replica: tools and tests. Its workspace
+ * is shared: plan models on it from one thread only. */
 const ch_backend *ch_backend_host(void);
-/* What a kernel on this backend gets: its threads and its compute stream (workspace none). */
+/* What a kernel on this backend gets: its threads, its compute stream and its workspace. */
 ch_kctx ch_backend_kctx(const ch_backend *be);
+/* Grows the workspace to at least elems reals (plan time: a larger one replaces the old after the
+ * work queued on it has run). */
+ch_status ch_backend_reserve_workspace(const ch_backend *be, size_t elems, ch_err *err);
 
 static inline ch_stream *ch_backend_stream(const ch_backend *be, int which) { return be->streams[which]; }
 static inline bool ch_backend_async(const ch_backend *be) { return be->ops->upload_async != NULL; }

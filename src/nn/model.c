@@ -189,8 +189,7 @@ static ch_status plan(ch_model *m, int max_batch, int nthreads, ch_err *err)
     CH_TRY(ch_layer_plan_tree(m->root, &pl, err));
     m->ws_len = pl.ws_need;
     m->saved_bytes = pl.saved_bytes;
-    m->ws = alloc_reals(m->be, m->ws_len);
-    CH_CHECK_ALLOC(err, m->ws);
+    CH_TRY(ch_backend_reserve_workspace(m->be, m->ws_len, err));
     m->scratch_len = m->root->scratch_need;
     m->scratch = alloc_reals(m->be, m->scratch_len);
     CH_CHECK_ALLOC(err, m->scratch);
@@ -218,8 +217,12 @@ ch_status ch_model_plan(ch_model *m, int max_batch, int nthreads, ch_err *err)
 
 ch_run ch_model_run(const ch_model *m, bool training)
 {
-    return (ch_run){ .be = m->be, .k = m->be->k, .kc = { .nthreads = m->nthreads, .ws = m->ws, .ws_len = m->ws_len, .stream = ch_backend_stream(m->be, CH_STREAM_COMPUTE) },
-                     .training = training, .scratch = m->scratch, .scratch_len = m->scratch_len };
+    /* The backend's context, with the thread count the model was planned for (its kernels' per-
+     * thread workspace was sized for that many). */
+    ch_kctx kc = ch_backend_kctx(m->be);
+    kc.nthreads = m->nthreads;
+    return (ch_run){ .be = m->be, .k = m->be->k, .kc = kc, .training = training, .scratch = m->scratch,
+                     .scratch_len = m->scratch_len };
 }
 
 const ch_real *ch_model_forward(ch_model *m, const ch_run *r, int n, const ch_real *x)
@@ -299,7 +302,6 @@ void ch_model_free(ch_model *m)
         ch_backend_release(m->be, m->grads);
         ch_backend_release(m->be, m->buffers);
         ch_backend_release(m->be, m->tied_grads);
-        ch_backend_release(m->be, m->ws);
         ch_backend_release(m->be, m->scratch);
     }
     free(m->counters);

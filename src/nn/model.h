@@ -31,8 +31,7 @@ typedef struct ch_model {
     int64_t *counters;
     ch_tensor_ref *tensors;
     int max_batch, nthreads;        /* as planned */
-    ch_real *ws;                    /* kernel workspace, planned */
-    size_t ws_len;
+    size_t ws_len;                  /* the kernels' workspace it needs (reals): be holds it */
     ch_real *scratch;               /* the layers' backward scratch stack, planned */
     size_t scratch_len;
     size_t saved_bytes;             /* kept from forward for backward besides outputs, planned */
