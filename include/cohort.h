@@ -213,6 +213,10 @@ int ch_graph_upsample_bilinear(ch_graph *g, const char *name, int x, int out_h, 
 /* ShuffleNet's channel shuffle, x.view(n, groups, c / groups, h, w).transpose(1, 2) viewed back as
  * (c, h, w): output channel j * groups + i is input channel i * (c / groups) + j. groups divides c. */
 int ch_graph_channel_shuffle(ch_graph *g, const char *name, int x, int groups);
+/* x.permute(perm[0], perm[1], perm[2], perm[3]) of a (c, h, w) tensor, the batch staying first
+ * (perm[0] = 0; the others an order of 1, 2, 3): x.permute(0, 1, 3, 2) swaps h and w,
+ * x.permute(0, 2, 3, 1) makes (h, w, c). Its backward is the inverse permutation. */
+int ch_graph_permute(ch_graph *g, const char *name, int x, const int perm[4]);
 /* x[:, start:start + count]: channels of a (c, h, w) tensor, as x.chunk(k, 1) and x.split(s, 1) make them. */
 int ch_graph_channel_slice(ch_graph *g, const char *name, int x, int start, int count);
 /* (c, h, w) -> (c*h*w). */

@@ -119,7 +119,7 @@ class Shuffled(Net):
 
 
 class ChannelsLast(Net):
-    """x.permute(0, 2, 3, 1) read by something other than a LayerNorm over the channels (then f)."""
+    """x.permute(0, 2, 3, 1), then f, then the permute back."""
     def __init__(self, f):
         super().__init__()
         self.f = f
@@ -408,8 +408,9 @@ def main(out):
     case("group_transpose", "cohort imports only the channel shuffle's, perm (0, 2, 1, 3, 4)")
     export(Shuffled(lambda v: torch.sigmoid(v)), p("group_read"), opset=13)
     case("group_read", "(Sigmoid): reads '/Reshape_output_0', a (batch, 2, 2, h, w) view into channel groups")
-    export(ChannelsLast(lambda s, v: torch.sigmoid(v)), p("channels_last_read"), opset=17)
-    case("channels_last_read", "(Sigmoid): reads '/Transpose_output_0', a channels-last view (x.permute(0, 2, 3, 1))")
+    # A transpose that moves the batch (a channels-last view read by other ops imports: permute_step).
+    export(ChannelsLast(lambda s, v: torch.sigmoid(v.transpose(0, 1)).transpose(0, 1)), p("batch_transpose"), opset=17)
+    case("batch_transpose", "cohort imports x.permute(0, a, b, c) of a (batch, c, h, w) tensor, the batch first")
     export(ChannelsLast(lambda s, v: s.ln(v)), p("channels_last_wide"), opset=17)
     case("channels_last_wide", "a LayerNorm of a channels-last view over more than its last axis (the channels)")
     export(SharedOther(), p("shared_other_args"), opset=13)

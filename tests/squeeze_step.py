@@ -243,8 +243,31 @@ class UNetBilinear(nn.Module):
         return self.fc(torch.cat([d.mean((2, 3)), side.mean((2, 3))], 1))
 
 
+class Permutes(nn.Module):
+    """x.permute of (c, h, w) other than around a LayerNorm, each order once as the export has it (it
+    fuses consecutive transposes, so elementwise ops sit between them): h and w swapped before a
+    conv, a channels-last view read by Sigmoid (the importer makes its mark a node), the permute
+    back of a plain tensor, c and h swapped before a conv over the former rows, and the full reversal
+    (x.permute(0, 2, 3, 1).transpose(1, 2), one Transpose in the file) before the classifier."""
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8, momentum=0.3)
+        self.conv2 = nn.Conv2d(8, 8, 3, padding=1)
+        self.conv3 = nn.Conv2d(14, 6, 3, padding=1)
+        self.fc = nn.Linear(14 * 8 * 6, 10)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.bn(self.conv1(x))), 2)    # (8, 14, 14)
+        x = self.conv2(x.permute(0, 1, 3, 2))
+        x = torch.tanh(torch.sigmoid(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2))
+        x = F.relu(self.conv3(x.permute(0, 2, 1, 3)))           # (6, 8, 14)
+        x = x.permute(0, 2, 3, 1).transpose(1, 2)               # (14, 8, 6)
+        return self.fc(torch.flatten(x, 1))
+
+
 MODELS = {"squeeze": Squeeze, "gelu": GeluNet, "unet": UNet, "shuffle": ShuffleNet, "convnext": ConvNeXtNet,
-          "twice": Twice, "unet_t": UNetT, "unet_bilinear": UNetBilinear}
+          "twice": Twice, "unet_t": UNetT, "unet_bilinear": UNetBilinear, "permute": Permutes}
 
 
 def data(root):

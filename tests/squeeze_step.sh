@@ -13,8 +13,10 @@
 # With twice, for a net that calls a conv and a linear module twice (shared weights; BatchNorm, so
 # --sync-bn on two devices).
 # With unet_t, for a U-Net whose decoder upsamples with nn.ConvTranspose2d; with unet_bilinear, one
-# that resizes bilinearly (half-pixel x2 and align_corners to 10x10).
-# usage: squeeze_step.sh COHORT DATA_ROOT [squeeze|gelu|unet|unet_t|unet_bilinear|shuffle|convnext|twice]
+# that resizes bilinearly (half-pixel x2 and align_corners to 10x10). With permute, for a net of
+# x.permute orders beside LayerNorm's (h and w swapped, channels-last read by Sigmoid, c and h
+# swapped, a channels-last view transposed again; BatchNorm, so --sync-bn on two devices).
+# usage: squeeze_step.sh COHORT DATA_ROOT [squeeze|gelu|unet|unet_t|unet_bilinear|shuffle|convnext|twice|permute]
 set -uo pipefail
 cohort=$1 data=$2 model=${3:-squeeze}
 py=/usr/bin/python3
@@ -25,7 +27,7 @@ fails=0
 for devices in cpu:0 cpu:0,cpu:1; do
     echo "== $devices"
     sync=()
-    case $model in shuffle | twice) [ "$devices" != cpu:0 ] && sync=(--sync-bn) ;; esac
+    case $model in shuffle | twice | permute) [ "$devices" != cpu:0 ] && sync=(--sync-bn) ;; esac
     "$cohort" train "${sync[@]}" --model "$tmp/model.onnx" --data "$data/mnist" --train-limit 8 -b 8 --epochs 1 --shuffle off \
         --lr 0.1 --devices "$devices" --checkpoint-dir "$tmp/ck-$devices" --test-limit 10 --no-progress ||
         { echo "FAIL: training on $devices"; fails=$((fails + 1)); continue; }

@@ -327,6 +327,21 @@ static void copies_and_sums(void)
     C->copy_rows(&kh, rows, len, src, ss, dst, ds);
     K->copy_rows(&kd, rows, len, dS, ss, dD, ds);
     check_dev("copy_rows (strides 17 and 29, the gaps kept)", dD, dst, rows * ds);
+    /* Every order of a (3, 5, 7) sample's dimensions, on 2 samples. */
+    static const int perms[5][3] = { { 0, 2, 1 }, { 1, 0, 2 }, { 1, 2, 0 }, { 2, 0, 1 }, { 2, 1, 0 } };
+    for (int i = 0; i < 5; i++) {
+        const ch_permute_desc pd = { { 3, 5, 7 }, { perms[i][0], perms[i][1], perms[i][2] } };
+        ch_real *px = host_rnd(2 * 105, 73), *py = malloc(sizeof(ch_real) * 2 * 105);
+        ch_real *dPx = dev_reals(px, 2 * 105), *dPy = dev_reals(NULL, 2 * 105);
+        C->permute(&kh, &pd, 2, px, py);
+        K->permute(&kd, &pd, 2, dPx, dPy);
+        char what[64];
+        snprintf(what, sizeof what, "permute (0, %d, %d, %d) of (3, 5, 7)", perms[i][0] + 1, perms[i][1] + 1,
+                 perms[i][2] + 1);
+        check_dev(what, dPy, py, 2 * 105);
+        ch_backend_release(be, dPx), ch_backend_release(be, dPy);
+        free(px), free(py);
+    }
     ch_real y[17];
     ch_real *dYs = dev_reals(NULL, ss);
     C->col_sum(&kh, rows, ss, src, y);

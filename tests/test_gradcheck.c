@@ -313,6 +313,59 @@ static void check_channel_map(ch_layer *l, int n, int groups, int start)
     assert_int_equal(wrong, 0);
 }
 
+/* x.permute(0, 1 + perm[0], 1 + perm[1], 1 + perm[2])'s forward against its definition, on n
+ * samples: y[s][a][b][c] is x[s] at the index whose dimension perm[0] is a, perm[1] b, perm[2] c. */
+static void check_permute_map(const int perm[3], ch_shape3 in, int n)
+{
+    ch_model *m;
+    ch_err err;
+    assert_int_equal(ch_model_create_from("layer", MAKE(ch_permute_create, "p", in, perm), 0, be, &m, &err),
+                     CH_STATUS_OK);
+    probe p;
+    probe_init(&p, m, n, false, 5);
+    const int dims[3] = { in.c, in.h, in.w }, od[3] = { dims[perm[0]], dims[perm[1]], dims[perm[2]] };
+    const size_t len = ch_shape3_size(in) * (size_t)n;
+    ch_real *x = malloc(sizeof(ch_real) * len), *y = malloc(sizeof(ch_real) * len);
+    assert_true(x && y);
+    ch_backend_download(be, x, p.x, sizeof(ch_real) * len);
+    ch_backend_download(be, y, ch_model_forward(p.m, &p.run, n, p.x), sizeof(ch_real) * len);
+    size_t wrong = 0, at = 0;
+    for (int s = 0; s < n; s++)
+        for (int a = 0; a < od[0]; a++)
+            for (int b = 0; b < od[1]; b++)
+                for (int c = 0; c < od[2]; c++) {
+                    int j[3];
+                    j[perm[0]] = a, j[perm[1]] = b, j[perm[2]] = c;
+                    wrong += y[at++] != x[(((size_t)s * dims[0] + j[0]) * dims[1] + j[1]) * dims[2] + j[2]];
+                }
+    free(x), free(y);
+    probe_free(&p);
+    assert_int_equal(wrong, 0);
+}
+
+/* Every order of (c, h, w) but the identity, on sides 2, 3, 4 (so that each order gives another
+ * shape): the forward map, and every input's gradient (the backward is the inverse order). */
+static void permute_gradients(void **state)
+{
+    (void)state;
+    static const int perms[5][3] = { { 0, 2, 1 }, { 1, 0, 2 }, { 1, 2, 0 }, { 2, 0, 1 }, { 2, 1, 0 } };
+    const ch_shape3 in = { 2, 3, 4 };
+    for (int i = 0; i < 5; i++) {
+        char what[80];
+        snprintf(what, sizeof what, "permute (0, %d, %d, %d)", perms[i][0] + 1, perms[i][1] + 1, perms[i][2] + 1);
+        check_layer_inputs(what, MAKE(ch_permute_create, "p", in, perms[i]), 2, 48);
+        check_permute_map(perms[i], in, 3);
+    }
+    static const int bad[3][3] = { { 0, 0, 1 }, { 0, 1, 3 }, { -1, 1, 2 } };
+    for (int i = 0; i < 3; i++) {
+        ch_layer *l = NULL;
+        ch_err err;
+        assert_int_equal(ch_permute_create("p", in, bad[i], &l, &err), CH_STATUS_BAD_INPUT);
+        assert_null(l);
+        assert_non_null(strstr(err.msg, "is not an order of the dimensions"));
+    }
+}
+
 /* Both of the shuffle's copy orders (per sample and group while n * groups <= c, else per channel
  * over the batch), and a slice inside the channels. */
 static void channel_move_gradients(void **state)
@@ -618,6 +671,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(pooling_gradients),
         cmocka_unit_test(elementwise_gradients),
         cmocka_unit_test(channel_move_gradients),
+        cmocka_unit_test(permute_gradients),
         cmocka_unit_test(layernorm_gradients),
         cmocka_unit_test(batchnorm_gradients),
         cmocka_unit_test(conv_options_gradients),

@@ -368,6 +368,10 @@ static void json_keeps_moves_and_norms(void **state)
     x = ch_graph_conv_transpose2d(g, "up", x, &(ch_conv2d_args){ .out_channels = 2, .kernel = 3, .stride = 2, .padding = 1 }, 1);
     assert_int_equal(ch_graph_shape(g, x).h, 4);
     x = ch_graph_upsample_bilinear(g, "resize", x, 7, 5, true);
+    x = ch_graph_permute(g, "perm", x, (const int[4]){ 0, 3, 1, 2 });
+    assert_int_equal(ch_graph_shape(g, x).c, 5);
+    assert_int_equal(ch_graph_shape(g, x).h, 2);
+    assert_int_equal(ch_graph_shape(g, x).w, 7);
     ch_graph_output(g, ch_graph_linear(g, "fc", ch_graph_flatten(g, "flat", x), 3, true));
     char *text = ch_graph_to_json(g), *again;
     assert_non_null(text);
@@ -390,6 +394,9 @@ static void json_keeps_moves_and_norms(void **state)
     assert_int_equal(back->nodes[5].scale[0], 7);
     assert_int_equal(back->nodes[5].scale[1], 5);
     assert_true(back->nodes[5].align);
+    assert_int_equal(back->nodes[6].op, CH_GOP_PERMUTE);
+    assert_memory_equal(back->nodes[6].view, ((const int[3]){ 2, 0, 1 }), sizeof(int[3]));
+    assert_non_null(strstr(text, "\"perm\":\t[0, 3, 1, 2]"));
     free(again);
     /* The slice read back as 4 channels from 2 of 6: past the end. */
     char *bad = malloc(strlen(text) + 8), *at = strstr(text, "\"count\"");
@@ -413,6 +420,16 @@ static void json_keeps_moves_and_norms(void **state)
     assert_int_equal(ch_graph_status(g, &err), CH_STATUS_BAD_INPUT);
     assert_non_null(strstr(err.msg, "the axis 1..3 (1 on features)"));
     ch_graph_free(g);
+    /* A permute that moves the batch, or is no order of 1, 2, 3. */
+    static const int bad_perms[3][4] = { { 1, 0, 2, 3 }, { 0, 1, 1, 2 }, { 0, 1, 2, 4 } };
+    static const char *const says[3] = { "the batch must stay first", "is not an order", "is not an order" };
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(ch_graph_create("moves", &g, &err), CH_STATUS_OK);
+        assert_true(ch_graph_permute(g, "p", ch_graph_input(g, "x", 6, 2, 2), bad_perms[i]) < 0);
+        assert_int_equal(ch_graph_status(g, &err), CH_STATUS_BAD_INPUT);
+        assert_non_null(strstr(err.msg, says[i]));
+        ch_graph_free(g);
+    }
 }
 
 /* A reused node: graph.json names what it reuses and reads back the same; the model has the twin's

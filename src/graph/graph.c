@@ -22,7 +22,7 @@ static const char *const gop_names[] = {
     [CH_GOP_CONCAT] = "concat", [CH_GOP_VIEW] = "view", [CH_GOP_UPSAMPLE] = "upsample_nearest",
     [CH_GOP_SHUFFLE] = "channel_shuffle", [CH_GOP_SLICE] = "channel_slice",
     [CH_GOP_LAYERNORM] = "layer_norm", [CH_GOP_CONV_T] = "conv_transpose2d",
-    [CH_GOP_BILINEAR] = "upsample_bilinear",
+    [CH_GOP_BILINEAR] = "upsample_bilinear", [CH_GOP_PERMUTE] = "permute",
 };
 
 const char *ch_gop_name(ch_gop op) { return gop_names[op]; }
@@ -243,6 +243,7 @@ static ch_status node_layer(const ch_graph *g, const ch_gnode *nd, ch_layer **ou
         return ch_layernorm_create(nd->name, x, nd->ln_axis, g->tensors[nd->in[0]].rank == 1, nd->bn.eps, out, err);
     case CH_GOP_SLICE: return ch_channel_slice_create(nd->name, x, nd->slice[0], nd->slice[1], out, err);
     case CH_GOP_SHUFFLE: return ch_channel_shuffle_create(nd->name, x, nd->groups, out, err);
+    case CH_GOP_PERMUTE: return ch_permute_create(nd->name, x, nd->view, out, err);
     case CH_GOP_VIEW:
         return ch_view_create(nd->name, x, (ch_shape3){ nd->view[0], nd->view[1], nd->view[2] }, out, err);
     case CH_GOP_LINEAR: return ch_linear_create_opts(nd->name, x, nd->features, nd->bias, out, err);
@@ -298,7 +299,7 @@ static bool needs_rank3(ch_gop op)
 {
     return op == CH_GOP_CONV2D || op == CH_GOP_CONV_T || op == CH_GOP_MAX_POOL2D ||
            op == CH_GOP_AVG_POOL2D || op == CH_GOP_GLOBAL_AVG_POOL || op == CH_GOP_MEAN_HW || op == CH_GOP_UPSAMPLE || op == CH_GOP_BILINEAR ||
-           op == CH_GOP_SHUFFLE || op == CH_GOP_SLICE;
+           op == CH_GOP_SHUFFLE || op == CH_GOP_SLICE || op == CH_GOP_PERMUTE;
 }
 
 /* Append node nd (op and args set) named name, reading in (copied); returns its output tensor. */
@@ -624,6 +625,17 @@ int ch_graph_channel_shuffle(ch_graph *g, const char *name, int x, int groups)
     ch_gnode nd = node_of(CH_GOP_SHUFFLE);
     if (!ch_garg_ok(CH_GARG_CHANNELS, groups)) return refuse_arg(g, name, "channel_shuffle", "groups", groups, CH_GARG_CHANNELS);
     nd.groups = groups;
+    return add_node(g, name, &nd, &x, 1);
+}
+
+int ch_graph_permute(ch_graph *g, const char *name, int x, const int perm[4])
+{
+    ch_gnode nd = node_of(CH_GOP_PERMUTE);
+    if (!perm || perm[0] != 0)
+        return g ? fail(g, CH_STATUS_BAD_INPUT, "node '%s' (permute): the batch must stay first (perm[0] = 0, got %d)",
+                        name ? name : "", perm ? perm[0] : -1)
+                 : -1;
+    for (int i = 0; i < 3; i++) nd.view[i] = perm[i + 1] - 1;   /* the layer checks it is an order */
     return add_node(g, name, &nd, &x, 1);
 }
 

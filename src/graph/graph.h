@@ -17,7 +17,7 @@ typedef enum ch_gop {
     CH_GOP_AVG_POOL2D, CH_GOP_GLOBAL_AVG_POOL, CH_GOP_MEAN_HW, CH_GOP_FLATTEN, CH_GOP_LINEAR,
     CH_GOP_DROPOUT, CH_GOP_ADD, CH_GOP_MUL, CH_GOP_CONCAT, CH_GOP_VIEW, CH_GOP_UPSAMPLE,
     CH_GOP_SHUFFLE, CH_GOP_SLICE, CH_GOP_LAYERNORM, CH_GOP_CONV_T,
-    CH_GOP_BILINEAR,
+    CH_GOP_BILINEAR, CH_GOP_PERMUTE,
 } ch_gop;
 
 typedef enum ch_dtype { CH_DTYPE_F32 = 0 } ch_dtype;
@@ -62,7 +62,7 @@ typedef struct ch_gnode {
     bool bias;          /* linear */
     bool keepdim;       /* mean_hw */
     double p;           /* dropout */
-    int view[3];        /* view: the per-sample shape (c, h, w) */
+    int view[3];        /* view: the per-sample shape (c, h, w); permute: the order of (c, h, w) (0..2) */
     int scale[2];       /* upsample: whole factors (h, w); bilinear: the output's (h, w) */
     bool align;         /* bilinear: align_corners */
     int groups;         /* channel shuffle */

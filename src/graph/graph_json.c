@@ -82,6 +82,11 @@ static void put_args(cJSON *o, const ch_gnode *nd)
         break;
     case CH_GOP_DROPOUT: add_num(o, "p", nd->p); break;
     case CH_GOP_VIEW: cJSON_AddItemToObject(o, "shape", cJSON_CreateIntArray(nd->view, 3)); break;
+    case CH_GOP_PERMUTE: {
+        const int perm[4] = { 0, nd->view[0] + 1, nd->view[1] + 1, nd->view[2] + 1 };
+        cJSON_AddItemToObject(o, "perm", cJSON_CreateIntArray(perm, 4));
+        break;
+    }
     default: break;
     }
 }
@@ -216,6 +221,22 @@ static ch_status shape3(reader *r, const char *k, int out[3])
     return CH_STATUS_OK;
 }
 
+/* 'perm' of a permute node: 4 whole numbers as x.permute takes them (the builder checks the order). */
+static ch_status perm4(reader *r, int out[4])
+{
+    const cJSON *v = get(r->node, "perm");
+    if (!cJSON_IsArray(v) || cJSON_GetArraySize(v) != 4)
+        return ch_fail(r->err, CH_STATUS_BAD_INPUT, "%s: node %d: 'perm' is not a list of 4 numbers", r->path, r->index);
+    for (int i = 0; i < 4; i++) {
+        const cJSON *d = cJSON_GetArrayItem(v, i);
+        if (!cJSON_IsNumber(d) || !(d->valuedouble >= 0 && d->valuedouble <= 3) || d->valuedouble != floor(d->valuedouble))
+            return ch_fail(r->err, CH_STATUS_BAD_INPUT, "%s: node %d: 'perm' entry %d is not 0, 1, 2 or 3", r->path,
+                           r->index, i);
+        out[i] = (int)d->valuedouble;
+    }
+    return CH_STATUS_OK;
+}
+
 /* Replay one node's builder call; *t receives the new tensor (or -1 with the graph's error). */
 static ch_status replay(reader *r, ch_graph *g, const char *op, const char *name, const int *in, int nin, int *t)
 {
@@ -311,6 +332,10 @@ static ch_status replay(reader *r, ch_graph *g, const char *op, const char *name
     } else if (strcmp(op, "channel_shuffle") == 0) {
         CH_TRY(whole(r, "groups", CH_GARG_CHANNELS, 0, &f));
         *t = ch_graph_channel_shuffle(g, name, x, f);
+    } else if (strcmp(op, "permute") == 0) {
+        int perm[4];
+        CH_TRY(perm4(r, perm));
+        *t = ch_graph_permute(g, name, x, perm);
     } else if (strcmp(op, "channel_slice") == 0) {
         CH_TRY(whole(r, "start", CH_GARG_PADDING, 0, &p));
         CH_TRY(whole(r, "count", CH_GARG_CHANNELS, 0, &f));

@@ -120,6 +120,24 @@ ch_status ch_onnx_input(ch_onnx_imp *m, size_t k, bool required, ch_oval **out)
     return CH_STATUS_OK;
 }
 
+/* A channels-last view (x.permute(0, 2, 3, 1), kept as a mark for the LayerNorm that usually reads
+ * it) read by another op: the permutation becomes a node, and the value its output from then on. */
+static ch_status materialise_channels_last(ch_onnx_imp *m, size_t k, ch_oval *v)
+{
+    static const int to_last[4] = { 0, 2, 3, 1 };
+    char buf[CH_NODE_NAME_MAX], name[CH_NODE_NAME_MAX + 24];
+    snprintf(name, sizeof name, "%s/permute_in%zu", ch_onnx_node_name(m, buf, sizeof buf), k);
+    const int t = ch_graph_permute(m->g, name, v->tensor, to_last);
+    if (t < 0) {
+        ch_err e;
+        ch_graph_status(m->g, &e);
+        return ch_onnx_bad(m, "%s", e.msg);
+    }
+    v->tensor = t;
+    v->channels_last = false;
+    return CH_STATUS_OK;
+}
+
 /* Input k, which must be a tensor computed from the model's input. */
 ch_status ch_onnx_tensor_val(ch_onnx_imp *m, size_t k, ch_oval **out)
 {
@@ -133,9 +151,7 @@ ch_status ch_onnx_tensor_val(ch_onnx_imp *m, size_t k, ch_oval **out)
     if ((*out)->pending)
         return ch_onnx_bad(m, "reads '%s', a (batch, %d, %d) tensor: cohort has (batch, features) and (batch, c, h, w) "
                    "tensors only", ch_onnx_show(m, 0, (*out)->name), (*out)->pdims[0], (*out)->pdims[1]);
-    if ((*out)->channels_last)
-        return ch_onnx_bad(m, "reads '%s', a channels-last view (x.permute(0, 2, 3, 1)): cohort imports it only around a "
-                   "LayerNorm over the channels (LayerNormalization, then the permute back)", ch_onnx_show(m, 0, (*out)->name));
+    if ((*out)->channels_last) CH_TRY(materialise_channels_last(m, k, *out));
     if ((*out)->grouped[0])
         return ch_onnx_bad(m, "reads '%s', a (batch, %d, %d, h, w) view into channel groups: cohort imports it only as a "
                    "channel shuffle (Transpose with perm (0, 2, 1, 3, 4), then a Reshape back to (batch, c, h, w))",

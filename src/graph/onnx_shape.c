@@ -356,23 +356,40 @@ static ch_status transpose_groups(ch_onnx_imp *m, const ch_oval *v, const Onnx__
     return grouped_out(m, t, v->grouped[1], v->grouped[0]);
 }
 
+/* x.permute(0, a, b, c) of a (batch, c, h, w) tensor. (0, 2, 3, 1) and back are a mark, the values
+ * staying, for the LayerNorm over channels they usually surround (see op_layernorm; another reader
+ * makes the mark a node, and so does another order of a marked value, before its own node); any
+ * other order is a permute node. */
+static ch_status transpose_tensor(ch_onnx_imp *m, ch_oval *v, const Onnx__AttributeProto *p)
+{
+    const bool ints4 = p && p->type == ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__INTS && p->n_ints == 4 &&
+                       m->g->tensors[v->tensor].rank == 3;
+    bool order = ints4 && p->ints[0] == 0;
+    bool seen[4] = { true, false, false, false };
+    for (int i = 1; order && i < 4; i++) {
+        order = p->ints[i] >= 1 && p->ints[i] <= 3 && !seen[p->ints[i]];
+        if (order) seen[p->ints[i]] = true;
+    }
+    if (!order)
+        return ch_onnx_bad(m, "a transpose of a tensor: cohort imports x.permute(0, a, b, c) of a (batch, c, h, w) tensor, "
+                   "the batch first, and the channel shuffle's");
+    int perm[4];
+    for (int i = 0; i < 4; i++) perm[i] = (int)p->ints[i];
+    if (v->channels_last && perm[1] == 3 && perm[2] == 1 && perm[3] == 2) return ch_onnx_viewed_out(m, v->tensor, false);
+    if (v->channels_last) CH_TRY(ch_onnx_tensor_val(m, 0, &v));
+    if (perm[1] == 1 && perm[2] == 2 && perm[3] == 3) return ch_onnx_viewed_out(m, v->tensor, false);
+    if (perm[1] == 2 && perm[2] == 3 && perm[3] == 1) return ch_onnx_viewed_out(m, v->tensor, true);
+    char buf[CH_NODE_NAME_MAX];
+    return ch_onnx_tensor_out(m, ch_graph_permute(m->g, ch_onnx_node_name(m, buf, sizeof buf), v->tensor, perm));
+}
+
 ch_status ch_onnx_op_transpose(ch_onnx_imp *m)
 {
     ch_oval *v, *o;
     CH_TRY(ch_onnx_input(m, 0, true, &v));
     const Onnx__AttributeProto *p = ch_onnx_attr(m->node, "perm");
     if (v->kind == CH_OVAL_TENSOR && v->grouped[0]) return transpose_groups(m, v, p);
-    if (v->kind == CH_OVAL_TENSOR) {
-        /* x.permute(0, 2, 3, 1) and back: a mark, the values stay (see op_layernorm). */
-        const bool ints4 = p && p->type == ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__INTS && p->n_ints == 4 &&
-                           p->ints[0] == 0 && m->g->tensors[v->tensor].rank == 3;
-        if (ints4 && !v->channels_last && p->ints[1] == 2 && p->ints[2] == 3 && p->ints[3] == 1)
-            return ch_onnx_viewed_out(m, v->tensor, true);
-        if (ints4 && v->channels_last && p->ints[1] == 3 && p->ints[2] == 1 && p->ints[3] == 2)
-            return ch_onnx_viewed_out(m, v->tensor, false);
-        return ch_onnx_bad(m, "a transpose of a tensor: cohort imports x.permute(0, 2, 3, 1) around a LayerNorm (and the "
-                   "permute back), and the channel shuffle's");
-    }
+    if (v->kind == CH_OVAL_TENSOR) return transpose_tensor(m, v, p);
     if (v->kind != CH_OVAL_PARAM || v->init->n_dims != 2 || !p || p->n_ints != 2 || p->ints[0] != 1 || p->ints[1] != 0)
         return ch_onnx_bad(m, "only the transpose of a 2-D weight, read by MatMul (nn.Linear without bias), is supported");
     CH_TRY(ch_onnx_define(m, 0, CH_OVAL_PARAM_T, &o));

@@ -85,6 +85,12 @@ typedef struct ch_bcast_desc {
     int out[3], a[3], b[3];
 } ch_bcast_desc;
 
+/* A permutation of a sample's (c, h, w) dimensions, x.permute(0, 1 + perm[0], 1 + perm[1],
+ * 1 + perm[2]): y's sample has dims (dims[perm[0]], dims[perm[1]], dims[perm[2]]). */
+typedef struct ch_permute_desc {
+    int dims[3], perm[3];
+} ch_permute_desc;
+
 /* One optimizer step's rule and scalars (optim.c fills it from the configuration and the step
  * count; the kernel only runs the elementwise loop). */
 typedef enum ch_update_rule { CH_UPDATE_SGD, CH_UPDATE_ADAM, CH_UPDATE_ADAGRAD } ch_update_rule;
@@ -214,6 +220,9 @@ typedef struct ch_kernels {
      * channel concatenation and its backward, one input at a time. */
     void (*copy_rows)(const ch_kctx *kc, int rows, size_t len, const ch_real *src,
                       size_t src_stride, ch_real *dst, size_t dst_stride);
+    /* y = x with each of its n samples' dimensions permuted (ch_permute_desc); y does not alias x.
+     * Its backward is the inverse permutation of dy. */
+    void (*permute)(const ch_kctx *kc, const ch_permute_desc *d, int n, const ch_real *x, ch_real *y);
 
     /* Dropout's mask for n samples of per elements: element e of sample s is keep where word e of
      * the Philox stream (seed, stream) read from counter (step << 32) ^ ((sample0 + s) * ((per + 3)

@@ -236,6 +236,8 @@ ch_status ch_upsample_bilinear_create(const char *name, ch_shape3 in, int oh, in
 ch_status ch_relu_create(const char *name, ch_shape3 in, ch_layer **out, ch_err *err);
 /* ShuffleNet's channel shuffle (include/cohort.h's ch_graph_channel_shuffle); groups divides in.c. */
 ch_status ch_channel_shuffle_create(const char *name, ch_shape3 in, int groups, ch_layer **out, ch_err *err);
+/* x.permute(0, 1 + perm[0], 1 + perm[1], 1 + perm[2]): perm an order of (c, h, w)'s 0, 1, 2. */
+ch_status ch_permute_create(const char *name, ch_shape3 in, const int perm[3], ch_layer **out, ch_err *err);
 /* Channels start .. start + count - 1 of the input. */
 ch_status ch_channel_slice_create(const char *name, ch_shape3 in, int start, int count, ch_layer **out, ch_err *err);
 bool ch_layer_is_relu(const ch_layer *l);

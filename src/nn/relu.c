@@ -1,4 +1,5 @@
-/* ReLU, Flatten, View, the channel shuffle and the channel slice: layers without parameters. */
+/* ReLU, Flatten, View, the channel shuffle, the channel slice and Permute: layers without
+ * parameters. */
 #include "nn/layer.h"
 
 #include <stdlib.h>
@@ -170,5 +171,52 @@ ch_status ch_channel_slice_create(const char *name, ch_shape3 in, int start, int
     slice_impl *u = ch_layer_alloc_impl(&slice_ops, name, in, (ch_shape3){ count, in.h, in.w }, sizeof *u, out, err);
     if (!u) return CH_STATUS_SYSTEM;
     u->start = start;
+    return CH_STATUS_OK;
+}
+
+/* ---- permute ---- */
+
+/* The descriptor of the forward permutation, and of the inverse one (from the output's dims) that
+ * takes dy back to dx. */
+typedef struct permute_impl {
+    ch_permute_desc fwd, back;
+} permute_impl;
+
+static void permute_forward(ch_layer *l, const ch_run *r, int n, const ch_real *x)
+{
+    r->k->permute(&r->kc, &((const permute_impl *)l->impl)->fwd, n, x, l->y);
+}
+
+static void permute_backward(ch_layer *l, const ch_run *r, int n, const ch_real *x, const ch_real *dy,
+                             ch_real *dx)
+{
+    (void)x;
+    if (dx) r->k->permute(&r->kc, &((const permute_impl *)l->impl)->back, n, dy, dx);
+}
+
+static const ch_layer_ops permute_ops = {
+    .kind = "Permute", .plan = own_output_plan, .forward = permute_forward, .backward = permute_backward,
+    .y_unread_by_backward = true,
+};
+
+ch_status ch_permute_create(const char *name, ch_shape3 in, const int perm[3], ch_layer **out, ch_err *err)
+{
+    bool seen[3] = { false };
+    for (int i = 0; i < 3; i++) {
+        if (perm[i] < 0 || perm[i] > 2 || seen[perm[i]])
+            return ch_fail(err, CH_STATUS_BAD_INPUT, "permute %s: (%d, %d, %d) is not an order of the dimensions 0, 1, 2 "
+                           "of (c, h, w)", name, perm[0], perm[1], perm[2]);
+        seen[perm[i]] = true;
+    }
+    const int dims[3] = { in.c, in.h, in.w };
+    const ch_shape3 o = { dims[perm[0]], dims[perm[1]], dims[perm[2]] };
+    permute_impl *u = ch_layer_alloc_impl(&permute_ops, name, in, o, sizeof *u, out, err);
+    if (!u) return CH_STATUS_SYSTEM;
+    for (int i = 0; i < 3; i++) {
+        u->fwd.dims[i] = dims[i];
+        u->fwd.perm[i] = perm[i];
+        u->back.dims[i] = dims[perm[i]];
+        u->back.perm[perm[i]] = i;
+    }
     return CH_STATUS_OK;
 }

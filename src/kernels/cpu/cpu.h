@@ -148,6 +148,7 @@ void ch_cpu_bcast_forward(const ch_kctx *kc, const ch_bcast_desc *d, int n, cons
                           const ch_real *b, ch_real *y);
 void ch_cpu_bcast_backward(const ch_kctx *kc, const ch_bcast_desc *d, int n, const ch_real *a,
                            const ch_real *b, const ch_real *dy, ch_real *da, ch_real *db);
+void ch_cpu_permute(const ch_kctx *kc, const ch_permute_desc *d, int n, const ch_real *x, ch_real *y);
 void ch_cpu_copy_rows(const ch_kctx *kc, int rows, size_t len, const ch_real *src,
                       size_t src_stride, ch_real *dst, size_t dst_stride);
 /* Depthwise convolutions (cpu_conv_dw.c), which the grouped ones hand over to: direct, per plane. */

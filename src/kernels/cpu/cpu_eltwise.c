@@ -1,6 +1,7 @@
 /* Elementwise kernels and the softmax cross-entropy loss. */
 #include "kernels/act_body.h"
 #include "kernels/loss_body.h"
+#include "kernels/move_body.h"
 #include "core/philox.h"
 #include "kernels/cpu/cpu.h"
 #include "kernels/cpu/cpu_vmath.h"
@@ -305,6 +306,24 @@ void ch_cpu_copy_rows(const ch_kctx *kc, int rows, size_t len, const ch_real *sr
 #pragma omp parallel for num_threads(kc->nthreads) schedule(static)
     for (int r = 0; r < rows; r++)
         memcpy(dst + (size_t)r * dst_stride, src + (size_t)r * src_stride, sizeof(ch_real) * len);
+}
+
+/* A row of y (its last dimension) at a time, read from x at that dimension's stride; rows over
+ * the threads. */
+void ch_cpu_permute(const ch_kctx *kc, const ch_permute_desc *d, int n, const ch_real *x, ch_real *y)
+{
+    const int o0 = d->dims[d->perm[0]], o1 = d->dims[d->perm[1]], o2 = d->dims[d->perm[2]];
+    const size_t per = (size_t)d->dims[0] * d->dims[1] * d->dims[2];
+    const size_t s0 = ch_permute_stride(d, d->perm[0]), s1 = ch_permute_stride(d, d->perm[1]);
+    const size_t s2 = ch_permute_stride(d, d->perm[2]);
+    const long rows = (long)n * o0 * o1;
+#pragma omp parallel for num_threads(kc->nthreads) schedule(static)
+    for (long r = 0; r < rows; r++) {
+        const size_t s = (size_t)(r / ((long)o0 * o1)), i0 = (size_t)(r / o1 % o0), i1 = (size_t)(r % o1);
+        const ch_real *src = x + s * per + i0 * s0 + i1 * s1;
+        ch_real *dst = y + (size_t)r * (size_t)o2;
+        for (int i2 = 0; i2 < o2; i2++) dst[i2] = src[(size_t)i2 * s2];
+    }
 }
 
 /* One Philox block per four elements; samples split over the threads (bits independent of them). */

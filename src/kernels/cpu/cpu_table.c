@@ -31,6 +31,7 @@ const ch_kernels ch_cpu_kernel_table = {
     .bcast_forward = ch_cpu_bcast_forward,
     .bcast_backward = ch_cpu_bcast_backward,
     .copy_rows = ch_cpu_copy_rows,
+    .permute = ch_cpu_permute,
     .dropout_mask = ch_cpu_dropout_mask,
     .to_real = ch_cpu_to_real,
     .col_sum = ch_cpu_col_sum,

@@ -69,6 +69,7 @@ void cu_bcast_backward(const ch_kctx *kc, const ch_bcast_desc *d, int n, const c
                        const ch_real *dy, ch_real *da, ch_real *db);
 void cu_copy_rows(const ch_kctx *kc, int rows, size_t len, const ch_real *src, size_t src_stride, ch_real *dst,
                   size_t dst_stride);
+void cu_permute(const ch_kctx *kc, const ch_permute_desc *d, int n, const ch_real *x, ch_real *y);
 void cu_dropout_mask(const ch_kctx *kc, int n, size_t per, uint64_t seed, uint64_t stream, uint64_t step,
                      uint64_t sample0, uint32_t threshold, ch_real keep, ch_real *mask);
 void cu_to_real(const ch_kctx *kc, size_t len, const double *x, ch_real *y);

@@ -11,6 +11,7 @@
 #include "kernels/act_body.h"
 #include "kernels/cuda/cuda_impl.h"
 #include "kernels/loss_body.h"
+#include "kernels/move_body.h"
 #include "kernels/norm_body.h"
 #include "kernels/optim_body.h"
 #include "kernels/pool_body.h"
@@ -215,6 +216,18 @@ extern "C" void cu_copy_rows(const ch_kctx *kc, int rows, size_t len, const ch_r
 {
     const size_t total = (size_t)(rows > 0 ? rows : 0) * len;
     LAUNCH(k_copy_rows, total, kc, len, total, src, src_stride, dst, dst_stride);
+}
+
+/* One thread per element of y, reading x where kernels/move_body.h says (the CPU's map). */
+__global__ static void k_permute(ch_permute_desc d, size_t per, size_t total, const ch_real *x, ch_real *y)
+{
+    FOR_EACH(i, total) y[i] = x[i / per * per + ch_permute_source(&d, i % per)];
+}
+
+extern "C" void cu_permute(const ch_kctx *kc, const ch_permute_desc *d, int n, const ch_real *x, ch_real *y)
+{
+    const size_t per = (size_t)d->dims[0] * d->dims[1] * d->dims[2], total = (size_t)(n > 0 ? n : 0) * per;
+    LAUNCH(k_permute, total, kc, *d, per, total, x, y);
 }
 
 /* ---- dropout, conversions, sums, optimizers -------------------------------------------- */

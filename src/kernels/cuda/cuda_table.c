@@ -33,6 +33,7 @@ const ch_kernels ch_cuda_kernel_table = {
     .bcast_forward = cu_bcast_forward,
     .bcast_backward = cu_bcast_backward,
     .copy_rows = cu_copy_rows,
+    .permute = cu_permute,
     .dropout_mask = cu_dropout_mask,
     .to_real = cu_to_real,
     .col_sum = cu_col_sum,
@@ -231,6 +232,13 @@ static void p_copy_rows(const ch_kctx *kc, int rows, size_t len, const ch_real *
     cu_profile_end(kc, 23, "copy_rows", ev_);
 }
 
+static void p_permute(const ch_kctx *kc, const ch_permute_desc *d, int n, const ch_real *x, ch_real *y)
+{
+    const cudaEvent_t ev_ = cu_profile_begin(kc);
+    cu_permute(kc, d, n, x, y);
+    cu_profile_end(kc, 34, "permute", ev_);
+}
+
 static void p_dropout_mask(const ch_kctx *kc, int n, size_t per, uint64_t seed, uint64_t stream, uint64_t step, uint64_t sample0, uint32_t threshold, ch_real keep, ch_real *mask)
 {
     const cudaEvent_t ev_ = cu_profile_begin(kc);
@@ -303,6 +311,7 @@ const ch_kernels ch_cuda_kernel_table_profiled = {
     .bcast_forward = p_bcast_forward,
     .bcast_backward = p_bcast_backward,
     .copy_rows = p_copy_rows,
+    .permute = p_permute,
     .dropout_mask = p_dropout_mask,
     .to_real = p_to_real,
     .col_sum = p_col_sum,

@@ -592,6 +592,25 @@ static void lz_bcast_backward(const ch_kctx *kc, const ch_bcast_desc *d, int n, 
     ch_lazy_queue_call(kc, run_bcast_backward, &queued, sizeof queued);
 }
 
+typedef struct permute_args {
+    ch_permute_desc d;
+    int n;
+    const ch_real *x;
+    ch_real *y;
+} permute_args;
+
+static void run_permute(const ch_kctx *kc, const void *args)
+{
+    const permute_args *g = args;
+    sc()->permute(kc, &g->d, g->n, g->x, g->y);
+}
+
+static void lz_permute(const ch_kctx *kc, const ch_permute_desc *d, int n, const ch_real *x, ch_real *y)
+{
+    const permute_args queued = { *d, n, x, y };
+    ch_lazy_queue_call(kc, run_permute, &queued, sizeof queued);
+}
+
 typedef struct copy_rows_args {
     int rows;
     size_t len;
@@ -727,6 +746,7 @@ static const ch_kernels lazy_table = {
     .bcast_forward = lz_bcast_forward,
     .bcast_backward = lz_bcast_backward,
     .copy_rows = lz_copy_rows,
+    .permute = lz_permute,
     .dropout_mask = lz_dropout_mask,
     .to_real = lz_to_real,
     .col_sum = lz_col_sum,

@@ -472,6 +472,15 @@ static void sc_copy_rows(const ch_kctx *kc, int rows, size_t len, const ch_real 
     AROUND(r, ch_cpu_copy_rows(kc, rows, len, src, src_stride, dst, dst_stride));
 }
 
+static void sc_permute(const ch_kctx *kc, const ch_permute_desc *d, int n, const ch_real *x, ch_real *y)
+{
+    regions r = { 0 };
+    const size_t len = F((size_t)(n > 0 ? n : 0) * d->dims[0] * d->dims[1] * d->dims[2]);
+    add(&r, x, len);
+    add(&r, y, len);
+    AROUND(r, ch_cpu_permute(kc, d, n, x, y));
+}
+
 static void sc_col_sum(const ch_kctx *kc, int rows, size_t len, const ch_real *x, ch_real *y)
 {
     regions r = { 0 };
@@ -542,6 +551,7 @@ static const ch_kernels scramble_table = {
     .bcast_forward = sc_bcast_forward,
     .bcast_backward = sc_bcast_backward,
     .copy_rows = sc_copy_rows,
+    .permute = sc_permute,
     .dropout_mask = sc_dropout_mask,
     .to_real = sc_to_real,
     .col_sum = sc_col_sum,
