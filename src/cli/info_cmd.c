@@ -29,7 +29,7 @@ static void print_cuda(void)
     p->describe(buf, sizeof buf);
     printf("cuda:       plugin %s loaded (--devices cuda:0, cuda*N). Run on an H200: every kernel, training,\n"
            "            checkpoints across devices, NCCL with one member; not yet run on a GPU: NCCL with two\n"
-           "            or more members, the LayerNorm and bilinear kernels (docs/PERFORMANCE.md, \"CUDA\")\n%s",
+           "            or more members, the LayerNorm, bilinear and permute kernels (docs/PERFORMANCE.md, \"CUDA\")\n%s",
            CH_CUDA_PLUGIN_FILE, buf);
 }
 
