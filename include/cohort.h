@@ -179,8 +179,10 @@ int ch_graph_layer_norm(ch_graph *g, const char *name, int x, int axis, double e
 int ch_graph_conv_transpose2d(ch_graph *g, const char *name, int x, const ch_conv2d_args *a, int output_padding);
 /* A module called twice: node `node`'s operation again, on x, with the same parameters (one set:
  * their gradients are summed; checkpoints keep it once, under node's names). node is a conv2d,
- * linear or layer_norm node made before (one whose reuse is named resolves to the first); x must
- * give parameters of the same shapes. conv_transpose2d nodes may be reused too. */
+ * conv_transpose2d, linear, layer_norm or batchnorm node made before (one whose reuse is named
+ * resolves to the first); x must give parameters of the same shapes. A reused BatchNorm also
+ * shares its running statistics and batch counter, which each call moves in turn, as PyTorch's
+ * module called twice does. */
 int ch_graph_reuse(ch_graph *g, const char *name, const char *node, int x);
 int ch_graph_relu(ch_graph *g, const char *name, int x);
 int ch_graph_leaky_relu(ch_graph *g, const char *name, int x, double negative_slope);

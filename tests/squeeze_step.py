@@ -183,7 +183,8 @@ class ConvNeXtNet(nn.Module):
 
 
 class Twice(nn.Module):
-    """Modules called twice: a conv (each call with a BatchNorm of its own) and a linear layer, so their
+    """Modules called twice: a conv (each call with a BatchNorm of its own), a BatchNorm (its running
+    statistics move twice a step, num_batches_tracked counts 2) and a linear layer, so their
     parameters' gradients are sums over two uses; the state_dict has them once."""
     def __init__(self):
         super().__init__()
@@ -191,6 +192,7 @@ class Twice(nn.Module):
         self.conv = nn.Conv2d(8, 8, 3, padding=1)
         self.bn1 = nn.BatchNorm2d(8, momentum=0.3)
         self.bn2 = nn.BatchNorm2d(8, eps=1e-3)
+        self.shared = nn.BatchNorm2d(8, eps=1e-4, momentum=0.2)
         self.fc = nn.Linear(8, 8)
         self.out = nn.Linear(8, 10)
 
@@ -198,6 +200,7 @@ class Twice(nn.Module):
         x = F.max_pool2d(F.relu(self.stem(x)), 2)
         x = F.relu(self.bn1(self.conv(x)))
         x = F.relu(self.bn2(self.conv(x)))
+        x = F.relu(self.shared(torch.tanh(self.shared(x))))
         return self.out(self.fc(torch.tanh(self.fc(x.mean((2, 3))))))
 
 

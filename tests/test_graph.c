@@ -433,8 +433,9 @@ static void json_keeps_moves_and_norms(void **state)
 }
 
 /* A reused node: graph.json names what it reuses and reads back the same; the model has the twin's
- * tensors once; reuse of a node with running statistics, of an unknown name, on an input giving
- * other parameter shapes, or a "reuses" whose op differs, is refused naming it. */
+ * tensors once (a reused BatchNorm its running statistics and counter too); reuse of a node without
+ * parameters, of an unknown name, on an input giving other parameter shapes, or a "reuses" whose op
+ * differs, is refused naming it. */
 static void reuse_ties_parameters(void **state)
 {
     (void)state;
@@ -467,13 +468,25 @@ static void reuse_ties_parameters(void **state)
     free(bad), free(text), free(again);
     ch_graph_free(back);
     ch_graph_free(g);
-    static const char *const want[3] = { "no node named 'nothing' before it", "only conv2d, conv_transpose2d, linear and layer_norm",
+    assert_int_equal(ch_graph_create("tied", &g, &err), CH_STATUS_OK);
+    x = ch_graph_batchnorm2d(g, "bn", ch_graph_input(g, "x", 3, 4, 4), NULL);
+    x = ch_graph_reuse(g, "bn_again", "bn", ch_graph_relu(g, "r", x));
+    ch_graph_output(g, ch_graph_linear(g, "fc", ch_graph_flatten(g, "flat", x), 3, true));
+    assert_int_equal(ch_graph_status(g, &err), CH_STATUS_OK);
+    assert_int_equal(ch_model_create_graph(g, (ch_shape3){ 3, 4, 4 }, 3, ch_backend_host(), &m, &err), CH_STATUS_OK);
+    assert_int_equal(m->ntensors, 7);   /* bn's weight, bias, running_mean, running_var, counter; fc's two */
+    assert_int_equal(m->nbuffers, 2 * 3);
+    assert_int_equal(m->ncounters, 1);
+    assert_int_equal(m->ntied, 2 * 3);
+    ch_model_free(m);
+    ch_graph_free(g);
+    static const char *const want[3] = { "no node named 'nothing' before it", "only conv2d, conv_transpose2d, linear, layer_norm and batchnorm",
                                          "gives parameters of other shapes" };
     for (int k = 0; k < 3; k++) {
         assert_int_equal(ch_graph_create("tied", &g, &err), CH_STATUS_OK);
         x = ch_graph_input(g, "x", 3, 4, 4);
-        const int y = ch_graph_batchnorm2d(g, "bn", ch_graph_conv2d(g, "conv", x, &(ch_conv2d_args){ .out_channels = 2, .kernel = 1 }), NULL);
-        assert_true(ch_graph_reuse(g, "again", k == 0 ? "nothing" : k == 1 ? "bn" : "conv", y) < 0);
+        const int y = ch_graph_relu(g, "r", ch_graph_batchnorm2d(g, "bn", ch_graph_conv2d(g, "conv", x, &(ch_conv2d_args){ .out_channels = 2, .kernel = 1 }), NULL));
+        assert_true(ch_graph_reuse(g, "again", k == 0 ? "nothing" : k == 1 ? "r" : "conv", y) < 0);
         assert_int_equal(ch_graph_status(g, &err), CH_STATUS_BAD_INPUT);
         assert_non_null(strstr(err.msg, want[k]));
         ch_graph_free(g);

@@ -473,9 +473,10 @@ int ch_graph_reuse(ch_graph *g, const char *name, const char *node, int x)
                            node ? node : "");
     if (g->nodes[k].tied) k = g->nodes[k].tied - 1;
     const ch_gop op = g->nodes[k].op;
-    if (op != CH_GOP_CONV2D && op != CH_GOP_CONV_T && op != CH_GOP_LINEAR && op != CH_GOP_LAYERNORM)
-        return fail(g, CH_STATUS_BAD_INPUT, "node '%s' (reuse): '%s' is a %s node; only conv2d, conv_transpose2d, linear and layer_norm "
-                    "nodes are used again (their parameters have no running statistics)", name ? name : "",
+    if (op != CH_GOP_CONV2D && op != CH_GOP_CONV_T && op != CH_GOP_LINEAR && op != CH_GOP_LAYERNORM &&
+        op != CH_GOP_BATCHNORM2D)
+        return fail(g, CH_STATUS_BAD_INPUT, "node '%s' (reuse): '%s' is a %s node; only conv2d, conv_transpose2d, linear, "
+                    "layer_norm and batchnorm nodes (modules with parameters) are used again", name ? name : "",
                     g->nodes[k].name, ch_gnode_op_name(&g->nodes[k]));
     ch_gnode nd = g->nodes[k];
     nd.in = NULL;

@@ -75,11 +75,6 @@ static ch_status op_batchnorm(ch_onnx_imp *m)
     int64_t training = m->node->n_output > 1; /* opset 13: five outputs in training mode */
     if (m->opset >= 14) CH_TRY(ch_onnx_attr_int(m, "training_mode", 0, &training));
     if (!training) return ch_onnx_inference_export(m, m->node->n_input > 3 ? m->node->input[3] : "?");
-    CH_TRY(ch_onnx_weight_of(m, 1, &w, prefix));
-    /* A (batch, features) input is BatchNorm1d's; a (batch, c, length) one has no cohort shape. */
-    const int64_t c[1] = { m->g->tensors[x].dims[0] };
-    static const char *const names[4] = { "weight", "bias", "running_mean", "running_var" };
-    for (size_t i = 0; i < 4; i++) CH_TRY(ch_onnx_param(m, i + 1, prefix, names[i], c, 1, NULL));
     double eps = 0, momentum = 0;
     CH_TRY(ch_onnx_attr_float(m, "epsilon", 1e-5, &eps));
     CH_TRY(ch_onnx_attr_float(m, "momentum", 0.9, &momentum));
@@ -87,6 +82,21 @@ static ch_status op_batchnorm(ch_onnx_imp *m)
         return ch_onnx_bad(m, "epsilon %g or momentum %g outside (0, 1)", eps, momentum);
     /* ONNX keeps momentum * running + (1 - momentum) * batch: PyTorch's momentum is 1 - it. */
     const ch_batchnorm_args a = { .eps = ch_onnx_as_typed(eps), .momentum = ch_onnx_as_typed(1 - momentum) };
+    /* A BatchNorm module called again reads the same four initializers; it moves the same running
+     * statistics, after the first call, as PyTorch's module does (ONNX's second node reads them
+     * unmoved, but the file is a trace of PyTorch's module). */
+    int twin;
+    CH_TRY(ch_onnx_twin(m, 1, 4, &twin));
+    if (twin >= 0) {
+        CH_TRY(ch_onnx_reuse_out(m, twin, x, m->g->nodes[twin].op == CH_GOP_BATCHNORM2D &&
+                                 m->g->nodes[twin].bn.eps == a.eps && m->g->nodes[twin].bn.momentum == a.momentum));
+        return ch_onnx_dead_from(m, 1, "a running statistic of BatchNormalization, which cohort keeps itself");
+    }
+    CH_TRY(ch_onnx_weight_of(m, 1, &w, prefix));
+    /* A (batch, features) input is BatchNorm1d's; a (batch, c, length) one has no cohort shape. */
+    const int64_t c[1] = { m->g->tensors[x].dims[0] };
+    static const char *const names[4] = { "weight", "bias", "running_mean", "running_var" };
+    for (size_t i = 0; i < 4; i++) CH_TRY(ch_onnx_param(m, i + 1, prefix, names[i], c, 1, NULL));
     CH_TRY(ch_onnx_tensor_out(m, ch_graph_batchnorm2d(m->g, prefix, x, &a)));
     return ch_onnx_dead_from(m, 1, "a running statistic of BatchNormalization, which cohort keeps itself");
 }

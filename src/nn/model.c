@@ -27,7 +27,8 @@ static void count_tensors(ch_model *m, ch_layer *l, const char *path)
 {
     (void)path;
     /* A tied layer's parameters are its earlier twin's: only a private gradient (offsets into
-     * tied_grads). */
+     * tied_grads). Its buffers and counter are the twin's too (a BatchNorm called twice moves the
+     * same running statistics twice a step, as PyTorch's does). */
     for (int i = 0; l->tied_to && i < l->nparams; i++) {
         l->params[i].offset = m->ntied;
         m->ntied += l->params[i].count;
@@ -36,14 +37,14 @@ static void count_tensors(ch_model *m, ch_layer *l, const char *path)
         l->params[i].offset = m->nparams;
         m->nparams += l->params[i].count;
     }
-    for (int i = 0; i < l->nbuffers; i++) {
+    for (int i = 0; !l->tied_to && i < l->nbuffers; i++) {
         l->buffers[i].offset = m->nbuffers;
         m->nbuffers += l->buffers[i].count;
     }
     /* PyTorch's BatchNorm counts its batches; no other module has a counter. */
-    const bool counts = ch_layer_is_batchnorm(l);
+    const bool counts = ch_layer_is_batchnorm(l) && !l->tied_to;
     m->ncounters += counts;
-    m->ntensors += (l->tied_to ? 0 : l->nparams) + l->nbuffers + counts;
+    m->ntensors += l->tied_to ? 0 : l->nparams + l->nbuffers + counts;
 }
 
 static void add_ref(ch_model *m, const char *path, const char *suffix, ch_tensor_kind kind,
@@ -64,7 +65,12 @@ static void bind_tensors(ch_model *m, ch_layer *l, const char *path)
         l->p[i] = l->tied_to->p[i];   /* bound before: the twin comes earlier in module order */
         l->g[i] = m->tied_grads + l->params[i].offset;
     }
-    for (int i = 0; !l->tied_to && i < l->nparams; i++) {
+    if (l->tied_to) {
+        for (int i = 0; i < l->nbuffers; i++) l->b[i] = l->tied_to->b[i];
+        l->num_batches_tracked = l->tied_to->num_batches_tracked;
+        return;
+    }
+    for (int i = 0; i < l->nparams; i++) {
         l->p[i] = m->params + l->params[i].offset;
         l->g[i] = m->grads + l->params[i].offset;
         add_ref(m, path, l->params[i].suffix, CH_TENSOR_PARAM, &l->params[i], l->p[i], NULL);
