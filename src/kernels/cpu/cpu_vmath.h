@@ -38,6 +38,15 @@ static inline float ch_vm_float(uint32_t u)
     return f;
 }
 
+/* c[0] t^(n-1) + c[1] t^(n-2) + ... + c[n-1] by Horner's rule (n is a constant at every call, so
+ * the loop unrolls into n - 1 multiply-adds). */
+static inline float ch_vm_poly(float t, const float *c, int n)
+{
+    float p = c[0];
+    for (int i = 1; i < n; i++) p = p * t + c[i];
+    return p;
+}
+
 /* e^x = 2^n e^r, n = round(x / ln 2), |r| <= ln 2 / 2 (ln 2 in two parts, so r is exact). The
  * rounding adds 1.5 * 2^23, which leaves n in the low mantissa bits of t: no float-to-int
  * conversion, so a NaN only flows through (its bits make a garbage scale times a NaN). */
@@ -47,12 +56,9 @@ static inline float ch_vm_exp(float x)
     const float t = xc * 1.44269504088896341f + 12582912.0f;
     const float n = t - 12582912.0f;
     const float r = xc - n * 0.693359375f + n * 2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
+    static const float c[6] = { 1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
+                                4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f };
+    const float p = ch_vm_poly(r, c, 6);
     const float y = (p * r * r + r + 1.0f) * ch_vm_float((ch_vm_bits(t) - 0x4B400000u + 127u) << 23);
     return x < CH_VM_EXP_LO ? 0.0f : x > CH_VM_EXP_HI ? INFINITY : y;
 }
@@ -73,11 +79,9 @@ static inline float ch_vm_sigmoid(float x) { return 1.0f / (1.0f + ch_vm_exp(-x)
 static inline float ch_vm_tanh(float x)
 {
     const float ax = fabsf(x), z = x * x;
-    float p = -5.70498872745e-3f;
-    p = p * z + 2.06390887954e-2f;
-    p = p * z - 5.37397155531e-2f;
-    p = p * z + 1.33314422036e-1f;
-    p = p * z - 3.33332819422e-1f;
+    static const float c[5] = { -5.70498872745e-3f, 2.06390887954e-2f, -5.37397155531e-2f,
+                                1.33314422036e-1f, -3.33332819422e-1f };
+    const float p = ch_vm_poly(z, c, 5);
     const float small = copysignf(p * z * x + x, x);   /* tanh(-0) = -0 */
     const float large = copysignf(1.0f - 2.0f / (ch_vm_exp(2.0f * ax) + 1.0f), x);
     return ax < 0.625f ? small : large;
@@ -86,15 +90,9 @@ static inline float ch_vm_tanh(float x)
 /* erf(x) for |x| <= 1 (used up to 1/2, where 1 - erfc would cancel). */
 static inline float ch_vm_erf_small(float x)
 {
-    const float z = x * x;
-    float p = 7.853904010e-05f;
-    p = p * z - 8.010207802e-04f;
-    p = p * z + 5.188329501e-03f;
-    p = p * z - 2.685381305e-02f;
-    p = p * z + 1.128358518e-01f;
-    p = p * z - 3.761262583e-01f;
-    p = p * z + 1.128379166e+00f;
-    return p * x;
+    static const float c[7] = { 7.853904010e-05f, -8.010207802e-04f, 5.188329501e-03f, -2.685381305e-02f,
+                                1.128358518e-01f, -3.761262583e-01f, 1.128379166e+00f };
+    return ch_vm_poly(x * x, c, 7) * x;
 }
 
 /* erfc(|s|) (0 past |s| ~9.3, where it underflows), where s = c x and c^2 = k: the polynomial
@@ -102,19 +100,10 @@ static inline float ch_vm_erf_small(float x)
  * through the exponential (it would cost 2 s^2 ulps: ~85 in GELU at x = -12). */
 static inline float ch_vm_erfc(float s, float x, float k)
 {
-    const float t = 1.0f / (1.0f + 0.5f * fabsf(s));
-    float p = 2.774819960e-02f;
-    p = p * t - 2.098573859e-01f;
-    p = p * t + 6.404642285e-01f;
-    p = p * t - 9.660413316e-01f;
-    p = p * t + 6.833941190e-01f;
-    p = p * t - 2.513730204e-01f;
-    p = p * t + 2.850760628e-01f;
-    p = p * t + 2.234463250e-01f;
-    p = p * t + 2.852900574e-01f;
-    p = p * t + 2.818441693e-01f;
-    p = p * t + 8.570464889e-06f;
-    return p * ch_vm_exp_neg_square(x, k);
+    static const float c[11] = { 2.774819960e-02f, -2.098573859e-01f, 6.404642285e-01f, -9.660413316e-01f,
+                                 6.833941190e-01f, -2.513730204e-01f, 2.850760628e-01f, 2.234463250e-01f,
+                                 2.852900574e-01f, 2.818441693e-01f, 8.570464889e-06f };
+    return ch_vm_poly(1.0f / (1.0f + 0.5f * fabsf(s)), c, 11) * ch_vm_exp_neg_square(x, k);
 }
 
 /* erf(x) as 1 - erfc(|x|) where that does not cancel (|x| > 1/2). */
