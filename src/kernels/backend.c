@@ -129,20 +129,4 @@ const ch_backend *ch_backend_host(void)
     return &host;
 }
 
-ch_kctx ch_backend_kctx(const ch_backend *be)
-{
-    return (ch_kctx){ .nthreads = be->nthreads, .stream = be->streams[CH_STREAM_COMPUTE],
-                      .ws = be->ws ? be->ws->p : NULL, .ws_len = be->ws ? be->ws->len : 0 };
-}
 
-ch_status ch_backend_reserve_workspace(const ch_backend *be, size_t elems, ch_err *err)
-{
-    CH_ASSERT(be->ws);
-    if (be->ws->p && elems <= be->ws->len) return CH_STATUS_OK;
-    ch_real *p = ch_backend_alloc(be, sizeof(ch_real) * elems);
-    if (!p) return CH_SYS_FAIL(err, "allocation of the kernels' workspace");
-    ch_backend_release(be, be->ws->p);   /* free waits for the work queued on it */
-    be->ws->p = p;
-    be->ws->len = elems;
-    return CH_STATUS_OK;
-}

@@ -98,11 +98,6 @@ void ch_backend_free(ch_backend *be);
 /* A process-wide CPU backend (one thread) for code with no replica: tools and tests. Its workspace
  * is shared: plan models on it from one thread only. */
 const ch_backend *ch_backend_host(void);
-/* What a kernel on this backend gets: its threads, its compute stream and its workspace. */
-ch_kctx ch_backend_kctx(const ch_backend *be);
-/* Grows the workspace to at least elems reals (plan time: a larger one replaces the old after the
- * work queued on it has run). */
-ch_status ch_backend_reserve_workspace(const ch_backend *be, size_t elems, ch_err *err);
 
 static inline ch_stream *ch_backend_stream(const ch_backend *be, int which) { return be->streams[which]; }
 static inline bool ch_backend_async(const ch_backend *be) { return be->ops->upload_async != NULL; }
@@ -115,6 +110,29 @@ static inline void ch_backend_release(const ch_backend *be, void *p)
 {
     if (p) be->ops->free(be, p);
 }
+/* What a kernel on this backend gets: its threads, its compute stream and its workspace. (This
+ * and the reserve below are inline, as the memory wrappers are: the model code calls them, and
+ * the tools that link the model code without the backends, the fuzzers, need no backend.c.) */
+static inline ch_kctx ch_backend_kctx(const ch_backend *be)
+{
+    return (ch_kctx){ .nthreads = be->nthreads, .stream = be->streams[CH_STREAM_COMPUTE],
+                      .ws = be->ws ? be->ws->p : NULL, .ws_len = be->ws ? be->ws->len : 0 };
+}
+
+/* Grows the workspace to at least elems reals (plan time: a larger one replaces the old after the
+ * work queued on it has run, which the backend's free waits for). */
+static inline ch_status ch_backend_reserve_workspace(const ch_backend *be, size_t elems, ch_err *err)
+{
+    CH_ASSERT(be->ws);
+    if (be->ws->p && elems <= be->ws->len) return CH_STATUS_OK;
+    ch_real *p = (ch_real *)ch_backend_alloc(be, sizeof(ch_real) * elems);
+    if (!p) return CH_SYS_FAIL(err, "allocation of the kernels' workspace");
+    ch_backend_release(be, be->ws->p);
+    be->ws->p = p;
+    be->ws->len = elems;
+    return CH_STATUS_OK;
+}
+
 /* Staging memory for copies to and from this backend (pinned where the backend pins); NULL when
  * it cannot be had. */
 static inline void *ch_backend_host_alloc(const ch_backend *be, size_t bytes)
