@@ -1,0 +1,88 @@
+/* GFLOP/s of the CPU backend's convolution passes on the 3x3 layer shapes of bench/speed_models.py's
+ * ResNet-20 (28x28 input: 16, 32 and 64 channels) and resnet18's first stage: forward, backward
+ * data, backward weights, one thread (OpenMP held to one, as `--threads 1` does: oneDNN's batched
+ * GEMMs would otherwise take every core), batch 64 (16 for resnet18's 56x56), the best of the
+ * first argument's runs (5); a second argument runs that shape alone. A FLOP is counted as in
+ * the direct sum (2 * oc * c * kh * kw * oh * ow per sample), so Winograd's figures are
+ * "effective" ones and padding or garbage columns gain nothing. Compare two builds by linking
+ * this against each one's libcohort.a. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <omp.h>
+
+#include "kernels/cpu/cpu.h"
+
+static double now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static void fill(float *p, size_t n, uint64_t s)
+{
+    for (size_t i = 0; i < n; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        p[i] = (float)((double)(s >> 40) / (double)(1ull << 24) - 0.5);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    const int reps = argc > 1 ? atoi(argv[1]) : 5;
+    const char *only = argc > 2 ? argv[2] : NULL;   /* a shape's name: that one alone */
+    const struct { const char *name; int n, c, hw, oc, k, pad; } shapes[] = {
+        { "resnet20.s1", 64, 16, 28, 16, 3, 1 },
+        { "resnet20.s2", 64, 32, 14, 32, 3, 1 },
+        { "resnet20.s3", 64, 64, 7, 64, 3, 1 },
+        { "resnet18.l1", 16, 64, 56, 64, 3, 1 },
+    };
+    if (reps < 1) {
+        fprintf(stderr, "conv_kernels: bad reps\n");
+        return 1;
+    }
+    omp_set_num_threads(1);
+    for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
+        if (only && strcmp(only, shapes[i].name) != 0) continue;
+        const ch_conv_desc d = { .c = shapes[i].c, .h = shapes[i].hw, .w = shapes[i].hw,
+                                 .oc = shapes[i].oc, .kh = shapes[i].k, .kw = shapes[i].k,
+                                 .stride = 1, .pad = shapes[i].pad, .oh = shapes[i].hw,
+                                 .ow = shapes[i].hw };
+        const int n = shapes[i].n;
+        const size_t xl = (size_t)n * d.c * d.h * d.w, yl = (size_t)n * d.oc * d.oh * d.ow;
+        const size_t wl = (size_t)d.oc * d.c * d.kh * d.kw;
+        const size_t ws = ch_cpu_conv2d_workspace(&d, n, 1);
+        float *x = malloc(sizeof(float) * xl), *y = malloc(sizeof(float) * yl);
+        float *dy = malloc(sizeof(float) * yl), *dx = malloc(sizeof(float) * xl);
+        float *w = malloc(sizeof(float) * wl), *dw = malloc(sizeof(float) * wl);
+        float *b = malloc(sizeof(float) * d.oc), *db = malloc(sizeof(float) * d.oc);
+        float *wsp = malloc(sizeof(float) * (ws ? ws : 1));
+        if (!x || !y || !dy || !dx || !w || !dw || !b || !db || !wsp) {
+            fprintf(stderr, "conv_kernels: out of memory\n");
+            return 1;
+        }
+        fill(x, xl, 1), fill(dy, yl, 2), fill(w, wl, 3), fill(b, d.oc, 4);
+        ch_kctx kc = { .nthreads = 1, .ws = wsp, .ws_len = ws };
+        double best[3] = { 1e30, 1e30, 1e30 };
+        for (int r = 0; r < reps; r++) {
+            const double t0 = now();
+            ch_cpu_conv2d_forward(&kc, &d, n, x, w, b, y);
+            const double t1 = now();
+            ch_cpu_conv2d_backward_data(&kc, &d, n, dy, w, dx);
+            const double t2 = now();
+            ch_cpu_conv2d_backward_weights(&kc, &d, n, x, y, dy, dw, db);
+            const double t3 = now();
+            const double t[3] = { t1 - t0, t2 - t1, t3 - t2 };
+            for (int k = 0; k < 3; k++)
+                if (t[k] < best[k]) best[k] = t[k];
+        }
+        const double flop = 2.0 * (double)wl * d.oh * d.ow * n;
+        printf("%s fwd %.1f bwd_data %.1f bwd_weights %.1f GFLOP/s\n", shapes[i].name,
+               flop / best[0] * 1e-9, flop / best[1] * 1e-9, flop / best[2] * 1e-9);
+        free(x), free(y), free(dy), free(dx), free(w), free(dw), free(b), free(db), free(wsp);
+    }
+    return 0;
+}
