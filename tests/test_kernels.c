@@ -360,6 +360,35 @@ static void winograd5_matches_reference(void **state)
     assert_true(ch_cpu_wino5_workspace(&narrow, 4, 1) == 0);   /* 4 in: im2col */
 }
 
+/* Winograd F(4x4, 3x3) (cpu_wino3.c, the machinery of cpu_wino5.c with 6x6 tiles): 3x3, stride 1,
+ * at least 8 channels in and 16 out, all three passes, within the same bounds as F(3x3, 5x5)
+ * (its points reach 2, not 2 and 1/2). Channel counts that are not multiples of 16 are in the
+ * cases, so that even where oneDNN's Winograd (AVX-512) takes the others this path runs. */
+static void winograd3_matches_reference(void **state)
+{
+    (void)state;
+    const ch_conv_desc cases[] = {
+        /* ResNet-20's first stage, smaller: 3x3 tiles of 4x4, one chunk of 9 positions */
+        { .c = 16, .h = 12, .w = 12, .oc = 16, .kh = 3, .kw = 3, .stride = 1, .pad = 1 },
+        /* 14x14 "same": 16 positions in two chunks, the last tile row and column cut to 2 */
+        { .c = 8, .h = 14, .w = 14, .oc = 16, .kh = 3, .kw = 3, .stride = 1, .pad = 1 },
+        /* uneven: 11x9 without a border (9x7 out: tiles clipped to 1 and 3), odd channel counts */
+        { .c = 9, .h = 11, .w = 9, .oc = 17, .kh = 3, .kw = 3, .stride = 1, .pad = 0 },
+        /* a pad wider than "same" (7x7 in, 9x9 out), and 32 -> 24 on 7x5 */
+        { .c = 8, .h = 7, .w = 7, .oc = 16, .kh = 3, .kw = 3, .stride = 1, .pad = 2 },
+        { .c = 32, .h = 7, .w = 5, .oc = 24, .kh = 3, .kw = 3, .stride = 1, .pad = 1 },
+    };
+    check_winograd_cases(cases, sizeof cases / sizeof cases[0], 17, wino5_dw_tol,
+                         ch_cpu_wino3_workspace);
+    ch_conv_desc other = { .c = 16, .h = 14, .w = 14, .oc = 8, .kh = 3, .kw = 3, .stride = 1,
+                           .pad = 1, .oh = 14, .ow = 14 };
+    assert_true(ch_cpu_wino3_workspace(&other, 4, 1) == 0);   /* 8 out: im2col */
+    other.oc = 32, other.c = 4;
+    assert_true(ch_cpu_wino3_workspace(&other, 4, 1) == 0);   /* 4 in: im2col */
+    other.c = 16, other.stride = 2, other.oh = other.ow = 7;
+    assert_true(ch_cpu_wino3_workspace(&other, 4, 1) == 0);   /* strided: im2col */
+}
+
 /* BatchNorm's reductions (lane partial sums) against plain loops, for planes shorter than a
  * vector, exactly one, and with a tail. */
 static void check_batchnorm_sums(int n, int c, int hw, int threads)
@@ -703,6 +732,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(winograd_matches_reference),
         cmocka_unit_test(gemm_batch_matches_reference),
         cmocka_unit_test(winograd5_matches_reference),
+        cmocka_unit_test(winograd3_matches_reference),
         cmocka_unit_test(batchnorm_sums_match_reference),
         cmocka_unit_test(maxpool_matches_reference),
         cmocka_unit_test(avgpool_matches_reference),

@@ -218,7 +218,10 @@ static void resnet18_per_replica_bn_matches_per_slice_reference(void **state)
         const double e = tu_grad_error(ref, hg, g);
         const double eb = tu_max_norm_err(hb, b, mt->nbuffers);
         free(hb);
-        if (e > 1e-5 || eb > 1e-5)
+        /* 3e-5: the slices' sums differ from the per-slice reference's in order only; with the
+         * 3x3 layers in Winograd F(4x4, 3x3) (its weight gradient rounds to ~4e-6 relative) the
+         * worst seen was 1.01e-5, below 1e-5 with im2col. A replica left out of the sum: 0.79. */
+        if (e > 3e-5 || eb > 1e-5)
             fail_msg("per-replica BN on %d devices: gradient error %.3g, running stats error %.3g", D, e, eb);
         /* And it is not the sync-BN answer: the slices' statistics differ from the batch's. */
         ch_trainer *one = make("resnet18", d, "cpu:0", n, 0, false);
@@ -381,8 +384,11 @@ static void every_job_shape_gives_one_device_parameters(void **state)
     /* BatchNorm over slices of 0-1 samples (2x2 planes in the last stage) is ill-conditioned:
      * at lr 0.05 one device at 1 and at 2 threads already part by ~1e-3 after a few steps, so
      * the rounding of any split is amplified. At lr 0.002 the rounding stays ~1e-6; a replica
-     * that contributed anything but zero would still move the parameters by far more. */
-    check_job_shapes("resnet18", 12, 0.002, true, 3, 1e-4);
+     * that contributed anything but zero would still move the parameters by far more (a member
+     * left out of the local sum: 1.0e-2 on the first shape it reached, 4 samples in batches of 2
+     * on 2 devices). The worst seen was 7.3e-5 with im2col and 2.0e-4 with the 3x3 layers in
+     * Winograd F(4x4, 3x3), whose rounding the amplification scales. */
+    check_job_shapes("resnet18", 12, 0.002, true, 3, 5e-4);
 }
 
 /* --accum-steps: an epoch of lenet (no BatchNorm) with every device's part of a batch run as K

@@ -73,6 +73,17 @@ bool ch_cpu_wino5_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, int
                                    const ch_real *x, const ch_real *y, ch_real *dy, ch_real *dw,
                                    ch_real *db);
 
+/* Winograd F(4x4, 3x3) (cpu_wino3.c), all three passes, for 3x3 stride-1 layers with at least
+ * 8 channels in and 16 out that cpu_wino.c does not take; the same contract. */
+size_t ch_cpu_wino3_workspace(const ch_conv_desc *d, int n, int nthreads);
+bool ch_cpu_wino3_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
+                          const ch_real *w, const ch_real *b, ch_real *y);
+bool ch_cpu_wino3_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *dy,
+                                const ch_real *w, ch_real *dx);
+bool ch_cpu_wino3_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, int n,
+                                   const ch_real *x, const ch_real *y, ch_real *dy, ch_real *dw,
+                                   ch_real *db);
+
 void ch_cpu_maxpool2d_forward(const ch_kctx *kc, const ch_pool_desc *d, int n, const ch_real *x,
                               ch_real *y, int32_t *argmax);
 /* The direct formulation for any window (the reference table uses it). */

@@ -1,0 +1,603 @@
+/* The body of a hand-written Winograd convolution F(WM x WM, WR x WR), all three passes, with a
+ * group of TB samples in the vector lanes: cpu_wino5.c (F(3x3, 5x5)) and cpu_wino3.c (F(4x4, 3x3))
+ * each define the sizes, the matrices' transforms and the names, then include this. What it does
+ * and why is told at the top of cpu_wino5.c, the first of them.
+ * The including file defines, before it:
+ *   WM, WR, WA = WM + WR - 1, NP = WA * WA, TB (lanes), WINO_POS (tile positions per chunk at
+ *   most), WINO_COLS = WINO_POS * TB, WINO_MIN_C and WINO_MIN_OC (the smallest layer it takes);
+ *   G[WA][WR]; bt_lanes, btt_lanes (BT and its transpose), at_lanes, att_lanes (AT and its
+ *   transpose), each a 1-D transform on TB lanes (input k of lane j at in[k*is + j], output i at
+ *   out[i*os + j]); and WINO_FN(name), its public names. */
+#ifndef WINO_FN
+#error "wino_body.h is included by a file that defines the transform first"
+#endif
+
+#include <string.h>
+
+/* The 2-D transforms. Windows and blocks are read from (and dx's windows added into) a group's
+ * planes, whose element (r, c) is the vector at r*rs + c*TB; a chunk buffer's point p of a row is
+ * at p*ps from the row's lanes. */
+static void transform_in(const ch_real *restrict win, size_t rs, ch_real *restrict out, size_t ps)
+{
+    ch_real t[NP * TB];
+    for (int m = 0; m < WA; m++) bt_lanes(win + m * TB, rs, t + m * TB, WA * TB);
+    for (int i = 0; i < WA; i++) bt_lanes(t + i * WA * TB, TB, out + i * WA * ps, ps);
+}
+
+static void adjoint_in_add(const ch_real *restrict in, size_t ps, ch_real *restrict win, size_t rs)
+{
+    ch_real t[NP * TB], out[NP * TB];
+    for (int j = 0; j < WA; j++) btt_lanes(in + j * ps, WA * ps, t + j * TB, WA * TB);
+    for (int k = 0; k < WA; k++) btt_lanes(t + k * WA * TB, TB, out + k * WA * TB, TB);
+    for (int a = 0; a < WA; a++)
+        for (int b = 0; b < WA; b++) {
+            ch_real *to = win + a * rs + b * TB;
+            const ch_real *from = out + (a * WA + b) * TB;
+#pragma omp simd
+            for (int l = 0; l < TB; l++) to[l] += from[l];
+        }
+}
+
+/* AT M AT^T for one row of a chunk, + bias, ReLU if fused, stored as a WM x WM block of vectors. */
+static void transform_out(const ch_real *restrict in, size_t ps, ch_real bias, bool relu,
+                          ch_real *restrict blk, size_t rs)
+{
+    ch_real t[WM * WA * TB];
+    for (int m = 0; m < WA; m++) at_lanes(in + m * ps, WA * ps, t + m * TB, WA * TB);
+    for (int i = 0; i < WM; i++) {
+        ch_real out[WM * TB];
+        at_lanes(t + i * WA * TB, TB, out, TB);
+        for (int j = 0; j < WM; j++) {
+            ch_real *to = blk + i * rs + j * TB;
+#pragma omp simd
+            for (int l = 0; l < TB; l++) {
+                const ch_real v = out[j * TB + l] + bias;
+                to[l] = relu && v < 0 ? 0 : v;   /* NaN passes, as in ch_cpu_relu_span */
+            }
+        }
+    }
+}
+
+static void transform_dy_block(const ch_real *restrict blk, size_t rs, ch_real *restrict out,
+                               size_t ps)
+{
+    ch_real t[WA * WM * TB];
+    for (int j = 0; j < WM; j++) att_lanes(blk + j * TB, rs, t + j * TB, WM * TB);
+    for (int k = 0; k < WA; k++) att_lanes(t + k * WM * TB, TB, out + k * WA * ps, ps);
+}
+
+/* The layer's tiling: tiles of WM x WM outputs at ty x tx positions per sample (the last row and
+ * column clipped). A group's x (or dx) is held as c planes of xh x xw vectors, padded so that
+ * every tile's WA x WA window lies inside (origin at (-pad, -pad)); its y (or dy) as oc planes of
+ * yh x yw vectors (whole tiles). A group's positions go through the GEMMs in `chunks` runs of at
+ * most WINO_POS. */
+typedef struct wgeo {
+    const ch_conv_desc *d;
+    int ty, tx, pos, chunks, span;
+    int xh, xw, yh, yw;
+    size_t scratch;   /* the GEMMs' scratch per thread, in elements */
+} wgeo;
+
+/* Whether chunks of `positions` spread their NP points over the cache. A chunk buffer's point
+ * stride is rows x positions vectors of 64 bytes (see point_stride); the transforms write a tile's
+ * NP points at that stride, and where it is a multiple of 16 or more lines they fall into 4 or
+ * fewer of L1's 64 sets and evict each other: mnist-cnn's 20 x 8 positions (160 lines) made
+ * both input transforms 1.5-2x slower than 20 x 9. */
+static bool spreads(int rows, int positions)
+{
+    return (rows * positions) % 16 != 0;
+}
+
+/* Positions per chunk, for `chunks` chunks of a group's pos: the fewest that fit, unless that
+ * or the last chunk's rest does not spread and a larger one (up to WINO_POS) does. */
+static int chunk_positions(const ch_conv_desc *d, int pos, int chunks)
+{
+    const int even = (pos + chunks - 1) / chunks;
+    for (int s = even; s <= WINO_POS && s * (chunks - 1) < pos; s++) {
+        const int rest = pos - s * (chunks - 1);
+        if (spreads(d->c, s) && spreads(d->oc, s) && spreads(d->c, rest) && spreads(d->oc, rest))
+            return s;
+    }
+    return even;
+}
+
+static wgeo tiling_of(const ch_conv_desc *d)
+{
+    wgeo g = { .d = d, .ty = (d->oh + WM - 1) / WM, .tx = (d->ow + WM - 1) / WM };
+    g.pos = g.ty * g.tx;
+    g.chunks = (g.pos + WINO_POS - 1) / WINO_POS;
+    g.span = chunk_positions(d, g.pos, g.chunks);
+    g.xh = g.ty * WM + WR - 1, g.xw = g.tx * WM + WR - 1;
+    g.yh = g.ty * WM, g.yw = g.tx * WM;
+    return g;
+}
+
+static size_t gemm_scratch_len(const wgeo *g);
+/* The geometry with the GEMM scratch (which makes the GEMMs on first use). */
+static wgeo geo_of(const ch_conv_desc *d)
+{
+    wgeo g = tiling_of(d);
+    g.scratch = gemm_scratch_len(&g);
+    return g;
+}
+
+/* Chunk i of a group: tile positions [p0, p1) (g->span each, the last one the rest), cols = the
+ * chunk's GEMM columns. */
+typedef struct wspan {
+    int p0, p1, cols;
+} wspan;
+
+static wspan chunk_span(const wgeo *g, int i)
+{
+    const int p0 = g->span * i, p1 = p0 + g->span < g->pos ? p0 + g->span : g->pos;
+    return (wspan){ p0, p1, (p1 - p0) * TB };
+}
+
+/* Position q's WA x WA window in channel c's x planes, its WM x WM block in channel o's y planes (row
+ * strides x_rs and y_rs), and its lanes in row `row` of a chunk buffer. */
+static ch_real *x_window(const wgeo *g, ch_real *xg, int c, int q)
+{
+    return xg + (((size_t)c * g->xh + q / g->tx * WM) * g->xw + q % g->tx * WM) * TB;
+}
+
+static ch_real *y_block(const wgeo *g, ch_real *yg, int o, int q)
+{
+    return yg + (((size_t)o * g->yh + q / g->tx * WM) * g->yw + q % g->tx * WM) * TB;
+}
+
+static size_t x_rs(const wgeo *g) { return (size_t)g->xw * TB; }
+static size_t y_rs(const wgeo *g) { return (size_t)g->yw * TB; }
+
+static ch_real *chunk_lanes(ch_real *buf, int row, wspan k, int q)
+{
+    return buf + (size_t)row * k.cols + (size_t)(q - k.p0) * TB;
+}
+
+/* A tensor's samples s .. s+live-1 (planes of h x w) as a group's planes of ph x pw vectors, the
+ * data at (pad, pad), zero elsewhere and in the lanes past live. */
+typedef struct wlayout {
+    int planes, h, w, pad, ph, pw;
+} wlayout;
+
+static wlayout x_layout(const wgeo *g)
+{
+    return (wlayout){ g->d->c, g->d->h, g->d->w, g->d->pad, g->xh, g->xw };
+}
+
+static wlayout y_layout(const wgeo *g)
+{
+    return (wlayout){ g->d->oc, g->d->oh, g->d->ow, 0, g->yh, g->yw };
+}
+
+static size_t group_len(wlayout l) { return (size_t)l.planes * l.ph * l.pw * TB; }
+
+/* The transposes between a tensor's rows (one per sample, ss apart) and a group's lanes:
+ * to[c*TB + s] = from[s*ss + c] and back, for c < len and s < live. Where AVX2 is there (float
+ * build), 8x8 blocks go through registers (8 row loads, 24 shuffles, 8 stores); the lane-at-a-time
+ * loops before were gathers, which Zen 3 runs about one element a cycle, and the packing was a
+ * seventh of ResNet-20's step. */
+#if defined(__AVX2__) && !defined(CH_REAL_DOUBLE)
+#include <immintrin.h>
+
+/* r[j] = column j of the 8x8 block whose row i was r[i]. */
+static inline void transpose8(__m256 r[8])
+{
+    const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+    const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+    const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+    const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+    const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+    const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+    r[0] = _mm256_permute2f128_ps(u0, u4, 0x20), r[4] = _mm256_permute2f128_ps(u0, u4, 0x31);
+    r[1] = _mm256_permute2f128_ps(u1, u5, 0x20), r[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
+    r[2] = _mm256_permute2f128_ps(u2, u6, 0x20), r[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
+    r[3] = _mm256_permute2f128_ps(u3, u7, 0x20), r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
+}
+enum { WINO_BLOCK = 8 };
+#endif
+
+static void rows_to_lanes(const ch_real *restrict from, size_t ss, int live, int len,
+                          ch_real *restrict to)
+{
+    int c = 0;
+#if defined(__AVX2__) && !defined(CH_REAL_DOUBLE)
+    if (live == TB)
+        for (; c + WINO_BLOCK <= len; c += WINO_BLOCK)
+            for (int h = 0; h < TB; h += WINO_BLOCK) {
+                __m256 r[8];
+                for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(from + (size_t)(h + i) * ss + c);
+                transpose8(r);
+                for (int j = 0; j < 8; j++) _mm256_storeu_ps(to + (size_t)(c + j) * TB + h, r[j]);
+            }
+#endif
+    for (; c < len; c++)
+        for (int s = 0; s < live; s++) to[(size_t)c * TB + s] = from[(size_t)s * ss + c];
+}
+
+static void lanes_to_rows(const ch_real *restrict from, int live, int len, ch_real *restrict to,
+                          size_t ss)
+{
+    int c = 0;
+#if defined(__AVX2__) && !defined(CH_REAL_DOUBLE)
+    for (; c + WINO_BLOCK <= len; c += WINO_BLOCK)
+        for (int h = 0; h < live; h += WINO_BLOCK) {
+            __m256 r[8];
+            for (int j = 0; j < 8; j++) r[j] = _mm256_loadu_ps(from + (size_t)(c + j) * TB + h);
+            transpose8(r);
+            for (int i = 0; i < 8 && h + i < live; i++)
+                _mm256_storeu_ps(to + (size_t)(h + i) * ss + c, r[i]);
+        }
+#endif
+    for (; c < len; c++)
+        for (int s = 0; s < live; s++) to[(size_t)s * ss + c] = from[(size_t)c * TB + s];
+}
+
+static void pack_group(wlayout l, const ch_real *t, int live, ch_real *grp)
+{
+    if (live < TB || l.ph != l.h || l.pw != l.w) memset(grp, 0, sizeof(ch_real) * group_len(l));
+    const size_t plane = (size_t)l.h * l.w, ss = plane * l.planes;
+    for (int p = 0; p < l.planes; p++)
+        for (int r = 0; r < l.h; r++)
+            rows_to_lanes(t + p * plane + (size_t)r * l.w, ss, live, l.w,
+                          grp + (((size_t)p * l.ph + r + l.pad) * l.pw + l.pad) * TB);
+}
+
+/* The inverse: the group's lanes 0 .. live-1 back into the tensor (the border dropped). Planes
+ * without a border go as one row. */
+static void unpack_group(wlayout l, const ch_real *grp, int live, ch_real *t)
+{
+    const size_t plane = (size_t)l.h * l.w, ss = plane * l.planes;
+    const bool whole = l.ph == l.h && l.pw == l.w;
+    for (int p = 0; p < l.planes; p++) {
+        ch_real *to = t + (size_t)p * plane;
+        const ch_real *from = grp + (((size_t)p * l.ph + l.pad) * l.pw + l.pad) * TB;
+        if (whole) {
+            lanes_to_rows(from, live, (int)plane, to, ss);
+            continue;
+        }
+        for (int r = 0; r < l.h; r++)
+            lanes_to_rows(from + (size_t)r * l.pw * TB, live, l.w, to + (size_t)r * l.w, ss);
+    }
+}
+
+/* U[p][o][c] = (G w(o,c) G^T)[p] for the pairs [lo, hi). */
+static void transform_weights(const ch_conv_desc *d, const ch_real *w, int lo, int hi,
+                              ch_real *u)
+{
+    const size_t plane = (size_t)d->oc * d->c;
+    for (int k = lo; k < hi; k++) {
+        const ch_real *g = w + (size_t)k * WR * WR;
+        ch_real t[WA][WR];
+        for (int i = 0; i < WA; i++)
+            for (int b = 0; b < WR; b++) {
+                ch_real s = 0;
+                for (int a = 0; a < WR; a++) s += G[i][a] * g[a * WR + b];
+                t[i][b] = s;
+            }
+        for (int i = 0; i < WA; i++)
+            for (int j = 0; j < WA; j++) {
+                ch_real s = 0;
+                for (int b = 0; b < WR; b++) s += t[i][b] * G[j][b];
+                u[(size_t)(i * WA + j) * plane + k] = s;
+            }
+    }
+}
+
+/* Also: the tiles at least half full of outputs. A 2x2 plane in one 4x4 tile costs F(4x4, 3x3)
+ * as many multiplies as the direct form, for the transforms' rounding and no gain. */
+static bool wino_applies(const ch_conv_desc *d)
+{
+    const long tiles = (long)((d->oh + WM - 1) / WM) * ((d->ow + WM - 1) / WM);
+    return d->kh == WR && d->kw == WR && d->stride == 1 && d->c >= WINO_MIN_C &&
+           d->oc >= WINO_MIN_OC && d->oh > 0 && d->ow > 0 &&
+           2L * d->oh * d->ow >= tiles * WM * WM;
+}
+
+static int groups_of(int n) { return (n + TB - 1) / TB; }
+static int team_size(int n, int nthreads)
+{
+    const int g = groups_of(n);
+    return g < nthreads ? (g > 0 ? g : 1) : nthreads;
+}
+
+/* A chunk buffer is dense, [p][row][col] with k.cols columns: oneDNN's batched kernel (brgemm)
+ * takes only dense operands, and with a fixed row of WINO_COLS the shorter chunks ran its slower
+ * gemm-based one. */
+static size_t point_stride(int rows, wspan k)
+{
+    const size_t dense = (size_t)rows * k.cols;
+    return spreads(rows, k.cols / TB) ? dense : dense + TB;
+}
+
+/* The NP GEMMs of a chunk of `cols` columns, one per point, as one strided batch:
+ *   forward:          M[p] (oc x cols) = U[p] (oc x c) V[p] (c x cols)
+ *   backward data:    dV[p] (c x cols) = U[p]^T E[p]
+ *   backward weights: dU[p] (oc x c) += E[p] (oc x cols) V[p]^T */
+typedef enum { PASS_FORWARD, PASS_DATA, PASS_WEIGHTS } wpass_kind;
+
+static ch_gemm_batch point_gemms(const ch_conv_desc *d, wpass_kind kind, wspan k)
+{
+    const size_t uc = (size_t)d->oc * d->c, vs = point_stride(d->c, k);
+    const size_t es = point_stride(d->oc, k);
+    switch (kind) {
+    case PASS_FORWARD:
+        return (ch_gemm_batch){ .batch = NP, .m = d->oc, .n = k.cols, .k = d->c, .lda = d->c,
+                                .ldb = k.cols, .ldc = k.cols, .sa = uc, .sb = vs, .sc = es };
+    case PASS_DATA:
+        return (ch_gemm_batch){ .batch = NP, .m = d->c, .n = k.cols, .k = d->oc, .lda = d->c,
+                                .ldb = k.cols, .ldc = k.cols, .sa = uc, .sb = es, .sc = vs,
+                                .ta = true };
+    default:
+        return (ch_gemm_batch){ .batch = NP, .m = d->oc, .n = d->c, .k = k.cols, .lda = k.cols,
+                                .ldb = k.cols, .ldc = d->c, .sa = es, .sb = vs, .sc = uc,
+                                .tb = true, .accumulate = true };
+    }
+}
+
+/* The largest GEMM scratch of the layer's chunks and passes, in elements. */
+static size_t gemm_scratch_len(const wgeo *g)
+{
+    size_t most = 0;
+    for (int i = 0; i < g->chunks; i++)
+        for (int kind = PASS_FORWARD; kind <= PASS_WEIGHTS; kind++) {
+            const ch_gemm_batch b = point_gemms(g->d, (wpass_kind)kind, chunk_span(g, i));
+            const size_t len = (ch_cpu_gemm_batch_scratch(&b) + sizeof(ch_real) - 1) /
+                               sizeof(ch_real);
+            if (len > most) most = len;
+        }
+    return most;
+}
+
+/* Shared: U, or dU summed (NP x oc x c). Per thread: the group's x and y planes, the two chunk
+ * buffers, its partial dU and db (backward weights), and the GEMMs' scratch. */
+static size_t shared_len(const ch_conv_desc *d) { return (size_t)NP * d->oc * d->c; }
+static size_t thread_len(const wgeo *g)
+{
+    const ch_conv_desc *d = g->d;
+    return group_len(x_layout(g)) + group_len(y_layout(g)) +
+           (size_t)NP * (d->c + d->oc) * (WINO_COLS + TB) + shared_len(d) + (size_t)d->oc +
+           g->scratch;
+}
+
+size_t WINO_FN(workspace)(const ch_conv_desc *d, int n, int nthreads)
+{
+    if (!wino_applies(d)) return 0;
+    const wgeo g = geo_of(d);
+    return shared_len(d) + thread_len(&g) * (size_t)team_size(n, nthreads);
+}
+
+/* Thread t's scratch. */
+typedef struct wscratch {
+    ch_real *xg, *yg;   /* the group's x (or dx) and y (or dy) planes */
+    ch_real *v, *e;     /* V or dV chunk (c rows), M or E chunk (oc rows), WINO_COLS each */
+    ch_real *du, *db;   /* backward weights: the thread's dU (NP x oc x c) and db */
+    ch_real *gemm;      /* the GEMMs' scratch */
+} wscratch;
+
+static wscratch scratch_of(const ch_kctx *kc, const wgeo *g, int t)
+{
+    const ch_conv_desc *d = g->d;
+    wscratch s;
+    s.xg = kc->ws + shared_len(d) + thread_len(g) * (size_t)t;
+    s.yg = s.xg + group_len(x_layout(g));
+    s.v = s.yg + group_len(y_layout(g));
+    s.e = s.v + (size_t)NP * d->c * (WINO_COLS + TB);
+    s.du = s.e + (size_t)NP * d->oc * (WINO_COLS + TB);
+    s.db = s.du + shared_len(d);
+    s.gemm = s.db + d->oc;
+    return s;
+}
+
+static bool wino_usable(const ch_kctx *kc, const ch_conv_desc *d, int n)
+{
+    return wino_applies(d) && n > 0 && kc->ws &&
+           kc->ws_len >= WINO_FN(workspace)(d, n, kc->nthreads);
+}
+
+/* What a pass does with each group of samples. */
+typedef struct wpass wpass;
+struct wpass {
+    const ch_real *in, *bias;   /* x and b (forward, b may be NULL), or dy */
+    ch_real *out;               /* y, or dx */
+    void (*group)(const ch_kctx *kc, const wgeo *g, const wpass *p, const ch_real *u,
+                  const wscratch *s, int s0, int live);
+};
+
+/* V[p][c][col] for the chunk, from the group's x planes. */
+static void transform_x(const wgeo *g, wspan k, const wscratch *s)
+{
+    for (int c = 0; c < g->d->c; c++)
+        for (int q = k.p0; q < k.p1; q++)
+            transform_in(x_window(g, s->xg, c, q), x_rs(g), chunk_lanes(s->v, c, k, q),
+                         point_stride(g->d->c, k));
+}
+
+/* E[p][o][col] for the chunk, from the group's dy planes. */
+static void transform_dy(const wgeo *g, wspan k, const wscratch *s)
+{
+    for (int o = 0; o < g->d->oc; o++)
+        for (int q = k.p0; q < k.p1; q++)
+            transform_dy_block(y_block(g, s->yg, o, q), y_rs(g), chunk_lanes(s->e, o, k, q),
+                               point_stride(g->d->oc, k));
+}
+
+/* Y for chunk i of the group in s->xg: V, then M[p] (oc x cols) = U[p] (oc x c) V[p] (c x cols),
+ * then AT M AT^T into s->yg. */
+static void forward_chunk(const ch_kctx *kc, const wgeo *g, const wpass *p, const ch_real *u,
+                          const wscratch *s, int i)
+{
+    const ch_conv_desc *d = g->d;
+    const wspan k = chunk_span(g, i);
+    transform_x(g, k, s);
+    const ch_gemm_batch b = point_gemms(d, PASS_FORWARD, k);
+    ch_cpu_gemm_batch(kc, &b, u, s->v, s->e, s->gemm);
+    for (int o = 0; o < d->oc; o++)
+        for (int q = k.p0; q < k.p1; q++)
+            transform_out(chunk_lanes(s->e, o, k, q), point_stride(d->oc, k),
+                          p->bias ? p->bias[o] : 0, d->relu, y_block(g, s->yg, o, q), y_rs(g));
+}
+
+static void forward_group(const ch_kctx *kc, const wgeo *g, const wpass *p, const ch_real *u,
+                          const wscratch *s, int s0, int live)
+{
+    const ch_conv_desc *d = g->d;
+    pack_group(x_layout(g), p->in + (size_t)s0 * d->c * d->h * d->w, live, s->xg);
+    for (int i = 0; i < g->chunks; i++) forward_chunk(kc, g, p, u, s, i);
+    unpack_group(y_layout(g), s->yg, live, p->out + (size_t)s0 * d->oc * d->oh * d->ow);
+}
+
+/* dX for chunk i of the group's dY in s->yg: E, then dV[p] (c x cols) = U[p]^T E[p], then
+ * BT^T dV BT added into the windows in s->xg. */
+static void backward_data_chunk(const ch_kctx *kc, const wgeo *g, const ch_real *u,
+                                const wscratch *s, int i)
+{
+    const ch_conv_desc *d = g->d;
+    const wspan k = chunk_span(g, i);
+    transform_dy(g, k, s);
+    const ch_gemm_batch b = point_gemms(d, PASS_DATA, k);
+    ch_cpu_gemm_batch(kc, &b, u, s->e, s->v, s->gemm);
+    for (int c = 0; c < d->c; c++)
+        for (int q = k.p0; q < k.p1; q++)   /* windows overlap: added in position order */
+            adjoint_in_add(chunk_lanes(s->v, c, k, q), point_stride(d->c, k),
+                           x_window(g, s->xg, c, q), x_rs(g));
+}
+
+static void backward_data_group(const ch_kctx *kc, const wgeo *g, const wpass *p,
+                                const ch_real *u, const wscratch *s, int s0, int live)
+{
+    const ch_conv_desc *d = g->d;
+    pack_group(y_layout(g), p->in + (size_t)s0 * d->oc * d->oh * d->ow, live, s->yg);
+    memset(s->xg, 0, sizeof(ch_real) * group_len(x_layout(g)));
+    for (int i = 0; i < g->chunks; i++) backward_data_chunk(kc, g, u, s, i);
+    unpack_group(x_layout(g), s->xg, live, p->out + (size_t)s0 * d->c * d->h * d->w);
+}
+
+/* A pass over the batch: U from w, then each thread's groups of TB samples in order. */
+static void run_pass(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *w,
+                     const wpass *p)
+{
+    const int T = team_size(n, kc->nthreads), pairs = d->oc * d->c, groups = groups_of(n);
+    ch_real *u = kc->ws;
+    const wgeo g = geo_of(d);
+#pragma omp parallel num_threads(T) if (T > 1)
+    {
+        const int t = ch_omp_thread();
+        transform_weights(d, w, pairs * t / T, pairs * (t + 1) / T, u);
+        const wscratch s = scratch_of(kc, &g, t);
+#pragma omp barrier
+        for (int q = groups * t / T; q < groups * (t + 1) / T; q++) {
+            const int s0 = q * TB;
+            p->group(kc, &g, p, u, &s, s0, n - s0 < TB ? n - s0 : TB);
+        }
+    }
+}
+
+bool WINO_FN(forward)(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
+                          const ch_real *w, const ch_real *b, ch_real *y)
+{
+    if (!wino_usable(kc, d, n)) return false;
+    run_pass(kc, d, n, w, &(wpass){ .in = x, .bias = b, .out = y, .group = forward_group });
+    return true;
+}
+
+bool WINO_FN(backward_data)(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *dy,
+                                const ch_real *w, ch_real *dx)
+{
+    if (!wino_usable(kc, d, n)) return false;
+    run_pass(kc, d, n, w, &(wpass){ .in = dy, .out = dx, .group = backward_data_group });
+    return true;
+}
+
+/* dU for chunk i of the group (x in s->xg, dY in s->yg): V and E, then per point
+ * dU[p] (oc x c) += E[p] (oc x cols) V[p]^T. */
+static void weights_chunk(const ch_kctx *kc, const wgeo *g, const wscratch *s, int i)
+{
+    const wspan k = chunk_span(g, i);
+    transform_x(g, k, s);
+    transform_dy(g, k, s);
+    const ch_gemm_batch b = point_gemms(g->d, PASS_WEIGHTS, k);
+    ch_cpu_gemm_batch(kc, &b, s->e, s->v, s->du, s->gemm);
+}
+
+/* dg = G^T dU G for the pairs [lo, hi): the adjoint of transform_weights. */
+static void untransform_weights(const ch_conv_desc *d, const ch_real *du, int lo, int hi,
+                                ch_real *dw)
+{
+    const size_t plane = (size_t)d->oc * d->c;
+    for (int k = lo; k < hi; k++) {
+        ch_real t[WR][WA];
+        for (int a = 0; a < WR; a++)
+            for (int j = 0; j < WA; j++) {
+                ch_real acc = 0;
+                for (int i = 0; i < WA; i++) acc += G[i][a] * du[(size_t)(i * WA + j) * plane + k];
+                t[a][j] = acc;
+            }
+        for (int a = 0; a < WR; a++)
+            for (int b = 0; b < WR; b++) {
+                ch_real acc = 0;
+                for (int j = 0; j < WA; j++) acc += t[a][j] * G[j][b];
+                dw[(size_t)k * WR * WR + a * WR + b] = acc;
+            }
+    }
+}
+
+/* The thread's groups [lo, hi): dy masked by the fused ReLU in place (backward data reads it
+ * next), then its dU and db. */
+static void weights_groups(const ch_kctx *kc, const wgeo *g, const wscratch *s, int n, int lo,
+                           int hi, const ch_real *x, const ch_real *y, ch_real *dy)
+{
+    const ch_conv_desc *d = g->d;
+    const size_t xs = (size_t)d->c * d->h * d->w, ys = (size_t)d->oc * d->oh * d->ow;
+    const int s0 = lo * TB, s1 = hi * TB < n ? hi * TB : n;
+    if (d->relu)
+        ch_cpu_relu_backward_span((size_t)(s1 - s0) * ys, y + s0 * ys, dy + s0 * ys, dy + s0 * ys);
+    for (int o = 0; o < d->oc; o++) {
+        double acc = 0;
+        for (int i = s0; i < s1; i++)
+            acc += ch_cpu_sum(dy + i * ys + (size_t)o * d->oh * d->ow, (size_t)d->oh * d->ow);
+        s->db[o] = (ch_real)acc;
+    }
+    memset(s->du, 0, sizeof(ch_real) * shared_len(d));
+    for (int q = lo; q < hi; q++) {
+        const int live = n - q * TB < TB ? n - q * TB : TB;
+        pack_group(x_layout(g), x + (size_t)q * TB * xs, live, s->xg);
+        pack_group(y_layout(g), dy + (size_t)q * TB * ys, live, s->yg);
+        for (int i = 0; i < g->chunks; i++) weights_chunk(kc, g, s, i);
+    }
+}
+
+bool WINO_FN(backward_weights)(const ch_kctx *kc, const ch_conv_desc *d, int n,
+                                   const ch_real *x, const ch_real *y, ch_real *dy, ch_real *dw,
+                                   ch_real *db)
+{
+    if (!wino_usable(kc, d, n)) return false;
+    const int T = team_size(n, kc->nthreads), pairs = d->oc * d->c, groups = groups_of(n);
+    const size_t len = shared_len(d);
+    const wgeo g = geo_of(d);
+    ch_real *du = kc->ws;
+#pragma omp parallel num_threads(T) if (T > 1)
+    {
+        const int t = ch_omp_thread();
+        const wscratch s = scratch_of(kc, &g, t);
+        weights_groups(kc, &g, &s, n, groups * t / T, groups * (t + 1) / T, x, y, dy);
+#pragma omp barrier
+        /* The partials added in thread order, each thread a slice of the elements. */
+        const size_t lo = len * t / T, hi = len * (t + 1) / T;
+        memcpy(du + lo, scratch_of(kc, &g, 0).du + lo, sizeof(ch_real) * (hi - lo));
+        for (int u = 1; u < T; u++) {
+            const ch_real *part = scratch_of(kc, &g, u).du;
+#pragma omp simd
+            for (size_t i = lo; i < hi; i++) du[i] += part[i];
+        }
+#pragma omp barrier
+        untransform_weights(d, du, pairs * t / T, pairs * (t + 1) / T, dw);
+    }
+    for (int o = 0; db && o < d->oc; o++) {
+        ch_real acc = 0;
+        for (int u = 0; u < T; u++) acc += scratch_of(kc, &g, u).db[o];
+        db[o] = acc;
+    }
+    return true;
+}
