@@ -377,6 +377,9 @@ static void winograd3_matches_reference(void **state)
         /* a pad wider than "same" (7x7 in, 9x9 out), and 32 -> 24 on 7x5 */
         { .c = 8, .h = 7, .w = 7, .oc = 16, .kh = 3, .kw = 3, .stride = 1, .pad = 2 },
         { .c = 32, .h = 7, .w = 5, .oc = 24, .kh = 3, .kw = 3, .stride = 1, .pad = 1 },
+        /* 2x5 tiles: one chunk of the widest kind (10 positions), whose 16-row point blocks get
+         * their line of padding: the chunk buffers must hold it */
+        { .c = 16, .h = 8, .w = 20, .oc = 16, .kh = 3, .kw = 3, .stride = 1, .pad = 1 },
     };
     check_winograd_cases(cases, sizeof cases / sizeof cases[0], 17, wino5_dw_tol,
                          ch_cpu_wino3_workspace);
@@ -387,6 +390,11 @@ static void winograd3_matches_reference(void **state)
     assert_true(ch_cpu_wino3_workspace(&other, 4, 1) == 0);   /* 4 in: im2col */
     other.c = 16, other.stride = 2, other.oh = other.ow = 7;
     assert_true(ch_cpu_wino3_workspace(&other, 4, 1) == 0);   /* strided: im2col */
+    /* A 2x2 output in one 4x4 tile: 36 multiplies either way, so im2col; 3x3 saves 45. */
+    other.stride = 1, other.h = other.w = other.oh = other.ow = 2;
+    assert_true(ch_cpu_wino3_workspace(&other, 4, 1) == 0);
+    other.h = other.w = other.oh = other.ow = 3;
+    assert_true(ch_cpu_wino3_workspace(&other, 4, 1) > 0);
 }
 
 /* BatchNorm's reductions (lane partial sums) against plain loops, for planes shorter than a

@@ -38,7 +38,7 @@
 #include "kernels/cpu/cpu.h"
 
 enum {
-    WM = 3, WR = 5, WA = 7, NP = WA * WA, /* output tile, kernel, input tile, points */
+    WM = 3, WR = 5, WA = WM + WR - 1, NP = WA * WA, /* output tile, kernel, input tile, points */
     TB = CH_CPU_LANES,                    /* samples transformed at once, one per lane */
     WINO_POS = 10,                        /* tile positions per GEMM at most */
     WINO_COLS = WINO_POS * TB,            /* a chunk buffer's row, at most */

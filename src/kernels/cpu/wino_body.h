@@ -197,17 +197,20 @@ static inline void transpose8(__m256 r[8])
 }
 enum { WINO_BLOCK = 8 };
 
+/* The lanes below n set: a mask for the first n elements of a block. */
+static inline __m256i first_n(int n)
+{
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
 /* One 8-sample x 8-element block at element c, samples h..h+7 (n < 8: the first n elements
  * only, read and written under a mask, for rows shorter than a block). */
 static void block_to_lanes(const ch_real *from, size_t ss, int h, int c, int n, ch_real *to)
 {
     __m256 r[8];
-    if (n == 8) {
-        for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(from + (size_t)(h + i) * ss + c);
-    } else {
-        const __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-        for (int i = 0; i < 8; i++) r[i] = _mm256_maskload_ps(from + (size_t)(h + i) * ss + c, m);
-    }
+    for (int i = 0; i < 8; i++)
+        r[i] = n == 8 ? _mm256_loadu_ps(from + (size_t)(h + i) * ss + c)
+                      : _mm256_maskload_ps(from + (size_t)(h + i) * ss + c, first_n(n));
     transpose8(r);
     for (int j = 0; j < n; j++) _mm256_storeu_ps(to + (size_t)(c + j) * TB + h, r[j]);
 }
@@ -219,34 +222,39 @@ static void block_to_rows(const ch_real *from, int h, int live, int c, int n, ch
     for (int j = 0; j < 8; j++)
         r[j] = j < n ? _mm256_loadu_ps(from + (size_t)(c + j) * TB + h) : _mm256_setzero_ps();
     transpose8(r);
-    const __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
     for (int i = 0; i < 8 && h + i < live; i++) {
         ch_real *row = to + (size_t)(h + i) * ss + c;
         if (n == 8)
             _mm256_storeu_ps(row, r[i]);
         else
-            _mm256_maskstore_ps(row, m, r[i]);
+            _mm256_maskstore_ps(row, first_n(n), r[i]);
+    }
+}
+
+/* Where the block at element c of a row of len elements starts, and how many it holds: whole
+ * blocks, then the rest as one block ending at len (it rewrites a few elements with the same
+ * values) or, in a row shorter than a block, one masked block. */
+static inline void block_span(int len, int c, int *at, int *n)
+{
+    *at = c, *n = WINO_BLOCK;
+    if (c + WINO_BLOCK > len) {
+        if (len >= WINO_BLOCK)
+            *at = len - WINO_BLOCK;
+        else
+            *n = len;
     }
 }
 #endif
 
-/* Whole blocks, then the rest as one block ending at len (it rewrites a few elements with the
- * same values) or, in a row shorter than a block, one masked block. */
 static void rows_to_lanes(const ch_real *restrict from, size_t ss, int live, int len,
                           ch_real *restrict to)
 {
 #if defined(__AVX2__) && !defined(CH_REAL_DOUBLE)
-    if (live == TB && len > 0) {
-        int c = 0;
-        for (; c + WINO_BLOCK <= len; c += WINO_BLOCK)
-            for (int h = 0; h < TB; h += WINO_BLOCK) block_to_lanes(from, ss, h, c, 8, to);
-        if (c < len)
-            for (int h = 0; h < TB; h += WINO_BLOCK) {
-                if (len >= WINO_BLOCK)
-                    block_to_lanes(from, ss, h, len - WINO_BLOCK, 8, to);
-                else
-                    block_to_lanes(from, ss, h, 0, len, to);
-            }
+    if (live == TB) {
+        for (int c = 0, at, n; c < len; c += WINO_BLOCK) {
+            block_span(len, c, &at, &n);
+            for (int h = 0; h < TB; h += WINO_BLOCK) block_to_lanes(from, ss, h, at, n, to);
+        }
         return;
     }
 #endif
@@ -258,22 +266,14 @@ static void lanes_to_rows(const ch_real *restrict from, int live, int len, ch_re
                           size_t ss)
 {
 #if defined(__AVX2__) && !defined(CH_REAL_DOUBLE)
-    if (len > 0) {
-        int c = 0;
-        for (; c + WINO_BLOCK <= len; c += WINO_BLOCK)
-            for (int h = 0; h < live; h += WINO_BLOCK) block_to_rows(from, h, live, c, 8, to, ss);
-        if (c < len)
-            for (int h = 0; h < live; h += WINO_BLOCK) {
-                if (len >= WINO_BLOCK)
-                    block_to_rows(from, h, live, len - WINO_BLOCK, 8, to, ss);
-                else
-                    block_to_rows(from, h, live, 0, len, to, ss);
-            }
-        return;
+    for (int c = 0, at, n; c < len; c += WINO_BLOCK) {
+        block_span(len, c, &at, &n);
+        for (int h = 0; h < live; h += WINO_BLOCK) block_to_rows(from, h, live, at, n, to, ss);
     }
-#endif
+#else
     for (int c = 0; c < len; c++)
         for (int s = 0; s < live; s++) to[(size_t)s * ss + c] = from[(size_t)c * TB + s];
+#endif
 }
 
 /* Zeros in a full group's border: the rows above and below the data, and the columns either
@@ -359,14 +359,15 @@ static void transform_weights(const ch_conv_desc *d, const ch_real *w, int lo, i
     }
 }
 
-/* Also: the tiles at least half full of outputs. A 2x2 plane in one 4x4 tile costs F(4x4, 3x3)
- * as many multiplies as the direct form, for the transforms' rounding and no gain. */
+/* Also: fewer multiplies than the direct form for this plane, NP per tile against WR * WR per
+ * output. A 2x2 output in one 4x4 tile costs F(4x4, 3x3) 36 multiplies, as many as directly: no
+ * gain, only the transforms' rounding; a 1x1 output costs F(3x3, 5x5) 49 against 25. */
 static bool wino_applies(const ch_conv_desc *d)
 {
     const long tiles = (long)((d->oh + WM - 1) / WM) * ((d->ow + WM - 1) / WM);
     return d->kh == WR && d->kw == WR && d->stride == 1 && d->c >= WINO_MIN_C &&
            d->oc >= WINO_MIN_OC && d->oh > 0 && d->ow > 0 &&
-           2L * d->oh * d->ow >= tiles * WM * WM;
+           tiles * NP < (long)d->oh * d->ow * WR * WR;
 }
 
 static int groups_of(int n) { return (n + TB - 1) / TB; }
@@ -427,11 +428,13 @@ static size_t gemm_scratch_len(const wgeo *g)
 /* Shared: U, or dU summed (NP x oc x c). Per thread: the group's x and y planes, the two chunk
  * buffers, its partial dU and db (backward weights), and the GEMMs' scratch. */
 static size_t shared_len(const ch_conv_desc *d) { return (size_t)NP * d->oc * d->c; }
+/* A chunk buffer of `rows` rows at its widest: NP point blocks, each with point_stride's line. */
+static size_t chunk_len(int rows) { return (size_t)NP * ((size_t)rows * WINO_COLS + TB); }
 static size_t thread_len(const wgeo *g)
 {
     const ch_conv_desc *d = g->d;
     return group_len(x_layout(g)) + group_len(y_layout(g)) +
-           (size_t)NP * (d->c + d->oc) * (WINO_COLS + TB) + shared_len(d) + (size_t)d->oc +
+           chunk_len(d->c) + chunk_len(d->oc) + shared_len(d) + (size_t)d->oc +
            g->scratch;
 }
 
@@ -445,7 +448,7 @@ size_t WINO_FN(workspace)(const ch_conv_desc *d, int n, int nthreads)
 /* Thread t's scratch. */
 typedef struct wscratch {
     ch_real *xg, *yg;   /* the group's x (or dx) and y (or dy) planes */
-    ch_real *v, *e;     /* V or dV chunk (c rows), M or E chunk (oc rows), WINO_COLS each */
+    ch_real *v, *e;     /* V or dV chunk (c rows), M or E chunk (oc rows): chunk_len each */
     ch_real *du, *db;   /* backward weights: the thread's dU (NP x oc x c) and db */
     ch_real *gemm;      /* the GEMMs' scratch */
 } wscratch;
@@ -457,8 +460,8 @@ static wscratch scratch_of(const ch_kctx *kc, const wgeo *g, int t)
     s.xg = kc->ws + shared_len(d) + thread_len(g) * (size_t)t;
     s.yg = s.xg + group_len(x_layout(g));
     s.v = s.yg + group_len(y_layout(g));
-    s.e = s.v + (size_t)NP * d->c * (WINO_COLS + TB);
-    s.du = s.e + (size_t)NP * d->oc * (WINO_COLS + TB);
+    s.e = s.v + chunk_len(d->c);
+    s.du = s.e + chunk_len(d->oc);
     s.db = s.du + shared_len(d);
     s.gemm = s.db + d->oc;
     return s;
