@@ -9,25 +9,18 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include <omp.h>
 
+#include "core/clock.h"
+#include "core/rng.h"
 #include "kernels/cpu/cpu.h"
 
-static double now(void)
+static void fill(float *p, size_t n, uint64_t seed)
 {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
-static void fill(float *p, size_t n, uint64_t s)
-{
-    for (size_t i = 0; i < n; i++) {
-        s = s * 6364136223846793005ull + 1442695040888963407ull;
-        p[i] = (float)((double)(s >> 40) / (double)(1ull << 24) - 0.5);
-    }
+    ch_rng r;
+    ch_rng_init(&r, seed, 0, 0);
+    for (size_t k = 0; k < n; k++) p[k] = (float)(ch_rng_uniform(&r) - 0.5);
 }
 
 int main(int argc, char **argv)
@@ -68,13 +61,13 @@ int main(int argc, char **argv)
         ch_kctx kc = { .nthreads = 1, .ws = wsp, .ws_len = ws };
         double best[3] = { 1e30, 1e30, 1e30 };
         for (int r = 0; r < reps; r++) {
-            const double t0 = now();
+            const double t0 = ch_clock_s();
             ch_cpu_conv2d_forward(&kc, &d, n, x, w, b, y);
-            const double t1 = now();
+            const double t1 = ch_clock_s();
             ch_cpu_conv2d_backward_data(&kc, &d, n, dy, w, dx);
-            const double t2 = now();
+            const double t2 = ch_clock_s();
             ch_cpu_conv2d_backward_weights(&kc, &d, n, x, y, dy, dw, db);
-            const double t3 = now();
+            const double t3 = ch_clock_s();
             const double t[3] = { t1 - t0, t2 - t1, t3 - t2 };
             for (int k = 0; k < 3; k++)
                 if (t[k] < best[k]) best[k] = t[k];
