@@ -322,6 +322,9 @@ static void winograd_matches_reference(void **state)
     const ch_conv_desc other = { .c = 16, .h = 6, .w = 6, .oc = 20, .kh = 3, .kw = 3, .stride = 1,
                                  .pad = 1, .oh = 6, .ow = 6 };
     assert_true(ch_cpu_wino_workspace(&other, 4, 1) == 0);   /* 20 channels: im2col */
+    const ch_conv_desc small = { .c = 16, .h = 2, .w = 2, .oc = 16, .kh = 3, .kw = 3, .stride = 1,
+                                 .pad = 1, .oh = 2, .ow = 2 };
+    assert_true(ch_cpu_wino_workspace(&small, 4, 1) == 0);   /* 2x2: no fewer multiplies */
 }
 
 /* Winograd F(3x3, 5x5) (cpu_wino5.c), written here: 5x5, stride 1, at least 8 channels in and 16

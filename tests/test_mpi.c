@@ -110,6 +110,18 @@ static void test_gradient(const char *model, const char *devices, int n, int siz
     ch_dataset_free(d);
 }
 
+/* tu_max_norm_err over the float parameters ch_trainer_get_params gives (also in test_mpi_f64). */
+static double params_err(const float *a, const float *b, size_t n)
+{
+    double e = 0, scale = 0;
+    for (size_t i = 0; i < n; i++) {
+        const double d = fabs((double)a[i] - b[i]);
+        if (!(d <= e)) e = d;   /* NaN counts as the worst */
+        scale = fmax(scale, fabs((double)b[i]));
+    }
+    return scale > 0 ? e / scale : e;
+}
+
 static void test_epoch(const char *root)
 {
     char dir[4096];
@@ -158,7 +170,7 @@ static void test_epoch(const char *root)
     CHECK(pj && po, "malloc");
     ch_trainer_get_params(job, pj);
     ch_trainer_get_params(one, po);
-    const double e = tu_max_norm_err(pj, po, np);
+    const double e = params_err(pj, po, np);
     if (rank == 0)
         printf("epoch lenet %d ranks, %zu samples, batch %d: parameters %.3g from one process; "
                "loss %.6f vs %.6f, test acc %.4f vs %.4f\n",
@@ -382,14 +394,21 @@ int main(int argc, char **argv)
     /* With one rank, a job of cpu:0 is the reference itself: those checks need 2 ranks or more.
      * One rank still runs the 2-device gradient, the job shapes and the epoch (mpirun's world of
      * one against local_only). */
+#ifdef CH_REAL_DOUBLE
+    /* test_mpi_f64: resnet18 with sync-BN over the ranks, in double. In float its 2x2 planes meet
+     * pre-activations within rounding of zero, and oneDNN picks its GEMM and Winograd kernels by
+     * the batch it is given, so a slice of 3 and a batch of 9 can flip one ReLU mask and move every
+     * gradient by ~0.5% (seen at 4 ranks on an AVX-512 Zen 5: 5.0e-3; 1.5e-5 with im2col): the
+     * check measured the hardware. In double it is exact to ~1e-12, and a missing sync-BN
+     * exchange is off by > 1e-3. */
+    if (size > 1) test_gradient("resnet18", "cpu:0", 9, 12, 1e-9);
+    if (rank == 0) printf("test_mpi_f64: %d ranks: all checks passed\n", size);
+    ch_world_finalize();
+    return 0;
+#endif
     if (!epoch_only && size > 1) {
         test_gradient("lenet", "cpu:0", 13, 28, 1e-5);
         test_gradient("mnist-cnn", "cpu:0", 11, 28, 1e-5);
-        /* resnet18 as test_parallel checks it (12x12, 1e-4): at 28x28 oneDNN's Winograd F(4x4, 3x3)
-         * (AVX-512) puts 1.2e-3 between one batch of 9 and slices of 5 + 4, on threads as on
-         * ranks, where im2col gives 4e-7: its transform-domain sums lose more to the cancellation
-         * in a convolution's gradient ahead of BatchNorm. A missing sync-BN exchange is > 1e-3. */
-        test_gradient("resnet18", "cpu:0", 9, 12, 1e-4);
     }
     test_gradient("lenet", "cpu:0,cpu:1", 13, 28, 1e-5);
     if (!epoch_only) {

@@ -381,16 +381,19 @@ static void check_job_shapes(const char *model, int side, double lr, bool sync_b
 static void every_job_shape_gives_one_device_parameters(void **state)
 {
     (void)state;
+#ifdef CH_REAL_DOUBLE
+    /* resnet18 with sync-BN, in double (test_parallel_f64): in float, BatchNorm over slices of 0-1
+     * samples with 2x2 planes in the last stage meets pre-activations within rounding of zero, and
+     * how a kernel rounds depends on the batch it is given (oneDNN picks its GEMM and Winograd
+     * kernels by shape), so one ReLU mask could flip between a split and one device and move
+     * every gradient by ~0.5% (seen on an AVX-512 Zen 5: 1.3e-3 in the parameters after an epoch,
+     * 7.6e-4 with im2col alone). In double the same comparison is exact to 1e-9; a replica left out
+     * of the local sum moves it by far more (see the note in docs/ARCHITECTURE.md's test table). */
+    check_job_shapes(TU_BN_NET, 12, 0.05, true, 3, 1e-6);
+#else
     check_job_shapes("linear", 28, 0.05, false, 5, 1e-5);
     check_job_shapes("lenet", 28, 0.05, false, 5, 1e-5);
-    /* BatchNorm over slices of 0-1 samples (2x2 planes in the last stage) is ill-conditioned:
-     * at lr 0.05 one device at 1 and at 2 threads already part by ~1e-3 after a few steps, so
-     * the rounding of any split is amplified. At lr 0.002 the rounding stays ~1e-6; a replica
-     * that contributed anything but zero would still move the parameters by far more (a member
-     * left out of the local sum: 1.0e-2 on the first shape it reached, 4 samples in batches of 2
-     * on 2 devices). The worst seen was 7.3e-5 with im2col and 2.0e-4 with the 3x3 layers in
-     * Winograd F(4x4, 3x3), whose rounding the amplification scales. */
-    check_job_shapes("resnet18", 12, 0.002, true, 3, 5e-4);
+#endif
 }
 
 /* --accum-steps: an epoch of lenet (no BatchNorm) with every device's part of a batch run as K
