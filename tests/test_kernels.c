@@ -170,6 +170,8 @@ static void conv_matches_reference(void **state)
         { .c = 8, .h = 9, .w = 9, .oc = 16, .kh = 3, .kw = 3, .stride = 2, .pad = 1 },    /* resnet down */
         { .c = 8, .h = 9, .w = 9, .oc = 16, .kh = 1, .kw = 1, .stride = 2, .pad = 0 },    /* shortcut */
         { .c = 8, .h = 5, .w = 7, .oc = 6, .kh = 1, .kw = 1, .stride = 1, .pad = 0 },     /* pointwise */
+        /* pointwise at 2x2 (MobileNetV2's late 1x1 layers): up to 16 samples share a GEMM */
+        { .c = 24, .h = 2, .w = 2, .oc = 40, .kh = 1, .kw = 1, .stride = 1, .pad = 0 },
         { .c = 3, .h = 6, .w = 11, .oc = 4, .kh = 3, .kw = 3, .stride = 1, .pad = 1 },
         /* P = 49 < 64: samples share GEMMs in groups of 6 (n = 9: a full and a partial group) */
         { .c = 4, .h = 7, .w = 7, .oc = 8, .kh = 3, .kw = 3, .stride = 1, .pad = 1 },

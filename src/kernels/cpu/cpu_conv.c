@@ -13,7 +13,8 @@
  * 10-15% of the layer's time.
  * Threads take contiguous runs of groups (static schedule) and call a single-threaded GEMM; weight
  * gradients go to per-thread partial sums reduced in thread order, so results are deterministic for
- * a given thread count. 1x1 stride-1 unpadded convolutions skip im2col (g = 1: col is the input).
+ * a given thread count. 1x1 stride-1 unpadded convolutions skip im2col: col is the input (one
+ * sample) or the group's inputs side by side.
  * Backward weights runs im2col again rather than keeping forward's col for the batch: the kept
  * matrices (up to 47 MiB for mnist-cnn at batch 100) went to DRAM and back, while a group's col is
  * built in the thread's scratch and read from cache; lenet and mnist-cnn measured 5-30% faster.
@@ -33,10 +34,12 @@ static bool conv_is_pointwise(const ch_conv_desc *d)
     return d->kh == 1 && d->kw == 1 && d->stride == 1 && d->pad == 0;
 }
 
-/* Samples per GEMM for this layer, before the batch caps it. */
+/* Samples per GEMM for this layer, before the batch caps it. Pointwise layers group too where
+ * their planes are small (MobileNet's 1x1 layers at 7x7 to 2x2): their col is the group's inputs
+ * side by side, a copy, where per-sample GEMMs re-read and re-wrote all of a 960 x 160 dW for four
+ * columns of work. */
 static int conv_group_max(const ch_conv_desc *d)
 {
-    if (conv_is_pointwise(d)) return 1;
     const int p = (int)conv_p(d);
     if (p >= CONV_GROUP_MIN_P) return 1;
     const int g = (CONV_GROUP_COLS + p - 1) / p;
@@ -135,7 +138,6 @@ size_t ch_cpu_conv2d_workspace(const ch_conv_desc *d, int n, int nthreads)
     return most;
 }
 
-/* A pointwise convolution's col is its input: nothing to keep. */
 /* The outputs j whose tap q lands inside a row of width w: iw = j*s - pad + q in [0, w). */
 static void valid_cols(const ch_conv_desc *d, int q, int *lo, int *hi)
 {
@@ -294,27 +296,49 @@ static void thread_groups(const conv_split *sp, int t, int *lo, int *hi)
     *hi = (int)((long)sp->groups * (t + 1) / sp->threads);
 }
 
-/* dY of gw samples (each oc x P) side by side as one (oc, gw*P) matrix. */
+/* gw samples of (rows, P) side by side as one (rows, gw*P) matrix: dY, or a pointwise layer's x. */
+static void pack_rows(int rows, size_t P, int gw, const ch_real *src, ch_real *packed)
+{
+    const size_t ld = (size_t)gw * P;
+    for (int s = 0; s < gw; s++)
+        for (int o = 0; o < rows; o++)
+            memcpy(packed + o * ld + s * P, src + ((size_t)s * rows + o) * P, sizeof(ch_real) * P);
+}
+
+/* The inverse of pack_rows: a pointwise layer's grouped dX back to its samples. */
+static void unpack_rows(int rows, size_t P, int gw, const ch_real *packed, ch_real *dst)
+{
+    const size_t ld = (size_t)gw * P;
+    for (int s = 0; s < gw; s++)
+        for (int o = 0; o < rows; o++)
+            memcpy(dst + ((size_t)s * rows + o) * P, packed + o * ld + s * P, sizeof(ch_real) * P);
+}
+
 static void pack_dy(const ch_conv_desc *d, int gw, const ch_real *dy, ch_real *packed)
 {
-    const size_t P = conv_p(d), ld = (size_t)gw * P;
-    for (int s = 0; s < gw; s++)
-        for (int o = 0; o < d->oc; o++)
-            memcpy(packed + o * ld + s * P, dy + ((size_t)s * d->oc + o) * P, sizeof(ch_real) * P);
+    pack_rows(d->oc, conv_p(d), gw, dy, packed);
+}
+
+/* A group's inputs as its GEMM reads them: im2col, or for a pointwise layer the samples side by
+ * side (one sample: x itself). */
+static const ch_real *group_col(const ch_conv_desc *d, int gw, const ch_real *x, const conv_scratch *sc)
+{
+    const size_t P = conv_p(d), ld = (size_t)gw * P, xs = (size_t)d->c * d->h * d->w;
+    if (conv_is_pointwise(d)) {
+        if (gw == 1) return x;
+        pack_rows(d->c, P, gw, x, sc->col);
+        return sc->col;
+    }
+    for (int s = 0; s < gw; s++) im2col(d, x + s * xs, sc->col + s * P, ld, sc->plane);
+    return sc->col;
 }
 
 static void forward_group(const ch_kctx *kc, const ch_conv_desc *d, int gw, const ch_real *x,
-                          const ch_real *w, const ch_real *b, ch_real *y, ch_real *col,
-                          const conv_scratch *sc)
+                          const ch_real *w, const ch_real *b, ch_real *y, const conv_scratch *sc)
 {
     ch_real *packed = sc->packed;
     const size_t K = conv_k(d), P = conv_p(d), ld = (size_t)gw * P;
-    const size_t xs = (size_t)d->c * d->h * d->w;
-    const ch_real *src = x;
-    if (!conv_is_pointwise(d)) {
-        for (int s = 0; s < gw; s++) im2col(d, x + s * xs, col + s * P, ld, sc->plane);
-        src = col;
-    }
+    const ch_real *src = group_col(d, gw, x, sc);
     /* One sample: the GEMM writes y itself, over the bias. */
     ch_real *out = gw == 1 ? y : packed;
     ch_cpu_gemm(kc, false, false, d->oc, (int)ld, (int)K, 1, w, (int)K, src, (int)ld, 0, out,
@@ -350,7 +374,7 @@ void ch_cpu_conv2d_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, cons
         thread_groups(&sp, t, &lo, &hi);
         for (int q = lo; q < hi; q++) {
             const int s0 = q * sp.g, gw = group_width(&sp, n, s0);
-            forward_group(kc, d, gw, x + s0 * xs, w, b, y + s0 * ys, sc.col, &sc);
+            forward_group(kc, d, gw, x + s0 * xs, w, b, y + s0 * ys, &sc);
         }
     }
 }
@@ -361,15 +385,16 @@ static void backward_data_group(const ch_kctx *kc, const ch_conv_desc *d, int gw
 {
     const size_t K = conv_k(d), P = conv_p(d), ld = (size_t)gw * P;
     const size_t xs = (size_t)d->c * d->h * d->w;
-    if (conv_is_pointwise(d)) {   /* gw == 1: dcol is dx */
-        ch_cpu_gemm(kc, true, false, (int)K, (int)P, d->oc, 1, w, (int)K, dy, (int)P, 0, dx,
-                    (int)P);
-        return;
-    }
     const ch_real *dyg = dy;
     if (gw > 1) {
         pack_dy(d, gw, dy, packed);
         dyg = packed;
+    }
+    if (conv_is_pointwise(d)) {   /* dcol is dx: one sample's, or the group's side by side */
+        ch_cpu_gemm(kc, true, false, (int)K, (int)ld, d->oc, 1, w, (int)K, dyg, (int)ld, 0,
+                    gw == 1 ? dx : col, (int)ld);
+        if (gw > 1) unpack_rows(d->c, P, gw, col, dx);
+        return;
     }
     ch_cpu_gemm(kc, true, false, (int)K, (int)ld, d->oc, 1, w, (int)K, dyg, (int)ld, 0, col,
                 (int)ld);
@@ -415,7 +440,7 @@ void ch_cpu_conv2d_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int n
         for (int q = lo; q < hi; q++) {
             const int s0 = q * sp.g, gw = group_width(&sp, n, s0);
             if (flipped)
-                forward_group(kc, &f, gw, dy + s0 * ys, wf, NULL, dx + s0 * xs, sc.col, &sc);
+                forward_group(kc, &f, gw, dy + s0 * ys, wf, NULL, dx + s0 * xs, &sc);
             else
                 backward_data_group(kc, d, gw, dy + s0 * ys, w, dx + s0 * xs, sc.col, sc.packed);
         }
@@ -487,13 +512,8 @@ static void backward_weights_group(const ch_kctx *kc, const ch_conv_desc *d, int
                                    ch_real *db, const conv_scratch *sc, bool first)
 {
     if (d->relu) ch_cpu_relu_backward_span((size_t)gw * d->oc * conv_p(d), y, dy, dy);
-    const size_t K = conv_k(d), P = conv_p(d), ld = (size_t)gw * P;
-    const size_t xs = (size_t)d->c * d->h * d->w;
-    const ch_real *src = x;
-    if (!conv_is_pointwise(d)) {
-        for (int s = 0; s < gw; s++) im2col(d, x + s * xs, sc->col + s * P, ld, sc->plane);
-        src = sc->col;
-    }
+    const size_t K = conv_k(d), ld = (size_t)gw * conv_p(d);
+    const ch_real *src = group_col(d, gw, x, sc);
     const ch_real *dyg = dy;
     if (gw > 1) {
         pack_dy(d, gw, dy, sc->packed);
