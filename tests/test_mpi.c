@@ -110,18 +110,6 @@ static void test_gradient(const char *model, const char *devices, int n, int siz
     ch_dataset_free(d);
 }
 
-/* tu_max_norm_err over the float parameters ch_trainer_get_params gives (also in test_mpi_f64). */
-static double params_err(const float *a, const float *b, size_t n)
-{
-    double e = 0, scale = 0;
-    for (size_t i = 0; i < n; i++) {
-        const double d = fabs((double)a[i] - b[i]);
-        if (!(d <= e)) e = d;   /* NaN counts as the worst */
-        scale = fmax(scale, fabs((double)b[i]));
-    }
-    return scale > 0 ? e / scale : e;
-}
-
 static void test_epoch(const char *root)
 {
     char dir[4096];
@@ -170,7 +158,7 @@ static void test_epoch(const char *root)
     CHECK(pj && po, "malloc");
     ch_trainer_get_params(job, pj);
     ch_trainer_get_params(one, po);
-    const double e = params_err(pj, po, np);
+    const double e = tu_max_norm_err_f32(pj, po, np);
     if (rank == 0)
         printf("epoch lenet %d ranks, %zu samples, batch %d: parameters %.3g from one process; "
                "loss %.6f vs %.6f, test acc %.4f vs %.4f\n",

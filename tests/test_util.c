@@ -73,6 +73,17 @@ double tu_max_norm_err(const ch_real *a, const ch_real *b, size_t n)
     return scale > 0 ? diff / scale : diff;
 }
 
+double tu_max_norm_err_f32(const float *a, const float *b, size_t n)
+{
+    double diff = 0, scale = 0;
+    for (size_t i = 0; i < n; i++) {
+        const double d = fabs((double)a[i] - b[i]);
+        if (!(d <= diff)) diff = d;   /* NaN counts as the worst */
+        scale = fmax(scale, fabs((double)b[i]));
+    }
+    return scale > 0 ? diff / scale : diff;
+}
+
 void tu_mkdtemp(char *buf, size_t len)
 {
     snprintf(buf, len, "/tmp/cohort-test-XXXXXX");
@@ -253,15 +264,10 @@ static double pair_error(ch_trainer *one, ch_trainer *job, int epochs, char *sha
     assert_true(a && b);
     ch_trainer_get_params(job, a);
     ch_trainer_get_params(one, b);
-    double e = 0, scale = 0;
-    for (size_t i = 0; i < np; i++) {
-        const double diff = fabs((double)a[i] - b[i]);
-        if (!(diff <= e)) e = diff;   /* NaN counts as the worst */
-        scale = fmax(scale, fabs((double)b[i]));
-    }
+    const double e = tu_max_norm_err_f32(a, b, np);
     free(a);
     free(b);
     ch_trainer_free(job);
     ch_trainer_free(one);
-    return scale > 0 ? e / scale : e;
+    return e;
 }

@@ -18,6 +18,8 @@ double tu_max_rel_err(const ch_real *a, const ch_real *b, size_t n, double floor
 /* max_i |a_i - b_i| / max_i |b_i|: the error relative to the array's scale, the fair measure for
  * float sums whose terms cancel. */
 double tu_max_norm_err(const ch_real *a, const ch_real *b, size_t n);
+/* The same over float arrays: ch_trainer_get_params's parameters, in either build. */
+double tu_max_norm_err_f32(const float *a, const float *b, size_t n);
 /* Per parameter tensor of m: ||a - b|| / max(||b||, 1e-2 ||b over the model||), the worst; the
  * floor keeps tensors whose exact gradient is zero (conv biases before BatchNorm) from comparing
  * noise. a and b are gradient buffers laid out like m->grads. */
