@@ -327,6 +327,10 @@ static void winograd_matches_reference(void **state)
     const ch_conv_desc small = { .c = 16, .h = 2, .w = 2, .oc = 16, .kh = 3, .kw = 3, .stride = 1,
                                  .pad = 1, .oh = 2, .ow = 2 };
     assert_true(ch_cpu_wino_workspace(&small, 4, 1) == 0);   /* 2x2: no fewer multiplies */
+    /* 14x14 with 32 channels: cohort's own F(4x4, 3x3) is the faster there, and takes it. */
+    const ch_conv_desc own = { .c = 32, .h = 14, .w = 14, .oc = 32, .kh = 3, .kw = 3, .stride = 1,
+                               .pad = 1, .oh = 14, .ow = 14 };
+    assert_true(ch_cpu_wino_workspace(&own, 4, 1) == 0 && ch_cpu_wino3_workspace(&own, 4, 1) > 0);
 }
 
 /* Winograd F(3x3, 5x5) (cpu_wino5.c), written here: 5x5, stride 1, at least 8 channels in and 16

@@ -95,6 +95,17 @@ static struct {
     int running;   /* passes between pass_begin and pass_end */
 } g_wino = { .lock = PTHREAD_MUTEX_INITIALIZER };
 
+/* Where cohort's own F(4x4, 3x3) (cpu_wino3.c) is the faster of the two: planes of 14x14 and up
+ * with 32 channels and more. Measured on a Zen 5 (AVX-512), the three passes together, oneDNN's
+ * against cohort's: resnet18's 64@28x28 98 against 73 ms and 128@14x14 81 against 64 (batch 256,
+ * 2 threads); 44 against 35 and 40 against 33 (batch 64, 1 thread); ResNet-20's 32@14x14 2.2
+ * against 1.9 ms. oneDNN's keeps 16@28x28 (2.1 against 2.9 ms), 256@7x7 (58 against 67) and
+ * 512@4x4 (57 against 125), whose few tiles per sample its blocked layout serves better. */
+static bool own_wino_wins(const ch_conv_desc *d)
+{
+    return d->c >= 32 && d->oc >= 32 && (long)d->oh * d->ow >= 14 * 14;
+}
+
 /* Also, as for cohort's own Winograds (wino_body.h): fewer multiplies than the direct form, 36 per
  * 4x4 tile against 9 per output. A 2x2 plane (one tile: 36 against 36) or a 1x1 plane (36 against
  * 9) gains nothing, and the transforms round ~15 times more than im2col there. */
@@ -102,7 +113,7 @@ static bool wino_geometry(const ch_conv_desc *d)
 {
     const long tiles = (long)((d->oh + 3) / 4) * ((d->ow + 3) / 4);
     return d->kh == 3 && d->kw == 3 && d->stride == 1 && d->pad == 1 && d->c % WINO_SIMD == 0 &&
-           d->oc % WINO_SIMD == 0 && tiles * 36 < (long)d->oh * d->ow * 9;
+           d->oc % WINO_SIMD == 0 && tiles * 36 < (long)d->oh * d->ow * 9 && !own_wino_wins(d);
 }
 
 static size_t align_up(size_t v) { return (v + WINO_ALIGN - 1) / WINO_ALIGN * WINO_ALIGN; }
