@@ -362,8 +362,10 @@ typedef struct ch_train_config {
     bool nan_check;           /* stop with CH_STATUS_NUMERIC on a non-finite loss */
     const char *devices;      /* device list (ch_device_list_parse); NULL: "cpu:0" */
     bool sync_bn;             /* BatchNorm statistics over the global batch, not per device */
-    const char *precision;    /* "fp32" (default). "bf16" is refused: on a CPU without native bf16
-                               * it would run slower than fp32, and its kernels are not built yet */
+    const char *precision;    /* "fp32" (default) or "bf16": convolutions multiply in bf16 (sums in
+                               * fp32) where that is the faster; master weights, gradients,
+                               * optimizer state, BatchNorm and activations stay fp32. Refused on
+                               * a CPU without native bf16, where it would run slower than fp32 */
     double bucket_mb;         /* gradient sync bucket size in MiB; 0: 25 */
     const char *grad_compress; /* how gradient buckets travel between ranks: NULL or "none" (fp32),
                                * "bf16" (half the bytes, summed in fp32, the same bits on every

@@ -10,6 +10,7 @@
 
 #include <dnnl.h>
 
+#include "core/bf16.h"
 #include "core/rng.h"
 #include "kernels/act_body.h"
 #include "kernels/backend.h"
@@ -331,6 +332,60 @@ static void winograd_matches_reference(void **state)
     const ch_conv_desc own = { .c = 32, .h = 14, .w = 14, .oc = 32, .kh = 3, .kw = 3, .stride = 1,
                                .pad = 1, .oh = 14, .ow = 14 };
     assert_true(ch_cpu_wino_workspace(&own, 4, 1) == 0 && ch_cpu_wino3_workspace(&own, 4, 1) > 0);
+}
+
+/* --precision bf16's convolutions get their operands through oneDNN's fp32 -> bf16 reorder
+ * (cpu_dnnl_conv.c; test_bf16 runs them where bf16 is native). On every CPU: the reorder rounds as
+ * core/bf16.h's plain C does (to nearest, ties to even), bit for bit: ties both ways, the values
+ * next to them, the largest floats (to infinity), zeros of both signs, infinities, and 4096
+ * uniform values over many magnitudes; a NaN stays a NaN. A subnormal may also become a zero of
+ * its sign: the native instruction treats subnormal inputs as zero (below 1.2e-38, far below any
+ * weight or activation that matters). */
+static void bf16_reorder_rounds_as_plain_c(void **state)
+{
+    (void)state;
+    enum { N = 4096 + 16 };
+    float *x = malloc(sizeof(float) * N);
+    uint16_t *h = malloc(sizeof(uint16_t) * N);
+    assert_true(x && h);
+    const uint32_t bits[] = { 0x3f808000u, 0x3f818000u, 0x3f808001u, 0x3f817fffu, 0x00000001u,
+                              0x00018000u, 0x807f8000u, 0x7f7fffffu, 0xff7f8000u, 0x7f7f7fffu,
+                              0x00000000u, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7fc00000u,
+                              0x7f800001u };
+    for (int i = 0; i < 16; i++) memcpy(&x[i], &bits[i], sizeof(float));
+    ch_rng r;
+    ch_rng_init(&r, 21, 0, 0);
+    for (int i = 16; i < N; i++)
+        x[i] = (float)((ch_rng_uniform(&r) - 0.5) * ldexp(1.0, (int)(ch_rng_uniform(&r) * 80) - 40));
+    dnnl_engine_t eng = NULL;
+    dnnl_stream_t s = NULL;
+    dnnl_memory_desc_t from, to;
+    dnnl_primitive_desc_t pd = NULL;
+    dnnl_primitive_t p = NULL;
+    dnnl_memory_t mf = NULL, mt = NULL;
+    const dnnl_dims_t dims = { N };
+    assert_true(dnnl_engine_create(&eng, dnnl_cpu, 0) == dnnl_success &&
+                dnnl_stream_create(&s, eng, dnnl_stream_default_flags) == dnnl_success &&
+                dnnl_memory_desc_init_by_tag(&from, 1, dims, dnnl_f32, dnnl_x) == dnnl_success &&
+                dnnl_memory_desc_init_by_tag(&to, 1, dims, dnnl_bf16, dnnl_x) == dnnl_success &&
+                dnnl_reorder_primitive_desc_create(&pd, &from, eng, &to, eng, NULL) == dnnl_success &&
+                dnnl_primitive_create(&p, pd) == dnnl_success &&
+                dnnl_memory_create(&mf, &from, eng, x) == dnnl_success &&
+                dnnl_memory_create(&mt, &to, eng, h) == dnnl_success);
+    dnnl_exec_arg_t args[] = { { DNNL_ARG_FROM, mf }, { DNNL_ARG_TO, mt } };
+    assert_true(dnnl_primitive_execute(p, s, 2, args) == dnnl_success && dnnl_stream_wait(s) == dnnl_success);
+    for (int i = 0; i < N; i++) {
+        const uint16_t want = ch_bf16_from_float(x[i]);
+        if (isnan(x[i]))
+            assert_true(isnan(ch_bf16_to_float(h[i])) && isnan(ch_bf16_to_float(want)));
+        else if (fpclassify(x[i]) == FP_SUBNORMAL && h[i] == (signbit(x[i]) ? 0x8000u : 0u))
+            continue;   /* native bf16's conversion (vcvtneps2bf16) flushes subnormals to zero */
+        else if (h[i] != want)
+            fail_msg("value %d (%a): oneDNN 0x%04x, plain C 0x%04x", i, (double)x[i], h[i], want);
+    }
+    dnnl_memory_destroy(mf), dnnl_memory_destroy(mt), dnnl_primitive_destroy(p);
+    dnnl_primitive_desc_destroy(pd), dnnl_stream_destroy(s), dnnl_engine_destroy(eng);
+    free(x), free(h);
 }
 
 /* Winograd F(3x3, 5x5) (cpu_wino5.c), written here: 5x5, stride 1, at least 8 channels in and 16
@@ -747,6 +802,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(depthwise_matches_reference),
         cmocka_unit_test(depthwise_bits_do_not_depend_on_threads),
         cmocka_unit_test(winograd_matches_reference),
+        cmocka_unit_test(bf16_reorder_rounds_as_plain_c),
         cmocka_unit_test(gemm_batch_matches_reference),
         cmocka_unit_test(winograd5_matches_reference),
         cmocka_unit_test(winograd3_matches_reference),

@@ -1,5 +1,6 @@
 /* bfloat16: the top half of a float's bits (8 exponent bits, 7 of mantissa). Used where values
- * travel, not where they are computed: the compressed gradient exchange (--grad-compress bf16). */
+ * travel: the compressed gradient exchange (--grad-compress bf16). --precision bf16's products
+ * round through oneDNN's reorders instead, which tests hold to this. */
 #ifndef CH_BF16_H
 #define CH_BF16_H
 

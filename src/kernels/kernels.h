@@ -39,6 +39,9 @@ typedef struct ch_conv_desc {
      * y <= 0), so it must run before backward data, which then reads the masked dy. */
     bool relu;
     int groups, dilation;   /* 0 or 1: none (descriptors written before these fields existed) */
+    /* --precision bf16: the backend may compute the products in bf16 (operands rounded to bf16,
+     * sums in fp32) where that is the faster; x, w, y, dx and dw stay fp32 either way. */
+    bool bf16;
 } ch_conv_desc;
 
 static inline int ch_conv_groups(const ch_conv_desc *d) { return d->groups > 1 ? d->groups : 1; }

@@ -82,6 +82,7 @@ typedef struct ch_plan {
     const ch_kernels *k;
     int max_batch;
     int nthreads;
+    bool bf16;          /* --precision bf16: convolutions may multiply in bf16 (ch_conv_desc's) */
     size_t ws_need;     /* out: the largest kernel workspace (elements) any layer needs */
     size_t saved_bytes; /* out: what layers keep from forward for backward besides their outputs
                          * (pooling argmax, dropout masks) */

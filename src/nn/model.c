@@ -191,7 +191,7 @@ ch_status ch_model_init_params(ch_model *m, const char *init, uint64_t seed, ch_
 
 static ch_status plan(ch_model *m, int max_batch, int nthreads, ch_err *err)
 {
-    ch_plan pl = { .be = m->be, .k = m->be->k, .max_batch = max_batch, .nthreads = nthreads };
+    ch_plan pl = { .be = m->be, .k = m->be->k, .max_batch = max_batch, .nthreads = nthreads, .bf16 = m->bf16 };
     CH_TRY(ch_layer_plan_tree(m->root, &pl, err));
     m->ws_len = pl.ws_need;
     m->saved_bytes = pl.saved_bytes;

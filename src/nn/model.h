@@ -31,6 +31,7 @@ typedef struct ch_model {
     int64_t *counters;
     ch_tensor_ref *tensors;
     int max_batch, nthreads;        /* as planned */
+    bool bf16;                      /* set before planning: --precision bf16 (kernels.h's conv bf16) */
     size_t ws_len;                  /* the kernels' workspace it needs (reals): be holds it */
     ch_real *scratch;               /* the layers' backward scratch stack, planned */
     size_t scratch_len;

@@ -206,6 +206,7 @@ static ch_status build(ch_replica *rp, const ch_replica_spec *s, ch_err *err)
     CH_TRY(ch_model_create_graph(s->graph, s->input, s->classes, rp->be, &rp->model, err));
     CH_TRY(ch_model_init_params(rp->model, s->init, s->seed, err));
     if (strcmp(s->init, "file") == 0) CH_TRY(ch_model_load_initial(rp->model, s->graph, err));
+    rp->model->bf16 = s->bf16;
     CH_TRY(ch_model_plan(rp->model, s->max_micro, rp->nthreads, err));
     /* --zero 1: this replica keeps the optimizer state of its shard of the parameters only. */
     const size_t P = rp->model->nparams;

@@ -42,6 +42,7 @@ typedef struct ch_replica_spec {
     ch_optim_config optim;
     ch_augment augment;
     bool nan_check, sync_bn;
+    bool bf16;              /* --precision bf16: the models' convolutions may multiply in bf16 */
     size_t bucket_elems;
     const char *backend;    /* every replica's backend: "cpu", or "scramble" for the tests */
     ch_fault fault;

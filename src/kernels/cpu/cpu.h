@@ -48,7 +48,19 @@ void ch_cpu_conv2d_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, in
                                     const ch_real *x, const ch_real *y, ch_real *dy, ch_real *dw,
                                     ch_real *db);
 
-/* Winograd convolution (cpu_wino.c) for 3x3 stride-1 pad-1 layers whose channel counts are
+/* Direct convolutions with bf16 operands and fp32 sums (cpu_dnnl_conv.c), for d->bf16 layers where
+ * that is the faster (no Winograd applies; not 1x1; 16 channels or more each way) on a CPU with
+ * native bf16; the same contract as the Winograds below (0 and false where it does not apply). */
+size_t ch_cpu_conv_bf16_workspace(const ch_conv_desc *d, int n, int nthreads);
+bool ch_cpu_conv_bf16_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
+                              const ch_real *w, const ch_real *b, ch_real *y);
+bool ch_cpu_conv_bf16_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int n,
+                                    const ch_real *dy, const ch_real *w, ch_real *dx);
+bool ch_cpu_conv_bf16_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, int n,
+                                       const ch_real *x, const ch_real *y, ch_real *dy,
+                                       ch_real *dw, ch_real *db);
+
+/* Winograd convolution (cpu_dnnl_conv.c) for 3x3 stride-1 pad-1 layers whose channel counts are
  * multiples of 16. The workspace is 0, and the passes return false without touching anything,
  * where it does not apply (other geometry, no such oneDNN kernel on this CPU, too little
  * workspace, the double build); the conv2d kernels then run im2col. */
@@ -74,7 +86,7 @@ bool ch_cpu_wino5_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, int
                                    ch_real *db);
 
 /* Winograd F(4x4, 3x3) (cpu_wino3.c), all three passes, for 3x3 stride-1 layers with at least
- * 8 channels in and 16 out that cpu_wino.c does not take; the same contract. */
+ * 8 channels in and 16 out that cpu_dnnl_conv.c does not take; the same contract. */
 size_t ch_cpu_wino3_workspace(const ch_conv_desc *d, int n, int nthreads);
 bool ch_cpu_wino3_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
                           const ch_real *w, const ch_real *b, ch_real *y);

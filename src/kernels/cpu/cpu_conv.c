@@ -122,19 +122,20 @@ static size_t per_thread(const ch_conv_desc *d)
 }
 
 /* After the threads' scratch: the flipped weights (c, oc*kh*kw), shared. Or Winograd's
- * (cpu_wino.c, cpu_wino5.c, cpu_wino3.c), where one applies and needs more; im2col stays
- * possible for other batch sizes. */
+ * (cpu_dnnl_conv.c, cpu_wino5.c, cpu_wino3.c) or bf16's (cpu_dnnl_conv.c), where one applies and
+ * needs more; im2col stays possible for other batch sizes. */
 size_t ch_cpu_conv2d_workspace(const ch_conv_desc *d, int n, int nthreads)
 {
     if (ch_cpu_conv_is_grouped(d)) return ch_cpu_conv_group_workspace(d, n, nthreads);
     const size_t flipped = conv_backward_as_forward(d) ? (size_t)d->oc * conv_k(d) : 0;
     const size_t im2col = per_thread(d) * (size_t)nthreads + flipped;
     size_t most = im2col;
-    const size_t wino[3] = { ch_cpu_wino_workspace(d, n, nthreads),
-                             ch_cpu_wino5_workspace(d, n, nthreads),
-                             ch_cpu_wino3_workspace(d, n, nthreads) };
-    for (int i = 0; i < 3; i++)
-        if (wino[i] > most) most = wino[i];
+    const size_t other[4] = { ch_cpu_wino_workspace(d, n, nthreads),
+                              ch_cpu_wino5_workspace(d, n, nthreads),
+                              ch_cpu_wino3_workspace(d, n, nthreads),
+                              ch_cpu_conv_bf16_workspace(d, n, nthreads) };
+    for (int i = 0; i < 4; i++)
+        if (other[i] > most) most = other[i];
     return most;
 }
 
@@ -361,8 +362,8 @@ void ch_cpu_conv2d_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, cons
         ch_cpu_conv_group_forward(kc, d, n, x, w, b, y);
         return;
     }
-    if (ch_cpu_wino_forward(kc, d, n, x, w, b, y) || ch_cpu_wino5_forward(kc, d, n, x, w, b, y) ||
-        ch_cpu_wino3_forward(kc, d, n, x, w, b, y))
+    if (ch_cpu_conv_bf16_forward(kc, d, n, x, w, b, y) || ch_cpu_wino_forward(kc, d, n, x, w, b, y) ||
+        ch_cpu_wino5_forward(kc, d, n, x, w, b, y) || ch_cpu_wino3_forward(kc, d, n, x, w, b, y))
         return;
     const size_t xs = (size_t)d->c * d->h * d->w, ys = (size_t)d->oc * conv_p(d);
     const conv_split sp = conv_split_of(kc, d, n);
@@ -421,7 +422,7 @@ void ch_cpu_conv2d_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int n
         ch_cpu_conv_group_backward_data(kc, d, n, dy, w, dx);
         return;
     }
-    if (ch_cpu_wino_backward_data(kc, d, n, dy, w, dx) ||
+    if (ch_cpu_conv_bf16_backward_data(kc, d, n, dy, w, dx) || ch_cpu_wino_backward_data(kc, d, n, dy, w, dx) ||
         ch_cpu_wino5_backward_data(kc, d, n, dy, w, dx) ||
         ch_cpu_wino3_backward_data(kc, d, n, dy, w, dx))
         return;
@@ -541,7 +542,8 @@ void ch_cpu_conv2d_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, in
     }
     const size_t xs = (size_t)d->c * d->h * d->w, ys = (size_t)d->oc * conv_p(d);
     const size_t wl = (size_t)d->oc * conv_k(d);
-    if (ch_cpu_wino_backward_weights(kc, d, n, x, y, dy, dw, db) ||
+    if (ch_cpu_conv_bf16_backward_weights(kc, d, n, x, y, dy, dw, db) ||
+        ch_cpu_wino_backward_weights(kc, d, n, x, y, dy, dw, db) ||
         ch_cpu_wino5_backward_weights(kc, d, n, x, y, dy, dw, db) ||
         ch_cpu_wino3_backward_weights(kc, d, n, x, y, dy, dw, db))
         return;

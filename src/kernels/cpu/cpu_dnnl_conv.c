@@ -1,19 +1,31 @@
-/* Winograd convolution for 3x3, stride-1, pad-1 layers with channel counts in multiples of 16:
- * oneDNN's F(4x4, 3x3) primitives (`jit_wino_4x3:avx512_core`), all three passes.
- * Why: F(4x4, 3x3) does a 6x6 tile's 36 multiplies where the direct form does 16 outputs x 9 taps,
- * so on resnet18's layers (batch 256, 2 threads, this machine) the three passes took 78, 90, 63
- * and 55 ms for 64@28x28, 128@14x14, 256@7x7 and 512@4x4 against im2col + GEMM's 118, 105, 114 and
- * 147 ms, at 400-1200 "GFLOP/s" counted as direct work (the GEMM peaks at ~450).
- * How: the kernels need the blocked layout nChw16c, so each pass reorders its operands from NCHW
- * into the kernel workspace (3 ms each way for 64@28x28 at batch 256, less for the later stages),
- * runs the primitive and reorders the result back. The primitives are made once per geometry,
- * batch and thread count, on first use (at plan time for the planned batch), and kept in a
- * process-wide cache that is freed at exit, unless a pass is still running then (a thread that
- * exit() did not stop): that pass keeps its primitives, and later ones run im2col. Their
- * scratchpad is in the kernel workspace ("user" mode): with oneDNN's default, replicas running the
- * same primitive at once would share one.
- * Where oneDNN has no such kernel (no AVX-512) or a layer does not fit, the caller runs im2col.
- * Numerically the transform adds rounding, within test_kernels's 1e-5 of the reference.
+/* oneDNN's convolution primitives, all three passes, in two uses:
+ *  - Winograd F(4x4, 3x3) in fp32 (`jit_wino_4x3:avx512_core`) for 3x3, stride-1, pad-1 layers with
+ *    channel counts in multiples of 16 (ch_cpu_wino_*);
+ *  - direct convolutions with bf16 operands and fp32 accumulation (`jit_bf16:avx512_core_bf16`) for
+ *    the layers of a --precision bf16 model where bf16 is the faster (ch_cpu_conv_bf16_*).
+ * Why Winograd: F(4x4, 3x3) does a 6x6 tile's 36 multiplies where the direct form does 16 outputs
+ * x 9 taps, so on resnet18's layers (batch 256, 2 threads, a Zen 3) the three passes took 78, 90,
+ * 63 and 55 ms for 64@28x28, 128@14x14, 256@7x7 and 512@4x4 against im2col + GEMM's 118, 105, 114
+ * and 147 ms, at 400-1200 "GFLOP/s" counted as direct work (the GEMM peaks at ~450).
+ * Why bf16 direct where no Winograd applies: a bf16 dot product (vdpbf16ps) does twice an fp32
+ * FMA's multiplies. Measured on a Zen 5 (batch 256, 2 threads, the three passes with their
+ * reorders), fp32 (im2col + GEMM) against bf16: resnet18's 3x3 stride-2 layers 64@28x28 -> 128
+ * 97.5 against 52.2 ms, 128@14x14 -> 256 84.2 against 48.7, 256@7x7 -> 512 104.1 against 65.5.
+ * Where a Winograd applies it stays the faster in fp32 (64@28x28: cohort's F(4x4, 3x3) 69 ms,
+ * bf16 direct 77; 256@7x7: oneDNN's Winograd 59, bf16 72), and 1x1 layers gain nothing once their
+ * operands are reordered (64@28x28 -> 128, stride 2: 13.1 against 19.7 ms), so those keep fp32.
+ * How: the kernels need blocked layouts (nChw16c, and bf16 pairs for the weights), so each pass
+ * reorders its operands from NCHW fp32 into the kernel workspace (the reorder rounds fp32 to bf16,
+ * to nearest even), runs the primitive and reorders the fp32 result back. Master weights,
+ * gradients and activations stay fp32 in the model: only the operands of the products are bf16.
+ * The primitives are made once per geometry, use, batch and thread count, on first use (at plan
+ * time for the planned batch), and kept in a process-wide cache that is freed at exit, unless a
+ * pass is still running then (a thread that exit() did not stop): that pass keeps its primitives,
+ * and later ones run im2col. Their scratchpad is in the kernel workspace ("user" mode): with
+ * oneDNN's default, replicas running the same primitive at once would share one.
+ * Where oneDNN has no such kernel (no AVX-512, no native bf16) or a layer does not fit, the caller
+ * runs its fp32 path. Numerically Winograd's transforms add rounding, within test_kernels's 1e-5 of
+ * the reference; the bf16 passes are held to the reference run on operands rounded to bf16.
  * Each pass makes a stream and its memory handles (small oneDNN objects; oneDNN's execute builds
  * its own argument map on every call anyway): the primitives may run in several replicas at once,
  * so nothing per call is kept in the shared cache. */
@@ -49,6 +61,34 @@ bool ch_cpu_wino_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, int 
     return false;
 }
 
+size_t ch_cpu_conv_bf16_workspace(const ch_conv_desc *d, int n, int nthreads)
+{
+    (void)d, (void)n, (void)nthreads;
+    return 0;
+}
+
+bool ch_cpu_conv_bf16_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
+                              const ch_real *w, const ch_real *b, ch_real *y)
+{
+    (void)kc, (void)d, (void)n, (void)x, (void)w, (void)b, (void)y;
+    return false;
+}
+
+bool ch_cpu_conv_bf16_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int n,
+                                    const ch_real *dy, const ch_real *w, ch_real *dx)
+{
+    (void)kc, (void)d, (void)n, (void)dy, (void)w, (void)dx;
+    return false;
+}
+
+bool ch_cpu_conv_bf16_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, int n,
+                                       const ch_real *x, const ch_real *y, ch_real *dy,
+                                       ch_real *dw, ch_real *db)
+{
+    (void)kc, (void)d, (void)n, (void)x, (void)y, (void)dy, (void)dw, (void)db;
+    return false;
+}
+
 #else
 
 #include <dnnl.h>
@@ -61,9 +101,13 @@ bool ch_cpu_wino_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, int 
 
 enum { WINO_ALIGN = 64, WINO_SIMD = 16 };
 
+/* What a cache entry is for: the two uses of this file. */
+typedef enum dc_use { DC_WINOGRAD, DC_BF16 } dc_use;
+
 typedef struct wino_key {
-    int c, oc, h, w, n, nthreads;
+    int c, oc, h, w, kh, kw, stride, pad, oh, ow, n, nthreads;
     bool relu;
+    dc_use use;
 } wino_key;
 
 /* A primitive and the scratchpad it wants (bytes; user mode). */
@@ -114,6 +158,17 @@ static bool wino_geometry(const ch_conv_desc *d)
     const long tiles = (long)((d->oh + 3) / 4) * ((d->ow + 3) / 4);
     return d->kh == 3 && d->kw == 3 && d->stride == 1 && d->pad == 1 && d->c % WINO_SIMD == 0 &&
            d->oc % WINO_SIMD == 0 && tiles * 36 < (long)d->oh * d->ow * 9 && !own_wino_wins(d);
+}
+
+/* A --precision bf16 layer that no Winograd takes (their fp32 beats bf16 direct where they apply),
+ * not 1x1 (its operands' reorders cost what bf16 saves), with 16 channels or more each way (oneDNN's
+ * bf16 kernels block channels by 16: fewer leave most of each vector idle), on a CPU with native
+ * bf16. Grouped and dilated layers keep their own fp32 kernels (cpu_conv_group.c). */
+static bool bf16_geometry(const ch_conv_desc *d)
+{
+    return d->bf16 && ch_conv_groups(d) == 1 && ch_conv_dilation(d) == 1 && d->kh * d->kw > 1 &&
+           d->c >= 16 && d->oc >= 16 && !wino_geometry(d) && ch_cpu_wino3_workspace(d, 1, 1) == 0 &&
+           ch_cpu_wino5_workspace(d, 1, 1) == 0 && ch_cpu_bf16_native(NULL, 0);
 }
 
 static size_t align_up(size_t v) { return (v + WINO_ALIGN - 1) / WINO_ALIGN * WINO_ALIGN; }
@@ -196,36 +251,48 @@ static void copy_md(dnnl_primitive_desc_t pd, dnnl_query_t what, dnnl_memory_des
     *out = *dnnl_primitive_desc_query_md(pd, what, 0);
 }
 
-/* The three convolution primitives, with the layouts they chose; pds are destroyed here. */
+/* The three convolution primitives, with the layouts they chose; pds are destroyed here. In bf16
+ * the products' operands (x, w, dy) are bf16 and what the passes write (y, dx, dw) fp32. */
 static bool make_convolutions(wino_entry *e)
 {
     const wino_key *k = &e->key;
-    dnnl_memory_desc_t any_x, any_y, any_w;
-    const dnnl_dims_t xd = { k->n, k->c, k->h, k->w }, yd = { k->n, k->oc, k->h, k->w };
-    const dnnl_dims_t wd = { k->oc, k->c, 3, 3 }, bd = { k->oc }, one = { 1, 1 };
+    const bool bf16 = k->use == DC_BF16;
+    const dnnl_data_type_t in = bf16 ? dnnl_bf16 : dnnl_f32;
+    const dnnl_alg_kind_t alg = bf16 ? dnnl_convolution_direct : dnnl_convolution_winograd;
+    dnnl_memory_desc_t any_x, any_y, any_w, out_x, out_y, out_w;
+    const dnnl_dims_t xd = { k->n, k->c, k->h, k->w }, yd = { k->n, k->oc, k->oh, k->ow };
+    const dnnl_dims_t wd = { k->oc, k->c, k->kh, k->kw }, bd = { k->oc };
+    /* PyTorch's output size rounds down: the right and bottom padding is what the last window
+     * reaches, which may be less than pad. */
+    const dnnl_dims_t st = { k->stride, k->stride }, pl = { k->pad, k->pad },
+                      pr = { (k->oh - 1) * k->stride + k->kh - k->h - k->pad,
+                             (k->ow - 1) * k->stride + k->kw - k->w - k->pad };
+    if (pr[0] < 0 || pr[1] < 0) return false;
     if (dnnl_memory_desc_init_by_tag(&e->plain_x, 4, xd, dnnl_f32, dnnl_nchw) ||
         dnnl_memory_desc_init_by_tag(&e->plain_y, 4, yd, dnnl_f32, dnnl_nchw) ||
         dnnl_memory_desc_init_by_tag(&e->plain_w, 4, wd, dnnl_f32, dnnl_oihw) ||
         dnnl_memory_desc_init_by_tag(&e->bias, 1, bd, dnnl_f32, dnnl_x) ||
-        dnnl_memory_desc_init_by_tag(&any_x, 4, xd, dnnl_f32, dnnl_format_tag_any) ||
-        dnnl_memory_desc_init_by_tag(&any_y, 4, yd, dnnl_f32, dnnl_format_tag_any) ||
-        dnnl_memory_desc_init_by_tag(&any_w, 4, wd, dnnl_f32, dnnl_format_tag_any))
+        dnnl_memory_desc_init_by_tag(&any_x, 4, xd, in, dnnl_format_tag_any) ||
+        dnnl_memory_desc_init_by_tag(&any_y, 4, yd, in, dnnl_format_tag_any) ||
+        dnnl_memory_desc_init_by_tag(&any_w, 4, wd, in, dnnl_format_tag_any) ||
+        dnnl_memory_desc_init_by_tag(&out_x, 4, xd, dnnl_f32, dnnl_format_tag_any) ||
+        dnnl_memory_desc_init_by_tag(&out_y, 4, yd, dnnl_f32, dnnl_format_tag_any) ||
+        dnnl_memory_desc_init_by_tag(&out_w, 4, wd, dnnl_f32, dnnl_format_tag_any))
         return false;
 
     dnnl_convolution_desc_t cd;
     dnnl_primitive_desc_t fpd = NULL, pd = NULL;
     dnnl_primitive_attr_t fattr = user_scratchpad_attr(k->relu), attr = user_scratchpad_attr(false);
     bool ok = fattr && attr &&
-              dnnl_convolution_forward_desc_init(&cd, dnnl_forward_training,
-                                                 dnnl_convolution_winograd, &any_x, &any_w,
-                                                 &e->bias, &any_y, one, one, one) == dnnl_success &&
+              dnnl_convolution_forward_desc_init(&cd, dnnl_forward_training, alg, &any_x, &any_w,
+                                                 &e->bias, &out_y, st, pl, pr) == dnnl_success &&
               dnnl_primitive_desc_create(&fpd, &cd, fattr, g_wino.engine, NULL) == dnnl_success;
     if (ok) {
         copy_md(fpd, dnnl_query_src_md, &e->f_src);
         copy_md(fpd, dnnl_query_weights_md, &e->f_wei);
         copy_md(fpd, dnnl_query_dst_md, &e->f_dst);
-        ok = dnnl_convolution_backward_data_desc_init(&cd, dnnl_convolution_winograd, &e->f_src,
-                                                      &any_w, &e->f_dst, one, one, one) ==
+        ok = dnnl_convolution_backward_data_desc_init(&cd, alg, bf16 ? &out_x : &e->f_src, &any_w,
+                                                      bf16 ? &any_y : &e->f_dst, st, pl, pr) ==
                  dnnl_success &&
              dnnl_primitive_desc_create(&pd, &cd, attr, g_wino.engine, fpd) == dnnl_success;
     }
@@ -237,9 +304,10 @@ static bool make_convolutions(wino_entry *e)
         pd = NULL;
     }
     if (ok)
-        ok = dnnl_convolution_backward_weights_desc_init(&cd, dnnl_convolution_winograd,
-                                                         &e->f_src, &any_w, &e->bias, &e->f_dst,
-                                                         one, one, one) == dnnl_success &&
+        ok = dnnl_convolution_backward_weights_desc_init(&cd, alg, bf16 ? &any_x : &e->f_src,
+                                                         &out_w, &e->bias,
+                                                         bf16 ? &any_y : &e->f_dst, st, pl,
+                                                         pr) == dnnl_success &&
              dnnl_primitive_desc_create(&pd, &cd, attr, g_wino.engine, fpd) == dnnl_success;
     if (ok) {
         copy_md(pd, dnnl_query_src_md, &e->w_src);
@@ -299,18 +367,23 @@ static void entry_build(wino_entry *e)
 
 static bool key_eq(const wino_key *a, const wino_key *b)
 {
-    return a->c == b->c && a->oc == b->oc && a->h == b->h && a->w == b->w && a->n == b->n &&
-           a->nthreads == b->nthreads && a->relu == b->relu;
+    return a->c == b->c && a->oc == b->oc && a->h == b->h && a->w == b->w && a->kh == b->kh &&
+           a->kw == b->kw && a->stride == b->stride && a->pad == b->pad && a->oh == b->oh &&
+           a->ow == b->ow && a->n == b->n && a->nthreads == b->nthreads && a->relu == b->relu &&
+           a->use == b->use;
 }
 
 /* The cache entry of (d, n, nthreads), made on first use; NULL where Winograd does not apply.
  * oneDNN sizes its work for omp_get_max_threads() of the calling thread, so that is set to the
  * entry's thread count while the primitives are made and while they run. A pass that gets an
  * entry with fits (workspace bytes it has) counts as running until pass_end. */
-static const wino_entry *entry_for(const ch_conv_desc *d, int n, int nthreads, size_t fits)
+static const wino_entry *entry_for(dc_use use, const ch_conv_desc *d, int n, int nthreads,
+                                   size_t fits)
 {
-    if (n <= 0 || !wino_geometry(d)) return NULL;
-    const wino_key key = { d->c, d->oc, d->h, d->w, n, nthreads, d->relu };
+    if (n <= 0 || !(use == DC_WINOGRAD ? wino_geometry(d) : bf16_geometry(d))) return NULL;
+    const wino_key key = { .c = d->c, .oc = d->oc, .h = d->h, .w = d->w, .kh = d->kh, .kw = d->kw,
+                           .stride = d->stride, .pad = d->pad, .oh = d->oh, .ow = d->ow, .n = n,
+                           .nthreads = nthreads, .relu = d->relu, .use = use };
     pthread_mutex_lock(&g_wino.lock);
     if (g_wino.closed) {
         pthread_mutex_unlock(&g_wino.lock);
@@ -336,10 +409,20 @@ static const wino_entry *entry_for(const ch_conv_desc *d, int n, int nthreads, s
     return e;
 }
 
+static size_t workspace_of(dc_use use, const ch_conv_desc *d, int n, int nthreads)
+{
+    const wino_entry *e = entry_for(use, d, n, nthreads, SIZE_MAX);
+    return e ? (e->need + sizeof(ch_real) - 1) / sizeof(ch_real) : 0;
+}
+
 size_t ch_cpu_wino_workspace(const ch_conv_desc *d, int n, int nthreads)
 {
-    const wino_entry *e = entry_for(d, n, nthreads, SIZE_MAX);
-    return e ? (e->need + sizeof(ch_real) - 1) / sizeof(ch_real) : 0;
+    return workspace_of(DC_WINOGRAD, d, n, nthreads);
+}
+
+size_t ch_cpu_conv_bf16_workspace(const ch_conv_desc *d, int n, int nthreads)
+{
+    return workspace_of(DC_BF16, d, n, nthreads);
 }
 
 /* The next buffer of a pass in the kernel workspace, 64-byte aligned. */
@@ -405,9 +488,9 @@ static void pass_done(void)
     pthread_mutex_unlock(&g_wino.lock);
 }
 
-static bool pass_begin(const ch_kctx *kc, const ch_conv_desc *d, int n, wino_pass *p)
+static bool pass_begin(dc_use use, const ch_kctx *kc, const ch_conv_desc *d, int n, wino_pass *p)
 {
-    p->e = entry_for(d, n, kc->nthreads, kc->ws_len * sizeof(ch_real));
+    p->e = entry_for(use, d, n, kc->nthreads, kc->ws_len * sizeof(ch_real));
     if (!p->e) return false;
     if (dnnl_stream_create(&p->s, g_wino.engine, dnnl_stream_default_flags) != dnnl_success) {
         pass_done();
@@ -426,11 +509,11 @@ static void pass_end(wino_pass *p)
     pass_done();
 }
 
-bool ch_cpu_wino_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
-                         const ch_real *w, const ch_real *b, ch_real *y)
+static bool forward(dc_use use, const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
+                    const ch_real *w, const ch_real *b, ch_real *y)
 {
     wino_pass p;
-    if (!pass_begin(kc, d, n, &p)) return false;
+    if (!pass_begin(use, kc, d, n, &p)) return false;
     const wino_entry *e = p.e;
     void *xb = carve(&p.ws, md_bytes(&e->f_src)), *wb = carve(&p.ws, md_bytes(&e->f_wei));
     void *yb = carve(&p.ws, md_bytes(&e->f_dst));
@@ -448,11 +531,11 @@ bool ch_cpu_wino_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const 
     return true;
 }
 
-bool ch_cpu_wino_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *dy,
-                               const ch_real *w, ch_real *dx)
+static bool backward_data(dc_use use, const ch_kctx *kc, const ch_conv_desc *d, int n,
+                          const ch_real *dy, const ch_real *w, ch_real *dx)
 {
     wino_pass p;
-    if (!pass_begin(kc, d, n, &p)) return false;
+    if (!pass_begin(use, kc, d, n, &p)) return false;
     const wino_entry *e = p.e;
     void *dyb = carve(&p.ws, md_bytes(&e->d_dst)), *wb = carve(&p.ws, md_bytes(&e->d_wei));
     void *dxb = carve(&p.ws, md_bytes(&e->d_src));
@@ -469,19 +552,19 @@ bool ch_cpu_wino_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int n, 
     return true;
 }
 
-bool ch_cpu_wino_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, int n,
-                                  const ch_real *x, const ch_real *y, ch_real *dy, ch_real *dw,
-                                  ch_real *db)
+static bool backward_weights(dc_use use, const ch_kctx *kc, const ch_conv_desc *d, int n,
+                             const ch_real *x, const ch_real *y, ch_real *dy, ch_real *dw,
+                             ch_real *db)
 {
     wino_pass p;
-    if (!pass_begin(kc, d, n, &p)) return false;
+    if (!pass_begin(use, kc, d, n, &p)) return false;
     const wino_entry *e = p.e;
     void *xb = carve(&p.ws, md_bytes(&e->w_src)), *dyb = carve(&p.ws, md_bytes(&e->w_dst));
     void *dwb = carve(&p.ws, md_bytes(&e->w_dwei));
     float *spare_db = carve(&p.ws, sizeof(float) * (size_t)d->oc);
     void *scratch = p.ws;
     /* The fused ReLU's backward, in place, before anything reads dy (backward data does next). */
-    if (d->relu) ch_cpu_relu_backward(kc, (size_t)n * d->oc * d->h * d->w, y, dy, dy);
+    if (d->relu) ch_cpu_relu_backward(kc, (size_t)n * d->oc * d->oh * d->ow, y, dy, dy);
     reorder(&e->w_x_in, p.s, &e->plain_x, x, &e->w_src, xb, scratch);
     reorder(&e->w_dy_in, p.s, &e->plain_y, dy, &e->w_dst, dyb, scratch);
     const wino_arg a[] = { { DNNL_ARG_SRC, &e->w_src, xb }, { DNNL_ARG_DIFF_DST, &e->w_dst, dyb },
@@ -491,6 +574,44 @@ bool ch_cpu_wino_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, int 
     reorder(&e->w_dw_out, p.s, &e->w_dwei, dwb, &e->plain_w, dw, scratch);
     pass_end(&p);
     return true;
+}
+
+bool ch_cpu_wino_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
+                         const ch_real *w, const ch_real *b, ch_real *y)
+{
+    return forward(DC_WINOGRAD, kc, d, n, x, w, b, y);
+}
+
+bool ch_cpu_wino_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *dy,
+                               const ch_real *w, ch_real *dx)
+{
+    return backward_data(DC_WINOGRAD, kc, d, n, dy, w, dx);
+}
+
+bool ch_cpu_wino_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, int n,
+                                  const ch_real *x, const ch_real *y, ch_real *dy, ch_real *dw,
+                                  ch_real *db)
+{
+    return backward_weights(DC_WINOGRAD, kc, d, n, x, y, dy, dw, db);
+}
+
+bool ch_cpu_conv_bf16_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
+                              const ch_real *w, const ch_real *b, ch_real *y)
+{
+    return forward(DC_BF16, kc, d, n, x, w, b, y);
+}
+
+bool ch_cpu_conv_bf16_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int n,
+                                    const ch_real *dy, const ch_real *w, ch_real *dx)
+{
+    return backward_data(DC_BF16, kc, d, n, dy, w, dx);
+}
+
+bool ch_cpu_conv_bf16_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, int n,
+                                       const ch_real *x, const ch_real *y, ch_real *dy,
+                                       ch_real *dw, ch_real *db)
+{
+    return backward_weights(DC_BF16, kc, d, n, x, y, dy, dw, db);
 }
 
 #endif
