@@ -118,6 +118,9 @@ typedef struct ch_kernels {
                  const ch_real *a, int lda, const ch_real *b, int ldb, ch_real beta, ch_real *c,
                  int ldc);
 
+    /* Whether the three convolution kernels multiply this d->bf16 layer's operands in bf16 at
+     * batch n with nthreads threads (NULL: never; what `--dry-run` reports). */
+    bool (*conv2d_in_bf16)(const ch_conv_desc *d, int n, int nthreads);
     /* Scratch (elements) the three convolution kernels need for batches of up to n samples with
      * nthreads threads. May prepare per-geometry state (the CPU backend's Winograd primitives). */
     size_t (*conv2d_workspace)(const ch_conv_desc *d, int n, int nthreads);

@@ -15,6 +15,9 @@ static ch_status conv_plan(ch_layer *l, ch_plan *pl, ch_err *err)
 {
     conv_impl *c = l->impl;
     c->d.bf16 = pl->bf16;
+    pl->convs++;
+    if (pl->bf16 && pl->k->conv2d_in_bf16 && pl->k->conv2d_in_bf16(&c->d, pl->max_batch, pl->nthreads))
+        pl->bf16_convs++;
     size_t need = pl->k->conv2d_workspace(&c->d, pl->max_batch, pl->nthreads);
     if (need > pl->ws_need) pl->ws_need = need;
     return ch_layer_alloc_output(l, pl, err);

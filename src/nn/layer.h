@@ -86,6 +86,7 @@ typedef struct ch_plan {
     size_t ws_need;     /* out: the largest kernel workspace (elements) any layer needs */
     size_t saved_bytes; /* out: what layers keep from forward for backward besides their outputs
                          * (pooling argmax, dropout masks) */
+    int convs, bf16_convs; /* out: convolutions, and those whose products the kernels do in bf16 */
 } ch_plan;
 
 typedef struct ch_layer_ops {

@@ -195,6 +195,8 @@ static ch_status plan(ch_model *m, int max_batch, int nthreads, ch_err *err)
     CH_TRY(ch_layer_plan_tree(m->root, &pl, err));
     m->ws_len = pl.ws_need;
     m->saved_bytes = pl.saved_bytes;
+    m->convs = pl.convs;
+    m->bf16_convs = pl.bf16_convs;
     CH_TRY(ch_backend_reserve_workspace(m->be, m->ws_len, err));
     m->scratch_len = m->root->scratch_need;
     m->scratch = alloc_reals(m->be, m->scratch_len);

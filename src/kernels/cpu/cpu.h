@@ -40,6 +40,7 @@ void ch_cpu_gemm_batch(const ch_kctx *kc, const ch_gemm_batch *g, const ch_real 
                        const ch_real *b, ch_real *c, void *scratch);
 
 size_t ch_cpu_conv2d_workspace(const ch_conv_desc *d, int n, int nthreads);
+bool ch_cpu_conv2d_in_bf16(const ch_conv_desc *d, int n, int nthreads);
 void ch_cpu_conv2d_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
                            const ch_real *w, const ch_real *b, ch_real *y);
 void ch_cpu_conv2d_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int n,

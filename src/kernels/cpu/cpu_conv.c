@@ -355,6 +355,11 @@ static void forward_group(const ch_kctx *kc, const ch_conv_desc *d, int gw, cons
     if (d->relu) ch_cpu_relu_span((size_t)gw * d->oc * P, y, y);
 }
 
+bool ch_cpu_conv2d_in_bf16(const ch_conv_desc *d, int n, int nthreads)
+{
+    return !ch_cpu_conv_is_grouped(d) && ch_cpu_conv_bf16_workspace(d, n, nthreads) > 0;
+}
+
 void ch_cpu_conv2d_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
                            const ch_real *w, const ch_real *b, ch_real *y)
 {

@@ -5,6 +5,7 @@ const ch_kernels ch_cpu_kernel_table = {
     .name = "cpu",
     .gemm = ch_cpu_gemm,
     .conv2d_workspace = ch_cpu_conv2d_workspace,
+    .conv2d_in_bf16 = ch_cpu_conv2d_in_bf16,
     .conv2d_forward = ch_cpu_conv2d_forward,
     .conv2d_backward_data = ch_cpu_conv2d_backward_data,
     .conv2d_backward_weights = ch_cpu_conv2d_backward_weights,

@@ -720,6 +720,7 @@ static const ch_kernels lazy_table = {
     .name = "lazy",
     .gemm = lz_gemm,
     .conv2d_workspace = ch_cpu_conv2d_workspace,
+    .conv2d_in_bf16 = ch_cpu_conv2d_in_bf16,
     .conv2d_forward = lz_conv2d_forward,
     .conv2d_backward_data = lz_conv2d_backward_data,
     .conv2d_backward_weights = lz_conv2d_backward_weights,

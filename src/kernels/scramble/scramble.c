@@ -525,6 +525,7 @@ static const ch_kernels scramble_table = {
     .name = "scramble",
     .gemm = sc_gemm,
     .conv2d_workspace = ch_cpu_conv2d_workspace,
+    .conv2d_in_bf16 = ch_cpu_conv2d_in_bf16,
     .conv2d_forward = sc_conv_forward,
     .conv2d_backward_data = sc_conv_backward_data,
     .conv2d_backward_weights = sc_conv_backward_weights,
