@@ -156,8 +156,7 @@ static ch_status setup(ch_trainer *t, ch_err *err)
         .accum = K, .max_micro = (planned + K - 1) / K, .accum_buffer = K > 1 || t->shares.automatic,
         .nglobal = R, .zero = t->cfg.zero == 1, .ps = t->ps,
         .ps_async = t->ps && ch_ps_mode_of(t->ps) == CH_PS_ASYNC,
-        .nan_check = t->cfg.nan_check, .sync_bn = t->cfg.sync_bn,
-        .bf16 = t->cfg.precision && strcmp(t->cfg.precision, "bf16") == 0,
+        .nan_check = t->cfg.nan_check, .sync_bn = t->cfg.sync_bn, .bf16 = ch_trainer_bf16(&t->cfg),
         .bucket_elems = (size_t)((t->cfg.bucket_mb > 0 ? t->cfg.bucket_mb : 25) * (1 << 20) /
                                  sizeof(ch_real)),
         .backend = backend_of(&t->devices),

@@ -103,6 +103,8 @@ ch_status ch_trainer_ps_give_up(ch_trainer *t, ch_status st, const ch_err *err);
 /* trainer_config.c: the checks of a configuration that need no other rank (BAD_INPUT, one line),
  * and the optimizer, schedule and injected fault (COHORT_INJECT_FAULT) it gives. */
 ch_status ch_trainer_check_config(const ch_train_config *c, ch_err *err);
+/* --precision bf16 (checked: the CPU has it natively). */
+bool ch_trainer_bf16(const ch_train_config *c);
 ch_status ch_trainer_optim_config(const ch_train_config *c, ch_optim_config *o, ch_err *err);
 ch_status ch_trainer_schedule_config(const ch_train_config *c, ch_schedule *s, ch_err *err);
 ch_status ch_trainer_parse_fault(ch_fault *f, ch_err *err);

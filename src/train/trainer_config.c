@@ -65,6 +65,8 @@ static ch_status check_ps(const ch_train_config *c, ch_err *err)
     return CH_STATUS_OK;
 }
 
+bool ch_trainer_bf16(const ch_train_config *c) { return c->precision && strcmp(c->precision, "bf16") == 0; }
+
 ch_status ch_trainer_check_config(const ch_train_config *c, ch_err *err)
 {
     CH_TRY(check_precision(c->precision, err));
