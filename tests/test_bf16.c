@@ -29,13 +29,7 @@
 enum { MAX_OC = 64 };
 static const double tol = 2e-6;
 
-static ch_real *rnd(size_t n, uint64_t seed)
-{
-    ch_real *p = malloc(sizeof(ch_real) * (n ? n : 1));
-    assert_non_null(p);
-    tu_fill_uniform(p, n, -1, 1, seed);
-    return p;
-}
+static ch_real *rnd(size_t n, uint64_t seed) { return tu_uniform(n, seed); }
 
 /* A copy of p rounded to bf16 (to nearest even: core/bf16.h, as oneDNN's reorder). */
 static ch_real *rounded(const ch_real *p, size_t n)

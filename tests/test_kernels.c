@@ -20,13 +20,7 @@
 /* float against double-accumulated loops, relative to each result's scale */
 static const double tol = 1e-5;
 
-static ch_real *rnd(size_t n, uint64_t seed)
-{
-    ch_real *p = malloc(sizeof(ch_real) * (n ? n : 1));
-    assert_non_null(p);
-    tu_fill_uniform(p, n, -1, 1, seed);
-    return p;
-}
+static ch_real *rnd(size_t n, uint64_t seed) { return tu_uniform(n, seed); }
 
 static void check_gemm(bool ta, bool tb, int m, int n, int k, int threads)
 {

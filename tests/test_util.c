@@ -51,6 +51,14 @@ void tu_fill_uniform(ch_real *x, size_t n, double lo, double hi, uint64_t seed)
     for (size_t i = 0; i < n; i++) x[i] = (ch_real)(lo + (hi - lo) * ch_rng_uniform(&r));
 }
 
+ch_real *tu_uniform(size_t n, uint64_t seed)
+{
+    ch_real *p = malloc(sizeof(ch_real) * (n ? n : 1));
+    assert_non_null(p);
+    tu_fill_uniform(p, n, -1, 1, seed);
+    return p;
+}
+
 double tu_max_rel_err(const ch_real *a, const ch_real *b, size_t n, double floor)
 {
     double worst = 0;

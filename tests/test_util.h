@@ -13,6 +13,9 @@
 
 /* Fill with uniform values in [lo, hi) from a seeded stream. */
 void tu_fill_uniform(ch_real *x, size_t n, double lo, double hi, uint64_t seed);
+/* n values uniform in [-1, 1) from seed, newly allocated (the caller frees; a failed allocation
+ * fails the test). */
+ch_real *tu_uniform(size_t n, uint64_t seed);
 /* max_i |a_i - b_i| / max(|a_i|, |b_i|, floor): relative error, absolute below floor. */
 double tu_max_rel_err(const ch_real *a, const ch_real *b, size_t n, double floor);
 /* max_i |a_i - b_i| / max_i |b_i|: the error relative to the array's scale, the fair measure for
