@@ -357,7 +357,7 @@ static void forward_group(const ch_kctx *kc, const ch_conv_desc *d, int gw, cons
 
 bool ch_cpu_conv2d_in_bf16(const ch_conv_desc *d, int n, int nthreads)
 {
-    return !ch_cpu_conv_is_grouped(d) && ch_cpu_conv_bf16_workspace(d, n, nthreads) > 0;
+    return ch_cpu_conv_bf16_workspace(d, n, nthreads) > 0;   /* it refuses grouped layers */
 }
 
 void ch_cpu_conv2d_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
