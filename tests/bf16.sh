@@ -6,7 +6,7 @@
 #  - the checkpoint holds fp32 tensors under PyTorch's names, not fp32 training's bits (bf16 took
 #    effect), and it learns: test accuracy >= 0.40 after 2 epochs on 1024 samples (0.47 seen; chance is 0.10);
 #  - cohort eval, which computes in fp32, reports that checkpoint's accuracy within 2 points of what
-#    training reported in bf16.
+#    training reported in bf16; cohort eval --precision bf16 reports training's own figure.
 # Exits 77 (ctest: skipped, never passed) on a CPU without native bf16, where --precision bf16 is
 # refused (cli_errors checks that line).
 #   bf16.sh COHORT DATA_ROOT
@@ -48,6 +48,14 @@ rc=$?; ok "the bf16 checkpoint: fp32 tensors under PyTorch's names, the same siz
 got=$("$cohort" eval --checkpoint "$c/straight" --data "$data" --test-limit 512 2>&1 | sed -n 's/^test loss .*, test acc \([0-9.]*\) .*/\1/p')
 awk -v a="$acc" -v b="$got" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(b != "" && d <= 0.02) }'
 rc=$?; ok "cohort eval (fp32) of the bf16 checkpoint: $got, training (bf16) said $acc" $rc
+
+# Told --precision bf16, eval multiplies in bf16 as training's own test pass did: the same accuracy,
+# on the same samples and device, and the line says so (the default line does not).
+line=$("$cohort" eval --checkpoint "$c/straight" --data "$data" --test-limit 512 --precision bf16 2>&1)
+got16=$(echo "$line" | sed -n 's/^test loss .*, test acc \([0-9.]*\) .*/\1/p')
+[ "$got16" = "$acc" ] && echo "$line" | grep -q ', bf16 products$' &&
+    ! "$cohort" eval --checkpoint "$c/straight" --data "$data" --test-limit 512 2>&1 | grep -q 'bf16'
+rc=$?; ok "cohort eval --precision bf16: $got16, training (bf16) said $acc; only this line says bf16" $rc
 
 echo "bf16: $passes passed, $fails failed"
 [ "$fails" -eq 0 ]

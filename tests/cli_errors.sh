@@ -124,6 +124,13 @@ expect 2 "--out $tmp/fifo: is a FIFO" -- timeout 20 "$cohort" export --checkpoin
 expect 0 "" -- "$cohort" export --checkpoint "$tmp/ck" --out /dev/null
 [ -c /dev/null ] && [ -p "$tmp/fifo" ]; rc=$?
 if [ $rc -eq 0 ]; then passes=$((passes + 1)); else echo "FAIL: export replaced /dev/null or the FIFO"; fails=$((fails + 1)); fi
+# eval's --precision: checked as train's, and bf16 refused (one line, exit 2) without native bf16.
+expect 2 "--precision 'fp16': expected fp32 or bf16" -- "$cohort" eval --checkpoint "$tmp/ck" --data "$tmp/ok" --precision fp16
+if "$cohort" info | grep -q '^bf16: *native'; then
+    expect 0 "" -- "$cohort" eval --checkpoint "$tmp/ck" --data "$tmp/ok" --precision bf16
+else
+    expect 2 "--precision bf16 needs a CPU with native bf16" -- "$cohort" eval --checkpoint "$tmp/ck" --data "$tmp/ok" --precision bf16
+fi
 
 # A replica that fails stops the whole run with one line naming it: never a hang (timeout: 124).
 P=("${T[@]}" --data "$tmp/ok" --devices 'cpu*3' --batch-size 30 --no-progress)

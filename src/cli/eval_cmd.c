@@ -13,6 +13,7 @@
 #include "graph/graph.h"
 #include "graph/graph_json.h"
 #include "train/checkpoint.h"
+#include "train/trainer.h"
 
 static const ch_usage eval_usage = {
     .head = "usage: cohort eval --checkpoint PATH --data DIR [options]\n"
@@ -43,14 +44,14 @@ static bool is_file(const char *path)
     return n > 12 && strcmp(path + n - 12, ".safetensors") == 0;
 }
 
-static void print_result(ch_trainer *t, double loss, double acc, size_t n, const int64_t *hits,
-                         const int64_t *counts, int classes, bool per_class)
+static void print_result(ch_trainer *t, bool bf16, double loss, double acc, size_t n,
+                         const int64_t *hits, const int64_t *counts, int classes, bool per_class)
 {
     if (ch_world_rank() != 0) return;
     char ranks[32] = "";
     if (ch_world_size() > 1) snprintf(ranks, sizeof ranks, " x %d ranks", ch_world_size());
-    printf("test loss %.4f, test acc %.4f (%zu images) on [%s]%s\n", loss, acc, n,
-           ch_trainer_devices(t), ranks);
+    printf("test loss %.4f, test acc %.4f (%zu images) on [%s]%s%s\n", loss, acc, n,
+           ch_trainer_devices(t), ranks, bf16 ? ", bf16 products" : "");
     if (per_class) {
         printf("%-6s %8s %8s %9s\n", "class", "images", "correct", "accuracy");
         for (int c = 0; c < classes; c++)
@@ -133,7 +134,8 @@ static ch_status evaluate_graph(const eval_opts *o, const ch_graph *g, ch_datase
             return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: trainer.json's config.normalize '%.100s' does not fit "
                            "this data (%.500s); --normalize overrides it", o->v.cli.checkpoint, normalize, why.msg);
     }
-    /* --devices, --threads, -b, --allow-nonfinite as given. */
+    /* --devices, --threads, -b, --allow-nonfinite and --precision as given: fp32 unless told, so
+     * that a bf16-trained checkpoint's figures do not depend on the CPU that evaluates it. */
     ch_train_config cfg = o->v.cfg;
     cfg.model = model;
     cfg.graph = g;
@@ -147,7 +149,8 @@ static ch_status evaluate_graph(const eval_opts *o, const ch_graph *g, ch_datase
     ch_status st = hits && counts ? CH_STATUS_OK : CH_SYS_FAIL(err, "allocation of class tallies");
     if (st == CH_STATUS_OK) st = ch_trainer_load_weights(t, weights, err);
     if (st == CH_STATUS_OK) st = ch_trainer_evaluate_classes(t, test, &loss, &acc, hits, counts, err);
-    if (st == CH_STATUS_OK) print_result(t, loss, acc, ch_dataset_size(test), hits, counts, K, o->v.cli.per_class);
+    if (st == CH_STATUS_OK) print_result(t, ch_trainer_bf16(&cfg), loss, acc, ch_dataset_size(test), hits, counts, K,
+                                           o->v.cli.per_class);
     free(hits);
     free(counts);
     ch_trainer_free(t);

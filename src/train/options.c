@@ -178,10 +178,11 @@ static const ch_opt table[] = {
     { .name = "sync-bn", .record = "sync_bn", .cmds = T | B, .type = CH_OPT_FLAG, CFG(sync_bn), .agree = CH_AGREE_VALUE,
       .section = CH_SEC_DEVICES, .brief = "BatchNorm batch statistics over the whole global batch",
       .dflt = "each device's own slice, as PyTorch DDP" },
-    { .name = "precision", .cmds = T | B, .type = CH_OPT_STR, CFG(precision), .section = CH_SEC_DEVICES,
+    { .name = "precision", .cmds = T | E | B, .type = CH_OPT_STR, CFG(precision), .section = CH_SEC_DEVICES,
       .arg = "P", .brief = "fp32 | bf16: convolutions multiply in bf16 where that is the faster",
       .more = "weights, gradients, optimizer state and activations stay fp32; refused on a CPU without "
-              "native bf16 (cohort info says)", .dflt = "fp32" },
+              "native bf16 (cohort info says). eval computes in fp32 unless given bf16, whatever the "
+              "checkpoint was trained in", .dflt = "fp32" },
     { .name = "bucket-mb", .cmds = T, .type = CH_OPT_DOUBLE, CFG(bucket_mb), .lo = 0.001, .hi = 4096,
       .agree = CH_AGREE_VALUE, .section = CH_SEC_DEVICES, .arg = "M", .unset_ok = true,
       .brief = "gradient sync bucket size in MiB" },
