@@ -1,7 +1,7 @@
 /* Backends by name, and the CPU backend's memory: host memory from calloc or, for large blocks,
  * anonymous mappings with huge pages asked for; both come as untouched zero pages (a plan too big
- * for the machine fails its allocation with a message, instead of being killed while zeroing). The CPU backend has no streams: every call is
- * complete when it returns. */
+ * for the machine fails its allocation with a message, instead of being killed while zeroing).
+ * The CPU backend has no streams: every call is complete when it returns. */
 #define _DEFAULT_SOURCE   /* madvise, MAP_ANONYMOUS */
 #include "kernels/backend.h"
 #include "kernels/cuda/plugin.h"
@@ -13,13 +13,14 @@
 
 /* Blocks of CPU_BIG bytes and more (a model's activations, gradients and workspace) are mapped
  * with transparent huge pages asked for (this project's machines run Linux with THP set to
- * 'madvise': huge pages only where asked). Why: the Winograd packing reads 16 samples a plane apart, the BatchNorm and ReLU
- * passes stream whole batches, and with 4 KiB pages a step walks ~300k pages. Measured on a Zen 5
- * (2 threads, batch 256, 5 interleaved runs of `cohort bench train`): resnet18 fp32 173.1 -> 184.1
- * img/s, bf16 192.9 -> 198.5; the first step's page faults 293k -> 23k; peak RSS unchanged. Where
- * THP is off, madvise fails and the pages stay small: no harm. Each block has a header of
- * CPU_HEAD bytes before it: its mapped length and whether it came from calloc (small ones). */
+ * 'madvise': huge pages only where asked). Why: the Winograd packing reads 16 samples a plane
+ * apart, the BatchNorm and ReLU passes stream whole batches, and with 4 KiB pages a step walks
+ * ~300k pages. Measured on a Zen 5: docs/PERFORMANCE.md ("Huge pages"). Where THP is off, madvise
+ * fails and the pages stay small: no harm. Each block has CPU_HEAD bytes before it that hold its
+ * whole length, which tells which of the two made it. */
 enum { CPU_BIG = 4 << 20, CPU_HEAD = 64 };
+
+static bool cpu_mapped(size_t len) { return len - CPU_HEAD >= CPU_BIG; }
 
 static void *cpu_alloc(const ch_backend *be, size_t bytes)
 {
@@ -27,15 +28,13 @@ static void *cpu_alloc(const ch_backend *be, size_t bytes)
     if (bytes > SIZE_MAX - CPU_HEAD) return NULL;
     const size_t len = bytes + CPU_HEAD;
     char *m;
-    if (bytes < CPU_BIG) {
+    if (!cpu_mapped(len)) {
         m = calloc(1, len);
         if (!m) return NULL;
-        m[sizeof len] = 0;
     } else {
         m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (m == MAP_FAILED) return NULL;   /* zero pages, as calloc's large blocks */
+        if (m == MAP_FAILED) return NULL;        /* zero pages, as calloc's large blocks */
         (void)madvise(m, len, MADV_HUGEPAGE);   /* a request: refused where THP is off */
-        m[sizeof len] = 1;
     }
     memcpy(m, &len, sizeof len);
     return m + CPU_HEAD;
@@ -48,7 +47,7 @@ static void cpu_free(const ch_backend *be, void *p)
     char *m = (char *)p - CPU_HEAD;
     size_t len;
     memcpy(&len, m, sizeof len);
-    if (m[sizeof len])
+    if (cpu_mapped(len))
         munmap(m, len);
     else
         free(m);
