@@ -29,8 +29,6 @@
 enum { MAX_OC = 64 };
 static const double tol = 2e-6;
 
-static ch_real *rnd(size_t n, uint64_t seed) { return tu_uniform(n, seed); }
-
 /* A copy of p rounded to bf16 (to nearest even: core/bf16.h, as oneDNN's reorder). */
 static ch_real *rounded(const ch_real *p, size_t n)
 {
@@ -61,7 +59,8 @@ static conv_case case_make(ch_conv_desc d, int n, int threads)
     c.xs = (size_t)n * d.c * d.h * d.w;
     c.ys = (size_t)n * d.oc * c.d.oh * c.d.ow;
     c.wl = (size_t)d.oc * d.c * d.kh * d.kw;
-    c.x = rnd(c.xs, 11), c.w = rnd(c.wl, 12), c.b = rnd((size_t)d.oc, 13), c.dy = rnd(c.ys, 14);
+    c.x = tu_uniform(c.xs, 11), c.w = tu_uniform(c.wl, 12), c.b = tu_uniform((size_t)d.oc, 13);
+    c.dy = tu_uniform(c.ys, 14);
     c.xr = rounded(c.x, c.xs), c.wr = rounded(c.w, c.wl), c.dyr = rounded(c.dy, c.ys);
     return c;
 }

@@ -21,13 +21,12 @@
 /* float against double-accumulated loops, relative to each result's scale */
 static const double tol = 1e-5;
 
-static ch_real *rnd(size_t n, uint64_t seed) { return tu_uniform(n, seed); }
 
 static void check_gemm(bool ta, bool tb, int m, int n, int k, int threads)
 {
     const ch_kernels *cpu = ch_kernels_cpu(), *ref = ch_kernels_ref();
-    ch_real *a = rnd((size_t)m * k, 1), *b = rnd((size_t)k * n, 2);
-    ch_real *c1 = rnd((size_t)m * n, 3), *c2 = malloc(sizeof(ch_real) * (size_t)m * n);
+    ch_real *a = tu_uniform((size_t)m * k, 1), *b = tu_uniform((size_t)k * n, 2);
+    ch_real *c1 = tu_uniform((size_t)m * n, 3), *c2 = malloc(sizeof(ch_real) * (size_t)m * n);
     memcpy(c2, c1, sizeof(ch_real) * (size_t)m * n);
     ch_kctx kc = { .nthreads = threads };
     const int lda = ta ? m : k, ldb = tb ? k : n;
@@ -73,7 +72,7 @@ static void check_gemm_batch(ch_gemm_batch g)
 {
     const ch_kernels *ref = ch_kernels_ref();
     const size_t la = g.sa * g.batch, lb = g.sb * g.batch, lc = g.sc * g.batch;
-    ch_real *a = rnd(la, 4), *b = rnd(lb, 5), *c1 = rnd(lc, 6);
+    ch_real *a = tu_uniform(la, 4), *b = tu_uniform(lb, 5), *c1 = tu_uniform(lc, 6);
     ch_real *c2 = malloc(sizeof(ch_real) * lc);
     memcpy(c2, c1, sizeof(ch_real) * lc);
     const size_t bytes = ch_cpu_gemm_batch_scratch(&g);
@@ -123,8 +122,9 @@ static void check_conv_tol(ch_conv_desc d, int n, int threads, int ws_batch, dou
     const ch_kernels *cpu = ch_kernels_cpu(), *ref = ch_kernels_ref();
     const size_t xs = (size_t)n * d.c * d.h * d.w, ys = (size_t)n * d.oc * d.oh * d.ow;
     const size_t ws_len = (size_t)d.oc * (d.c / ch_conv_groups(&d)) * d.kh * d.kw;
-    ch_real *x = rnd(xs, 4), *w = rnd(ws_len, 5), *b = rnd((size_t)d.oc, 6);
-    ch_real *dy1 = rnd(ys, 7), *dy2 = rnd(ys, 7);   /* each backend's (a fused ReLU masks it) */
+    ch_real *x = tu_uniform(xs, 4), *w = tu_uniform(ws_len, 5), *b = tu_uniform((size_t)d.oc, 6);
+    /* each backend's (a fused ReLU masks it) */
+    ch_real *dy1 = tu_uniform(ys, 7), *dy2 = tu_uniform(ys, 7);
     ch_real *y1 = malloc(sizeof(ch_real) * ys), *y2 = malloc(sizeof(ch_real) * ys);
     ch_real *dx1 = malloc(sizeof(ch_real) * xs), *dx2 = malloc(sizeof(ch_real) * xs);
     ch_real *dw1 = malloc(sizeof(ch_real) * ws_len), *dw2 = malloc(sizeof(ch_real) * ws_len);
@@ -229,12 +229,12 @@ static void depthwise_bits_do_not_depend_on_threads(void **state)
     const ch_kernels *cpu = ch_kernels_cpu();
     const int n = 5;
     const size_t xs = (size_t)n * d.c * d.h * d.w, ys = (size_t)n * d.oc * d.oh * d.ow, wl = 6 * 9;
-    ch_real *x = rnd(xs, 4), *w = rnd(wl, 5), *b = rnd(6, 6);
+    ch_real *x = tu_uniform(xs, 4), *w = tu_uniform(wl, 5), *b = tu_uniform(6, 6);
     ch_real *out[2][3];
     for (int t = 1; t <= 2; t++) {
         const size_t wsz = cpu->conv2d_workspace(&d, n, t);
         ch_kctx kc = { .nthreads = t, .ws = malloc(sizeof(ch_real) * wsz), .ws_len = wsz };
-        ch_real *y = malloc(sizeof(ch_real) * ys), *dy = rnd(ys, 7);
+        ch_real *y = malloc(sizeof(ch_real) * ys), *dy = tu_uniform(ys, 7);
         ch_real *dx = malloc(sizeof(ch_real) * xs), *dw = malloc(sizeof(ch_real) * (wl + 6));
         cpu->conv2d_forward(&kc, &d, n, x, w, b, y);
         cpu->conv2d_backward_weights(&kc, &d, n, x, y, dy, dw, dw + wl);
@@ -256,13 +256,13 @@ static void check_conv_repeats(ch_conv_desc d, int n, int threads)
     const ch_kernels *cpu = ch_kernels_cpu();
     const size_t xs = (size_t)n * d.c * d.h * d.w, ys = (size_t)n * d.oc * d.oh * d.ow;
     const size_t wl = (size_t)d.oc * d.c * d.kh * d.kw;
-    ch_real *x = rnd(xs, 4), *w = rnd(wl, 5), *b = rnd((size_t)d.oc, 6);
+    ch_real *x = tu_uniform(xs, 4), *w = tu_uniform(wl, 5), *b = tu_uniform((size_t)d.oc, 6);
     ch_real *out[2][4];
     size_t wsz = cpu->conv2d_workspace(&d, n, threads);
     ch_kctx kc = { .nthreads = threads, .ws = malloc(sizeof(ch_real) * (wsz ? wsz : 1)),
                    .ws_len = wsz };
     for (int r = 0; r < 2; r++) {
-        ch_real *y = malloc(sizeof(ch_real) * ys), *dy = rnd(ys, 7);
+        ch_real *y = malloc(sizeof(ch_real) * ys), *dy = tu_uniform(ys, 7);
         ch_real *dx = malloc(sizeof(ch_real) * xs), *dw = malloc(sizeof(ch_real) * (wl + d.oc));
         cpu->conv2d_forward(&kc, &d, n, x, w, b, y);
         cpu->conv2d_backward_weights(&kc, &d, n, x, y, dy, dw, dw + wl);
@@ -462,7 +462,7 @@ static void check_batchnorm_sums(int n, int c, int hw, int threads)
 {
     const ch_kernels *cpu = ch_kernels_cpu(), *ref = ch_kernels_ref();
     const size_t len = (size_t)n * c * hw;
-    ch_real *x = rnd(len, 11), *dy = rnd(len, 12);
+    ch_real *x = tu_uniform(len, 11), *dy = tu_uniform(len, 12);
     for (size_t i = 0; i < len; i++) x[i] = x[i] * 3 + 2;   /* a mean well away from 0 */
     double m1[8], v1[8], m2[8], v2[8], s1[8], sx1[8], s2[8], sx2[8];
     ch_real mean[8], invstd[8];
@@ -495,7 +495,7 @@ static void batchnorm_variance_far_from_zero(void)
     const ch_kernels *cpu = ch_kernels_cpu(), *ref = ch_kernels_ref();
     const int n = 4, c = 3, hw = 300;
     const size_t len = (size_t)n * c * hw;
-    ch_real *x = rnd(len, 13);
+    ch_real *x = tu_uniform(len, 13);
     for (size_t i = 0; i < len; i++) x[i] = x[i] * 0.01f + 1000;
     double m1[3], v1[3], m2[3], v2[3];
     ch_kctx kc = { .nthreads = 2 };
@@ -542,7 +542,7 @@ static void maxpool_matches_reference(void **state)
             const int n = 3;
             const size_t xs = (size_t)n * d->c * d->h * d->w;
             const size_t ys = (size_t)n * d->c * d->oh * d->ow;
-            ch_real *x = rnd(xs, 9), *dy = rnd(ys, 10);
+            ch_real *x = tu_uniform(xs, 9), *dy = tu_uniform(ys, 10);
             ch_real *y1 = malloc(sizeof(ch_real) * ys), *y2 = malloc(sizeof(ch_real) * ys);
             ch_real *dx1 = malloc(sizeof(ch_real) * xs), *dx2 = malloc(sizeof(ch_real) * xs);
             int32_t *a1 = malloc(sizeof(int32_t) * ys), *a2 = malloc(sizeof(int32_t) * ys);
@@ -686,7 +686,7 @@ static void avgpool_matches_reference(void **state)
         const ch_pool_desc *d = &cases[i];
         const int n = 3;
         const size_t xs = (size_t)n * d->c * d->h * d->w, ys = (size_t)n * d->c * d->oh * d->ow;
-        ch_real *x = rnd(xs, 4), *dy = rnd(ys, 5);
+        ch_real *x = tu_uniform(xs, 4), *dy = tu_uniform(ys, 5);
         ch_real *y1 = malloc(sizeof(ch_real) * ys), *y2 = malloc(sizeof(ch_real) * ys);
         ch_real *dx1 = malloc(sizeof(ch_real) * xs), *dx2 = malloc(sizeof(ch_real) * xs);
         for (size_t j = 0; j < xs; j++) dx1[j] = dx2[j] = (ch_real)NAN;   /* every element written */
