@@ -294,6 +294,38 @@ static void elementwise(void)
     free(x), free(x2), free(dy), free(y), free(dx);
 }
 
+/* --precision bf16's stored activations: the backend's conversions give the CPU's bits, both ways
+ * (a backend without them keeps activations fp32: nothing to check). */
+static void bf16_storage(void)
+{
+    if (!K->to_bf16 || !K->from_bf16) {
+        printf("--   %-58s this backend keeps activations fp32\n", "bf16 storage");
+        return;
+    }
+    const size_t len = 1003;
+    ch_real *x = host_rnd(len, 61), *y = malloc(sizeof(ch_real) * len), *got = malloc(sizeof(ch_real) * len);
+    uint16_t *h = malloc(sizeof(uint16_t) * len), *hd = malloc(sizeof(uint16_t) * len);
+    if (!y || !got || !h || !hd) abort();
+    for (size_t i = 0; i < len; i++) x[i] = (ch_real)ldexp(x[i], (int)(i % 60) - 30);
+    ch_real *dX = dev_reals(x, len), *dY = dev_reals(NULL, len);
+    uint16_t *dH = dev_of(NULL, sizeof(uint16_t) * len);
+    C->to_bf16(&kh, len, x, h);
+    K->to_bf16(&kd, len, dX, dH);
+    ch_backend_download(be, hd, dH, sizeof(uint16_t) * len);
+    size_t bad = 0;
+    for (size_t i = 0; i < len; i++) bad += hd[i] != h[i];
+    C->from_bf16(&kh, len, h, y);
+    K->from_bf16(&kd, len, dH, dY);
+    ch_backend_download(be, got, dY, sizeof(ch_real) * len);
+    for (size_t i = 0; i < len; i++) bad += memcmp(&got[i], &y[i], sizeof(ch_real)) != 0;
+    checks++;
+    if (bad) failures++;
+    printf("%-4s %-58s %zu of %zu differ\n", bad ? "FAIL" : "ok", "bf16 storage: to_bf16 and back", bad, 2 * len);
+    void *devs[] = { dX, dY, dH };
+    for (size_t i = 0; i < sizeof devs / sizeof *devs; i++) ch_backend_release(be, devs[i]);
+    free(x), free(y), free(got), free(h), free(hd);
+}
+
 static size_t dims(const int d[3]) { return (size_t)d[0] * d[1] * d[2]; }
 
 static void bcast_case(ch_bcast_desc d, int n)
@@ -440,6 +472,7 @@ int main(int argc, char **argv)
     pools();
     batchnorm();
     elementwise();
+    bf16_storage();
     bcast_case((ch_bcast_desc){ .op = CH_BCAST_MUL, .out = { 4, 5, 6 }, .a = { 4, 5, 6 }, .b = { 4, 1, 1 } }, 3);
     bcast_case((ch_bcast_desc){ .op = CH_BCAST_ADD, .out = { 4, 5, 6 }, .a = { 1, 5, 1 }, .b = { 4, 1, 6 } }, 2);
     bcast_case((ch_bcast_desc){ .op = CH_BCAST_MUL, .out = { 3, 4, 5 }, .a = { 3, 4, 5 }, .b = { 1, 4, 5 } }, 2);

@@ -383,6 +383,50 @@ static void bf16_reorder_rounds_as_plain_c(void **state)
     free(x), free(h);
 }
 
+/* --precision bf16's stored activations (graph/exec.c) go through the to_bf16 and from_bf16
+ * kernels: at 2 threads and an odd length, the CPU's round every value as core/bf16.h's plain C
+ * does (ties to even both ways, the largest floats to infinity, a NaN to the quiet pattern, the
+ * subnormals too: no flush here), as the single-thread reference table does, and the way back
+ * restores exactly the top half of each float's bits. */
+static void bf16_storage_conversions_match_plain_c(void **state)
+{
+    (void)state;
+    enum { N = 4096 + 16 + 3 };
+    float *x = malloc(sizeof(float) * N), *back = malloc(sizeof(float) * N);
+    uint16_t *h = malloc(sizeof(uint16_t) * N), *ref = malloc(sizeof(uint16_t) * N);
+    assert_true(x && back && h && ref);
+    const struct { uint32_t in; uint16_t out; } fixed[] = {
+        { 0x3f808000u, 0x3f80u }, { 0x3f818000u, 0x3f82u }, { 0x3f808001u, 0x3f81u }, { 0x3f817fffu, 0x3f81u },
+        { 0x00000001u, 0x0000u }, { 0x00018000u, 0x0002u }, { 0x807f8000u, 0x8080u }, { 0x7f7fffffu, 0x7f80u },
+        { 0xff7f8000u, 0xff80u }, { 0x7f7f7fffu, 0x7f7fu }, { 0x80000000u, 0x8000u }, { 0xff800000u, 0xff80u },
+        { 0x7f800001u, 0x7fc0u }, { 0xffc00001u, 0xffc0u },
+    };
+    const int nf = (int)(sizeof fixed / sizeof fixed[0]);
+    for (int i = 0; i < nf; i++) memcpy(&x[i], &fixed[i].in, sizeof(float));
+    ch_rng r;
+    ch_rng_init(&r, 23, 0, 0);
+    for (int i = nf; i < N; i++)
+        x[i] = (float)((ch_rng_uniform(&r) - 0.5) * ldexp(1.0, (int)(ch_rng_uniform(&r) * 80) - 40));
+    memset(h, 0xa5, sizeof(uint16_t) * N);
+    memset(back, 0xa5, sizeof(float) * N);
+    const ch_kctx two = { .nthreads = 2 }, one = { .nthreads = 1 };
+    ch_kernels_cpu()->to_bf16(&two, N, x, h);
+    ch_kernels_ref()->to_bf16(&one, N, x, ref);
+    for (int i = 0; i < nf; i++)
+        if (h[i] != fixed[i].out) fail_msg("fixed value %d (0x%08x): 0x%04x, expected 0x%04x", i, fixed[i].in, h[i], fixed[i].out);
+    for (int i = 0; i < N; i++)
+        if (h[i] != ch_bf16_from_float(x[i]) || h[i] != ref[i])
+            fail_msg("value %d (%a): kernel 0x%04x, plain C 0x%04x, reference 0x%04x", i, (double)x[i], h[i],
+                     ch_bf16_from_float(x[i]), ref[i]);
+    ch_kernels_cpu()->from_bf16(&two, N, h, back);
+    for (int i = 0; i < N; i++) {
+        uint32_t u;
+        memcpy(&u, &back[i], sizeof u);
+        if (u != (uint32_t)h[i] << 16) fail_msg("value %d: 0x%04x came back as 0x%08x", i, h[i], u);
+    }
+    free(x), free(back), free(h), free(ref);
+}
+
 /* Winograd F(3x3, 5x5) (cpu_wino5.c), written here: 5x5, stride 1, at least 8 channels in and 16
  * out, all three passes. Its transforms round more than a direct sum (points up to 2 and 1/2,
  * weights scaled by up to 32/45): y and dx stay within tol; dw, whose adjoint transform of the
@@ -846,6 +890,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(depthwise_bits_do_not_depend_on_threads),
         cmocka_unit_test(winograd_matches_reference),
         cmocka_unit_test(bf16_reorder_rounds_as_plain_c),
+        cmocka_unit_test(bf16_storage_conversions_match_plain_c),
         cmocka_unit_test(gemm_batch_matches_reference),
         cmocka_unit_test(winograd5_matches_reference),
         cmocka_unit_test(winograd3_matches_reference),

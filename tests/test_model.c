@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/bf16.h"
 #include "core/rng.h"
 #include "models/zoo.h"
 #include "nn/model.h"
@@ -55,6 +56,99 @@ static void resnet18_logits(ch_backend *be, int n, const float *x, float *out)
     if (ch_model_download_floats(m, out, y, (size_t)n * 10, &err) != CH_STATUS_OK) fail_msg("%s", err.msg);
     ch_backend_release(be, dx);
     ch_model_free(m);
+}
+
+/* resnet18's parameter gradients (nparams floats into g) for one training step of n samples on
+ * backend be (threads 2) planned in bf16 or not, from fixed inputs and a fixed gradient of the
+ * logits; the planned model's saved bytes and scratch go to *saved and *scratch. */
+static void resnet18_step(ch_backend *be, bool bf16, int n, float *g, size_t *saved, size_t *scratch)
+{
+    ch_model *m;
+    ch_err err;
+    if (ch_zoo_model("resnet18", (ch_shape3){ 1, 12, 12 }, 10, be, &m, &err) != CH_STATUS_OK ||
+        ch_model_init_params(m, "default", 4, &err) != CH_STATUS_OK)
+        fail_msg("%s", err.msg);
+    m->bf16 = bf16;
+    if (ch_model_plan(m, n, 2, &err) != CH_STATUS_OK) fail_msg("%s", err.msg);
+    float *x = malloc(sizeof(float) * (size_t)n * 144), *dl = malloc(sizeof(float) * (size_t)n * 10);
+    ch_real *dx = ch_backend_alloc(be, sizeof(ch_real) * (size_t)n * 144);
+    ch_real *dd = ch_backend_alloc(be, sizeof(ch_real) * (size_t)n * 10);
+    assert_true(x && dl && dx && dd);
+    for (int i = 0; i < n * 144; i++) x[i] = (float)((i * 37) % 101) / 50.0f - 1.0f;
+    for (int i = 0; i < n * 10; i++) dl[i] = (float)((i * 13) % 7) / 7.0f - 0.4f;
+    if (ch_model_upload_floats(m, dx, x, (size_t)n * 144, &err) != CH_STATUS_OK ||
+        ch_model_upload_floats(m, dd, dl, (size_t)n * 10, &err) != CH_STATUS_OK)
+        fail_msg("%s", err.msg);
+    const ch_run r = ch_model_run(m, true);
+    ch_model_forward(m, &r, n, dx);
+    ch_model_backward(m, &r, n, dx, dd);
+    if (ch_model_download_floats(m, g, m->grads, m->nparams, &err) != CH_STATUS_OK) fail_msg("%s", err.msg);
+    *saved = m->saved_bytes;
+    *scratch = m->scratch_len;
+    ch_backend_release(be, dx);
+    ch_backend_release(be, dd);
+    free(x), free(dl);
+    ch_model_free(m);
+}
+
+/* The CPU's channel_affine, then its input rounded to bf16 in place: in a model whose values are
+ * all fp32, BatchNorm's forward (and the remake of its output) then leaves backward exactly the
+ * values that --precision bf16 keeps of its input. */
+static void affine_then_round_input(const ch_kctx *kc, int n, int c, int hw, const ch_real *x,
+                                    const ch_real *scale, const ch_real *shift, ch_real *y)
+{
+    ch_kernels_cpu()->channel_affine(kc, n, c, hw, x, scale, shift, y);
+    ch_real *kept = (ch_real *)x;   /* the test's own model: rounding it is the point */
+    for (size_t i = 0; i < (size_t)n * c * hw; i++) kept[i] = ch_bf16_to_float(ch_bf16_from_float(kept[i]));
+}
+
+/* --precision bf16 keeps every BatchNorm input (resnet18: 17 of its 20 convolutions' outputs) in
+ * bf16 between forward and backward (graph/exec.c): 2 saved bytes per value of those outputs,
+ * and one largest activation more of scratch, for their gradients. The step's gradients are, bit
+ * for bit, those of the all-fp32 model whose BatchNorms round their inputs after forward, and
+ * they differ from the unrounded model's; the lazy backend, whose memory reads as garbage
+ * outside the kernels' arguments, gives the same bits. bf16 products run in all of them where the
+ * CPU has them. */
+static void resnet18_bf16_keeps_batchnorm_inputs_in_bf16(void **state)
+{
+    (void)state;
+    enum { N = 5, P = 11175818 };
+    /* The convolutions a BatchNorm follows: 5 at 64@12x12, 4 in each later stage (d2l's 1x1
+     * shortcut, conv3, has none). */
+    const size_t convs = (size_t)N * ((64 * 144) * 5 + (128 * 36) * 4 + (256 * 9) * 4 + (512 * 4) * 4);
+    ch_backend *cpu, *plain, *rounding, *lazy;
+    ch_err err;
+    if (ch_backend_create("cpu", 0, 2, &cpu, &err) != CH_STATUS_OK ||
+        ch_backend_create("cpu", 0, 2, &plain, &err) != CH_STATUS_OK ||
+        ch_backend_create("cpu", 0, 2, &rounding, &err) != CH_STATUS_OK ||
+        ch_backend_create("lazy", 0, 2, &lazy, &err) != CH_STATUS_OK)
+        fail_msg("%s", err.msg);
+    ch_kernels fp32_storage = *cpu->k, emulated = *cpu->k;   /* without the conversions */
+    fp32_storage.to_bf16 = emulated.to_bf16 = NULL;
+    emulated.channel_affine = affine_then_round_input;
+    plain->k = &fp32_storage;
+    rounding->k = &emulated;
+    float *want = malloc(sizeof(float) * P), *unrounded = malloc(sizeof(float) * P);
+    float *got = malloc(sizeof(float) * P), *lz = malloc(sizeof(float) * P);
+    assert_true(want && unrounded && got && lz);
+    size_t saved32, scratch32, saved, scratch, saved_lz, scratch_lz;
+    resnet18_step(plain, true, N, unrounded, &saved32, &scratch32);
+    resnet18_step(rounding, true, N, want, &saved32, &scratch32);
+    resnet18_step(cpu, true, N, got, &saved, &scratch);
+    resnet18_step(lazy, true, N, lz, &saved_lz, &scratch_lz);
+    assert_int_equal(saved32, 0);
+    assert_int_equal(saved, 2 * convs);
+    assert_int_equal(scratch, scratch32 + (size_t)64 * 144 * N);
+    assert_memory_equal(got, want, sizeof(float) * P);
+    assert_memory_equal(lz, want, sizeof(float) * P);
+    const double e = tu_max_norm_err_f32(got, unrounded, P);
+    print_message("bf16-kept BatchNorm inputs: gradients within %.2e of the unrounded model's\n", e);
+    assert_true(e > 1e-4);
+    free(want), free(unrounded), free(got), free(lz);
+    ch_backend_free(cpu);
+    ch_backend_free(plain);
+    ch_backend_free(rounding);
+    ch_backend_free(lazy);
 }
 
 /* The kernels' workspace belongs to the backend (ch_backend_reserve_workspace): a model planned
@@ -318,6 +412,7 @@ int main(void)
         cmocka_unit_test(state_dict_matches_pytorch),
         cmocka_unit_test(resnet18_backward_scratch_is_three_largest_activations),
         cmocka_unit_test(models_on_one_backend_share_its_workspace),
+        cmocka_unit_test(resnet18_bf16_keeps_batchnorm_inputs_in_bf16),
         cmocka_unit_test(default_init_is_pytorchs_and_seeded),
         cmocka_unit_test(normal_init_and_bad_specs),
         cmocka_unit_test(unknown_models_and_impossible_inputs_are_refused),

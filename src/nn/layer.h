@@ -87,6 +87,7 @@ typedef struct ch_plan {
     size_t saved_bytes; /* out: what layers keep from forward for backward besides their outputs
                          * (pooling argmax, dropout masks) */
     int convs, bf16_convs; /* out: convolutions, and those whose products the kernels do in bf16 */
+    size_t bf16_kept;   /* out: activation values kept in bf16 between forward and backward */
 } ch_plan;
 
 typedef struct ch_layer_ops {

@@ -126,11 +126,17 @@ void ch_trainer_describe(const ch_trainer *t, FILE *out)
            "kernel workspace %.2f MiB\n", slice, mib(P * 4), mib(P * 4),
            o->nstate * mib((double)o->n * sizeof(ch_real)), zero, mib(act), mib((double)m->saved_bytes),
            mib((double)m->scratch_len * sizeof(ch_real)), mib((double)m->ws_len * sizeof(ch_real)));
-    if (t->spec.bf16)
+    if (t->spec.bf16) {
+        char kept[160] = "";
+        if (m->bf16_kept)
+            snprintf(kept, sizeof kept, "; BatchNorm inputs kept in bf16 from forward to backward (%.2f MiB of the "
+                     "saved)", mib((double)m->bf16_kept * 2));
         fprintf(out, "precision: bf16 products in %d of %d convolutions (those no Winograd takes, not 1x1, with 16 "
-               "channels or more: where bf16 is the faster), fp32 sums; weights, gradients, optimizer state, "
-               "BatchNorm and activations fp32%s\n", m->bf16_convs, m->convs,
-               m->bf16_convs ? "" : ": none of this model's layers is one, so it trains as in fp32");
+               "channels or more: where bf16 is the faster), fp32 sums%s; weights, gradients, optimizer state, "
+               "BatchNorm statistics and %sactivations fp32%s\n", m->bf16_convs, m->convs, kept,
+               m->bf16_kept ? "other " : "",
+               m->bf16_convs || m->bf16_kept ? "" : ": none of this model's layers is one, so it trains as in fp32");
+    }
     int threads = 0;
     for (int r = 0; r < D; r++) threads += t->replicas[r].nthreads;
     fprintf(out, "devices: %d rank%s x [%s] = %d replica%s; %d compute thread%s in this rank\n", t->procs,

@@ -313,6 +313,42 @@ static void lz_to_real(const ch_kctx *kc, size_t len, const double *x, ch_real *
     ch_lazy_queue_call(kc, run_to_real, &queued, sizeof queued);
 }
 
+typedef struct to_bf16_args {
+    size_t len;
+    const ch_real *x;
+    uint16_t *y;
+} to_bf16_args;
+
+static void run_to_bf16(const ch_kctx *kc, const void *args)
+{
+    const to_bf16_args *g = args;
+    sc()->to_bf16(kc, g->len, g->x, g->y);
+}
+
+static void lz_to_bf16(const ch_kctx *kc, size_t len, const ch_real *x, uint16_t *y)
+{
+    const to_bf16_args queued = { len, x, y };
+    ch_lazy_queue_call(kc, run_to_bf16, &queued, sizeof queued);
+}
+
+typedef struct from_bf16_args {
+    size_t len;
+    const uint16_t *x;
+    ch_real *y;
+} from_bf16_args;
+
+static void run_from_bf16(const ch_kctx *kc, const void *args)
+{
+    const from_bf16_args *g = args;
+    sc()->from_bf16(kc, g->len, g->x, g->y);
+}
+
+static void lz_from_bf16(const ch_kctx *kc, size_t len, const uint16_t *x, ch_real *y)
+{
+    const from_bf16_args queued = { len, x, y };
+    ch_lazy_queue_call(kc, run_from_bf16, &queued, sizeof queued);
+}
+
 typedef struct channel_affine_args {
     int n;
     int c;
@@ -750,6 +786,8 @@ static const ch_kernels lazy_table = {
     .permute = lz_permute,
     .dropout_mask = lz_dropout_mask,
     .to_real = lz_to_real,
+    .to_bf16 = lz_to_bf16,
+    .from_bf16 = lz_from_bf16,
     .col_sum = lz_col_sum,
     .optim_update = lz_optim_update,
     .softmax_xent = lz_softmax_xent,

@@ -284,6 +284,22 @@ static void sc_to_real(const ch_kctx *kc, size_t len, const double *x, ch_real *
     AROUND(r, ch_cpu_to_real(kc, len, x, y));
 }
 
+static void sc_to_bf16(const ch_kctx *kc, size_t len, const ch_real *x, uint16_t *y)
+{
+    regions r = { 0 };
+    add(&r, x, F(len));
+    add(&r, y, sizeof(uint16_t) * len);
+    AROUND(r, ch_cpu_to_bf16(kc, len, x, y));
+}
+
+static void sc_from_bf16(const ch_kctx *kc, size_t len, const uint16_t *x, ch_real *y)
+{
+    regions r = { 0 };
+    add(&r, x, sizeof(uint16_t) * len);
+    add(&r, y, F(len));
+    AROUND(r, ch_cpu_from_bf16(kc, len, x, y));
+}
+
 static void sc_channel_affine(const ch_kctx *kc, int n, int c, int hw, const ch_real *x,
                               const ch_real *scale, const ch_real *shift, ch_real *y)
 {
@@ -555,6 +571,8 @@ static const ch_kernels scramble_table = {
     .permute = sc_permute,
     .dropout_mask = sc_dropout_mask,
     .to_real = sc_to_real,
+    .to_bf16 = sc_to_bf16,
+    .from_bf16 = sc_from_bf16,
     .col_sum = sc_col_sum,
     .optim_update = sc_optim_update,
     .softmax_xent = sc_softmax_xent,
