@@ -383,18 +383,19 @@ static void bf16_reorder_rounds_as_plain_c(void **state)
     free(x), free(h);
 }
 
-/* --precision bf16's stored activations (graph/exec.c) go through the to_bf16 and from_bf16
- * kernels: at 2 threads and an odd length, the CPU's round every value as core/bf16.h's plain C
- * does (ties to even both ways, the largest floats to infinity, a NaN to the quiet pattern, the
- * subnormals too: no flush here), as the single-thread reference table does, and the way back
- * restores exactly the top half of each float's bits. */
-static void bf16_storage_conversions_match_plain_c(void **state)
+/* --precision bf16's kept BatchNorm inputs (graph/exec.c) go through three kernels. At 2 threads,
+ * over 3 x 7 planes of 197 values: channel_affine_keep_bf16 writes channel_affine's y and rounds
+ * every input as core/bf16.h's plain C does (ties to even both ways, the largest floats to
+ * infinity, a NaN to the quiet pattern, subnormals too: no flush here); channel_affine_of_bf16 of
+ * those is channel_affine of the rounded values; from_bf16 restores exactly the top half of each
+ * float's bits, as the single-thread reference table's does. */
+static void bf16_storage_kernels_match_plain_c(void **state)
 {
     (void)state;
-    enum { N = 4096 + 16 + 3 };
-    float *x = malloc(sizeof(float) * N), *back = malloc(sizeof(float) * N);
-    uint16_t *h = malloc(sizeof(uint16_t) * N), *ref = malloc(sizeof(uint16_t) * N);
-    assert_true(x && back && h && ref);
+    enum { B = 3, C = 7, HW = 197, N = B * C * HW };
+    float *x = malloc(sizeof(float) * N), *y = malloc(sizeof(float) * N), *back = malloc(sizeof(float) * N);
+    uint16_t *h = malloc(sizeof(uint16_t) * N);
+    assert_true(x && y && back && h);
     const struct { uint32_t in; uint16_t out; } fixed[] = {
         { 0x3f808000u, 0x3f80u }, { 0x3f818000u, 0x3f82u }, { 0x3f808001u, 0x3f81u }, { 0x3f817fffu, 0x3f81u },
         { 0x00000001u, 0x0000u }, { 0x00018000u, 0x0002u }, { 0x807f8000u, 0x8080u }, { 0x7f7fffffu, 0x7f80u },
@@ -407,24 +408,37 @@ static void bf16_storage_conversions_match_plain_c(void **state)
     ch_rng_init(&r, 23, 0, 0);
     for (int i = nf; i < N; i++)
         x[i] = (float)((ch_rng_uniform(&r) - 0.5) * ldexp(1.0, (int)(ch_rng_uniform(&r) * 80) - 40));
+    float scale[C], shift[C];
+    for (int c = 0; c < C; c++) scale[c] = 0.75f + 0.125f * (float)c, shift[c] = -0.5f + 0.25f * (float)c;
     memset(h, 0xa5, sizeof(uint16_t) * N);
     memset(back, 0xa5, sizeof(float) * N);
     const ch_kctx two = { .nthreads = 2 }, one = { .nthreads = 1 };
-    ch_kernels_cpu()->to_bf16(&two, N, x, h);
-    ch_kernels_ref()->to_bf16(&one, N, x, ref);
+    const ch_kernels *k = ch_kernels_cpu();
+    k->channel_affine_keep_bf16(&two, B, C, HW, x, scale, shift, y, h);
     for (int i = 0; i < nf; i++)
         if (h[i] != fixed[i].out) fail_msg("fixed value %d (0x%08x): 0x%04x, expected 0x%04x", i, fixed[i].in, h[i], fixed[i].out);
-    for (int i = 0; i < N; i++)
-        if (h[i] != ch_bf16_from_float(x[i]) || h[i] != ref[i])
-            fail_msg("value %d (%a): kernel 0x%04x, plain C 0x%04x, reference 0x%04x", i, (double)x[i], h[i],
-                     ch_bf16_from_float(x[i]), ref[i]);
-    ch_kernels_cpu()->from_bf16(&two, N, h, back);
+    for (int i = 0; i < N; i++) {
+        const int c = i / HW % C;
+        const float want = x[i] * scale[c] + shift[c];
+        if (h[i] != ch_bf16_from_float(x[i]))
+            fail_msg("value %d (%a): kernel 0x%04x, plain C 0x%04x", i, (double)x[i], h[i], ch_bf16_from_float(x[i]));
+        if (memcmp(&y[i], &want, sizeof want) != 0) fail_msg("y %d: %a, expected %a", i, (double)y[i], (double)want);
+    }
+    k->channel_affine_of_bf16(&two, B, C, HW, h, scale, shift, y);
+    for (int i = 0; i < N; i++) {
+        const int c = i / HW % C;
+        const float want = ch_bf16_to_float(h[i]) * scale[c] + shift[c];
+        if (memcmp(&y[i], &want, sizeof want) != 0) fail_msg("y of bf16 %d: %a, expected %a", i, (double)y[i], (double)want);
+    }
+    k->from_bf16(&two, N, h, back);
+    ch_kernels_ref()->from_bf16(&one, N, h, y);
     for (int i = 0; i < N; i++) {
         uint32_t u;
         memcpy(&u, &back[i], sizeof u);
-        if (u != (uint32_t)h[i] << 16) fail_msg("value %d: 0x%04x came back as 0x%08x", i, h[i], u);
+        if (u != (uint32_t)h[i] << 16 || memcmp(&back[i], &y[i], sizeof(float)) != 0)
+            fail_msg("value %d: 0x%04x came back as 0x%08x", i, h[i], u);
     }
-    free(x), free(back), free(h), free(ref);
+    free(x), free(y), free(back), free(h);
 }
 
 /* Winograd F(3x3, 5x5) (cpu_wino5.c), written here: 5x5, stride 1, at least 8 channels in and 16
@@ -890,7 +904,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(depthwise_bits_do_not_depend_on_threads),
         cmocka_unit_test(winograd_matches_reference),
         cmocka_unit_test(bf16_reorder_rounds_as_plain_c),
-        cmocka_unit_test(bf16_storage_conversions_match_plain_c),
+        cmocka_unit_test(bf16_storage_kernels_match_plain_c),
         cmocka_unit_test(gemm_batch_matches_reference),
         cmocka_unit_test(winograd5_matches_reference),
         cmocka_unit_test(winograd3_matches_reference),

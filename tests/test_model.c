@@ -124,7 +124,7 @@ static void resnet18_bf16_keeps_batchnorm_inputs_in_bf16(void **state)
         ch_backend_create("lazy", 0, 2, &lazy, &err) != CH_STATUS_OK)
         fail_msg("%s", err.msg);
     ch_kernels fp32_storage = *cpu->k, emulated = *cpu->k;   /* without the conversions */
-    fp32_storage.to_bf16 = emulated.to_bf16 = NULL;
+    fp32_storage.channel_affine_keep_bf16 = emulated.channel_affine_keep_bf16 = NULL;
     emulated.channel_affine = affine_then_round_input;
     plain->k = &fp32_storage;
     rounding->k = &emulated;

@@ -14,8 +14,8 @@
  *    step buys a residual block's inner activation (resnet18 batch 256: ~190 MiB);
  *  - with --precision bf16, an output that only a BatchNorm reads (a convolution's, mostly) is kept
  *    in bf16, half the bytes: its maker writes it into a block of the scratch stack, the BatchNorm
- *    normalises it and then stores it rounded, and the BatchNorm's backward gets the fp32 values
- *    made again from the bf16 ones (the remake above, where its output is remade, starts from
+ *    stores it rounded in the pass that normalises it, and the BatchNorm's backward gets the fp32
+ *    values made again from the bf16 ones (the remake above, where its output is remade, reads
  *    them too). Both then work on the rounded inputs with the statistics of the exact ones, as
  *    under PyTorch's autocast, which keeps convolution outputs in bf16. Their gradient, which
  *    lived over the maker's output, takes the block the values are made in: resnet18 batch 256
@@ -530,7 +530,8 @@ static bool halvable(const graph_impl *gi, int b, int *t)
 static ch_status plan_halves(ch_layer *l, ch_plan *pl, ch_err *err)
 {
     graph_impl *gi = l->impl;
-    if (!pl->bf16 || !pl->k->to_bf16 || !pl->k->from_bf16) return CH_STATUS_OK;
+    if (!pl->bf16 || !pl->k->channel_affine_keep_bf16 || !pl->k->channel_affine_of_bf16 || !pl->k->from_bf16)
+        return CH_STATUS_OK;
     gi->hv = calloc((size_t)gi->nnodes, sizeof *gi->hv);
     CH_CHECK_ALLOC(err, gi->hv);
     for (int b = 0; b < gi->nnodes; b++) {
@@ -545,6 +546,7 @@ static ch_status plan_halves(ch_layer *l, ch_plan *pl, ch_err *err)
         pl->saved_bytes += sizeof(uint16_t) * count;
         pl->bf16_kept += count;
         ch_layer_borrow_output(gi->nodes[h->producer].l, NULL);
+        ch_batchnorm2d_keep_input(gi->nodes[b].l, h->saved);
     }
     return CH_STATUS_OK;
 }
@@ -593,14 +595,14 @@ static const halved *halved_for(const graph_impl *gi, int bn)
 }
 
 /* Make a remade output again, for its reader's backward: from the BatchNorm's input, or from its
- * bf16 copy (normalised in place). */
+ * bf16 copy. */
 static void remake(graph_impl *gi, const recompute *rc, const ch_run *r, int n)
 {
     ch_real *p = r->scratch + rc->bwd_off;
     const xnode *bn = &gi->nodes[rc->bn];
     const halved *h = halved_for(gi, rc->bn);
-    if (h) r->k->from_bf16(&r->kc, tsize(gi, h->tensor) * (size_t)n, h->saved, p);
-    ch_batchnorm2d_reapply(bn->l, r, n, h ? p : gi->act[bn->in[0]], p);
+    if (h) ch_batchnorm2d_reapply_bf16(bn->l, r, n, h->saved, p);
+    else ch_batchnorm2d_reapply(bn->l, r, n, gi->act[bn->in[0]], p);
     if (rc->relu >= 0) r->k->relu_forward(&r->kc, tsize(gi, rc->tensor) * (size_t)n, p, p);
     point_remade(gi, rc, p);
 }
@@ -626,9 +628,6 @@ static void graph_forward(ch_layer *l, const ch_run *r, int n, const ch_real *x)
             }
         }
         gi->act[nd->out] = nd->l->y;
-        for (int k = 0; k < gi->nhv && r->training; k++)
-            if (gi->hv[k].bn == i)
-                r->k->to_bf16(&r->kc, tsize(gi, gi->hv[k].tensor) * (size_t)n, gi->act[gi->hv[k].tensor], gi->hv[k].saved);
         if (!nd->l->absorbed) trace_node(r, "forward", nd->l, t0);
     }
 }

@@ -174,7 +174,7 @@ typedef struct ch_kernels {
                                double count, double eps, double momentum, const ch_real *gamma,
                                const ch_real *beta, ch_real *running_mean, ch_real *running_var,
                                ch_real *save);
-    /* y = x * scale[c] + shift[c]; y may be x (graph/exec.c normalises a bf16 copy in place) */
+    /* y = x * scale[c] + shift[c] */
     void (*channel_affine)(const ch_kctx *kc, int n, int c, int hw, const ch_real *x,
                            const ch_real *scale, const ch_real *shift, ch_real *y);
     /* sum_dy[c] = sum dy, sum_dy_xhat[c] = sum dy * (x - mean[c]) * invstd[c], in double. */
@@ -238,9 +238,14 @@ typedef struct ch_kernels {
                          uint64_t sample0, uint32_t threshold, ch_real keep, ch_real *mask);
     /* y = (ch_real) x: double results of the kernels above (BatchNorm's sums) into a tensor. */
     void (*to_real)(const ch_kctx *kc, size_t len, const double *x, ch_real *y);
-    /* --precision bf16's stored activations (graph/exec.c): y = x rounded to bf16, to nearest
-     * even (core/bf16.h: a NaN stays a NaN), and back (exact). NULL: the backend keeps them fp32. */
-    void (*to_bf16)(const ch_kctx *kc, size_t len, const ch_real *x, uint16_t *y);
+    /* --precision bf16's kept BatchNorm inputs (graph/exec.c), in the passes that read them anyway:
+     * channel_affine that also stores x rounded to bf16 in keep (to nearest even, core/bf16.h: a
+     * NaN stays a NaN); channel_affine of bf16 inputs (y may alias nothing of x); and bf16 values
+     * back in fp32 (exact). Any NULL: the backend keeps them fp32. */
+    void (*channel_affine_keep_bf16)(const ch_kctx *kc, int n, int c, int hw, const ch_real *x,
+                                     const ch_real *scale, const ch_real *shift, ch_real *y, uint16_t *keep);
+    void (*channel_affine_of_bf16)(const ch_kctx *kc, int n, int c, int hw, const uint16_t *x,
+                                   const ch_real *scale, const ch_real *shift, ch_real *y);
     void (*from_bf16)(const ch_kctx *kc, size_t len, const uint16_t *x, ch_real *y);
     /* y[j] = sum over i < rows of x[i * len + j], in the order of i (a Linear layer's bias
      * gradient); rows may be 0. */

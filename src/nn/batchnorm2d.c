@@ -23,6 +23,7 @@ typedef struct bn_impl {
      * wait, to sum them over the group. */
     double *batch_mean, *batch_var;
     double *sum_dy, *sum_dy_xhat;
+    uint16_t *keep;   /* NULL, or where training's forward stores its input in bf16 (a parent's) */
 } bn_impl;
 
 static ch_status bn_plan(ch_layer *l, ch_plan *pl, ch_err *err)
@@ -104,7 +105,23 @@ static void bn_forward(ch_layer *l, const ch_run *r, int n, const ch_real *x)
     }
     r->k->batchnorm_finalize(&r->kc, c, mean, var, cnt, b->eps, b->momentum, l->p[BN_WEIGHT], l->p[BN_BIAS],
                              l->b[BN_RMEAN], l->b[BN_RVAR], b->mean);
-    r->k->channel_affine(&r->kc, n, c, hw, x, b->scale, b->shift, l->y);
+    if (r->training && b->keep)
+        r->k->channel_affine_keep_bf16(&r->kc, n, c, hw, x, b->scale, b->shift, l->y, b->keep);
+    else
+        r->k->channel_affine(&r->kc, n, c, hw, x, b->scale, b->shift, l->y);
+}
+
+void ch_batchnorm2d_keep_input(ch_layer *l, uint16_t *keep)
+{
+    CH_ASSERT(ch_layer_is_batchnorm(l));
+    ((bn_impl *)l->impl)->keep = keep;
+}
+
+void ch_batchnorm2d_reapply_bf16(const ch_layer *l, const ch_run *r, int n, const uint16_t *x, ch_real *y)
+{
+    const bn_impl *b = l->impl;
+    CH_ASSERT(ch_layer_is_batchnorm(l));
+    r->k->channel_affine_of_bf16(&r->kc, n, l->in.c, l->in.h * l->in.w, x, b->scale, b->shift, y);
 }
 
 void ch_batchnorm2d_reapply(const ch_layer *l, const ch_run *r, int n, const ch_real *x, ch_real *y)

@@ -261,6 +261,13 @@ ch_status ch_batchnorm1d_create_opts(const char *name, int features, double eps,
 /* A BatchNorm2d's last forward again: y = its output for input x, from the scale and shift that
  * forward saved (the same bits), for a parent that recomputes the output instead of keeping it. */
 void ch_batchnorm2d_reapply(const ch_layer *l, const ch_run *r, int n, const ch_real *x, ch_real *y);
+/* The same from x rounded to bf16: what the BatchNorm keeps of its input when told where
+ * (ch_batchnorm2d_keep_input). */
+void ch_batchnorm2d_reapply_bf16(const ch_layer *l, const ch_run *r, int n, const uint16_t *x, ch_real *y);
+/* Make a BatchNorm's training forward also store its input rounded to bf16 at keep (max batch
+ * values, the caller's; the kernel table's channel_affine_keep_bf16 must exist), for a parent
+ * that frees the input and makes it again for backward. */
+void ch_batchnorm2d_keep_input(ch_layer *l, uint16_t *keep);
 /* LayerNorm over the trailing dimensions from axis 1, 2 or 3 of a (c, h, w) sample (weight and bias
  * of that shape; flat: a (features) tensor, axis 1, weight (features)), or with axis CH_LN_CHANNELS
  * over the channels at every pixel (weight (c)). eps in (0, 1). */

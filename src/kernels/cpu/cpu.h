@@ -129,7 +129,10 @@ void ch_cpu_batchnorm_finalize(const ch_kctx *kc, int c, const double *mean, con
 void ch_cpu_dropout_mask(const ch_kctx *kc, int n, size_t per, uint64_t seed, uint64_t stream, uint64_t step,
                          uint64_t sample0, uint32_t threshold, ch_real keep, ch_real *mask);
 void ch_cpu_to_real(const ch_kctx *kc, size_t len, const double *x, ch_real *y);
-void ch_cpu_to_bf16(const ch_kctx *kc, size_t len, const ch_real *x, uint16_t *y);
+void ch_cpu_channel_affine_keep_bf16(const ch_kctx *kc, int n, int c, int hw, const ch_real *x,
+                                     const ch_real *scale, const ch_real *shift, ch_real *y, uint16_t *keep);
+void ch_cpu_channel_affine_of_bf16(const ch_kctx *kc, int n, int c, int hw, const uint16_t *x,
+                                   const ch_real *scale, const ch_real *shift, ch_real *y);
 void ch_cpu_from_bf16(const ch_kctx *kc, size_t len, const uint16_t *x, ch_real *y);
 void ch_cpu_channel_affine(const ch_kctx *kc, int n, int c, int hw, const ch_real *x,
                            const ch_real *scale, const ch_real *shift, ch_real *y);

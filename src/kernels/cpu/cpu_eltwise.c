@@ -38,18 +38,7 @@ void ch_cpu_relu_forward(const ch_kctx *kc, size_t len, const ch_real *x, ch_rea
     }
 }
 
-/* Memory-bound: each thread converts its contiguous share (the body vectorises: a select, no
- * branch). A double build rounds twice (to float, then to bf16): it only runs gradient checks. */
-void ch_cpu_to_bf16(const ch_kctx *kc, size_t len, const ch_real *x, uint16_t *y)
-{
-#pragma omp parallel num_threads(kc->nthreads)
-    {
-        size_t lo, hi;
-        share(len, ch_omp_thread(), ch_omp_threads(), &lo, &hi);
-        for (size_t i = lo; i < hi; i++) y[i] = ch_bf16_from_float((float)x[i]);
-    }
-}
-
+/* bf16 values back in fp32 (exact), each thread its contiguous share. */
 void ch_cpu_from_bf16(const ch_kctx *kc, size_t len, const uint16_t *x, ch_real *y)
 {
 #pragma omp parallel num_threads(kc->nthreads)

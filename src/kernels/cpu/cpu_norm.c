@@ -4,6 +4,7 @@
  * variance needs, and all-double sums cost MobileNetV2 a fifth of its step (float vectors hold twice
  * the numbers and need no conversion). */
 #include "kernels/cpu/cpu.h"
+#include "core/bf16.h"
 #include "kernels/norm_body.h"
 
 /* Float lanes hold at most CHUNK / LANES terms each before they are added into double: float
@@ -89,6 +90,39 @@ void ch_cpu_channel_affine(const ch_kctx *kc, int n, int c, int hw, const ch_rea
         const ch_real *xp = x + pl * hw;
         ch_real *yp = y + pl * hw;
         for (int j = 0; j < hw; j++) yp[j] = xp[j] * a + b;
+    }
+}
+
+/* channel_affine's pass, which reads x anyway, also keeps it in bf16. */
+void ch_cpu_channel_affine_keep_bf16(const ch_kctx *kc, int n, int c, int hw, const ch_real *x,
+                                     const ch_real *scale, const ch_real *shift, ch_real *y, uint16_t *keep)
+{
+    const long planes = (long)n * c;
+#pragma omp parallel for num_threads(kc->nthreads) schedule(static)
+    for (long pl = 0; pl < planes; pl++) {
+        const int ch = (int)(pl % c);
+        const ch_real a = scale[ch], b = shift[ch];
+        const ch_real *xp = x + pl * hw;
+        ch_real *yp = y + pl * hw;
+        uint16_t *kp = keep + pl * hw;
+        for (int j = 0; j < hw; j++) {
+            yp[j] = xp[j] * a + b;
+            kp[j] = ch_bf16_from_float((float)xp[j]);
+        }
+    }
+}
+
+void ch_cpu_channel_affine_of_bf16(const ch_kctx *kc, int n, int c, int hw, const uint16_t *x,
+                                   const ch_real *scale, const ch_real *shift, ch_real *y)
+{
+    const long planes = (long)n * c;
+#pragma omp parallel for num_threads(kc->nthreads) schedule(static)
+    for (long pl = 0; pl < planes; pl++) {
+        const int ch = (int)(pl % c);
+        const ch_real a = scale[ch], b = shift[ch];
+        const uint16_t *xp = x + pl * hw;
+        ch_real *yp = y + pl * hw;
+        for (int j = 0; j < hw; j++) yp[j] = (ch_real)ch_bf16_to_float(xp[j]) * a + b;
     }
 }
 

@@ -313,22 +313,51 @@ static void lz_to_real(const ch_kctx *kc, size_t len, const double *x, ch_real *
     ch_lazy_queue_call(kc, run_to_real, &queued, sizeof queued);
 }
 
-typedef struct to_bf16_args {
-    size_t len;
+typedef struct channel_affine_keep_bf16_args {
+    int n;
+    int c;
+    int hw;
     const ch_real *x;
-    uint16_t *y;
-} to_bf16_args;
+    const ch_real *scale;
+    const ch_real *shift;
+    ch_real *y;
+    uint16_t *keep;
+} channel_affine_keep_bf16_args;
 
-static void run_to_bf16(const ch_kctx *kc, const void *args)
+static void run_channel_affine_keep_bf16(const ch_kctx *kc, const void *args)
 {
-    const to_bf16_args *g = args;
-    sc()->to_bf16(kc, g->len, g->x, g->y);
+    const channel_affine_keep_bf16_args *g = args;
+    sc()->channel_affine_keep_bf16(kc, g->n, g->c, g->hw, g->x, g->scale, g->shift, g->y, g->keep);
 }
 
-static void lz_to_bf16(const ch_kctx *kc, size_t len, const ch_real *x, uint16_t *y)
+static void lz_channel_affine_keep_bf16(const ch_kctx *kc, int n, int c, int hw, const ch_real *x,
+                                        const ch_real *scale, const ch_real *shift, ch_real *y, uint16_t *keep)
 {
-    const to_bf16_args queued = { len, x, y };
-    ch_lazy_queue_call(kc, run_to_bf16, &queued, sizeof queued);
+    const channel_affine_keep_bf16_args queued = { n, c, hw, x, scale, shift, y, keep };
+    ch_lazy_queue_call(kc, run_channel_affine_keep_bf16, &queued, sizeof queued);
+}
+
+typedef struct channel_affine_of_bf16_args {
+    int n;
+    int c;
+    int hw;
+    const uint16_t *x;
+    const ch_real *scale;
+    const ch_real *shift;
+    ch_real *y;
+} channel_affine_of_bf16_args;
+
+static void run_channel_affine_of_bf16(const ch_kctx *kc, const void *args)
+{
+    const channel_affine_of_bf16_args *g = args;
+    sc()->channel_affine_of_bf16(kc, g->n, g->c, g->hw, g->x, g->scale, g->shift, g->y);
+}
+
+static void lz_channel_affine_of_bf16(const ch_kctx *kc, int n, int c, int hw, const uint16_t *x,
+                                      const ch_real *scale, const ch_real *shift, ch_real *y)
+{
+    const channel_affine_of_bf16_args queued = { n, c, hw, x, scale, shift, y };
+    ch_lazy_queue_call(kc, run_channel_affine_of_bf16, &queued, sizeof queued);
 }
 
 typedef struct from_bf16_args {
@@ -786,7 +815,8 @@ static const ch_kernels lazy_table = {
     .permute = lz_permute,
     .dropout_mask = lz_dropout_mask,
     .to_real = lz_to_real,
-    .to_bf16 = lz_to_bf16,
+    .channel_affine_keep_bf16 = lz_channel_affine_keep_bf16,
+    .channel_affine_of_bf16 = lz_channel_affine_of_bf16,
     .from_bf16 = lz_from_bf16,
     .col_sum = lz_col_sum,
     .optim_update = lz_optim_update,

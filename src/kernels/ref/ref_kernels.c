@@ -9,13 +9,7 @@
 
 #include "core/bf16.h"
 
-/* One thread, element by element: what the CPU backend's threaded conversions must match bit for bit. */
-static void ref_to_bf16(const ch_kctx *kc, size_t len, const ch_real *x, uint16_t *y)
-{
-    (void)kc;
-    for (size_t i = 0; i < len; i++) y[i] = ch_bf16_from_float((float)x[i]);
-}
-
+/* One thread, element by element: what the CPU backend's threaded conversion must match bit for bit. */
 static void ref_from_bf16(const ch_kctx *kc, size_t len, const uint16_t *x, ch_real *y)
 {
     (void)kc;
@@ -220,7 +214,8 @@ static const ch_kernels ref_table = {
     .permute = ch_cpu_permute,
     .dropout_mask = ch_cpu_dropout_mask,
     .to_real = ch_cpu_to_real,
-    .to_bf16 = ref_to_bf16,
+    .channel_affine_keep_bf16 = ch_cpu_channel_affine_keep_bf16,
+    .channel_affine_of_bf16 = ch_cpu_channel_affine_of_bf16,
     .from_bf16 = ref_from_bf16,
     .col_sum = ch_cpu_col_sum,
     .optim_update = ch_cpu_optim_update,

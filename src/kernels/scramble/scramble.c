@@ -284,12 +284,27 @@ static void sc_to_real(const ch_kctx *kc, size_t len, const double *x, ch_real *
     AROUND(r, ch_cpu_to_real(kc, len, x, y));
 }
 
-static void sc_to_bf16(const ch_kctx *kc, size_t len, const ch_real *x, uint16_t *y)
+static void sc_channel_affine_keep_bf16(const ch_kctx *kc, int n, int c, int hw, const ch_real *x,
+                                       const ch_real *scale, const ch_real *shift, ch_real *y, uint16_t *keep)
 {
     regions r = { 0 };
-    add(&r, x, F(len));
-    add(&r, y, sizeof(uint16_t) * len);
-    AROUND(r, ch_cpu_to_bf16(kc, len, x, y));
+    add(&r, x, F((size_t)n * c * hw));
+    add(&r, scale, F((size_t)c));
+    add(&r, shift, F((size_t)c));
+    add(&r, y, F((size_t)n * c * hw));
+    add(&r, keep, sizeof(uint16_t) * (size_t)n * c * hw);
+    AROUND(r, ch_cpu_channel_affine_keep_bf16(kc, n, c, hw, x, scale, shift, y, keep));
+}
+
+static void sc_channel_affine_of_bf16(const ch_kctx *kc, int n, int c, int hw, const uint16_t *x,
+                                      const ch_real *scale, const ch_real *shift, ch_real *y)
+{
+    regions r = { 0 };
+    add(&r, x, sizeof(uint16_t) * (size_t)n * c * hw);
+    add(&r, scale, F((size_t)c));
+    add(&r, shift, F((size_t)c));
+    add(&r, y, F((size_t)n * c * hw));
+    AROUND(r, ch_cpu_channel_affine_of_bf16(kc, n, c, hw, x, scale, shift, y));
 }
 
 static void sc_from_bf16(const ch_kctx *kc, size_t len, const uint16_t *x, ch_real *y)
@@ -571,7 +586,8 @@ static const ch_kernels scramble_table = {
     .permute = sc_permute,
     .dropout_mask = sc_dropout_mask,
     .to_real = sc_to_real,
-    .to_bf16 = sc_to_bf16,
+    .channel_affine_keep_bf16 = sc_channel_affine_keep_bf16,
+    .channel_affine_of_bf16 = sc_channel_affine_of_bf16,
     .from_bf16 = sc_from_bf16,
     .col_sum = sc_col_sum,
     .optim_update = sc_optim_update,
