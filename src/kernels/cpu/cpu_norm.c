@@ -79,51 +79,50 @@ void ch_cpu_to_real(const ch_kctx *kc, size_t len, const double *x, ch_real *y)
     for (size_t i = 0; i < len; i++) y[i] = (ch_real)x[i];
 }
 
-void ch_cpu_channel_affine(const ch_kctx *kc, int n, int c, int hw, const ch_real *x,
-                           const ch_real *scale, const ch_real *shift, ch_real *y)
+/* One plane of channel_affine: y = x * a + b from fp32 x (xf) or bf16 x (xh); keep, when not NULL,
+ * gets xf rounded to bf16 in a second loop over the plane while it is in cache (the pass that
+ * reads x anyway keeps it: --precision bf16's BatchNorm inputs). */
+static void affine_plane(int hw, const ch_real *xf, const uint16_t *xh, ch_real a, ch_real b, ch_real *y,
+                         uint16_t *keep)
+{
+    if (xh) {
+        for (int j = 0; j < hw; j++) y[j] = (ch_real)ch_bf16_to_float(xh[j]) * a + b;
+        return;
+    }
+    for (int j = 0; j < hw; j++) y[j] = xf[j] * a + b;
+    if (keep)
+        for (int j = 0; j < hw; j++) keep[j] = ch_bf16_from_float((float)xf[j]);
+}
+
+static void affine_planes(const ch_kctx *kc, int n, int c, int hw, const ch_real *xf, const uint16_t *xh,
+                          const ch_real *scale, const ch_real *shift, ch_real *y, uint16_t *keep)
 {
     const long planes = (long)n * c;
 #pragma omp parallel for num_threads(kc->nthreads) schedule(static)
     for (long pl = 0; pl < planes; pl++) {
         const int ch = (int)(pl % c);
-        const ch_real a = scale[ch], b = shift[ch];
-        const ch_real *xp = x + pl * hw;
-        ch_real *yp = y + pl * hw;
-        for (int j = 0; j < hw; j++) yp[j] = xp[j] * a + b;
+        const size_t at = (size_t)pl * (size_t)hw;
+        affine_plane(hw, xf ? xf + at : NULL, xh ? xh + at : NULL, scale[ch], shift[ch], y + at,
+                     keep ? keep + at : NULL);
     }
 }
 
-/* channel_affine's pass, which reads x anyway, also keeps it in bf16. */
+void ch_cpu_channel_affine(const ch_kctx *kc, int n, int c, int hw, const ch_real *x,
+                           const ch_real *scale, const ch_real *shift, ch_real *y)
+{
+    affine_planes(kc, n, c, hw, x, NULL, scale, shift, y, NULL);
+}
+
 void ch_cpu_channel_affine_keep_bf16(const ch_kctx *kc, int n, int c, int hw, const ch_real *x,
                                      const ch_real *scale, const ch_real *shift, ch_real *y, uint16_t *keep)
 {
-    const long planes = (long)n * c;
-#pragma omp parallel for num_threads(kc->nthreads) schedule(static)
-    for (long pl = 0; pl < planes; pl++) {
-        const int ch = (int)(pl % c);
-        const ch_real a = scale[ch], b = shift[ch];
-        const ch_real *xp = x + pl * hw;
-        ch_real *yp = y + pl * hw;
-        uint16_t *kp = keep + pl * hw;
-        for (int j = 0; j < hw; j++) {
-            yp[j] = xp[j] * a + b;
-            kp[j] = ch_bf16_from_float((float)xp[j]);
-        }
-    }
+    affine_planes(kc, n, c, hw, x, NULL, scale, shift, y, keep);
 }
 
 void ch_cpu_channel_affine_of_bf16(const ch_kctx *kc, int n, int c, int hw, const uint16_t *x,
                                    const ch_real *scale, const ch_real *shift, ch_real *y)
 {
-    const long planes = (long)n * c;
-#pragma omp parallel for num_threads(kc->nthreads) schedule(static)
-    for (long pl = 0; pl < planes; pl++) {
-        const int ch = (int)(pl % c);
-        const ch_real a = scale[ch], b = shift[ch];
-        const uint16_t *xp = x + pl * hw;
-        ch_real *yp = y + pl * hw;
-        for (int j = 0; j < hw; j++) yp[j] = (ch_real)ch_bf16_to_float(xp[j]) * a + b;
-    }
+    affine_planes(kc, n, c, hw, NULL, x, scale, shift, y, NULL);
 }
 
 void ch_cpu_batchnorm_backward_reduce(const ch_kctx *kc, int n, int c, int hw, const ch_real *x,
