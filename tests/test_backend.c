@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/bf16.h"
 #include "kernels/backend.h"
 #include "kernels/kernels.h"
 
@@ -294,11 +295,12 @@ static void elementwise(void)
     free(x), free(x2), free(dy), free(y), free(dx);
 }
 
-/* --precision bf16's kept BatchNorm inputs: the backend's three kernels give the CPU's bits (a
+/* --precision bf16's kept BatchNorm inputs: the backend's four kernels give the CPU's results (a
  * backend without them keeps those inputs fp32: nothing to check). */
 static void bf16_storage(void)
 {
-    if (!K->channel_affine_keep_bf16 || !K->channel_affine_of_bf16 || !K->from_bf16) {
+    if (!K->channel_affine_keep_bf16 || !K->channel_affine_of_bf16 || !K->batchnorm_backward_reduce_bf16 ||
+        !K->batchnorm_backward_data_bf16) {
         printf("--   %-58s this backend keeps BatchNorm inputs fp32\n", "bf16 storage");
         return;
     }
@@ -323,12 +325,24 @@ static void bf16_storage(void)
     C->channel_affine_of_bf16(&kh, NB, NC, HW, h, sc, sh, y);
     K->channel_affine_of_bf16(&kd, NB, NC, HW, dH, dSc, dSh, dY);
     check_dev("  channel_affine_of_bf16", dY, y, len);
-    C->from_bf16(&kh, len, h, y);
-    K->from_bf16(&kd, len, dH, dY);
-    check_dev("  from_bf16", dY, y, len);
-    void *devs[] = { dX, dY, dSc, dSh, dH };
+    /* BatchNorm's backward of the bf16 copy: x's scale kept to ~1 here, so the sums stay finite. */
+    for (size_t i = 0; i < len; i++) h[i] = ch_bf16_from_float((float)x[i] / (float)ldexp(1.0, (int)(i % 60) - 30));
+    ch_backend_upload(be, dH, h, sizeof(uint16_t) * len);
+    ch_real *dy = host_rnd(len, 64), *dDy = dev_reals(dy, len), *dx = malloc(sizeof(ch_real) * len);
+    double *s = ch_backend_host_alloc(be, sizeof(double) * 4 * NC), want[2 * NC];
+    if (!dx || !s) abort();
+    C->batchnorm_backward_reduce_bf16(&kh, NB, NC, HW, h, dy, sh, sc, want, want + NC);
+    K->batchnorm_backward_reduce_bf16(&kd, NB, NC, HW, dH, dDy, dSh, dSc, s, s + NC);
+    ch_backend_sync(be, CH_STREAM_COMPUTE);
+    check_doubles("  batchnorm_backward_reduce_bf16", s, want, 2 * NC);
+    C->batchnorm_backward_data_bf16(&kh, NB, NC, HW, h, dy, sh, sc, sc, want, want + NC, 0.8 * HW * NB, dx);
+    memcpy(s + 2 * NC, want, sizeof want);
+    K->batchnorm_backward_data_bf16(&kd, NB, NC, HW, dH, dDy, dSh, dSc, dSc, s + 2 * NC, s + 3 * NC, 0.8 * HW * NB, dY);
+    check_dev("  batchnorm_backward_data_bf16", dY, dx, len);
+    ch_backend_host_free(be, s);
+    void *devs[] = { dX, dY, dSc, dSh, dH, dDy };
     for (size_t i = 0; i < sizeof devs / sizeof *devs; i++) ch_backend_release(be, devs[i]);
-    free(x), free(sc), free(sh), free(y), free(h), free(hd);
+    free(x), free(sc), free(sh), free(y), free(h), free(hd), free(dy), free(dx);
 }
 
 static size_t dims(const int d[3]) { return (size_t)d[0] * d[1] * d[2]; }

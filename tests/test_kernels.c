@@ -383,12 +383,12 @@ static void bf16_reorder_rounds_as_plain_c(void **state)
     free(x), free(h);
 }
 
-/* --precision bf16's kept BatchNorm inputs (graph/exec.c) go through three kernels. At 2 threads,
+/* --precision bf16's kept BatchNorm inputs (graph/exec.c) go through four kernels. At 2 threads,
  * over 3 x 7 planes of 197 values: channel_affine_keep_bf16 writes channel_affine's y and rounds
  * every input as core/bf16.h's plain C does (ties to even both ways, the largest floats to
  * infinity, a NaN to the quiet pattern, subnormals too: no flush here); channel_affine_of_bf16 of
- * those is channel_affine of the rounded values; from_bf16 restores exactly the top half of each
- * float's bits, as the single-thread reference table's does. */
+ * those, and BatchNorm's two backward kernels of them, give what the fp32 kernels give for the
+ * rounded values widened, bit for bit (sums in the same order, on finite values). */
 static void bf16_storage_kernels_match_plain_c(void **state)
 {
     (void)state;
@@ -412,7 +412,7 @@ static void bf16_storage_kernels_match_plain_c(void **state)
     for (int c = 0; c < C; c++) scale[c] = 0.75f + 0.125f * (float)c, shift[c] = -0.5f + 0.25f * (float)c;
     memset(h, 0xa5, sizeof(uint16_t) * N);
     memset(back, 0xa5, sizeof(float) * N);
-    const ch_kctx two = { .nthreads = 2 }, one = { .nthreads = 1 };
+    const ch_kctx two = { .nthreads = 2 };
     const ch_kernels *k = ch_kernels_cpu();
     k->channel_affine_keep_bf16(&two, B, C, HW, x, scale, shift, y, h);
     for (int i = 0; i < nf; i++)
@@ -430,15 +430,23 @@ static void bf16_storage_kernels_match_plain_c(void **state)
         const float want = ch_bf16_to_float(h[i]) * scale[c] + shift[c];
         if (memcmp(&y[i], &want, sizeof want) != 0) fail_msg("y of bf16 %d: %a, expected %a", i, (double)y[i], (double)want);
     }
-    k->from_bf16(&two, N, h, back);
-    ch_kernels_ref()->from_bf16(&one, N, h, y);
-    for (int i = 0; i < N; i++) {
-        uint32_t u;
-        memcpy(&u, &back[i], sizeof u);
-        if (u != (uint32_t)h[i] << 16 || memcmp(&back[i], &y[i], sizeof(float)) != 0)
-            fail_msg("value %d: 0x%04x came back as 0x%08x", i, h[i], u);
-    }
-    free(x), free(y), free(back), free(h);
+    /* Backward, on finite inputs (the fixed values' infinities and NaNs would make every sum NaN). */
+    for (int i = 0; i < nf; i++) h[i] = ch_bf16_from_float(0.25f * (float)i - 1.0f);
+    for (int i = 0; i < N; i++) back[i] = ch_bf16_to_float(h[i]);   /* the rounded values widened */
+    float *dy = tu_uniform(N, 24), *dx = malloc(sizeof(float) * N), *dxh = malloc(sizeof(float) * N);
+    float mean[C], invstd[C];
+    double s1[C], s2[C], h1[C], h2[C];
+    assert_true(dy && dx && dxh);
+    for (int c = 0; c < C; c++) mean[c] = 0.01f * (float)c, invstd[c] = 1.5f - 0.1f * (float)c;
+    k->batchnorm_backward_reduce(&two, B, C, HW, back, dy, mean, invstd, s1, s2);
+    k->batchnorm_backward_reduce_bf16(&two, B, C, HW, h, dy, mean, invstd, h1, h2);
+    assert_memory_equal(s1, h1, sizeof s1);
+    assert_memory_equal(s2, h2, sizeof s2);
+    k->batchnorm_backward_data(&two, B, C, HW, back, dy, mean, invstd, scale, s1, s2, 0.7 * N / C, dx);
+    k->batchnorm_backward_data_bf16(&two, B, C, HW, h, dy, mean, invstd, scale, h1, h2, 0.7 * N / C, dxh);
+    assert_memory_equal(dx, dxh, sizeof(float) * N);
+    for (int i = 0; i < N; i++) assert_true(isfinite(dx[i]));
+    free(x), free(y), free(back), free(h), free(dy), free(dx), free(dxh);
 }
 
 /* Winograd F(3x3, 5x5) (cpu_wino5.c), written here: 5x5, stride 1, at least 8 channels in and 16

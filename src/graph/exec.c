@@ -14,12 +14,11 @@
  *    step buys a residual block's inner activation (resnet18 batch 256: ~190 MiB);
  *  - with --precision bf16, an output that only a BatchNorm reads (a convolution's, mostly) is kept
  *    in bf16, half the bytes: its maker writes it into a block of the scratch stack, the BatchNorm
- *    stores it rounded in the pass that normalises it, and the BatchNorm's backward gets the fp32
- *    values made again from the bf16 ones (the remake above, where its output is remade, reads
- *    them too). Both then work on the rounded inputs with the statistics of the exact ones, as
- *    under PyTorch's autocast, which keeps convolution outputs in bf16. Their gradient, which
- *    lived over the maker's output, takes the block the values are made in: resnet18 batch 256
- *    keeps 212 MiB of bf16 for 424 MiB of fp32 outputs, with ~50 MiB more scratch.
+ *    stores it rounded in the pass that normalises it, and its backward (and the remake above,
+ *    where its output is remade) reads the bf16 copy. Both then work on the rounded inputs with
+ *    the statistics of the exact ones, as under PyTorch's autocast, which keeps convolution
+ *    outputs in bf16. Their gradient, which lived over the maker's output, takes a block: resnet18
+ *    batch 256 keeps 212 MiB of bf16 for 424 MiB of fp32 outputs, with ~50 MiB more scratch.
  * Gradients: a tensor's gradient lives from the backward of its last consumer, which writes it,
  * to the backward of its producer, which reads it as dy. The plan walks backward once, before any
  * step, and gives every gradient a block of the run's scratch stack for that span, reusing blocks
@@ -58,7 +57,7 @@ typedef struct recompute {
 typedef struct halved {
     int bn, producer;     /* nodes: its one reader, a BatchNorm, and its maker */
     int tensor;
-    size_t fwd_off, bwd_off;   /* its fp32 block in forward (maker to BatchNorm) and backward */
+    size_t fwd_off;       /* its fp32 block in forward, from its maker to the BatchNorm */
     uint16_t *saved;      /* max_batch samples, bf16 (replica memory, the graph layer's) */
 } halved;
 
@@ -189,8 +188,6 @@ static int only_reader(const graph_impl *gi, int t)
 static bool grad_over_values(const graph_impl *gi, const xnode *x, int t)
 {
     if (!ch_layer_is_batchnorm(x->l) || t == gi->input || t == gi->output || gi->readers[t] != 1) return false;
-    for (int k = 0; k < gi->nhv; k++)
-        if (gi->hv[k].tensor == t) return true;   /* over its fp32 values made again */
     const xnode *p = &gi->nodes[gi->producer[t]];
     return p->l->ops->y_unread_by_backward && !p->relu_fused && p->l->y_owned;
 }
@@ -234,11 +231,6 @@ static ch_status plan_backward(ch_layer *l, int max_batch, ch_err *err)
     for (int i = gi->nnodes - 1; i >= 0 && st == CH_STATUS_OK; i--) {
         xnode *x = &gi->nodes[i];
         if (x->l->absorbed) continue;
-        /* bf16 values made fp32 again here: held until their maker's backward has read them as
-         * its dy (the BatchNorm writes its dx over them). */
-        for (int k = 0; k < gi->nhv && st == CH_STATUS_OK; k++)
-            if (gi->hv[k].bn == i)
-                st = block_take(&b, tsize(gi, gi->hv[k].tensor) * (size_t)max_batch, &gi->hv[k].bwd_off, err);
         /* Values remade for this node's backward: held until their last reader (the ReLU that
          * reads its own output, else this node) is done. */
         for (int k = 0; k < gi->nrc && st == CH_STATUS_OK; k++)
@@ -261,8 +253,6 @@ static ch_status plan_backward(ch_layer *l, int max_batch, ch_err *err)
         if (out != gi->output && gi->grad_where[out] == GRAD_BLOCK && !took_dy) block_give(&b, gi->grad_off[out]);
         for (int k = 0; k < gi->nrc; k++)
             if ((gi->rc[k].relu >= 0 ? gi->rc[k].relu : gi->rc[k].reader) == i) block_give(&b, gi->rc[k].bwd_off);
-        for (int k = 0; k < gi->nhv; k++)
-            if (gi->hv[k].producer == i) block_give(&b, gi->hv[k].bwd_off);
     }
     if (b.top > l->scratch_own) l->scratch_own = b.top;
     free(b.s);
@@ -530,7 +520,9 @@ static bool halvable(const graph_impl *gi, int b, int *t)
 static ch_status plan_halves(ch_layer *l, ch_plan *pl, ch_err *err)
 {
     graph_impl *gi = l->impl;
-    if (!pl->bf16 || !pl->k->channel_affine_keep_bf16 || !pl->k->channel_affine_of_bf16 || !pl->k->from_bf16)
+    const ch_kernels *k = pl->k;
+    if (!pl->bf16 || !k->channel_affine_keep_bf16 || !k->channel_affine_of_bf16 || !k->batchnorm_backward_reduce_bf16 ||
+        !k->batchnorm_backward_data_bf16)
         return CH_STATUS_OK;
     gi->hv = calloc((size_t)gi->nnodes, sizeof *gi->hv);
     CH_CHECK_ALLOC(err, gi->hv);
@@ -632,17 +624,6 @@ static void graph_forward(ch_layer *l, const ch_run *r, int n, const ch_real *x)
     }
 }
 
-/* A bf16-kept tensor's fp32 values again, in its backward block: there its BatchNorm reads them
- * and writes their gradient, which their maker reads as dy (grad_at: the maker's y). */
-static void restore(graph_impl *gi, const halved *h, const ch_run *r, int n)
-{
-    ch_real *p = r->scratch + h->bwd_off;
-    r->k->from_bf16(&r->kc, tsize(gi, h->tensor) * (size_t)n, h->saved, p);
-    gi->nodes[h->producer].l->y = p;
-    gi->act[h->tensor] = p;
-}
-
-
 /* Tensor t's gradient (not the graph's input's or output's). */
 static ch_real *grad_at(const graph_impl *gi, ch_real *base, int t)
 {
@@ -659,8 +640,6 @@ static void graph_backward(ch_layer *l, const ch_run *r, int n, const ch_real *x
     for (int i = gi->nnodes - 1; i >= 0; i--) {
         xnode *nd = &gi->nodes[i];
         if (nd->l->absorbed) continue;
-        for (int k = 0; k < gi->nhv; k++)
-            if (gi->hv[k].bn == i) restore(gi, &gi->hv[k], r, n);
         for (int k = 0; k < gi->nrc; k++)
             if (gi->rc[k].reader == i) remake(gi, &gi->rc[k], r, n);
         const int out = gi->alias[nd->out];

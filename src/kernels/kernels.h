@@ -240,13 +240,20 @@ typedef struct ch_kernels {
     void (*to_real)(const ch_kctx *kc, size_t len, const double *x, ch_real *y);
     /* --precision bf16's kept BatchNorm inputs (graph/exec.c), in the passes that read them anyway:
      * channel_affine that also stores x rounded to bf16 in keep (to nearest even, core/bf16.h: a
-     * NaN stays a NaN); channel_affine of bf16 inputs (y may alias nothing of x); and bf16 values
-     * back in fp32 (exact). Any NULL: the backend keeps them fp32. */
+     * NaN stays a NaN); channel_affine of bf16 inputs; BatchNorm's two backward kernels of bf16
+     * inputs (the same results as the fp32 ones given the bf16 values widened: bit for bit on the
+     * CPU). Any NULL: the backend keeps them fp32. */
     void (*channel_affine_keep_bf16)(const ch_kctx *kc, int n, int c, int hw, const ch_real *x,
                                      const ch_real *scale, const ch_real *shift, ch_real *y, uint16_t *keep);
     void (*channel_affine_of_bf16)(const ch_kctx *kc, int n, int c, int hw, const uint16_t *x,
                                    const ch_real *scale, const ch_real *shift, ch_real *y);
-    void (*from_bf16)(const ch_kctx *kc, size_t len, const uint16_t *x, ch_real *y);
+    void (*batchnorm_backward_reduce_bf16)(const ch_kctx *kc, int n, int c, int hw, const uint16_t *x,
+                                           const ch_real *dy, const ch_real *mean, const ch_real *invstd,
+                                           double *sum_dy, double *sum_dy_xhat);
+    void (*batchnorm_backward_data_bf16)(const ch_kctx *kc, int n, int c, int hw, const uint16_t *x,
+                                         const ch_real *dy, const ch_real *mean, const ch_real *invstd,
+                                         const ch_real *gamma, const double *sum_dy, const double *sum_dy_xhat,
+                                         double count, ch_real *dx);
     /* y[j] = sum over i < rows of x[i * len + j], in the order of i (a Linear layer's bias
      * gradient); rows may be 0. */
     void (*col_sum)(const ch_kctx *kc, int rows, size_t len, const ch_real *x, ch_real *y);

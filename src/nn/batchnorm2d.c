@@ -23,7 +23,8 @@ typedef struct bn_impl {
      * wait, to sum them over the group. */
     double *batch_mean, *batch_var;
     double *sum_dy, *sum_dy_xhat;
-    uint16_t *keep;   /* NULL, or where training's forward stores its input in bf16 (a parent's) */
+    uint16_t *keep;   /* NULL, or where training's forward stores its input in bf16 and backward
+                       * reads it (a parent's) */
 } bn_impl;
 
 static ch_status bn_plan(ch_layer *l, ch_plan *pl, ch_err *err)
@@ -131,14 +132,18 @@ void ch_batchnorm2d_reapply(const ch_layer *l, const ch_run *r, int n, const ch_
     r->k->channel_affine(&r->kc, n, l->in.c, l->in.h * l->in.w, x, b->scale, b->shift, y);
 }
 
-/* Backward of the training-mode forward (the batch statistics depend on x). */
+/* Backward of the training-mode forward (the batch statistics depend on x); x is the kept bf16
+ * copy when there is one (the x passed is then not read: its parent has freed it). */
 static void bn_backward(ch_layer *l, const ch_run *r, int n, const ch_real *x, const ch_real *dy,
                         ch_real *dx)
 {
     bn_impl *b = l->impl;
     const int c = l->in.c, hw = l->in.h * l->in.w;
-    r->k->batchnorm_backward_reduce(&r->kc, n, c, hw, x, dy, b->mean, b->invstd, b->sum_dy,
-                                    b->sum_dy_xhat);
+    if (b->keep)
+        r->k->batchnorm_backward_reduce_bf16(&r->kc, n, c, hw, b->keep, dy, b->mean, b->invstd, b->sum_dy,
+                                             b->sum_dy_xhat);
+    else
+        r->k->batchnorm_backward_reduce(&r->kc, n, c, hw, x, dy, b->mean, b->invstd, b->sum_dy, b->sum_dy_xhat);
     /* The parameter gradients are this slice's sums: the gradient sync adds the slices up. */
     r->k->to_real(&r->kc, (size_t)c, b->sum_dy_xhat, l->g[BN_WEIGHT]);
     r->k->to_real(&r->kc, (size_t)c, b->sum_dy, l->g[BN_BIAS]);
@@ -150,7 +155,10 @@ static void bn_backward(ch_layer *l, const ch_run *r, int n, const ch_real *x, c
         bn_allreduce(r, b->sum_dy, c);
         count = (double)r->global_n * hw;
     }
-    if (dx)
+    if (dx && b->keep)
+        r->k->batchnorm_backward_data_bf16(&r->kc, n, c, hw, b->keep, dy, b->mean, b->invstd, l->p[BN_WEIGHT],
+                                           b->sum_dy, b->sum_dy_xhat, count, dx);
+    else if (dx)
         r->k->batchnorm_backward_data(&r->kc, n, c, hw, x, dy, b->mean, b->invstd, l->p[BN_WEIGHT],
                                       b->sum_dy, b->sum_dy_xhat, count, dx);
 }

@@ -265,8 +265,8 @@ void ch_batchnorm2d_reapply(const ch_layer *l, const ch_run *r, int n, const ch_
  * (ch_batchnorm2d_keep_input). */
 void ch_batchnorm2d_reapply_bf16(const ch_layer *l, const ch_run *r, int n, const uint16_t *x, ch_real *y);
 /* Make a BatchNorm's training forward also store its input rounded to bf16 at keep (max batch
- * values, the caller's; the kernel table's channel_affine_keep_bf16 must exist), for a parent
- * that frees the input and makes it again for backward. */
+ * values, the caller's; the kernel table's bf16 BatchNorm entries must exist) and its backward
+ * read that instead of its input, for a parent that frees the input after forward. */
 void ch_batchnorm2d_keep_input(ch_layer *l, uint16_t *keep);
 /* LayerNorm over the trailing dimensions from axis 1, 2 or 3 of a (c, h, w) sample (weight and bias
  * of that shape; flat: a (features) tensor, axis 1, weight (features)), or with axis CH_LN_CHANNELS

@@ -2,7 +2,6 @@
 #include "kernels/act_body.h"
 #include "kernels/loss_body.h"
 #include "kernels/move_body.h"
-#include "core/bf16.h"
 #include "core/philox.h"
 #include "kernels/cpu/cpu.h"
 #include "kernels/cpu/cpu_vmath.h"
@@ -35,17 +34,6 @@ void ch_cpu_relu_forward(const ch_kctx *kc, size_t len, const ch_real *x, ch_rea
         size_t lo, hi;
         share(len, ch_omp_thread(), ch_omp_threads(), &lo, &hi);
         ch_cpu_relu_span(hi - lo, x + lo, y + lo);
-    }
-}
-
-/* bf16 values back in fp32 (exact), each thread its contiguous share. */
-void ch_cpu_from_bf16(const ch_kctx *kc, size_t len, const uint16_t *x, ch_real *y)
-{
-#pragma omp parallel num_threads(kc->nthreads)
-    {
-        size_t lo, hi;
-        share(len, ch_omp_thread(), ch_omp_threads(), &lo, &hi);
-        for (size_t i = lo; i < hi; i++) y[i] = (ch_real)ch_bf16_to_float(x[i]);
     }
 }
 

@@ -13,33 +13,38 @@
 enum { LANES = CH_CPU_LANES, CHUNK = 1024 };
 
 /* *s1 += sum (a[i] - ka), *s2 += sum (a[i] - ka) * (b[i] - kb) over one plane: the statistics'
- * shifted sums (a = b = x) and backward's sums of dy and dy * (x - mean) (ka = 0). */
-static void lane_sums(const ch_real *a, ch_real ka, const ch_real *b, ch_real kb, size_t len, double *s1,
-                      double *s2)
-{
-    const size_t full = len - len % LANES;
-    double u = 0, w = 0;
-    for (size_t i0 = 0; i0 < full; i0 += CHUNK) {
-        const size_t end = full - i0 < CHUNK ? full : i0 + CHUNK;
-        ch_real la[LANES] = { 0 }, lb[LANES] = { 0 };
-        for (size_t i = i0; i < end; i += LANES) {
-#pragma omp simd
-            for (int j = 0; j < LANES; j++) {
-                const ch_real v = a[i + j] - ka;
-                la[j] += v;
-                lb[j] += v * (b[i + j] - kb);
-            }
-        }
-        for (int j = 0; j < LANES; j++) u += la[j], w += lb[j];
+ * shifted sums (a = b = x) and backward's sums of dy and dy * (x - mean) (ka = 0). B is b's element
+ * type and WIDE(v) its value: --precision bf16's kept BatchNorm inputs are bf16, and widened they
+ * sum as the same values in fp32 would, bit for bit. */
+#define LANE_SUMS(NAME, B, WIDE)                                                                           \
+    static void NAME(const ch_real *a, ch_real ka, const B *b, ch_real kb, size_t len, double *s1, double *s2) \
+    {                                                                                                      \
+        const size_t full = len - len % LANES;                                                             \
+        double u = 0, w = 0;                                                                               \
+        for (size_t i0 = 0; i0 < full; i0 += CHUNK) {                                                      \
+            const size_t end = full - i0 < CHUNK ? full : i0 + CHUNK;                                      \
+            ch_real la[LANES] = { 0 }, lb[LANES] = { 0 };                                                  \
+            for (size_t i = i0; i < end; i += LANES) {                                                     \
+                _Pragma("omp simd") for (int j = 0; j < LANES; j++)                                        \
+                {                                                                                          \
+                    const ch_real v = a[i + j] - ka;                                                       \
+                    la[j] += v;                                                                            \
+                    lb[j] += v * (WIDE(b[i + j]) - kb);                                                    \
+                }                                                                                          \
+            }                                                                                              \
+            for (int j = 0; j < LANES; j++) u += la[j], w += lb[j];                                        \
+        }                                                                                                  \
+        for (size_t i = full; i < len; i++) {                                                              \
+            const double v = (double)a[i] - ka;                                                            \
+            u += v;                                                                                        \
+            w += v * ((double)WIDE(b[i]) - kb);                                                            \
+        }                                                                                                  \
+        *s1 += u;                                                                                          \
+        *s2 += w;                                                                                          \
     }
-    for (size_t i = full; i < len; i++) {
-        const double v = (double)a[i] - ka;
-        u += v;
-        w += v * ((double)b[i] - kb);
-    }
-    *s1 += u;
-    *s2 += w;
-}
+#define AS_IS(v) (v)
+LANE_SUMS(lane_sums, ch_real, AS_IS)
+LANE_SUMS(lane_sums_bf16, uint16_t, (ch_real)ch_bf16_to_float)
 
 /* One pass over x: sums shifted by the channel's first value, which lies within a few standard
  * deviations of the mean, so that E[v^2] - E[v]^2 loses no digit that matters in double (the
@@ -125,10 +130,10 @@ void ch_cpu_channel_affine_of_bf16(const ch_kctx *kc, int n, int c, int hw, cons
     affine_planes(kc, n, c, hw, NULL, x, scale, shift, y, NULL);
 }
 
-void ch_cpu_batchnorm_backward_reduce(const ch_kctx *kc, int n, int c, int hw, const ch_real *x,
-                                      const ch_real *dy, const ch_real *mean,
-                                      const ch_real *invstd, double *sum_dy,
-                                      double *sum_dy_xhat)
+/* BatchNorm's backward sums over x in fp32 (x) or bf16 (xh), per channel. */
+static void bn_backward_reduce(const ch_kctx *kc, int n, int c, int hw, const ch_real *x, const uint16_t *xh,
+                               const ch_real *dy, const ch_real *mean, const ch_real *invstd, double *sum_dy,
+                               double *sum_dy_xhat)
 {
 #pragma omp parallel for num_threads(kc->nthreads) schedule(static)
     for (int ch = 0; ch < c; ch++) {
@@ -136,10 +141,51 @@ void ch_cpu_batchnorm_backward_reduce(const ch_kctx *kc, int n, int c, int hw, c
         const ch_real m = mean[ch];
         for (int i = 0; i < n; i++) {
             const size_t off = ((size_t)i * c + ch) * hw;
-            lane_sums(dy + off, 0, x + off, m, (size_t)hw, &s, &sx);
+            if (xh) lane_sums_bf16(dy + off, 0, xh + off, m, (size_t)hw, &s, &sx);
+            else lane_sums(dy + off, 0, x + off, m, (size_t)hw, &s, &sx);
         }
         sum_dy[ch] = s;
         sum_dy_xhat[ch] = sx * invstd[ch];
+    }
+}
+
+void ch_cpu_batchnorm_backward_reduce(const ch_kctx *kc, int n, int c, int hw, const ch_real *x,
+                                      const ch_real *dy, const ch_real *mean,
+                                      const ch_real *invstd, double *sum_dy,
+                                      double *sum_dy_xhat)
+{
+    bn_backward_reduce(kc, n, c, hw, x, NULL, dy, mean, invstd, sum_dy, sum_dy_xhat);
+}
+
+void ch_cpu_batchnorm_backward_reduce_bf16(const ch_kctx *kc, int n, int c, int hw, const uint16_t *x,
+                                           const ch_real *dy, const ch_real *mean, const ch_real *invstd,
+                                           double *sum_dy, double *sum_dy_xhat)
+{
+    bn_backward_reduce(kc, n, c, hw, NULL, x, dy, mean, invstd, sum_dy, sum_dy_xhat);
+}
+
+/* dx of one plane from fp32 x (xf) or bf16 x (xh). */
+static void bn_data_plane(int hw, const ch_real *xf, const uint16_t *xh, const ch_real *dy, ch_real g, ch_real m,
+                          ch_real is, ch_real mdy, ch_real mdx, ch_real *dx)
+{
+    if (xh)
+        for (int j = 0; j < hw; j++) dx[j] = g * (dy[j] - mdy - ((ch_real)ch_bf16_to_float(xh[j]) - m) * is * mdx);
+    else
+        for (int j = 0; j < hw; j++) dx[j] = g * (dy[j] - mdy - (xf[j] - m) * is * mdx);
+}
+
+static void bn_backward_data(const ch_kctx *kc, int n, int c, int hw, const ch_real *x, const uint16_t *xh,
+                             const ch_real *dy, const ch_real *mean, const ch_real *invstd, const ch_real *gamma,
+                             const double *sum_dy, const double *sum_dy_xhat, double count, ch_real *dx)
+{
+    const long planes = (long)n * c;
+#pragma omp parallel for num_threads(kc->nthreads) schedule(static)
+    for (long pl = 0; pl < planes; pl++) {
+        const int ch = (int)(pl % c);
+        const ch_real is = invstd[ch], g = gamma[ch] * is;
+        const ch_real mdy = (ch_real)(sum_dy[ch] / count), mdx = (ch_real)(sum_dy_xhat[ch] / count);
+        const size_t at = (size_t)pl * (size_t)hw;
+        bn_data_plane(hw, x ? x + at : NULL, xh ? xh + at : NULL, dy + at, g, mean[ch], is, mdy, mdx, dx + at);
     }
 }
 
@@ -149,16 +195,15 @@ void ch_cpu_batchnorm_backward_data(const ch_kctx *kc, int n, int c, int hw, con
                                     const double *sum_dy, const double *sum_dy_xhat,
                                     double count, ch_real *dx)
 {
-    const long planes = (long)n * c;
-#pragma omp parallel for num_threads(kc->nthreads) schedule(static)
-    for (long pl = 0; pl < planes; pl++) {
-        const int ch = (int)(pl % c);
-        const ch_real is = invstd[ch], m = mean[ch], g = gamma[ch] * is;
-        const ch_real mdy = (ch_real)(sum_dy[ch] / count), mdx = (ch_real)(sum_dy_xhat[ch] / count);
-        const ch_real *xp = x + pl * hw, *dyp = dy + pl * hw;
-        ch_real *dxp = dx + pl * hw;
-        for (int j = 0; j < hw; j++) dxp[j] = g * (dyp[j] - mdy - (xp[j] - m) * is * mdx);
-    }
+    bn_backward_data(kc, n, c, hw, x, NULL, dy, mean, invstd, gamma, sum_dy, sum_dy_xhat, count, dx);
+}
+
+void ch_cpu_batchnorm_backward_data_bf16(const ch_kctx *kc, int n, int c, int hw, const uint16_t *x,
+                                         const ch_real *dy, const ch_real *mean, const ch_real *invstd,
+                                         const ch_real *gamma, const double *sum_dy, const double *sum_dy_xhat,
+                                         double count, ch_real *dx)
+{
+    bn_backward_data(kc, n, c, hw, NULL, x, dy, mean, invstd, gamma, sum_dy, sum_dy_xhat, count, dx);
 }
 
 void ch_cpu_layernorm_forward(const ch_kctx *kc, int outer, int len, int inner, const ch_real *x,

@@ -31,7 +31,13 @@ void ch_lazy_channel_affine_keep_bf16(const ch_kctx *kc, int n, int c, int hw, c
                                       const ch_real *scale, const ch_real *shift, ch_real *y, uint16_t *keep);
 void ch_lazy_channel_affine_of_bf16(const ch_kctx *kc, int n, int c, int hw, const uint16_t *x,
                                     const ch_real *scale, const ch_real *shift, ch_real *y);
-void ch_lazy_from_bf16(const ch_kctx *kc, size_t len, const uint16_t *x, ch_real *y);
+void ch_lazy_batchnorm_backward_reduce_bf16(const ch_kctx *kc, int n, int c, int hw, const uint16_t *x,
+                                            const ch_real *dy, const ch_real *mean, const ch_real *invstd,
+                                            double *sum_dy, double *sum_dy_xhat);
+void ch_lazy_batchnorm_backward_data_bf16(const ch_kctx *kc, int n, int c, int hw, const uint16_t *x,
+                                          const ch_real *dy, const ch_real *mean, const ch_real *invstd,
+                                          const ch_real *gamma, const double *sum_dy, const double *sum_dy_xhat,
+                                          double count, ch_real *dx);
 void ch_lazy_channel_affine(const ch_kctx *kc, int n, int c, int hw, const ch_real *x, const ch_real *scale, const ch_real *shift, ch_real *y);
 void ch_lazy_batchnorm_backward_reduce(const ch_kctx *kc, int n, int c, int hw, const ch_real *x, const ch_real *dy, const ch_real *mean, const ch_real *invstd, double *sum_dy, double *sum_dy_xhat);
 void ch_lazy_batchnorm_backward_data(const ch_kctx *kc, int n, int c, int hw, const ch_real *x, const ch_real *dy, const ch_real *mean, const ch_real *invstd, const ch_real *gamma, const double *sum_dy, const double *sum_dy_xhat, double count, ch_real *dx);

@@ -122,24 +122,6 @@ void ch_lazy_channel_affine_of_bf16(const ch_kctx *kc, int n, int c, int hw, con
     ch_lazy_queue_call(kc, run_channel_affine_of_bf16, &queued, sizeof queued);
 }
 
-typedef struct from_bf16_args {
-    size_t len;
-    const uint16_t *x;
-    ch_real *y;
-} from_bf16_args;
-
-static void run_from_bf16(const ch_kctx *kc, const void *args)
-{
-    const from_bf16_args *g = args;
-    sc()->from_bf16(kc, g->len, g->x, g->y);
-}
-
-void ch_lazy_from_bf16(const ch_kctx *kc, size_t len, const uint16_t *x, ch_real *y)
-{
-    const from_bf16_args queued = { len, x, y };
-    ch_lazy_queue_call(kc, run_from_bf16, &queued, sizeof queued);
-}
-
 typedef struct channel_affine_args {
     int n;
     int c;
@@ -248,4 +230,51 @@ void ch_lazy_layernorm_backward(const ch_kctx *kc, int outer, int len, int inner
 {
     const layernorm_backward_args queued = { outer, len, inner, x, dy, gamma, mean, invstd, dx, dgamma, dbeta };
     ch_lazy_queue_call(kc, run_layernorm_backward, &queued, sizeof queued);
+}
+
+typedef struct bn_backward_reduce_bf16_args {
+    int n, c, hw;
+    const uint16_t *x;
+    const ch_real *dy, *mean, *invstd;
+    double *sum_dy, *sum_dy_xhat;
+} bn_backward_reduce_bf16_args;
+
+static void run_bn_backward_reduce_bf16(const ch_kctx *kc, const void *args)
+{
+    const bn_backward_reduce_bf16_args *g = args;
+    sc()->batchnorm_backward_reduce_bf16(kc, g->n, g->c, g->hw, g->x, g->dy, g->mean, g->invstd, g->sum_dy,
+                                         g->sum_dy_xhat);
+}
+
+void ch_lazy_batchnorm_backward_reduce_bf16(const ch_kctx *kc, int n, int c, int hw, const uint16_t *x,
+                                            const ch_real *dy, const ch_real *mean, const ch_real *invstd,
+                                            double *sum_dy, double *sum_dy_xhat)
+{
+    const bn_backward_reduce_bf16_args queued = { n, c, hw, x, dy, mean, invstd, sum_dy, sum_dy_xhat };
+    ch_lazy_queue_call(kc, run_bn_backward_reduce_bf16, &queued, sizeof queued);
+}
+
+typedef struct bn_backward_data_bf16_args {
+    int n, c, hw;
+    const uint16_t *x;
+    const ch_real *dy, *mean, *invstd, *gamma;
+    const double *sum_dy, *sum_dy_xhat;
+    double count;
+    ch_real *dx;
+} bn_backward_data_bf16_args;
+
+static void run_bn_backward_data_bf16(const ch_kctx *kc, const void *args)
+{
+    const bn_backward_data_bf16_args *g = args;
+    sc()->batchnorm_backward_data_bf16(kc, g->n, g->c, g->hw, g->x, g->dy, g->mean, g->invstd, g->gamma, g->sum_dy,
+                                       g->sum_dy_xhat, g->count, g->dx);
+}
+
+void ch_lazy_batchnorm_backward_data_bf16(const ch_kctx *kc, int n, int c, int hw, const uint16_t *x,
+                                          const ch_real *dy, const ch_real *mean, const ch_real *invstd,
+                                          const ch_real *gamma, const double *sum_dy, const double *sum_dy_xhat,
+                                          double count, ch_real *dx)
+{
+    const bn_backward_data_bf16_args queued = { n, c, hw, x, dy, mean, invstd, gamma, sum_dy, sum_dy_xhat, count, dx };
+    ch_lazy_queue_call(kc, run_bn_backward_data_bf16, &queued, sizeof queued);
 }

@@ -7,15 +7,6 @@
 
 #include <string.h>
 
-#include "core/bf16.h"
-
-/* One thread, element by element: what the CPU backend's threaded conversion must match bit for bit. */
-static void ref_from_bf16(const ch_kctx *kc, size_t len, const uint16_t *x, ch_real *y)
-{
-    (void)kc;
-    for (size_t i = 0; i < len; i++) y[i] = (ch_real)ch_bf16_to_float(x[i]);
-}
-
 static void ref_gemm(const ch_kctx *kc, bool ta, bool tb, int m, int n, int k, ch_real alpha,
                      const ch_real *a, int lda, const ch_real *b, int ldb, ch_real beta,
                      ch_real *c, int ldc)
@@ -216,7 +207,8 @@ static const ch_kernels ref_table = {
     .to_real = ch_cpu_to_real,
     .channel_affine_keep_bf16 = ch_cpu_channel_affine_keep_bf16,
     .channel_affine_of_bf16 = ch_cpu_channel_affine_of_bf16,
-    .from_bf16 = ref_from_bf16,
+    .batchnorm_backward_reduce_bf16 = ch_cpu_batchnorm_backward_reduce_bf16,
+    .batchnorm_backward_data_bf16 = ch_cpu_batchnorm_backward_data_bf16,
     .col_sum = ch_cpu_col_sum,
     .optim_update = ch_cpu_optim_update,
     .softmax_xent = ch_cpu_softmax_xent,

@@ -307,14 +307,6 @@ static void sc_channel_affine_of_bf16(const ch_kctx *kc, int n, int c, int hw, c
     AROUND(r, ch_cpu_channel_affine_of_bf16(kc, n, c, hw, x, scale, shift, y));
 }
 
-static void sc_from_bf16(const ch_kctx *kc, size_t len, const uint16_t *x, ch_real *y)
-{
-    regions r = { 0 };
-    add(&r, x, sizeof(uint16_t) * len);
-    add(&r, y, F(len));
-    AROUND(r, ch_cpu_from_bf16(kc, len, x, y));
-}
-
 static void sc_channel_affine(const ch_kctx *kc, int n, int c, int hw, const ch_real *x,
                               const ch_real *scale, const ch_real *shift, ch_real *y)
 {
@@ -352,6 +344,34 @@ static void sc_bn_backward_data(const ch_kctx *kc, int n, int c, int hw, const c
     add(&r, dx, F((size_t)n * c * hw));
     AROUND(r, ch_cpu_batchnorm_backward_data(kc, n, c, hw, x, dy, mean, invstd, gamma, sum_dy,
                                              sum_dy_xhat, count, dx));
+}
+
+static void sc_bn_backward_reduce_bf16(const ch_kctx *kc, int n, int c, int hw, const uint16_t *x,
+                                       const ch_real *dy, const ch_real *mean, const ch_real *invstd,
+                                       double *sum_dy, double *sum_dy_xhat)
+{
+    regions r = { 0 };
+    add(&r, x, sizeof(uint16_t) * (size_t)n * c * hw);
+    add(&r, dy, F((size_t)n * c * hw));
+    add(&r, mean, F((size_t)c));
+    add(&r, invstd, F((size_t)c));
+    AROUND(r, ch_cpu_batchnorm_backward_reduce_bf16(kc, n, c, hw, x, dy, mean, invstd, sum_dy, sum_dy_xhat));
+}
+
+static void sc_bn_backward_data_bf16(const ch_kctx *kc, int n, int c, int hw, const uint16_t *x,
+                                     const ch_real *dy, const ch_real *mean, const ch_real *invstd,
+                                     const ch_real *gamma, const double *sum_dy, const double *sum_dy_xhat,
+                                     double count, ch_real *dx)
+{
+    regions r = { 0 };
+    add(&r, x, sizeof(uint16_t) * (size_t)n * c * hw);
+    add(&r, dy, F((size_t)n * c * hw));
+    add(&r, mean, F((size_t)c));
+    add(&r, invstd, F((size_t)c));
+    add(&r, gamma, F((size_t)c));
+    add(&r, dx, F((size_t)n * c * hw));
+    AROUND(r, ch_cpu_batchnorm_backward_data_bf16(kc, n, c, hw, x, dy, mean, invstd, gamma, sum_dy, sum_dy_xhat,
+                                                  count, dx));
 }
 
 static void sc_ln_forward(const ch_kctx *kc, int outer, int len, int inner, const ch_real *x, const ch_real *gamma,
@@ -588,7 +608,8 @@ static const ch_kernels scramble_table = {
     .to_real = sc_to_real,
     .channel_affine_keep_bf16 = sc_channel_affine_keep_bf16,
     .channel_affine_of_bf16 = sc_channel_affine_of_bf16,
-    .from_bf16 = sc_from_bf16,
+    .batchnorm_backward_reduce_bf16 = sc_bn_backward_reduce_bf16,
+    .batchnorm_backward_data_bf16 = sc_bn_backward_data_bf16,
     .col_sum = sc_col_sum,
     .optim_update = sc_optim_update,
     .softmax_xent = sc_softmax_xent,
