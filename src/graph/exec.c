@@ -503,16 +503,13 @@ static ch_status plan_recompute(graph_impl *gi, ch_err *err)
     return CH_STATUS_OK;
 }
 
-/* Is tensor t, the input of BatchNorm node b, one to keep in bf16? Only when the BatchNorm is its
- * one reader and its maker keeps it only for that reader (it does not read it in backward). */
+/* Is the input of node b, t, one to keep in bf16? Exactly where a BatchNorm would write its input
+ * gradient over its input (grad_over_values): it is t's one reader, and t's maker keeps t only for
+ * it. (Once kept in bf16 the maker's buffer is gone, and the gradient takes a block.) */
 static bool halvable(const graph_impl *gi, int b, int *t)
 {
-    const xnode *bn = &gi->nodes[b];
-    if (bn->l->absorbed || !ch_layer_is_batchnorm(bn->l)) return false;
-    *t = gi->alias[bn->in[0]];
-    if (*t == gi->input || *t == gi->output || gi->readers[*t] != 1) return false;
-    const xnode *p = &gi->nodes[gi->producer[*t]];
-    return p->l->ops->y_unread_by_backward && !p->relu_fused && p->l->y_owned;
+    *t = gi->alias[gi->nodes[b].in[0]];
+    return !gi->nodes[b].l->absorbed && grad_over_values(gi, &gi->nodes[b], *t);
 }
 
 /* --precision bf16: BatchNorm inputs kept in bf16 (see the top of the file), where the backend
