@@ -211,6 +211,66 @@ static void pools(void)
     free(x), free(dy), free(y), free(dx);
 }
 
+/* Bilinear resampling both ways, with corners aligned and not, up and down (PyTorch's
+ * upsample_bilinear2d): backward's sums gather in output order on every backend. */
+static void bilinear(void)
+{
+    const int planes = 6, sizes[3][4] = { { 5, 7, 11, 9 }, { 9, 8, 4, 5 }, { 3, 3, 7, 10 } };
+    for (int s = 0; s < 3; s++)
+        for (int align = 0; align < 2; align++) {
+            const int h = sizes[s][0], w = sizes[s][1], oh = sizes[s][2], ow = sizes[s][3];
+            const size_t xs = (size_t)planes * h * w, ys = (size_t)planes * oh * ow;
+            ch_real *x = host_rnd(xs, 61 + s), *dy = host_rnd(ys, 64 + s), *y = malloc(sizeof(ch_real) * ys), *dx = malloc(sizeof(ch_real) * xs);
+            if (!y || !dx) abort();
+            ch_real *dX = dev_reals(x, xs), *dY = dev_reals(NULL, ys), *ddY = dev_reals(dy, ys), *ddX = dev_reals(NULL, xs);
+            char what[80];
+            C->bilinear_forward(&kh, planes, h, w, oh, ow, align, x, y);
+            K->bilinear_forward(&kd, planes, h, w, oh, ow, align, dX, dY);
+            snprintf(what, sizeof what, "bilinear %dx%d -> %dx%d%s: forward", h, w, oh, ow, align ? ", corners aligned" : "");
+            check_dev(what, dY, y, ys);
+            C->bilinear_backward(&kh, planes, h, w, oh, ow, align, dy, dx);
+            K->bilinear_backward(&kd, planes, h, w, oh, ow, align, ddY, ddX);
+            check_dev("  backward", ddX, dx, xs);
+            ch_backend_release(be, dX), ch_backend_release(be, dY), ch_backend_release(be, ddY), ch_backend_release(be, ddX);
+            free(x), free(dy), free(y), free(dx);
+        }
+}
+
+/* LayerNorm over (outer, len, inner) groups: the trailing-dimension form (inner 1) and the
+ * per-pixel one (inner > 1), values off zero so that a one-pass variance would show. */
+static void layernorm(void)
+{
+    const int shapes[2][3] = { { 6, 45, 1 }, { 3, 5, 17 } };
+    const double eps = 3e-4;
+    for (int s = 0; s < 2; s++) {
+        const int outer = shapes[s][0], len = shapes[s][1], inner = shapes[s][2];
+        const size_t n = (size_t)outer * len * inner, groups = (size_t)outer * inner;
+        ch_real *x = host_rnd(n, 71 + s), *dy = host_rnd(n, 73), *g = host_rnd((size_t)len, 74), *b = host_rnd((size_t)len, 75);
+        for (size_t i = 0; i < n; i++) x[i] = 3 + 2 * x[i];
+        ch_real *y = malloc(sizeof(ch_real) * n), *dx = malloc(sizeof(ch_real) * n), *mean = malloc(sizeof(ch_real) * groups),
+                *inv = malloc(sizeof(ch_real) * groups), *dg = malloc(sizeof(ch_real) * len), *db = malloc(sizeof(ch_real) * len);
+        if (!y || !dx || !mean || !inv || !dg || !db) abort();
+        ch_real *dX = dev_reals(x, n), *dDy = dev_reals(dy, n), *dG = dev_reals(g, (size_t)len), *dB = dev_reals(b, (size_t)len);
+        ch_real *dY = dev_reals(NULL, n), *dDx = dev_reals(NULL, n), *dM = dev_reals(NULL, groups), *dI = dev_reals(NULL, groups);
+        ch_real *dDg = dev_reals(NULL, (size_t)len), *dDb = dev_reals(NULL, (size_t)len);
+        char what[80];
+        C->layernorm_forward(&kh, outer, len, inner, x, g, b, eps, y, mean, inv);
+        K->layernorm_forward(&kd, outer, len, inner, dX, dG, dB, eps, dY, dM, dI);
+        snprintf(what, sizeof what, "layernorm (%d, %d, %d): forward", outer, len, inner);
+        check_dev(what, dY, y, n);
+        check_dev("  saved mean", dM, mean, groups);
+        check_dev("  saved invstd", dI, inv, groups);
+        C->layernorm_backward(&kh, outer, len, inner, x, dy, g, mean, inv, dx, dg, db);
+        K->layernorm_backward(&kd, outer, len, inner, dX, dDy, dG, dM, dI, dDx, dDg, dDb);
+        check_dev("  backward: dx", dDx, dx, n);
+        check_dev("  backward: dgamma", dDg, dg, (size_t)len);
+        check_dev("  backward: dbeta", dDb, db, (size_t)len);
+        void *devs[] = { dX, dDy, dG, dB, dY, dDx, dM, dI, dDg, dDb };
+        for (size_t i = 0; i < sizeof devs / sizeof *devs; i++) ch_backend_release(be, devs[i]);
+        free(x), free(dy), free(g), free(b), free(y), free(dx), free(mean), free(inv), free(dg), free(db);
+    }
+}
+
 /* BatchNorm's five kernels in a training step's order, the values off zero (mean 3) so that a
  * one-pass variance would show. */
 static void batchnorm(void)
@@ -489,7 +549,9 @@ int main(int argc, char **argv)
     gemms();
     convs();
     pools();
+    bilinear();
     batchnorm();
+    layernorm();
     elementwise();
     bf16_storage();
     bcast_case((ch_bcast_desc){ .op = CH_BCAST_MUL, .out = { 4, 5, 6 }, .a = { 4, 5, 6 }, .b = { 4, 1, 1 } }, 3);
