@@ -29,12 +29,14 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "scripts"))
 from graph_models import LOSS, MODELS, HeadNet, MobileNet  # noqa: E402
 from torch_reference import MODELS as ZOO_MODELS  # noqa: E402
 from torch_load import load_file  # noqa: E402  (safetensors as safetensors.torch reads them)
+from torch_export import export as onnx_export  # noqa: E402
 
 NTRAIN, NTEST = 32, 256
 # Zoo models checked the same way (their graphs are built by cohort from the name, with the
 # reference programs' PyTorch modules on this side): d2l's ResNet-18 exercises every memory pass of
 # the graph executor (remade BatchNorm outputs, in-place sums, gradients over values).
-ZOO = {"resnet18": ZOO_MODELS["resnet18"]}
+# The zoo models cohort builds from a name, on 1x28x28 inputs (reference programs A to D).
+ZOO = {name: ZOO_MODELS[name] for name in ("resnet18", "lenet", "mnist-cnn", "mlp", "linear")}
 
 
 def model_of(name):
@@ -45,7 +47,8 @@ OPSET = {"resnet": 13, "mobilenet": 15, "densenet": 16, "lognet": 17, "headnet":
 DTYPES = {"F32": np.float32, "I64": np.int64}
 # Each model's initial weights, by name: a model added later leaves the others' fixtures (and the
 # zoo's measured tolerance) as they were.
-SEED = {"resnet": 100, "mobilenet": 101, "densenet": 102, "lognet": 103, "resnet18": 104, "headnet": 105}
+SEED = {"resnet": 100, "mobilenet": 101, "densenet": 102, "lognet": 103, "resnet18": 104, "headnet": 105, "lenet": 106, "mnist-cnn": 107,
+        "mlp": 108, "linear": 109}
 
 
 def save_file(tensors, path):
@@ -94,7 +97,7 @@ def export_onnx(m, path, opset):
     from onnx import numpy_helper
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(m, torch.zeros(2, 1, 28, 28), path, training=torch.onnx.TrainingMode.TRAINING,
+        onnx_export(m, torch.zeros(2, 1, 28, 28), path, training=torch.onnx.TrainingMode.TRAINING,
                           do_constant_folding=False, opset_version=opset, input_names=["input"],
                           output_names=["output"], dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}})
     for name, b in m.named_buffers():

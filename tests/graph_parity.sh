@@ -4,11 +4,17 @@
 # with concat and pools in ceil_mode, a net ending in log_softmax with view):
 #   one SGD step from PyTorch's initial weights gives PyTorch's parameters and BatchNorm buffers
 #   (within 1e-4), on one device, on two with sync-BN and on two MPI ranks with sync-BN; PyTorch
-#   loads each result with load_state_dict(strict=True) and its eval accuracy is cohort's.
+#   loads each result with load_state_dict(strict=True) and its eval accuracy is cohort's. The zoo's
+#   models (lenet, mnist-cnn, mlp, linear, resnet18), built by cohort from their names, likewise.
 # usage: graph_parity.sh GRAPH_PARITY DATA_ROOT [MPIRUN ARGS...]
+# PARITY_DEVICE=cuda runs cohort's side on GPUs (cuda:0, and cuda:0,cuda:1 with COHORT_CUDA_WRAP=1
+# on a machine with one), and adds resnet18 with sync-BN over a one-member NCCL communicator
+# (COHORT_NCCL=1: the statistics and the start's broadcast through NCCL); PYTHON picks the
+# interpreter that has PyTorch (a GPU machine's python3).
 set -euo pipefail
 bin=$1 data=$2; shift 2
-py=/usr/bin/python3
+py=${PYTHON:-/usr/bin/python3}
+kind=${PARITY_DEVICE:-cpu}
 here=$(cd "$(dirname "$0")" && pwd)
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 "$py" "$here/graph_parity.py" make "$data" "$tmp"
@@ -29,19 +35,25 @@ run() { # label model command...
 
 for m in resnet mobilenet densenet lognet headnet; do
     for form in "" onnx:; do
-        run "${form}1 device" "$m" "$bin" step "$tmp" "$form$m" cpu:0
-        run "${form}2 devices, sync-BN" "$m" "$bin" step "$tmp" "$form$m" cpu:0,cpu:1 sync-bn
+        run "${form}1 device" "$m" "$bin" step "$tmp" "$form$m" $kind:0
+        run "${form}2 devices, sync-BN" "$m" "$bin" step "$tmp" "$form$m" $kind:0,$kind:1 sync-bn
         if [ $# -gt 0 ]; then
-            run "${form}2 ranks, sync-BN" "$m" "$@" -np 2 "$bin" step "$tmp" "$form$m" cpu:0 sync-bn
+            run "${form}2 ranks, sync-BN" "$m" "$@" -np 2 "$bin" step "$tmp" "$form$m" $kind:0 sync-bn
         fi
     done
 done
-# The zoo's d2l ResNet-18 (reference program D), built by cohort from its name.
-run "zoo, 1 device" resnet18 "$bin" step "$tmp" zoo:resnet18 cpu:0
+# The zoo's models, built by cohort from their names: d2l's ResNet-18 (reference program D) on one
+# device and on two with sync-BN, the others on one.
+for m in resnet18 lenet mnist-cnn mlp linear; do
+    run "zoo, 1 device" $m "$bin" step "$tmp" zoo:$m $kind:0
+done
 if [ $# -gt 0 ]; then
-    run "zoo, 2 ranks, sync-BN" resnet18 "$@" -np 2 "$bin" step "$tmp" zoo:resnet18 cpu:0 sync-bn
+    run "zoo, 2 ranks, sync-BN" resnet18 "$@" -np 2 "$bin" step "$tmp" zoo:resnet18 $kind:0 sync-bn
 else
-    run "zoo, 2 devices, sync-BN" resnet18 "$bin" step "$tmp" zoo:resnet18 cpu:0,cpu:1 sync-bn
+    run "zoo, 2 devices, sync-BN" resnet18 "$bin" step "$tmp" zoo:resnet18 $kind:0,$kind:1 sync-bn
+fi
+if [ "$kind" = cuda ]; then
+    run "zoo, 1 device, sync-BN over NCCL" resnet18 env COHORT_NCCL=1 COHORT_CUDA_WRAP=0 "$bin" step "$tmp" zoo:resnet18 cuda:0 sync-bn
 fi
 "$py" "$here/graph_parity.py" check "$tmp" "$tmp/runs"
 [ "$(wc -l <"$tmp/runs")" -eq "$runs" ] || { echo "FAIL: $runs runs, $(wc -l <"$tmp/runs") listed"; exit 1; }

@@ -15,6 +15,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 from onnx import helper, numpy_helper, TensorProto
 
+sys.path.insert(0, os.path.dirname(__file__))
+from torch_export import export as onnx_export  # noqa: E402
+
 
 class Net(nn.Module):
     def __init__(self):
@@ -171,7 +174,7 @@ def export(m, path, training=True, opset=13, channels=1, fold=None):
     torch.manual_seed(0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(m, torch.zeros(2, channels, 28, 28), path, opset_version=opset,
+        onnx_export(m, torch.zeros(2, channels, 28, 28), path, opset_version=opset,
                           training=torch.onnx.TrainingMode.TRAINING if training else torch.onnx.TrainingMode.EVAL,
                           do_constant_folding=(not training) if fold is None else fold, input_names=["input"], output_names=["output"],
                           dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}})

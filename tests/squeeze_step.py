@@ -24,6 +24,7 @@ residual), with PyTorch's default initialisation.
 import copy
 import gzip
 import json
+import os
 import struct
 import sys
 import warnings
@@ -32,6 +33,9 @@ import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(__file__))
+from torch_export import export as onnx_export  # noqa: E402
 
 BATCH, LR, NEAR = 8, 0.1, 1e-6
 
@@ -329,7 +333,7 @@ def make(out, root, name):
     m = m.float()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(m, torch.zeros(2, 1, 28, 28), out + "/model.onnx", opset_version=17 if name == "convnext" else 13,
+        onnx_export(m, torch.zeros(2, 1, 28, 28), out + "/model.onnx", opset_version=17 if name == "convnext" else 13,
                           training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False,
                           input_names=["input"], output_names=["output"],
                           dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}})

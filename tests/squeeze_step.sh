@@ -17,17 +17,20 @@
 # x.permute orders beside LayerNorm's (h and w swapped, channels-last read by Sigmoid, c and h
 # swapped, a channels-last view transposed again; BatchNorm, so --sync-bn on two devices).
 # usage: squeeze_step.sh COHORT DATA_ROOT [squeeze|gelu|unet|unet_t|unet_bilinear|shuffle|convnext|twice|permute]
+# PARITY_DEVICE=cuda trains on cuda:0 and cuda:0,cuda:1 (COHORT_CUDA_WRAP=1 on one GPU); PYTHON picks
+# the interpreter with PyTorch.
 set -uo pipefail
 cohort=$1 data=$2 model=${3:-squeeze}
-py=/usr/bin/python3
+py=${PYTHON:-/usr/bin/python3}
+kind=${PARITY_DEVICE:-cpu}
 here=$(cd "$(dirname "$0")" && pwd)
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 "$py" "$here/squeeze_step.py" make "$tmp" "$data" "$model" || exit 1
 fails=0
-for devices in cpu:0 cpu:0,cpu:1; do
+for devices in $kind:0 $kind:0,$kind:1; do
     echo "== $devices"
     sync=()
-    case $model in shuffle | twice | permute) [ "$devices" != cpu:0 ] && sync=(--sync-bn) ;; esac
+    case $model in shuffle | twice | permute) [ "$devices" != $kind:0 ] && sync=(--sync-bn) ;; esac
     "$cohort" train "${sync[@]}" --model "$tmp/model.onnx" --data "$data/mnist" --train-limit 8 -b 8 --epochs 1 --shuffle off \
         --lr 0.1 --devices "$devices" --checkpoint-dir "$tmp/ck-$devices" --test-limit 10 --no-progress ||
         { echo "FAIL: training on $devices"; fails=$((fails + 1)); continue; }
