@@ -26,6 +26,7 @@ static ch_status fail_here(ch_replica *rp, ch_status st, const ch_err *why)
     rp->root_cause = true;
     ch_comm_abort(&rp->ctl_comm, why->msg);
     ch_comm_abort(&rp->grads_comm, why->msg);
+    if (rp->nccl) ch_comm_abort(&rp->dev_ctl, why->msg);
     return st;
 }
 
@@ -126,15 +127,26 @@ static void upload_batch(ch_replica *rp, const ch_replica_spec *s, int n, size_t
     ch_backend_wait(be, CH_STREAM_COMPUTE, rp->uploaded[rp->slot]);
 }
 
+/* The control group's communicator for replica memory: NCCL's second one in an NCCL job (the
+ * ctl_comm's message about what is exchanged goes with it), else ctl_comm. */
+static ch_comm *ctl_for_device(ch_replica *rp)
+{
+    if (!rp->nccl) return &rp->ctl_comm;
+    snprintf(rp->dev_ctl.what, sizeof rp->dev_ctl.what, "%s", rp->ctl_comm.what);
+    return &rp->dev_ctl;
+}
+
 /* A collective over n values of replica memory: in place where the communicator can
- * (ch_comm_stages), else through rp->stage (down, the collective, up). */
+ * (ch_comm_stages: NCCL on GPU memory, the host's groups on host memory), else through rp->stage
+ * (down, the collective, up). */
 typedef ch_status (*vec_op)(ch_comm *c, ch_real *v, size_t n, void *arg, ch_err *err);
 
-static ch_status on_host(ch_replica *rp, ch_real *dev, size_t n, vec_op op, void *arg, ch_err *err)
+static ch_status ctl_collective(ch_replica *rp, ch_real *dev, size_t n, vec_op op, void *arg, ch_err *err)
 {
-    if (!ch_comm_stages(&rp->ctl_comm, rp->be)) {
+    ch_comm *c = ctl_for_device(rp);
+    if (!ch_comm_stages(c, rp->be)) {
         ch_backend_sync(rp->be, CH_STREAM_COMPUTE);   /* the collective reads what was queued */
-        return op(&rp->ctl_comm, dev, n, arg, err);
+        return op(c, dev, n, arg, err);
     }
     ch_backend_download(rp->be, rp->stage, dev, sizeof(ch_real) * n);
     CH_TRY(op(&rp->ctl_comm, rp->stage, n, arg, err));
@@ -162,12 +174,12 @@ static ch_status weighted_buffer_sum(ch_replica *rp, ch_real w, ch_err *err)
     const ch_kctx kc = ch_backend_kctx(rp->be);
     const ch_act scale = { .kind = CH_ACT_AFFINE, .alpha = (float)w, .beta = 0 };
     rp->be->k->act_forward(&kc, &scale, m->nbuffers, m->buffers, m->buffers);
-    return on_host(rp, m->buffers, m->nbuffers, sum_op, NULL, err);
+    return ctl_collective(rp, m->buffers, m->nbuffers, sum_op, NULL, err);
 }
 
 static ch_status broadcast_dev(ch_replica *rp, ch_real *dev, size_t n, ch_err *err)
 {
-    return on_host(rp, dev, n, bcast_op, NULL, err);
+    return ctl_collective(rp, dev, n, bcast_op, NULL, err);
 }
 
 static ch_status allgather_op(ch_comm *c, ch_real *v, size_t n, void *arg, ch_err *err)
@@ -176,13 +188,23 @@ static ch_status allgather_op(ch_comm *c, ch_real *v, size_t n, void *arg, ch_er
     return ch_comm_allgather_shards(c, v, n, err);
 }
 
-/* grads_comm becomes this replica's member of the job's NCCL communicator, on its GPU. First thing
- * after the backend: every member waits in the set-up for all the others. */
+/* grads_comm and dev_ctl become this replica's members of the job's two NCCL communicators, on
+ * its GPU. First thing after the backend: every member waits in each set-up for all the others. */
 static ch_status join_nccl(ch_replica *rp, const ch_replica_spec *s, ch_err *err)
 {
     const ch_cuda_plugin *p = ch_cuda_plugin_load(err);
     if (!p) return CH_STATUS_BAD_INPUT;
-    CH_TRY(p->nccl_init(&rp->grads_comm, rp->be->device, s->nglobal, rp->global_index, s->nccl_id, s->timeout_s, err));
+    /* Made aside: until both are made, grads_comm stays the host group's handle, which a failure
+     * aborts. */
+    ch_comm grads, ctl;
+    CH_TRY(p->nccl_init(&grads, rp->be->device, s->nglobal, rp->global_index, s->nccl_id, s->timeout_s, err));
+    const ch_status st = p->nccl_init(&ctl, rp->be->device, s->nglobal, rp->global_index, s->nccl_ctl_id, s->timeout_s, err);
+    if (st != CH_STATUS_OK) {
+        p->nccl_free(&grads);
+        return st;
+    }
+    rp->grads_comm = grads;
+    rp->dev_ctl = ctl;
     rp->nccl = true;
     return CH_STATUS_OK;
 }
@@ -453,14 +475,15 @@ static ch_status step_traced(ch_replica *rp, const ch_replica_spec *s, const ch_
     }
     if (tr) ch_trace_span(tr, "data", "data", t0, (int64_t)sl->n);
 
-    const bool many = rp->ctl_comm.size > 1, sync = rp->sync && !s->skip_sync;
-    if (s->sync_bn && many)
+    /* An NCCL job's statistics go over NCCL, even a one-member job's (COHORT_NCCL=1). */
+    const bool sync_bn = s->sync_bn && (rp->ctl_comm.size > 1 || rp->nccl), sync = rp->sync && !s->skip_sync;
+    if (sync_bn)
         snprintf(rp->ctl_comm.what, sizeof rp->ctl_comm.what, "step %llu, sync-BN statistics",
                  (unsigned long long)sl->step + 1);
     ch_run r = ch_model_run(m, true);
     r.seed = s->seed;
     r.step = sl->step;
-    r.sync_bn = s->sync_bn && many ? &rp->ctl_comm : NULL;
+    r.sync_bn = sync_bn ? ctl_for_device(rp) : NULL;
     r.comm_status = &comm_st;
     r.comm_err = &err;
     r.trace = tr;   /* a span per graph node, in forward and backward */
@@ -502,7 +525,7 @@ static ch_status step_traced(ch_replica *rp, const ch_replica_spec *s, const ch_
     t0 = tr ? ch_trace_now() : 0;
     snprintf(rp->ctl_comm.what, sizeof rp->ctl_comm.what, "step %llu, updated parameter shards (--zero 1)",
              (unsigned long long)sl->step + 1);
-    const ch_status st = on_host(rp, m->params, m->nparams, allgather_op, NULL, &err);
+    const ch_status st = ctl_collective(rp, m->params, m->nparams, allgather_op, NULL, &err);
     if (tr) ch_trace_span(tr, "sync", "parameter allgather", t0, -1);
     return st == CH_STATUS_OK ? CH_STATUS_OK : fail_collective(rp, st, &err);
 }
@@ -689,7 +712,10 @@ void ch_replica_free(ch_replica *rp)
     }
     ch_err e;
     const ch_cuda_plugin *p = rp->nccl ? ch_cuda_plugin_load(&e) : NULL;
-    if (p) p->nccl_free(&rp->grads_comm);
+    if (p) {
+        p->nccl_free(&rp->grads_comm);
+        p->nccl_free(&rp->dev_ctl);
+    }
     ch_backend_free(rp->be);
     free(rp->class_hits);
     free(rp->class_counts);

@@ -53,10 +53,11 @@ typedef struct ch_replica_spec {
     bool ps_async;          /* --ps-mode async: no per-step exchange between the workers */
     /* benchmark and test hooks */
     bool skip_sync;         /* bench only: no gradient sync (the cost of sync, by difference) */
-    /* GPU replicas sum their gradients over NCCL (ch_trainer_nccl_setup): the communicator's id,
-     * the same for every member of the job, and the limit on its set-up and calls. */
+    /* GPU replicas exchange over NCCL (ch_trainer_nccl_setup): two communicators' ids, the same
+     * for every member of the job (the gradients'; the other device collectives'), and the limit
+     * on their set-up and calls. */
     bool nccl;
-    unsigned char nccl_id[128];
+    unsigned char nccl_id[128], nccl_ctl_id[128];
     double timeout_s;
     uint32_t *sample_counts; /* tests only: count every training sample a replica gathers */
     int trace_capacity;     /* spans per track when tracing (0: no trace tracks) */
@@ -71,7 +72,7 @@ typedef struct ch_replica {
     ch_model *model;
     ch_optim opt;           /* over [shard_lo, shard_lo + shard_n) of the parameters */
     bool sharded;           /* --zero 1 with more than one replica in the job */
-    bool nccl;              /* grads_comm is an NCCL member (the CUDA plugin's), freed with it */
+    bool nccl;              /* grads_comm and dev_ctl are NCCL members (the CUDA plugin's) */
     bool state_on_servers;  /* --ps-servers: the optimizer state is the servers' (global replica 0
                              * keeps room for all of it, for checkpoints) */
     size_t shard_lo, shard_n; /* the whole buffer unless sharded */
@@ -94,6 +95,11 @@ typedef struct ch_replica {
     int32_t *labels_host;
     ch_comm grads_comm;     /* member of the gradient group (used by the sync thread) */
     ch_comm ctl_comm;       /* member of the control group (parameters, sync-BN, buffers) */
+    /* With nccl: the control group's device collectives (sync-BN statistics, BatchNorm buffers,
+     * the start's and a loaded checkpoint's broadcasts) over a second NCCL communicator. Its own
+     * stream and call order keep them apart from the sync thread's buckets on grads_comm, whose
+     * order against the compute thread's calls differs from member to member. */
+    ch_comm dev_ctl;
     ch_hier grads_hier, ctl_hier; /* the state behind the two handles */
     ch_trace_track trace_compute, trace_sync; /* --trace: this replica's two timelines */
     bool tracing;           /* record the next steps (set by the trainer) */

@@ -207,8 +207,14 @@ ch_status ch_trainer_nccl_setup(ch_trainer *t, ch_err *err)
     if (!use) return CH_STATUS_OK;
     const ch_cuda_plugin *p = ch_cuda_plugin_load(err);
     if (!p) return CH_STATUS_BAD_INPUT;
-    if (t->proc == 0) CH_TRY(p->nccl_id(t->spec.nccl_id, err));
-    if (t->procs > 1) CH_TRY(ch_comm_broadcast_bytes(&t->mpi_ctl_comm, t->spec.nccl_id, sizeof t->spec.nccl_id, 0, err));
+    if (t->proc == 0) {
+        CH_TRY(p->nccl_id(t->spec.nccl_id, err));
+        CH_TRY(p->nccl_id(t->spec.nccl_ctl_id, err));
+    }
+    if (t->procs > 1) {
+        CH_TRY(ch_comm_broadcast_bytes(&t->mpi_ctl_comm, t->spec.nccl_id, sizeof t->spec.nccl_id, 0, err));
+        CH_TRY(ch_comm_broadcast_bytes(&t->mpi_ctl_comm, t->spec.nccl_ctl_id, sizeof t->spec.nccl_ctl_id, 0, err));
+    }
     t->spec.nccl = true;
     t->spec.timeout_s = t->cfg.timeout_s > 0 ? t->cfg.timeout_s : 300;
     return CH_STATUS_OK;

@@ -94,6 +94,8 @@ static ch_status drain(nccl_member *m, const char *call, const char *what, ch_er
     }
 }
 
+enum { BOUNCE_START = 256 << 10 };
+
 static ch_status bounce_room(nccl_member *m, size_t bytes, ch_err *err)
 {
     if (bytes <= m->bounce_bytes) return CH_STATUS_OK;
@@ -208,7 +210,7 @@ static ch_status nccl_test(ch_comm *c, ch_request *req, bool *done, ch_err *err)
 static void nccl_abort(ch_comm *c, const char *why)
 {
     nccl_member *m = member_of(c);
-    if (atomic_exchange(&m->aborted, 1)) return;
+    if (!m || atomic_exchange(&m->aborted, 1)) return;   /* !m: freed after a failed set-up */
     snprintf(m->why, sizeof m->why, "%s", why && *why ? why : "the group was aborted");
     ncclCommAbort(m->comm);
 }
@@ -250,9 +252,12 @@ ch_status cu_nccl_init(ch_comm *c, int device, int nranks, int rank, const unsig
     const ch_status st = r == ncclSuccess || r == ncclInProgress ? settle(m, r, "ncclCommInitRankConfig", c->what, err)
                                                                   : failed(err, "nccl: ncclCommInitRankConfig failed: %s", ncclGetErrorString(r));
     c->what[0] = '\0';
-    if (st != CH_STATUS_OK) {
+    /* Room for the host buffers a step exchanges (sync-BN's statistics: 2 doubles per channel), so
+     * that no cudaFree, which waits for the whole device, runs while a step's collectives do. */
+    const ch_status room = st == CH_STATUS_OK ? bounce_room(m, BOUNCE_START, err) : st;
+    if (room != CH_STATUS_OK) {
         cu_nccl_free(c);
-        return st;
+        return room;
     }
     return CH_STATUS_OK;
 }
