@@ -86,8 +86,38 @@ static bool timed(void)
     return v && strcmp(v, "1") == 0;
 }
 
+/* COHORT_CUDNN_ALGOS=fixed: the same three deterministic algorithms for every shape and batch
+ * (implicit GEMM forward, ALGO_1 backward), fast or not. For tests: whether results that differ
+ * between batch sizes (a batch against its slices) do so because cuDNN chose per shape. */
+static bool fixed(void)
+{
+    const char *v = getenv("COHORT_CUDNN_ALGOS");
+    return v && strcmp(v, "fixed") == 0;
+}
+
+static void choose_fixed(cudnnHandle_t h, conv_plan *p)
+{
+    size_t f = 0, dd = 0, ff = 0;
+    p->fwd = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;
+    p->data = CUDNN_CONVOLUTION_BWD_DATA_ALGO_1;
+    p->filter = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1;
+    p->conv_fwd = conv_desc(&p->d, CUDNN_FMA_MATH);
+    p->conv_data = conv_desc(&p->d, CUDNN_FMA_MATH);
+    p->conv_filter = conv_desc(&p->d, CUDNN_FMA_MATH);
+    CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(h, p->x, p->w, p->conv_fwd, p->y, p->fwd, &f));
+    CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(h, p->w, p->y, p->conv_data, p->x, p->data, &dd));
+    CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(h, p->x, p->y, p->conv_filter, p->w, p->filter, &ff));
+    p->ws = f > dd ? f : dd;
+    if (ff > p->ws) p->ws = ff;
+    if (p->ws > p->limit) fail_no_algo("fixed (COHORT_CUDNN_ALGOS)", &p->d, p->n, p->limit);
+}
+
 static void choose(cudnnHandle_t h, conv_plan *p)
 {
+    if (fixed()) {
+        choose_fixed(h, p);
+        return;
+    }
     const ch_conv_desc *d = &p->d;
     const bool find = timed();
     cudnnConvolutionDescriptor_t probe = conv_desc(d, CUDNN_DEFAULT_MATH);
