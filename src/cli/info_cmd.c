@@ -27,9 +27,10 @@ static void print_cuda(void)
     }
     char buf[4096];
     p->describe(buf, sizeof buf);
-    printf("cuda:       plugin %s loaded (--devices cuda:0, cuda*N). Run on an H200: every kernel, training,\n"
-           "            checkpoints across devices, NCCL with one member; not yet run on a GPU: NCCL with two\n"
-           "            or more members, the LayerNorm, bilinear and permute kernels (docs/PERFORMANCE.md, \"CUDA\")\n%s",
+    printf("cuda:       plugin %s loaded (--devices cuda:0, cuda*N). Run on an H100 and an H200: every\n"
+           "            kernel, one SGD step of each zoo and parity model against PyTorch, training, checkpoints\n"
+           "            across devices, NCCL with one member; not yet run on a GPU: NCCL with two or more\n"
+           "            members (docs/PERFORMANCE.md, \"CUDA\")\n%s",
            CH_CUDA_PLUGIN_FILE, buf);
 }
 
