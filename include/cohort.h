@@ -273,8 +273,9 @@ typedef struct ch_device_list {
 } ch_device_list;
 
 /* Parse "cpu:0,cpu:1", "cpu:0-3" or "cpu*4" (entries may be mixed: "cpu:0,cpu:2-3"); the same
- * for cuda, scramble and lazy ("cuda*2", "lazy:0,lazy:1"). Duplicates, unknown kinds and two kinds in one list are
- * CH_STATUS_BAD_INPUT. */
+ * for cuda, scramble and lazy ("cuda*2", "lazy:0,lazy:1"). "cuda:local" is the device numbered by
+ * this process's local rank (ch_world_local_rank; 0 outside mpirun): one GPU per rank of a host.
+ * Duplicates, unknown kinds and two kinds in one list are CH_STATUS_BAD_INPUT. */
 ch_status ch_device_list_parse(const char *spec, ch_device_list *out, ch_err *err);
 /* "cpu:0, cpu:1" (what the epoch line shows between brackets). */
 void ch_device_list_format(const ch_device_list *l, char *buf, size_t len);

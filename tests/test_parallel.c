@@ -595,9 +595,20 @@ static void device_lists_parse_and_reject(void **state)
     assert_int_equal(l.dev[1].kind, CH_DEVICE_CUDA);
     ch_device_list_format(&l, text, sizeof text);
     assert_string_equal(text, "cuda:0, cuda:1");
+    /* KIND:local is the device of this process's local rank (0 outside mpirun; tests/mpi_local.sh
+     * runs it on two ranks). */
+    assert_int_equal(ch_device_list_parse("cuda:local", &l, &err), CH_STATUS_OK);
+    assert_int_equal(l.count, 1);
+    assert_int_equal(l.dev[0].kind, CH_DEVICE_CUDA);
+    assert_int_equal(l.dev[0].index, ch_world_local_rank());
+    assert_int_equal(ch_device_list_parse("lazy:2, lazy:local", &l, &err), CH_STATUS_OK);
+    ch_device_list_format(&l, text, sizeof text);
+    assert_string_equal(text, "lazy:2, lazy:0");
     static const char *bad[] = { "", "cpu", "cpu:", "cpu:x", "cpu:0,cpu:0", "cpu:3-1", "cpu*0",
                                  "gpu:0", "cpu:0;cpu:1", "cpu:99", "cpu:0,", "cuda:0,cpu:1", "cpu:0,scramble:1",
-                                 "scramble*2,cpu:0", "scrambled:0", "scramble:0,scramble:0", "cpux:0" };
+                                 "scramble*2,cpu:0", "scrambled:0", "scramble:0,scramble:0", "cpux:0",
+                                 "cuda:local-3", "cuda:localx", "cuda:local2", "cpu:local,cpu:0", "cuda:loca",
+                                 "cuda:local*2" };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         err.msg[0] = '\0';
         if (ch_device_list_parse(bad[i], &l, &err) != CH_STATUS_BAD_INPUT)

@@ -1,7 +1,9 @@
 /* Device lists: "cpu:0,cpu:1", "cpu:0-3", "cpu*4", and the same for GPUs (cuda:0) and the test
  * backends (scramble, lazy). Whether a GPU is there is the backend's to say, when it starts. A CPU
  * device is a logical device: a replica with its own thread and a share of the cores; its index
- * names it, it does not pick a core. */
+ * names it, it does not pick a core. "cuda:local" is the device whose index is the process's local
+ * rank (ch_world_local_rank: torchrun's LOCAL_RANK), so that one command line under mpirun gives
+ * each rank of a host its own GPU. */
 #include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -75,6 +77,14 @@ static ch_status parse_entry(const char **p, ch_device_list *l, const char *spec
     }
     if (**p != ':') return ch_fail(err, CH_STATUS_BAD_INPUT, "devices '%s': expected cpu:K", spec);
     ++*p;
+    if (strncmp(*p, "local", 5) == 0 && !isalnum((unsigned char)(*p)[5]) && (*p)[5] != '-') {
+        *p += 5;
+        a = ch_world_local_rank();
+        if (a >= CH_MAX_DEVICES)
+            return ch_fail(err, CH_STATUS_BAD_INPUT, "devices '%s': local rank %ld has no device (0..%d)", spec, a,
+                           CH_MAX_DEVICES - 1);
+        return add_device(l, kind, a, spec, err);
+    }
     if (!parse_index(p, &a))
         return ch_fail(err, CH_STATUS_BAD_INPUT, "devices '%s': device index must be 0..%d", spec,
                        CH_MAX_DEVICES - 1);

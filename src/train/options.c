@@ -169,8 +169,9 @@ static const ch_opt table[] = {
 
     /* DEVICES AND PROCESSES */
     { .name = "devices", .cmds = T | E | B, .type = CH_OPT_STR, CFG(devices), .section = CH_SEC_DEVICES,
-      .arg = "LIST", .brief = "devices, one model replica each: cpu:0,cpu:1 | cpu:0-3 | cpu*4",
-      .more = "The global batch is split across them; under mpirun every rank has these devices" },
+      .arg = "LIST", .brief = "devices, one model replica each: cpu:0,cpu:1 | cpu:0-3 | cpu*4 | cuda:local",
+      .more = "The global batch is split across them; under mpirun every rank has these devices, and "
+              "cuda:local is each rank's own GPU, numbered by its local rank on its host" },
     { .name = "threads", .cmds = T | E | B, .type = CH_OPT_INT, CFG(threads), .lo = 1, .hi = 1024,
       .agree = CH_AGREE_NONE, .section = CH_SEC_DEVICES, .arg = "T", .unset_ok = true,
       .brief = "compute threads in all, shared out among the devices, at least one each",
