@@ -192,23 +192,42 @@ static void pool_case(ch_pool_desc d, int n, bool ceil_mode)
     free(x), free(dy), free(y), free(dx), free(am);
 }
 
+/* A resampling's operands: x (xs) and dy (ys) random, y and dx for the CPU's results, and the
+ * backend's copies (dX, dY, ddY, ddX). */
+typedef struct resample {
+    size_t xs, ys;
+    ch_real *x, *dy, *y, *dx, *dX, *dY, *ddY, *ddX;
+} resample;
+
+static resample resample_make(size_t xs, size_t ys, uint64_t seed)
+{
+    resample r = { .xs = xs, .ys = ys, .x = host_rnd(xs, seed), .dy = host_rnd(ys, seed + 1),
+                   .y = malloc(sizeof(ch_real) * ys), .dx = malloc(sizeof(ch_real) * xs) };
+    if (!r.y || !r.dx) abort();
+    r.dX = dev_reals(r.x, xs), r.dY = dev_reals(NULL, ys), r.ddY = dev_reals(r.dy, ys), r.ddX = dev_reals(NULL, xs);
+    return r;
+}
+
+static void resample_free(resample *r)
+{
+    ch_backend_release(be, r->dX), ch_backend_release(be, r->dY), ch_backend_release(be, r->ddY), ch_backend_release(be, r->ddX);
+    free(r->x), free(r->dy), free(r->y), free(r->dx);
+}
+
 static void pools(void)
 {
     pool_case((ch_pool_desc){ .c = 5, .h = 11, .w = 13, .k = 3, .stride = 2, .pad = 1 }, 3, false);
     pool_case((ch_pool_desc){ .c = 4, .h = 8, .w = 8, .k = 2, .stride = 2, .pad = 0 }, 2, false);
     pool_case((ch_pool_desc){ .c = 3, .h = 7, .w = 9, .k = 3, .stride = 2, .pad = 0 }, 2, true);
     const int n = 2, c = 3, h = 5, w = 4, sh = 2, sw = 3;
-    const size_t xs = (size_t)n * c * h * w, ys = xs * sh * sw;
-    ch_real *x = host_rnd(xs, 31), *dy = host_rnd(ys, 32), *y = malloc(sizeof(ch_real) * ys), *dx = malloc(sizeof(ch_real) * xs);
-    ch_real *dX = dev_reals(x, xs), *dY = dev_reals(NULL, ys), *ddY = dev_reals(dy, ys), *ddX = dev_reals(NULL, xs);
-    C->upsample_forward(&kh, n, c, h, w, sh, sw, x, y);
-    K->upsample_forward(&kd, n, c, h, w, sh, sw, dX, dY);
-    check_dev("upsample 2x3: forward", dY, y, ys);
-    C->upsample_backward(&kh, n, c, h, w, sh, sw, dy, dx);
-    K->upsample_backward(&kd, n, c, h, w, sh, sw, ddY, ddX);
-    check_dev("  backward", ddX, dx, xs);
-    ch_backend_release(be, dX), ch_backend_release(be, dY), ch_backend_release(be, ddY), ch_backend_release(be, ddX);
-    free(x), free(dy), free(y), free(dx);
+    resample r = resample_make((size_t)n * c * h * w, (size_t)n * c * h * w * sh * sw, 31);
+    C->upsample_forward(&kh, n, c, h, w, sh, sw, r.x, r.y);
+    K->upsample_forward(&kd, n, c, h, w, sh, sw, r.dX, r.dY);
+    check_dev("upsample 2x3: forward", r.dY, r.y, r.ys);
+    C->upsample_backward(&kh, n, c, h, w, sh, sw, r.dy, r.dx);
+    K->upsample_backward(&kd, n, c, h, w, sh, sw, r.ddY, r.ddX);
+    check_dev("  backward", r.ddX, r.dx, r.xs);
+    resample_free(&r);
 }
 
 /* Bilinear resampling both ways, with corners aligned and not, up and down (PyTorch's
@@ -219,20 +238,16 @@ static void bilinear(void)
     for (int s = 0; s < 3; s++)
         for (int align = 0; align < 2; align++) {
             const int h = sizes[s][0], w = sizes[s][1], oh = sizes[s][2], ow = sizes[s][3];
-            const size_t xs = (size_t)planes * h * w, ys = (size_t)planes * oh * ow;
-            ch_real *x = host_rnd(xs, 61 + s), *dy = host_rnd(ys, 64 + s), *y = malloc(sizeof(ch_real) * ys), *dx = malloc(sizeof(ch_real) * xs);
-            if (!y || !dx) abort();
-            ch_real *dX = dev_reals(x, xs), *dY = dev_reals(NULL, ys), *ddY = dev_reals(dy, ys), *ddX = dev_reals(NULL, xs);
+            resample r = resample_make((size_t)planes * h * w, (size_t)planes * oh * ow, 61 + (uint64_t)s);
             char what[80];
-            C->bilinear_forward(&kh, planes, h, w, oh, ow, align, x, y);
-            K->bilinear_forward(&kd, planes, h, w, oh, ow, align, dX, dY);
+            C->bilinear_forward(&kh, planes, h, w, oh, ow, align, r.x, r.y);
+            K->bilinear_forward(&kd, planes, h, w, oh, ow, align, r.dX, r.dY);
             snprintf(what, sizeof what, "bilinear %dx%d -> %dx%d%s: forward", h, w, oh, ow, align ? ", corners aligned" : "");
-            check_dev(what, dY, y, ys);
-            C->bilinear_backward(&kh, planes, h, w, oh, ow, align, dy, dx);
-            K->bilinear_backward(&kd, planes, h, w, oh, ow, align, ddY, ddX);
-            check_dev("  backward", ddX, dx, xs);
-            ch_backend_release(be, dX), ch_backend_release(be, dY), ch_backend_release(be, ddY), ch_backend_release(be, ddX);
-            free(x), free(dy), free(y), free(dx);
+            check_dev(what, r.dY, r.y, r.ys);
+            C->bilinear_backward(&kh, planes, h, w, oh, ow, align, r.dy, r.dx);
+            K->bilinear_backward(&kd, planes, h, w, oh, ow, align, r.ddY, r.ddX);
+            check_dev("  backward", r.ddX, r.dx, r.xs);
+            resample_free(&r);
         }
 }
 
