@@ -39,6 +39,8 @@ expect 2 "cpu:0 is listed twice" -- "$cohort" train --model lenet --data "$tmp/o
 # A GPU asked for where there is none (no driver, or none visible): one line, exit 2; the plugin
 # missing or broken: the same, with dlopen's reason; mixed kinds and the wrong name, before anything loads.
 expect 2 "cuda:0: no usable GPU" -- env CUDA_VISIBLE_DEVICES= "$cohort" train --model lenet --data "$tmp/ok" --devices cuda:0
+expect 2 "cuda:0: no usable GPU" -- env CUDA_VISIBLE_DEVICES= "$cohort" train --model lenet --data "$tmp/ok" --devices cuda:local
+expect 2 "devices 'cuda:localx': device index must be 0..63 or local" -- "$cohort" train --model lenet --data "$tmp/ok" --devices cuda:localx
 : >"$tmp/broken.so"
 expect 2 "cannot load the CUDA plugin: $tmp/broken.so" -- env COHORT_CUDA_PLUGIN="$tmp/broken.so" "$cohort" train --model lenet --data "$tmp/ok" --devices cuda*2
 expect 2 "cpu and cuda devices in one list" -- "$cohort" train --model lenet --data "$tmp/ok" --devices cpu:0,cuda:0

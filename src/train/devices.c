@@ -86,7 +86,7 @@ static ch_status parse_entry(const char **p, ch_device_list *l, const char *spec
         return add_device(l, kind, a, spec, err);
     }
     if (!parse_index(p, &a))
-        return ch_fail(err, CH_STATUS_BAD_INPUT, "devices '%s': device index must be 0..%d", spec,
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "devices '%s': device index must be 0..%d or local", spec,
                        CH_MAX_DEVICES - 1);
     b = a;
     if (**p == '-') {
