@@ -99,34 +99,11 @@ void ch_lazy_channel_affine_keep_bf16(const ch_kctx *kc, int n, int c, int hw, c
     ch_lazy_queue_call(kc, run_channel_affine_keep_bf16, &queued, sizeof queued);
 }
 
-typedef struct channel_affine_of_bf16_args {
-    int n;
-    int c;
-    int hw;
-    const uint16_t *x;
-    const ch_real *scale;
-    const ch_real *shift;
-    ch_real *y;
-} channel_affine_of_bf16_args;
-
-static void run_channel_affine_of_bf16(const ch_kctx *kc, const void *args)
-{
-    const channel_affine_of_bf16_args *g = args;
-    sc()->channel_affine_of_bf16(kc, g->n, g->c, g->hw, g->x, g->scale, g->shift, g->y);
-}
-
-void ch_lazy_channel_affine_of_bf16(const ch_kctx *kc, int n, int c, int hw, const uint16_t *x,
-                                    const ch_real *scale, const ch_real *shift, ch_real *y)
-{
-    const channel_affine_of_bf16_args queued = { n, c, hw, x, scale, shift, y };
-    ch_lazy_queue_call(kc, run_channel_affine_of_bf16, &queued, sizeof queued);
-}
-
 typedef struct channel_affine_args {
     int n;
     int c;
     int hw;
-    const ch_real *x;
+    const void *x;   /* ch_real, or uint16_t for the bf16 sibling */
     const ch_real *scale;
     const ch_real *shift;
     ch_real *y;
@@ -144,11 +121,24 @@ void ch_lazy_channel_affine(const ch_kctx *kc, int n, int c, int hw, const ch_re
     ch_lazy_queue_call(kc, run_channel_affine, &queued, sizeof queued);
 }
 
+static void run_channel_affine_of_bf16(const ch_kctx *kc, const void *args)
+{
+    const channel_affine_args *g = args;
+    sc()->channel_affine_of_bf16(kc, g->n, g->c, g->hw, g->x, g->scale, g->shift, g->y);
+}
+
+void ch_lazy_channel_affine_of_bf16(const ch_kctx *kc, int n, int c, int hw, const uint16_t *x,
+                                    const ch_real *scale, const ch_real *shift, ch_real *y)
+{
+    const channel_affine_args queued = { n, c, hw, x, scale, shift, y };
+    ch_lazy_queue_call(kc, run_channel_affine_of_bf16, &queued, sizeof queued);
+}
+
 typedef struct batchnorm_backward_reduce_args {
     int n;
     int c;
     int hw;
-    const ch_real *x;
+    const void *x;   /* ch_real, or uint16_t for the bf16 sibling */
     const ch_real *dy;
     const ch_real *mean;
     const ch_real *invstd;
@@ -172,7 +162,7 @@ typedef struct batchnorm_backward_data_args {
     int n;
     int c;
     int hw;
-    const ch_real *x;
+    const void *x;   /* ch_real, or uint16_t for the bf16 sibling */
     const ch_real *dy;
     const ch_real *mean;
     const ch_real *invstd;
@@ -232,16 +222,9 @@ void ch_lazy_layernorm_backward(const ch_kctx *kc, int outer, int len, int inner
     ch_lazy_queue_call(kc, run_layernorm_backward, &queued, sizeof queued);
 }
 
-typedef struct bn_backward_reduce_bf16_args {
-    int n, c, hw;
-    const uint16_t *x;
-    const ch_real *dy, *mean, *invstd;
-    double *sum_dy, *sum_dy_xhat;
-} bn_backward_reduce_bf16_args;
-
 static void run_bn_backward_reduce_bf16(const ch_kctx *kc, const void *args)
 {
-    const bn_backward_reduce_bf16_args *g = args;
+    const batchnorm_backward_reduce_args *g = args;
     sc()->batchnorm_backward_reduce_bf16(kc, g->n, g->c, g->hw, g->x, g->dy, g->mean, g->invstd, g->sum_dy,
                                          g->sum_dy_xhat);
 }
@@ -250,22 +233,13 @@ void ch_lazy_batchnorm_backward_reduce_bf16(const ch_kctx *kc, int n, int c, int
                                             const ch_real *dy, const ch_real *mean, const ch_real *invstd,
                                             double *sum_dy, double *sum_dy_xhat)
 {
-    const bn_backward_reduce_bf16_args queued = { n, c, hw, x, dy, mean, invstd, sum_dy, sum_dy_xhat };
+    const batchnorm_backward_reduce_args queued = { n, c, hw, x, dy, mean, invstd, sum_dy, sum_dy_xhat };
     ch_lazy_queue_call(kc, run_bn_backward_reduce_bf16, &queued, sizeof queued);
 }
 
-typedef struct bn_backward_data_bf16_args {
-    int n, c, hw;
-    const uint16_t *x;
-    const ch_real *dy, *mean, *invstd, *gamma;
-    const double *sum_dy, *sum_dy_xhat;
-    double count;
-    ch_real *dx;
-} bn_backward_data_bf16_args;
-
 static void run_bn_backward_data_bf16(const ch_kctx *kc, const void *args)
 {
-    const bn_backward_data_bf16_args *g = args;
+    const batchnorm_backward_data_args *g = args;
     sc()->batchnorm_backward_data_bf16(kc, g->n, g->c, g->hw, g->x, g->dy, g->mean, g->invstd, g->gamma, g->sum_dy,
                                        g->sum_dy_xhat, g->count, g->dx);
 }
@@ -275,6 +249,6 @@ void ch_lazy_batchnorm_backward_data_bf16(const ch_kctx *kc, int n, int c, int h
                                           const ch_real *gamma, const double *sum_dy, const double *sum_dy_xhat,
                                           double count, ch_real *dx)
 {
-    const bn_backward_data_bf16_args queued = { n, c, hw, x, dy, mean, invstd, gamma, sum_dy, sum_dy_xhat, count, dx };
+    const batchnorm_backward_data_args queued = { n, c, hw, x, dy, mean, invstd, gamma, sum_dy, sum_dy_xhat, count, dx };
     ch_lazy_queue_call(kc, run_bn_backward_data_bf16, &queued, sizeof queued);
 }
