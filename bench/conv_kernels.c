@@ -47,7 +47,13 @@ int main(int argc, char **argv)
         const int n = shapes[i].n;
         const size_t xl = (size_t)n * d.c * d.h * d.w, yl = (size_t)n * d.oc * d.oh * d.ow;
         const size_t wl = (size_t)d.oc * d.c * d.kh * d.kw;
-        const size_t ws = ch_cpu_conv2d_workspace(&d, n, 1);
+        /* A replica's kernel cache, as the trainer's: primitives made once, here. */
+        ch_kctx kc = { .nthreads = 1, .cache = ch_cpu_kcache_create() };
+        if (!kc.cache) {
+            fprintf(stderr, "conv_kernels: the CPU kernels' cache could not be made\n");
+            return 1;
+        }
+        const size_t ws = ch_cpu_conv2d_workspace(&kc, &d, n);
         float *x = malloc(sizeof(float) * xl), *y = malloc(sizeof(float) * yl);
         float *dy = malloc(sizeof(float) * yl), *dx = malloc(sizeof(float) * xl);
         float *w = malloc(sizeof(float) * wl), *dw = malloc(sizeof(float) * wl);
@@ -58,7 +64,7 @@ int main(int argc, char **argv)
             return 1;
         }
         fill(x, xl, 1), fill(dy, yl, 2), fill(w, wl, 3), fill(b, d.oc, 4);
-        ch_kctx kc = { .nthreads = 1, .ws = wsp, .ws_len = ws };
+        kc.ws = wsp, kc.ws_len = ws;
         double best[3] = { 1e30, 1e30, 1e30 };
         for (int r = 0; r < reps; r++) {
             const double t0 = ch_clock_s();
@@ -76,6 +82,7 @@ int main(int argc, char **argv)
         printf("%s fwd %.1f bwd_data %.1f bwd_weights %.1f GFLOP/s\n", shapes[i].name,
                flop / best[0] * 1e-9, flop / best[1] * 1e-9, flop / best[2] * 1e-9);
         free(x), free(y), free(dy), free(dx), free(w), free(dw), free(b), free(db), free(wsp);
+        ch_cpu_kcache_free(kc.cache);
     }
     return 0;
 }

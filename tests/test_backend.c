@@ -120,7 +120,7 @@ static void conv_case(ch_conv_desc d, int n, bool bias)
     ch_real *x = host_rnd(xs, 11), *w = host_rnd(ws, 12), *b = host_rnd((size_t)d.oc, 13), *dy = host_rnd(ys, 14);
     ch_real *y = malloc(sizeof(ch_real) * ys), *dx = malloc(sizeof(ch_real) * xs), *dw = malloc(sizeof(ch_real) * ws);
     ch_real *dbias = malloc(sizeof(ch_real) * (size_t)d.oc);
-    const size_t hws = C->conv2d_workspace(&d, n, 1), dws = K->conv2d_workspace(&d, n, 1);
+    const size_t hws = C->conv2d_workspace(&kh, &d, n), dws = K->conv2d_workspace(&kd, &d, n);
     kh.ws = malloc(sizeof(ch_real) * (hws ? hws : 1));
     kh.ws_len = hws;
     kd.ws = dev_reals(NULL, dws);

@@ -78,8 +78,10 @@ typedef struct conv_out {
 static conv_out run_cpu(const conv_case *c)
 {
     const ch_kernels *k = ch_kernels_cpu();
-    const size_t wsz = k->conv2d_workspace(&c->d, c->n, c->threads);
-    ch_kctx kc = { .nthreads = c->threads, .ws = malloc(sizeof(ch_real) * (wsz ? wsz : 1)), .ws_len = wsz };
+    ch_kctx kc = { .nthreads = c->threads, .cache = ch_cpu_kcache_create() };
+    assert_non_null(kc.cache);
+    const size_t wsz = k->conv2d_workspace(&kc, &c->d, c->n);
+    kc.ws = malloc(sizeof(ch_real) * (wsz ? wsz : 1)), kc.ws_len = wsz;
     conv_out o = { .y = malloc(sizeof(ch_real) * c->ys), .dy = malloc(sizeof(ch_real) * c->ys),
                    .dx = malloc(sizeof(ch_real) * c->xs), .dw = malloc(sizeof(ch_real) * c->wl) };
     assert_true(kc.ws && o.y && o.dy && o.dx && o.dw);
@@ -88,6 +90,7 @@ static conv_out run_cpu(const conv_case *c)
     k->conv2d_backward_weights(&kc, &c->d, c->n, c->x, o.y, o.dy, o.dw, o.db);
     k->conv2d_backward_data(&kc, &c->d, c->n, o.dy, c->w, o.dx);
     free(kc.ws);
+    ch_cpu_kcache_free(kc.cache);
     return o;
 }
 
@@ -123,7 +126,7 @@ static double worst(const conv_case *c, const conv_out *a, const conv_out *b)
 static void check_case(ch_conv_desc d, int n, int threads)
 {
     conv_case c = case_make(d, n, threads);
-    assert_true(ch_cpu_conv_bf16_workspace(&c.d, n, threads) > 0);   /* the path is taken */
+    assert_true(ch_cpu_conv_bf16_workspace(&(ch_kctx){ .nthreads = threads }, &c.d, n) > 0);   /* the path is taken */
     conv_out got = run_cpu(&c);
     conv_out exact = run_ref(&c, c.xr, c.wr, c.dyr, got.y), plain = run_ref(&c, c.x, c.w, c.dy, got.y);
     const double e = worst(&c, &got, &exact), from_fp32 = worst(&c, &got, &plain);
@@ -166,19 +169,20 @@ static void bf16_only_where_it_wins(void **state)
     const ch_conv_desc strided = { .c = 16, .h = 9, .w = 9, .oc = 32, .kh = 3, .kw = 3, .stride = 2,
                                    .pad = 1, .bf16 = true };
     ch_conv_desc d = shaped(strided);
-    assert_true(ch_cpu_conv_bf16_workspace(&d, 4, 1) > 0);
+    const ch_kctx one = { .nthreads = 1 };
+    assert_true(ch_cpu_conv_bf16_workspace(&one, &d, 4) > 0);
     d.bf16 = false;   /* fp32 */
-    assert_true(ch_cpu_conv_bf16_workspace(&d, 4, 1) == 0);
+    assert_true(ch_cpu_conv_bf16_workspace(&one, &d, 4) == 0);
     d = shaped(strided), d.c = 8;   /* too few channels in */
-    assert_true(ch_cpu_conv_bf16_workspace(&d, 4, 1) == 0);
+    assert_true(ch_cpu_conv_bf16_workspace(&one, &d, 4) == 0);
     d = shaped(strided), d.oc = 8;   /* too few out */
-    assert_true(ch_cpu_conv_bf16_workspace(&d, 4, 1) == 0);
+    assert_true(ch_cpu_conv_bf16_workspace(&one, &d, 4) == 0);
     d = strided, d.kh = d.kw = 1, d.pad = 0, d = shaped(d);   /* 1x1 */
-    assert_true(ch_cpu_conv_bf16_workspace(&d, 4, 1) == 0);
+    assert_true(ch_cpu_conv_bf16_workspace(&one, &d, 4) == 0);
     d = strided, d.stride = 1, d = shaped(d);   /* 3x3 stride 1 at 9x9: a Winograd's */
-    assert_true(ch_cpu_conv_bf16_workspace(&d, 4, 1) == 0);
+    assert_true(ch_cpu_conv_bf16_workspace(&one, &d, 4) == 0);
     d = strided, d.groups = 2, d = shaped(d);   /* grouped: cpu_conv_group.c */
-    assert_true(ch_cpu_conv_bf16_workspace(&d, 4, 1) == 0);
+    assert_true(ch_cpu_conv_bf16_workspace(&one, &d, 4) == 0);
 }
 
 int main(void)

@@ -130,8 +130,11 @@ static void check_conv_tol(ch_conv_desc d, int n, int threads, int ws_batch, dou
     ch_real *dw1 = malloc(sizeof(ch_real) * ws_len), *dw2 = malloc(sizeof(ch_real) * ws_len);
     ch_real db1[64], db2[64];
     assert_true(d.oc <= 64);
-    size_t wsz = cpu->conv2d_workspace(&d, ws_batch, threads);
-    ch_kctx kc = { .nthreads = threads, .ws = malloc(sizeof(ch_real) * (wsz ? wsz : 1)), .ws_len = wsz };
+    /* A replica's kernel cache, as a backend's: the workspace query makes its primitives. */
+    ch_kctx kc = { .nthreads = threads, .cache = ch_cpu_kcache_create() };
+    assert_non_null(kc.cache);
+    size_t wsz = cpu->conv2d_workspace(&kc, &d, ws_batch);
+    kc.ws = malloc(sizeof(ch_real) * (wsz ? wsz : 1)), kc.ws_len = wsz;
     ch_kctx rk = { .nthreads = 1 };
 
     cpu->conv2d_forward(&kc, &d, n, x, w, b, y1);
@@ -149,6 +152,7 @@ static void check_conv_tol(ch_conv_desc d, int n, int threads, int ws_batch, dou
     assert_true(tu_max_norm_err(dx1, dx2, xs) < bound);
     free(x), free(w), free(b), free(dy1), free(dy2), free(y1), free(y2), free(dx1), free(dx2);
     free(dw1), free(dw2), free(kc.ws);
+    ch_cpu_kcache_free(kc.cache);
 }
 
 static void check_conv(ch_conv_desc d, int n, int threads)
@@ -232,8 +236,9 @@ static void depthwise_bits_do_not_depend_on_threads(void **state)
     ch_real *x = tu_uniform(xs, 4), *w = tu_uniform(wl, 5), *b = tu_uniform(6, 6);
     ch_real *out[2][3];
     for (int t = 1; t <= 2; t++) {
-        const size_t wsz = cpu->conv2d_workspace(&d, n, t);
-        ch_kctx kc = { .nthreads = t, .ws = malloc(sizeof(ch_real) * wsz), .ws_len = wsz };
+        ch_kctx kc = { .nthreads = t };
+        const size_t wsz = cpu->conv2d_workspace(&kc, &d, n);
+        kc.ws = malloc(sizeof(ch_real) * wsz), kc.ws_len = wsz;
         ch_real *y = malloc(sizeof(ch_real) * ys), *dy = tu_uniform(ys, 7);
         ch_real *dx = malloc(sizeof(ch_real) * xs), *dw = malloc(sizeof(ch_real) * (wl + 6));
         cpu->conv2d_forward(&kc, &d, n, x, w, b, y);
@@ -250,7 +255,8 @@ static void depthwise_bits_do_not_depend_on_threads(void **state)
     free(x), free(w), free(b);
 }
 
-/* Two runs of all three passes give the same bits. */
+/* Two runs of all three passes give the same bits: the first on a replica's kernel cache, the
+ * second on none (a ch_kctx made by hand: the passes make their primitives for the call). */
 static void check_conv_repeats(ch_conv_desc d, int n, int threads)
 {
     const ch_kernels *cpu = ch_kernels_cpu();
@@ -258,10 +264,13 @@ static void check_conv_repeats(ch_conv_desc d, int n, int threads)
     const size_t wl = (size_t)d.oc * d.c * d.kh * d.kw;
     ch_real *x = tu_uniform(xs, 4), *w = tu_uniform(wl, 5), *b = tu_uniform((size_t)d.oc, 6);
     ch_real *out[2][4];
-    size_t wsz = cpu->conv2d_workspace(&d, n, threads);
-    ch_kctx kc = { .nthreads = threads, .ws = malloc(sizeof(ch_real) * (wsz ? wsz : 1)),
-                   .ws_len = wsz };
+    struct ch_kcache *cache = ch_cpu_kcache_create();
+    assert_non_null(cache);
+    ch_kctx kc = { .nthreads = threads, .cache = cache };
+    size_t wsz = cpu->conv2d_workspace(&kc, &d, n);
+    kc.ws = malloc(sizeof(ch_real) * (wsz ? wsz : 1)), kc.ws_len = wsz;
     for (int r = 0; r < 2; r++) {
+        kc.cache = r == 0 ? cache : NULL;
         ch_real *y = malloc(sizeof(ch_real) * ys), *dy = tu_uniform(ys, 7);
         ch_real *dx = malloc(sizeof(ch_real) * xs), *dw = malloc(sizeof(ch_real) * (wl + d.oc));
         cpu->conv2d_forward(&kc, &d, n, x, w, b, y);
@@ -275,6 +284,14 @@ static void check_conv_repeats(ch_conv_desc d, int n, int threads)
         free(out[0][i]), free(out[1][i]);
     }
     free(x), free(w), free(b), free(kc.ws);
+    ch_cpu_kcache_free(cache);
+}
+
+/* oneDNN's Winograd's workspace query in the shape of the others' (no cache: made for the call). */
+static size_t dnnl_wino_taken(const ch_conv_desc *d, int n, int nthreads)
+{
+    const ch_kctx kc = { .nthreads = nthreads };
+    return ch_cpu_wino_workspace(&kc, d, n);
 }
 
 /* A Winograd path's cases, with and without the fused ReLU, at 1 and 2 threads, for batches 1, 3,
@@ -300,6 +317,36 @@ static void check_winograd_cases(const ch_conv_desc *cases, size_t count, int ma
                 }
 }
 
+/* A replica's oneDNN primitives are made by the workspace query (plan time), once per geometry,
+ * batch and thread count, and the passes at that batch make none; another batch makes its own on
+ * first use. Where oneDNN has no Winograd kernel (no AVX-512), nothing is kept. */
+static void primitives_made_at_plan_time(void **state)
+{
+    (void)state;
+    const bool avx512 = (dnnl_get_effective_cpu_isa() & dnnl_cpu_isa_avx512_core) ==
+                        dnnl_cpu_isa_avx512_core;
+    const ch_kernels *cpu = ch_kernels_cpu();
+    ch_conv_desc d = { .c = 16, .h = 6, .w = 6, .oc = 32, .kh = 3, .kw = 3, .stride = 1, .pad = 1,
+                       .oh = 6, .ow = 6 };
+    ch_kctx kc = { .nthreads = 2, .cache = ch_cpu_kcache_create() };
+    assert_non_null(kc.cache);
+    const size_t wsz = cpu->conv2d_workspace(&kc, &d, 3);
+    assert_true(cpu->conv2d_workspace(&kc, &d, 3) == wsz);   /* asked again: the same entry */
+    assert_int_equal(ch_cpu_kcache_entries(kc.cache), avx512 ? 1 : 0);
+    kc.ws = malloc(sizeof(ch_real) * wsz), kc.ws_len = wsz;
+    ch_real *x = tu_uniform(3 * 16 * 36, 4), *w = tu_uniform(32 * 16 * 9, 5), *dy = tu_uniform(3 * 32 * 36, 6);
+    ch_real *y = malloc(sizeof(ch_real) * 3 * 32 * 36), *dx = malloc(sizeof(ch_real) * 3 * 16 * 36);
+    ch_real *dw = malloc(sizeof(ch_real) * (32 * 16 * 9 + 32));
+    for (int n = 3; n >= 2; n--) {   /* the planned batch, then a smaller one */
+        cpu->conv2d_forward(&kc, &d, n, x, w, NULL, y);
+        cpu->conv2d_backward_weights(&kc, &d, n, x, y, dy, dw, dw + 32 * 16 * 9);
+        cpu->conv2d_backward_data(&kc, &d, n, dy, w, dx);
+        assert_int_equal(ch_cpu_kcache_entries(kc.cache), avx512 ? (size_t)(3 - n + 1) : 0);
+    }
+    free(x), free(w), free(dy), free(y), free(dx), free(dw), free(kc.ws);
+    ch_cpu_kcache_free(kc.cache);
+}
+
 /* Winograd (cpu_wino.c): 3x3, stride 1, pad 1, channels in multiples of 16. Its transforms round
  * more than a direct sum, but within the same bound here (at most 1.2e-6 of each result's scale
  * was seen). Where oneDNN has the kernel (AVX-512) the path must be taken, or this would pass on
@@ -316,17 +363,17 @@ static void winograd_matches_reference(void **state)
         { .c = 16, .h = 4, .w = 4, .oc = 16, .kh = 3, .kw = 3, .stride = 1, .pad = 1 },
     };
     check_winograd_cases(cases, sizeof cases / sizeof cases[0], 9, tol,
-                         avx512 ? ch_cpu_wino_workspace : NULL);
+                         avx512 ? dnnl_wino_taken : NULL);
     const ch_conv_desc other = { .c = 16, .h = 6, .w = 6, .oc = 20, .kh = 3, .kw = 3, .stride = 1,
                                  .pad = 1, .oh = 6, .ow = 6 };
-    assert_true(ch_cpu_wino_workspace(&other, 4, 1) == 0);   /* 20 channels: im2col */
+    assert_true(dnnl_wino_taken(&other, 4, 1) == 0);   /* 20 channels: im2col */
     const ch_conv_desc small = { .c = 16, .h = 2, .w = 2, .oc = 16, .kh = 3, .kw = 3, .stride = 1,
                                  .pad = 1, .oh = 2, .ow = 2 };
-    assert_true(ch_cpu_wino_workspace(&small, 4, 1) == 0);   /* 2x2: no fewer multiplies */
+    assert_true(dnnl_wino_taken(&small, 4, 1) == 0);   /* 2x2: no fewer multiplies */
     /* 14x14 with 32 channels: cohort's own F(4x4, 3x3) is the faster there, and takes it. */
     const ch_conv_desc own = { .c = 32, .h = 14, .w = 14, .oc = 32, .kh = 3, .kw = 3, .stride = 1,
                                .pad = 1, .oh = 14, .ow = 14 };
-    assert_true(ch_cpu_wino_workspace(&own, 4, 1) == 0 && ch_cpu_wino3_workspace(&own, 4, 1) > 0);
+    assert_true(dnnl_wino_taken(&own, 4, 1) == 0 && ch_cpu_wino3_workspace(&own, 4, 1) > 0);
 }
 
 /* --precision bf16's convolutions get their operands through oneDNN's fp32 -> bf16 reorder
@@ -910,6 +957,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(conv_matches_reference),
         cmocka_unit_test(depthwise_matches_reference),
         cmocka_unit_test(depthwise_bits_do_not_depend_on_threads),
+        cmocka_unit_test(primitives_made_at_plan_time),
         cmocka_unit_test(winograd_matches_reference),
         cmocka_unit_test(bf16_reorder_rounds_as_plain_c),
         cmocka_unit_test(bf16_storage_kernels_match_plain_c),

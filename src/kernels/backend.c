@@ -4,8 +4,10 @@
  * The CPU backend has no streams: every call is complete when it returns. */
 #define _DEFAULT_SOURCE   /* madvise, MAP_ANONYMOUS */
 #include "kernels/backend.h"
+#include "kernels/cpu/cpu.h"
 #include "kernels/cuda/plugin.h"
 
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -131,9 +133,17 @@ ch_status ch_backend_create(const char *name, int device, int nthreads, ch_backe
         return CH_SYS_FAIL(err, "allocation of a backend's workspace record");
     }
     *be = (ch_backend){ .ops = ops, .k = k, .nthreads = nthreads > 0 ? nthreads : 1, .device = device, .ws = ws };
+    /* cpu, scramble and lazy run the CPU kernels; the CUDA plugin's keep their state per device. */
+    if (strcmp(name, "cuda") != 0 && !(be->kcache = ch_cpu_kcache_create())) {
+        free(ws);
+        free(be);
+        return ch_fail(err, CH_STATUS_SYSTEM, "%s:%d: the CPU kernels' cache could not be made (memory, or oneDNN's engine)",
+                       name, device);
+    }
     if (be->ops->start) {
         be->ops->start(be);
         if (!be->ctx) {
+            ch_cpu_kcache_free(be->kcache);
             free(ws);
             free(be);
             return ch_fail(err, CH_STATUS_SYSTEM, "%s:%d: the backend could not start: %s", name, device,
@@ -149,16 +159,23 @@ void ch_backend_free(ch_backend *be)
     if (!be) return;
     if (be->ws) ch_backend_release(be, be->ws->p);   /* before stop: free may wait on a stream */
     if (be->ops->stop) be->ops->stop(be);
+    ch_cpu_kcache_free(be->kcache);   /* after stop: no kernel is running on it */
     free(be->ws);
     free(be);
 }
 
-/* Its workspace is held until exit (reachable, so no leak to LeakSanitizer). Only tests plan
- * models on it, one thread at a time; the library's replicas plan on backends of their own. */
+/* Its workspace and kernel cache are held until exit (reachable, so no leak to LeakSanitizer).
+ * Only tests plan models on it, one thread at a time; the library's replicas plan on backends of
+ * their own. Without the cache (memory ran out) its kernels make theirs per call. */
+static ch_workspace host_ws;
+static ch_backend host = { .ops = &cpu_ops, .k = &ch_cpu_kernel_table, .nthreads = 1, .ws = &host_ws };
+static pthread_once_t host_once = PTHREAD_ONCE_INIT;
+
+static void host_make_cache(void) { host.kcache = ch_cpu_kcache_create(); }
+
 const ch_backend *ch_backend_host(void)
 {
-    static ch_workspace host_ws;
-    static const ch_backend host = { .ops = &cpu_ops, .k = &ch_cpu_kernel_table, .nthreads = 1, .ws = &host_ws };
+    pthread_once(&host_once, host_make_cache);
     return &host;
 }
 

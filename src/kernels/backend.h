@@ -89,6 +89,8 @@ struct ch_backend {
     ch_stream *streams[CH_STREAMS];   /* NULL on a backend without streams */
     ch_workspace *ws;                 /* owned (ch_backend_host's is static) */
     void *ctx;                        /* the backend's own state */
+    struct ch_kcache *kcache;         /* owned: what its kernels keep between calls (ch_kctx's
+                                       * cache); NULL where they keep nothing (cuda) */
 };
 
 /* The backend called name ("cpu", "scramble", "lazy") for device index device and a replica of
@@ -116,7 +118,8 @@ static inline void ch_backend_release(const ch_backend *be, void *p)
 static inline ch_kctx ch_backend_kctx(const ch_backend *be)
 {
     return (ch_kctx){ .nthreads = be->nthreads, .stream = be->streams[CH_STREAM_COMPUTE],
-                      .ws = be->ws ? be->ws->p : NULL, .ws_len = be->ws ? be->ws->len : 0 };
+                      .ws = be->ws ? be->ws->p : NULL, .ws_len = be->ws ? be->ws->len : 0,
+                      .cache = be->kcache };
 }
 
 /* Grows the workspace to at least elems reals (plan time: a larger one replaces the old after the

@@ -15,6 +15,7 @@
 #include "core/real.h"
 
 struct ch_stream;
+struct ch_kcache;
 
 /* What a kernel may use besides its arguments. */
 typedef struct ch_kctx {
@@ -25,6 +26,12 @@ typedef struct ch_kctx {
      * run at once and ignore it. Arguments a queued kernel reads or writes on the host (double
      * sums, losses) are read and written when it runs: the host waits on an event first. */
     struct ch_stream *stream;
+    /* What the kernels keep between calls for this replica (the CPU kernels' oneDNN engine, stream,
+     * primitives and their argument handles: kernels/cpu/cpu_dnnl_conv.c), made and freed with the
+     * backend; one replica's kernels run one at a time, so it needs no process-wide lock. NULL (a
+     * ch_kctx made by hand in tests and tools): such kernels make what a call needs and free it
+     * when it returns, which is correct and slow. */
+    struct ch_kcache *cache;
 } ch_kctx;
 
 /* Convolution geometry for one sample: x (c, h, w) -> y (oc, oh, ow), square stride, padding and
@@ -119,11 +126,13 @@ typedef struct ch_kernels {
                  int ldc);
 
     /* Whether the three convolution kernels multiply this d->bf16 layer's operands in bf16 at
-     * batch n with nthreads threads (NULL: never; what `--dry-run` reports). */
-    bool (*conv2d_in_bf16)(const ch_conv_desc *d, int n, int nthreads);
+     * batch n with kc->nthreads threads (NULL: never; what `--dry-run` reports). kc->ws is not
+     * read. */
+    bool (*conv2d_in_bf16)(const ch_kctx *kc, const ch_conv_desc *d, int n);
     /* Scratch (elements) the three convolution kernels need for batches of up to n samples with
-     * nthreads threads. May prepare per-geometry state (the CPU backend's Winograd primitives). */
-    size_t (*conv2d_workspace)(const ch_conv_desc *d, int n, int nthreads);
+     * kc->nthreads threads (kc->ws is not read). This is plan time: it may prepare per-geometry
+     * state in kc->cache (the CPU backend's oneDNN primitives), so the passes make none. */
+    size_t (*conv2d_workspace)(const ch_kctx *kc, const ch_conv_desc *d, int n);
     /* y[n,o,i,j] = b[o] + sum_{c,p,q} w[o,c,p,q] * x[n,c,i*s-pad+p,j*s-pad+q]; b may be NULL. */
     void (*conv2d_forward)(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
                            const ch_real *w, const ch_real *b, ch_real *y);

@@ -16,9 +16,10 @@ static ch_status conv_plan(ch_layer *l, ch_plan *pl, ch_err *err)
     conv_impl *c = l->impl;
     c->d.bf16 = pl->bf16;
     pl->convs++;
-    if (pl->bf16 && pl->k->conv2d_in_bf16 && pl->k->conv2d_in_bf16(&c->d, pl->max_batch, pl->nthreads))
+    const ch_kctx kc = ch_plan_kctx(pl);
+    if (pl->bf16 && pl->k->conv2d_in_bf16 && pl->k->conv2d_in_bf16(&kc, &c->d, pl->max_batch))
         pl->bf16_convs++;
-    size_t need = pl->k->conv2d_workspace(&c->d, pl->max_batch, pl->nthreads);
+    size_t need = pl->k->conv2d_workspace(&kc, &c->d, pl->max_batch);
     if (need > pl->ws_need) pl->ws_need = need;
     return ch_layer_alloc_output(l, pl, err);
 }
@@ -111,7 +112,8 @@ typedef struct convt_impl {
 static ch_status convt_plan(ch_layer *l, ch_plan *pl, ch_err *err)
 {
     convt_impl *c = l->impl;
-    const size_t need = pl->k->conv2d_workspace(&c->d, pl->max_batch, pl->nthreads);
+    const ch_kctx kc = ch_plan_kctx(pl);
+    const size_t need = pl->k->conv2d_workspace(&kc, &c->d, pl->max_batch);
     if (need > pl->ws_need) pl->ws_need = need;
     if (c->bias) {
         const size_t hw = (size_t)l->out.h * l->out.w, nones = hw > (size_t)pl->max_batch ? hw : (size_t)pl->max_batch;

@@ -90,6 +90,17 @@ typedef struct ch_plan {
     size_t bf16_kept;   /* out: activation values kept in bf16 between forward and backward */
 } ch_plan;
 
+/* The context a plan-time kernel query (conv2d_workspace) gets: the backend's cache and the
+ * plan's threads; no workspace yet. */
+static inline ch_kctx ch_plan_kctx(const ch_plan *pl)
+{
+    ch_kctx kc = ch_backend_kctx(pl->be);
+    kc.nthreads = pl->nthreads;
+    kc.ws = NULL;
+    kc.ws_len = 0;
+    return kc;
+}
+
 typedef struct ch_layer_ops {
     const char *kind;
     /* Allocate y for up to pl->max_batch samples (children are planned first); set

@@ -39,8 +39,17 @@ size_t ch_cpu_gemm_batch_scratch(const ch_gemm_batch *g);
 void ch_cpu_gemm_batch(const ch_kctx *kc, const ch_gemm_batch *g, const ch_real *a,
                        const ch_real *b, ch_real *c, void *scratch);
 
-size_t ch_cpu_conv2d_workspace(const ch_conv_desc *d, int n, int nthreads);
-bool ch_cpu_conv2d_in_bf16(const ch_conv_desc *d, int n, int nthreads);
+size_t ch_cpu_conv2d_workspace(const ch_kctx *kc, const ch_conv_desc *d, int n);
+bool ch_cpu_conv2d_in_bf16(const ch_kctx *kc, const ch_conv_desc *d, int n);
+
+/* The CPU kernels' per-replica state (ch_kctx's cache; cpu_dnnl_conv.c): a oneDNN engine and
+ * stream, and the primitives of each convolution geometry with their argument handles, made at
+ * plan time by the workspace queries. create: NULL when memory or oneDNN fails. free: NULL is
+ * nothing; no kernel may be running on it. */
+struct ch_kcache *ch_cpu_kcache_create(void);
+void ch_cpu_kcache_free(struct ch_kcache *c);
+/* The geometries c holds primitives for (tests: what plan time made, and that passes made none). */
+size_t ch_cpu_kcache_entries(const struct ch_kcache *c);
 void ch_cpu_conv2d_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
                            const ch_real *w, const ch_real *b, ch_real *y);
 void ch_cpu_conv2d_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int n,
@@ -52,7 +61,7 @@ void ch_cpu_conv2d_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, in
 /* Direct convolutions with bf16 operands and fp32 sums (cpu_dnnl_conv.c), for d->bf16 layers where
  * that is the faster (no Winograd applies; not 1x1; 16 channels or more each way) on a CPU with
  * native bf16; the same contract as the Winograds below (0 and false where it does not apply). */
-size_t ch_cpu_conv_bf16_workspace(const ch_conv_desc *d, int n, int nthreads);
+size_t ch_cpu_conv_bf16_workspace(const ch_kctx *kc, const ch_conv_desc *d, int n);
 bool ch_cpu_conv_bf16_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
                               const ch_real *w, const ch_real *b, ch_real *y);
 bool ch_cpu_conv_bf16_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int n,
@@ -65,7 +74,7 @@ bool ch_cpu_conv_bf16_backward_weights(const ch_kctx *kc, const ch_conv_desc *d,
  * multiples of 16. The workspace is 0, and the passes return false without touching anything,
  * where it does not apply (other geometry, no such oneDNN kernel on this CPU, too little
  * workspace, the double build); the conv2d kernels then run im2col. */
-size_t ch_cpu_wino_workspace(const ch_conv_desc *d, int n, int nthreads);
+size_t ch_cpu_wino_workspace(const ch_kctx *kc, const ch_conv_desc *d, int n);
 bool ch_cpu_wino_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
                          const ch_real *w, const ch_real *b, ch_real *y);
 bool ch_cpu_wino_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *dy,

@@ -124,16 +124,17 @@ static size_t per_thread(const ch_conv_desc *d)
 /* After the threads' scratch: the flipped weights (c, oc*kh*kw), shared. Or Winograd's
  * (cpu_dnnl_conv.c, cpu_wino5.c, cpu_wino3.c) or bf16's (cpu_dnnl_conv.c), where one applies and
  * needs more; im2col stays possible for other batch sizes. */
-size_t ch_cpu_conv2d_workspace(const ch_conv_desc *d, int n, int nthreads)
+size_t ch_cpu_conv2d_workspace(const ch_kctx *kc, const ch_conv_desc *d, int n)
 {
+    const int nthreads = kc->nthreads;
     if (ch_cpu_conv_is_grouped(d)) return ch_cpu_conv_group_workspace(d, n, nthreads);
     const size_t flipped = conv_backward_as_forward(d) ? (size_t)d->oc * conv_k(d) : 0;
     const size_t im2col = per_thread(d) * (size_t)nthreads + flipped;
     size_t most = im2col;
-    const size_t other[4] = { ch_cpu_wino_workspace(d, n, nthreads),
+    const size_t other[4] = { ch_cpu_wino_workspace(kc, d, n),
                               ch_cpu_wino5_workspace(d, n, nthreads),
                               ch_cpu_wino3_workspace(d, n, nthreads),
-                              ch_cpu_conv_bf16_workspace(d, n, nthreads) };
+                              ch_cpu_conv_bf16_workspace(kc, d, n) };
     for (int i = 0; i < 4; i++)
         if (other[i] > most) most = other[i];
     return most;
@@ -355,9 +356,9 @@ static void forward_group(const ch_kctx *kc, const ch_conv_desc *d, int gw, cons
     if (d->relu) ch_cpu_relu_span((size_t)gw * d->oc * P, y, y);
 }
 
-bool ch_cpu_conv2d_in_bf16(const ch_conv_desc *d, int n, int nthreads)
+bool ch_cpu_conv2d_in_bf16(const ch_kctx *kc, const ch_conv_desc *d, int n)
 {
-    return ch_cpu_conv_bf16_workspace(d, n, nthreads) > 0;   /* it refuses grouped layers */
+    return ch_cpu_conv_bf16_workspace(kc, d, n) > 0;   /* it refuses grouped layers */
 }
 
 void ch_cpu_conv2d_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,

@@ -18,11 +18,12 @@
  * reorders its operands from NCHW fp32 into the kernel workspace (the reorder rounds fp32 to bf16,
  * to nearest even), runs the primitive and reorders the fp32 result back. Master weights,
  * gradients and activations stay fp32 in the model: only the operands of the products are bf16.
- * The primitives are made once per geometry, use, batch and thread count, on first use (at plan
- * time for the planned batch), and kept in a process-wide cache that is freed at exit, unless a
- * pass is still running then (a thread that exit() did not stop): that pass keeps its primitives,
- * and later ones run im2col. Their scratchpad is in the kernel workspace ("user" mode): with
- * oneDNN's default, replicas running the same primitive at once would share one.
+ * The primitives are made once per geometry, use, batch and thread count, at plan time (the
+ * workspace query) for the planned batch, and kept in the replica's kernel cache (ch_kctx's cache,
+ * made and freed with its backend) with a oneDNN engine, a stream and a memory handle per operand,
+ * whose data pointer each pass sets: nothing is made per call and no lock is shared between
+ * replicas. Their scratchpad is in the kernel workspace ("user" mode): with oneDNN's default,
+ * every primitive would hold one of its own.
  * Where oneDNN has no such kernel (no AVX-512, no native bf16) or a layer does not fit, the caller
  * runs its fp32 path. Numerically Winograd's transforms add rounding, within test_kernels's 1e-5 of
  * the reference; the bf16 passes are held to the reference run on operands rounded to bf16.
@@ -33,9 +34,24 @@
 
 #ifdef CH_REAL_DOUBLE
 
-size_t ch_cpu_wino_workspace(const ch_conv_desc *d, int n, int nthreads)
+#include <stdlib.h>
+
+/* The double build has no oneDNN convolutions: an empty cache, so backends are made alike. */
+struct ch_kcache {
+    int unused;
+};
+
+struct ch_kcache *ch_cpu_kcache_create(void) { return calloc(1, sizeof(struct ch_kcache)); }
+void ch_cpu_kcache_free(struct ch_kcache *c) { free(c); }
+size_t ch_cpu_kcache_entries(const struct ch_kcache *c)
 {
-    (void)d, (void)n, (void)nthreads;
+    (void)c;
+    return 0;
+}
+
+size_t ch_cpu_wino_workspace(const ch_kctx *kc, const ch_conv_desc *d, int n)
+{
+    (void)kc, (void)d, (void)n;
     return 0;
 }
 
@@ -61,9 +77,9 @@ bool ch_cpu_wino_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, int 
     return false;
 }
 
-size_t ch_cpu_conv_bf16_workspace(const ch_conv_desc *d, int n, int nthreads)
+size_t ch_cpu_conv_bf16_workspace(const ch_kctx *kc, const ch_conv_desc *d, int n)
 {
-    (void)d, (void)n, (void)nthreads;
+    (void)kc, (void)d, (void)n;
     return 0;
 }
 
@@ -93,6 +109,7 @@ bool ch_cpu_conv_bf16_backward_weights(const ch_kctx *kc, const ch_conv_desc *d,
 
 #include <dnnl.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -110,34 +127,45 @@ typedef struct wino_key {
     dc_use use;
 } wino_key;
 
-/* A primitive and the scratchpad it wants (bytes; user mode). */
+/* A primitive, the scratchpad it wants (bytes; user mode) and the handle its scratchpad is passed
+ * through. */
 typedef struct wino_prim {
     dnnl_primitive_t p;
     size_t scratch;
+    dnnl_memory_t scratch_mem;
 } wino_prim;
 
-/* The operands of a pass in the layouts its primitive chose, and the reorders into them. */
+/* The operands of the passes: plain (NCHW, fp32) forms, and the layouts the primitives chose. */
+typedef enum wino_slot {
+    S_PLAIN_X, S_PLAIN_Y, S_PLAIN_W, S_BIAS,
+    S_F_SRC, S_F_WEI, S_F_DST,      /* forward */
+    S_D_DST, S_D_WEI, S_D_SRC,      /* backward data: diff_dst, weights, diff_src */
+    S_W_SRC, S_W_DST, S_W_DWEI,     /* backward weights: src, diff_dst, diff_weights */
+    S_SLOTS
+} wino_slot;
+
+/* A geometry's primitives, the reorders into and out of their layouts, and a memory handle per
+ * operand (no data of its own: each pass points it at that call's buffer). */
 typedef struct wino_entry {
     wino_key key;
-    bool ok;   /* false: oneDNN made no Winograd kernel here */
-    dnnl_memory_desc_t plain_x, plain_y, plain_w, bias;
-    dnnl_memory_desc_t f_src, f_wei, f_dst;   /* forward */
-    dnnl_memory_desc_t d_dst, d_wei, d_src;   /* backward data: diff_dst, weights, diff_src */
-    dnnl_memory_desc_t w_src, w_dst, w_dwei;  /* backward weights: src, diff_dst, diff_weights */
+    bool ok;   /* false: oneDNN made no such kernel here */
+    dnnl_memory_desc_t md[S_SLOTS];
+    dnnl_memory_t mem[S_SLOTS];
     wino_prim fwd, bwd_data, bwd_weights;
     wino_prim f_x_in, f_w_in, f_y_out, d_dy_in, d_w_in, d_dx_out, w_x_in, w_dy_in, w_dw_out;
     size_t need;   /* workspace bytes of the largest pass */
-    struct wino_entry *next;
+    struct wino_entry *next;   /* set before the entry is published, never changed after */
 } wino_entry;
 
-static struct {
-    pthread_mutex_t lock;
+/* One replica's: entries are only added, at the head, each complete before it is published, so
+ * a pass finds its entry without a lock; the lock orders two planners (a lazy backend plans on
+ * the host thread while its worker runs queued passes). */
+struct ch_kcache {
+    pthread_mutex_t add;
     dnnl_engine_t engine;
-    wino_entry *entries;
-    bool freed_at_exit;
-    bool closed;   /* exit has begun: no new passes */
-    int running;   /* passes between pass_begin and pass_end */
-} g_wino = { .lock = PTHREAD_MUTEX_INITIALIZER };
+    dnnl_stream_t stream;
+    _Atomic(wino_entry *) entries;
+};
 
 /* Where cohort's own F(4x4, 3x3) (cpu_wino3.c) is the faster of the two: planes of 14x14 and up
  * with 32 channels and more. Measured on a Zen 5 (AVX-512), the three passes together, oneDNN's
@@ -176,8 +204,9 @@ static size_t md_bytes(const dnnl_memory_desc_t *md) { return dnnl_memory_desc_g
 
 static void prim_free(wino_prim *p)
 {
+    if (p->scratch_mem) dnnl_memory_destroy(p->scratch_mem);
     if (p->p) dnnl_primitive_destroy(p->p);
-    p->p = NULL;
+    *p = (wino_prim){ 0 };
 }
 
 static void entry_free(wino_entry *e)
@@ -186,23 +215,50 @@ static void entry_free(wino_entry *e)
                          &e->f_y_out, &e->d_dy_in, &e->d_w_in, &e->d_dx_out, &e->w_x_in,
                          &e->w_dy_in, &e->w_dw_out };
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) prim_free(all[i]);
+    for (int m = 0; m < S_SLOTS; m++)
+        if (e->mem[m]) dnnl_memory_destroy(e->mem[m]);
     free(e);
 }
 
-static void wino_free_all(void)
+struct ch_kcache *ch_cpu_kcache_create(void)
 {
-    pthread_mutex_lock(&g_wino.lock);
-    g_wino.closed = true;
-    while (g_wino.running == 0 && g_wino.entries) {
-        wino_entry *e = g_wino.entries;
-        g_wino.entries = e->next;
+    struct ch_kcache *c = calloc(1, sizeof *c);
+    if (!c) return NULL;
+    atomic_init(&c->entries, NULL);
+    if (pthread_mutex_init(&c->add, NULL) != 0) {
+        free(c);
+        return NULL;
+    }
+    if (dnnl_engine_create(&c->engine, dnnl_cpu, 0) != dnnl_success) c->engine = NULL;
+    if (!c->engine || dnnl_stream_create(&c->stream, c->engine, dnnl_stream_default_flags) !=
+                          dnnl_success) {
+        c->stream = NULL;
+        ch_cpu_kcache_free(c);
+        return NULL;
+    }
+    return c;
+}
+
+void ch_cpu_kcache_free(struct ch_kcache *c)
+{
+    if (!c) return;
+    wino_entry *e = atomic_load(&c->entries);
+    while (e) {
+        wino_entry *next = e->next;
         entry_free(e);
+        e = next;
     }
-    if (g_wino.running == 0 && g_wino.engine) {
-        dnnl_engine_destroy(g_wino.engine);
-        g_wino.engine = NULL;
-    }
-    pthread_mutex_unlock(&g_wino.lock);
+    if (c->stream) dnnl_stream_destroy(c->stream);
+    if (c->engine) dnnl_engine_destroy(c->engine);
+    pthread_mutex_destroy(&c->add);
+    free(c);
+}
+
+size_t ch_cpu_kcache_entries(const struct ch_kcache *c)
+{
+    size_t count = 0;
+    for (const wino_entry *e = atomic_load(&((struct ch_kcache *)c)->entries); e; e = e->next) count++;
+    return count;
 }
 
 static dnnl_primitive_attr_t user_scratchpad_attr(bool relu)
@@ -225,25 +281,27 @@ static dnnl_primitive_attr_t user_scratchpad_attr(bool relu)
     return attr;
 }
 
-/* The primitive of pd (which it then owns) and its scratchpad size. */
-static bool prim_from_pd(dnnl_primitive_desc_t pd, wino_prim *out)
+/* The primitive of pd (which it then owns), its scratchpad size and the scratchpad's handle. */
+static bool prim_from_pd(dnnl_engine_t eng, dnnl_primitive_desc_t pd, wino_prim *out)
 {
     const dnnl_memory_desc_t *sp = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
     out->scratch = sp ? md_bytes(sp) : 0;
-    const bool ok = dnnl_primitive_create(&out->p, pd) == dnnl_success;
+    bool ok = dnnl_primitive_create(&out->p, pd) == dnnl_success;
+    if (ok && out->scratch)
+        ok = dnnl_memory_create(&out->scratch_mem, sp, eng, DNNL_MEMORY_NONE) == dnnl_success;
     dnnl_primitive_desc_destroy(pd);
     return ok;
 }
 
-static bool make_reorder(const dnnl_memory_desc_t *from, const dnnl_memory_desc_t *to,
-                         wino_prim *out)
+static bool make_reorder(dnnl_engine_t eng, const dnnl_memory_desc_t *from,
+                         const dnnl_memory_desc_t *to, wino_prim *out)
 {
     dnnl_primitive_attr_t attr = user_scratchpad_attr(false);
     dnnl_primitive_desc_t pd = NULL;
-    const bool ok = attr && dnnl_reorder_primitive_desc_create(&pd, from, g_wino.engine, to,
-                                                               g_wino.engine, attr) == dnnl_success;
+    const bool ok = attr && dnnl_reorder_primitive_desc_create(&pd, from, eng, to, eng, attr) ==
+                                dnnl_success;
     if (attr) dnnl_primitive_attr_destroy(attr);
-    return ok && prim_from_pd(pd, out);
+    return ok && prim_from_pd(eng, pd, out);
 }
 
 static void copy_md(dnnl_primitive_desc_t pd, dnnl_query_t what, dnnl_memory_desc_t *out)
@@ -253,9 +311,10 @@ static void copy_md(dnnl_primitive_desc_t pd, dnnl_query_t what, dnnl_memory_des
 
 /* The three convolution primitives, with the layouts they chose; pds are destroyed here. In bf16
  * the products' operands (x, w, dy) are bf16 and what the passes write (y, dx, dw) fp32. */
-static bool make_convolutions(wino_entry *e)
+static bool make_convolutions(dnnl_engine_t eng, wino_entry *e)
 {
     const wino_key *k = &e->key;
+    dnnl_memory_desc_t *md = e->md;
     const bool bf16 = k->use == DC_BF16;
     const dnnl_data_type_t in = bf16 ? dnnl_bf16 : dnnl_f32;
     const dnnl_alg_kind_t alg = bf16 ? dnnl_convolution_direct : dnnl_convolution_winograd;
@@ -268,10 +327,10 @@ static bool make_convolutions(wino_entry *e)
                       pr = { (k->oh - 1) * k->stride + k->kh - k->h - k->pad,
                              (k->ow - 1) * k->stride + k->kw - k->w - k->pad };
     if (pr[0] < 0 || pr[1] < 0) return false;
-    if (dnnl_memory_desc_init_by_tag(&e->plain_x, 4, xd, dnnl_f32, dnnl_nchw) ||
-        dnnl_memory_desc_init_by_tag(&e->plain_y, 4, yd, dnnl_f32, dnnl_nchw) ||
-        dnnl_memory_desc_init_by_tag(&e->plain_w, 4, wd, dnnl_f32, dnnl_oihw) ||
-        dnnl_memory_desc_init_by_tag(&e->bias, 1, bd, dnnl_f32, dnnl_x) ||
+    if (dnnl_memory_desc_init_by_tag(&md[S_PLAIN_X], 4, xd, dnnl_f32, dnnl_nchw) ||
+        dnnl_memory_desc_init_by_tag(&md[S_PLAIN_Y], 4, yd, dnnl_f32, dnnl_nchw) ||
+        dnnl_memory_desc_init_by_tag(&md[S_PLAIN_W], 4, wd, dnnl_f32, dnnl_oihw) ||
+        dnnl_memory_desc_init_by_tag(&md[S_BIAS], 1, bd, dnnl_f32, dnnl_x) ||
         dnnl_memory_desc_init_by_tag(&any_x, 4, xd, in, dnnl_format_tag_any) ||
         dnnl_memory_desc_init_by_tag(&any_y, 4, yd, in, dnnl_format_tag_any) ||
         dnnl_memory_desc_init_by_tag(&any_w, 4, wd, in, dnnl_format_tag_any) ||
@@ -285,39 +344,39 @@ static bool make_convolutions(wino_entry *e)
     dnnl_primitive_attr_t fattr = user_scratchpad_attr(k->relu), attr = user_scratchpad_attr(false);
     bool ok = fattr && attr &&
               dnnl_convolution_forward_desc_init(&cd, dnnl_forward_training, alg, &any_x, &any_w,
-                                                 &e->bias, &out_y, st, pl, pr) == dnnl_success &&
-              dnnl_primitive_desc_create(&fpd, &cd, fattr, g_wino.engine, NULL) == dnnl_success;
+                                                 &md[S_BIAS], &out_y, st, pl, pr) == dnnl_success &&
+              dnnl_primitive_desc_create(&fpd, &cd, fattr, eng, NULL) == dnnl_success;
     if (ok) {
-        copy_md(fpd, dnnl_query_src_md, &e->f_src);
-        copy_md(fpd, dnnl_query_weights_md, &e->f_wei);
-        copy_md(fpd, dnnl_query_dst_md, &e->f_dst);
-        ok = dnnl_convolution_backward_data_desc_init(&cd, alg, bf16 ? &out_x : &e->f_src, &any_w,
-                                                      bf16 ? &any_y : &e->f_dst, st, pl, pr) ==
-                 dnnl_success &&
-             dnnl_primitive_desc_create(&pd, &cd, attr, g_wino.engine, fpd) == dnnl_success;
+        copy_md(fpd, dnnl_query_src_md, &md[S_F_SRC]);
+        copy_md(fpd, dnnl_query_weights_md, &md[S_F_WEI]);
+        copy_md(fpd, dnnl_query_dst_md, &md[S_F_DST]);
+        ok = dnnl_convolution_backward_data_desc_init(&cd, alg, bf16 ? &out_x : &md[S_F_SRC],
+                                                      &any_w, bf16 ? &any_y : &md[S_F_DST], st,
+                                                      pl, pr) == dnnl_success &&
+             dnnl_primitive_desc_create(&pd, &cd, attr, eng, fpd) == dnnl_success;
     }
     if (ok) {
-        copy_md(pd, dnnl_query_diff_dst_md, &e->d_dst);
-        copy_md(pd, dnnl_query_weights_md, &e->d_wei);
-        copy_md(pd, dnnl_query_diff_src_md, &e->d_src);
-        ok = prim_from_pd(pd, &e->bwd_data);
+        copy_md(pd, dnnl_query_diff_dst_md, &md[S_D_DST]);
+        copy_md(pd, dnnl_query_weights_md, &md[S_D_WEI]);
+        copy_md(pd, dnnl_query_diff_src_md, &md[S_D_SRC]);
+        ok = prim_from_pd(eng, pd, &e->bwd_data);
         pd = NULL;
     }
     if (ok)
-        ok = dnnl_convolution_backward_weights_desc_init(&cd, alg, bf16 ? &any_x : &e->f_src,
-                                                         &out_w, &e->bias,
-                                                         bf16 ? &any_y : &e->f_dst, st, pl,
+        ok = dnnl_convolution_backward_weights_desc_init(&cd, alg, bf16 ? &any_x : &md[S_F_SRC],
+                                                         &out_w, &md[S_BIAS],
+                                                         bf16 ? &any_y : &md[S_F_DST], st, pl,
                                                          pr) == dnnl_success &&
-             dnnl_primitive_desc_create(&pd, &cd, attr, g_wino.engine, fpd) == dnnl_success;
+             dnnl_primitive_desc_create(&pd, &cd, attr, eng, fpd) == dnnl_success;
     if (ok) {
-        copy_md(pd, dnnl_query_src_md, &e->w_src);
-        copy_md(pd, dnnl_query_diff_dst_md, &e->w_dst);
-        copy_md(pd, dnnl_query_diff_weights_md, &e->w_dwei);
-        ok = prim_from_pd(pd, &e->bwd_weights);
+        copy_md(pd, dnnl_query_src_md, &md[S_W_SRC]);
+        copy_md(pd, dnnl_query_diff_dst_md, &md[S_W_DST]);
+        copy_md(pd, dnnl_query_diff_weights_md, &md[S_W_DWEI]);
+        ok = prim_from_pd(eng, pd, &e->bwd_weights);
         pd = NULL;
     }
     if (ok) {
-        ok = prim_from_pd(fpd, &e->fwd);
+        ok = prim_from_pd(eng, fpd, &e->fwd);
         fpd = NULL;
     }
     if (fpd) dnnl_primitive_desc_destroy(fpd);
@@ -338,31 +397,39 @@ static size_t pass_scratch(const wino_prim *a, const wino_prim *b, const wino_pr
 
 /* Workspace of one pass: its three operands, a zero bias or spare db, then the largest
  * scratchpad of its primitives (they run one after another). */
-static size_t pass_need(const dnnl_memory_desc_t *a, const dnnl_memory_desc_t *b,
-                        const dnnl_memory_desc_t *c, const wino_entry *e, size_t scratch)
+static size_t pass_need(const wino_entry *e, wino_slot a, wino_slot b, wino_slot c, size_t scratch)
 {
-    return WINO_ALIGN + align_up(md_bytes(a)) + align_up(md_bytes(b)) + align_up(md_bytes(c)) +
-           align_up(sizeof(float) * (size_t)e->key.oc) + align_up(scratch);
+    return WINO_ALIGN + align_up(md_bytes(&e->md[a])) + align_up(md_bytes(&e->md[b])) +
+           align_up(md_bytes(&e->md[c])) + align_up(sizeof(float) * (size_t)e->key.oc) +
+           align_up(scratch);
 }
 
-static void entry_build(wino_entry *e)
+static bool make_reorders(dnnl_engine_t eng, wino_entry *e)
 {
-    e->ok = make_convolutions(e) && make_reorder(&e->plain_x, &e->f_src, &e->f_x_in) &&
-            make_reorder(&e->plain_w, &e->f_wei, &e->f_w_in) &&
-            make_reorder(&e->f_dst, &e->plain_y, &e->f_y_out) &&
-            make_reorder(&e->plain_y, &e->d_dst, &e->d_dy_in) &&
-            make_reorder(&e->plain_w, &e->d_wei, &e->d_w_in) &&
-            make_reorder(&e->d_src, &e->plain_x, &e->d_dx_out) &&
-            make_reorder(&e->plain_x, &e->w_src, &e->w_x_in) &&
-            make_reorder(&e->plain_y, &e->w_dst, &e->w_dy_in) &&
-            make_reorder(&e->w_dwei, &e->plain_w, &e->w_dw_out);
+    const dnnl_memory_desc_t *md = e->md;
+    return make_reorder(eng, &md[S_PLAIN_X], &md[S_F_SRC], &e->f_x_in) &&
+           make_reorder(eng, &md[S_PLAIN_W], &md[S_F_WEI], &e->f_w_in) &&
+           make_reorder(eng, &md[S_F_DST], &md[S_PLAIN_Y], &e->f_y_out) &&
+           make_reorder(eng, &md[S_PLAIN_Y], &md[S_D_DST], &e->d_dy_in) &&
+           make_reorder(eng, &md[S_PLAIN_W], &md[S_D_WEI], &e->d_w_in) &&
+           make_reorder(eng, &md[S_D_SRC], &md[S_PLAIN_X], &e->d_dx_out) &&
+           make_reorder(eng, &md[S_PLAIN_X], &md[S_W_SRC], &e->w_x_in) &&
+           make_reorder(eng, &md[S_PLAIN_Y], &md[S_W_DST], &e->w_dy_in) &&
+           make_reorder(eng, &md[S_W_DWEI], &md[S_PLAIN_W], &e->w_dw_out);
+}
+
+static void entry_build(dnnl_engine_t eng, wino_entry *e)
+{
+    e->ok = make_convolutions(eng, e) && make_reorders(eng, e);
+    for (int m = 0; e->ok && m < S_SLOTS; m++)
+        e->ok = dnnl_memory_create(&e->mem[m], &e->md[m], eng, DNNL_MEMORY_NONE) == dnnl_success;
     if (!e->ok) return;
     const size_t fs = pass_scratch(&e->fwd, &e->f_x_in, &e->f_w_in, &e->f_y_out);
     const size_t ds = pass_scratch(&e->bwd_data, &e->d_dy_in, &e->d_w_in, &e->d_dx_out);
     const size_t ws = pass_scratch(&e->bwd_weights, &e->w_x_in, &e->w_dy_in, &e->w_dw_out);
-    e->need = max_of(pass_need(&e->f_src, &e->f_wei, &e->f_dst, e, fs),
-                     max_of(pass_need(&e->d_dst, &e->d_wei, &e->d_src, e, ds),
-                            pass_need(&e->w_src, &e->w_dst, &e->w_dwei, e, ws)));
+    e->need = max_of(pass_need(e, S_F_SRC, S_F_WEI, S_F_DST, fs),
+                     max_of(pass_need(e, S_D_DST, S_D_WEI, S_D_SRC, ds),
+                            pass_need(e, S_W_SRC, S_W_DST, S_W_DWEI, ws)));
 }
 
 static bool key_eq(const wino_key *a, const wino_key *b)
@@ -373,56 +440,66 @@ static bool key_eq(const wino_key *a, const wino_key *b)
            a->use == b->use;
 }
 
-/* The cache entry of (d, n, nthreads), made on first use; NULL where Winograd does not apply.
- * oneDNN sizes its work for omp_get_max_threads() of the calling thread, so that is set to the
- * entry's thread count while the primitives are made and while they run. A pass that gets an
- * entry with fits (workspace bytes it has) counts as running until pass_end. */
-static const wino_entry *entry_for(dc_use use, const ch_conv_desc *d, int n, int nthreads,
-                                   size_t fits)
+static wino_entry *find(wino_entry *e, const wino_key *key)
 {
-    if (n <= 0 || !(use == DC_WINOGRAD ? wino_geometry(d) : bf16_geometry(d))) return NULL;
-    const wino_key key = { .c = d->c, .oc = d->oc, .h = d->h, .w = d->w, .kh = d->kh, .kw = d->kw,
-                           .stride = d->stride, .pad = d->pad, .oh = d->oh, .ow = d->ow, .n = n,
-                           .nthreads = nthreads, .relu = d->relu, .use = use };
-    pthread_mutex_lock(&g_wino.lock);
-    if (g_wino.closed) {
-        pthread_mutex_unlock(&g_wino.lock);
-        return NULL;
-    }
-    wino_entry *e = g_wino.entries;
-    while (e && !key_eq(&e->key, &key)) e = e->next;
-    if (!e && !g_wino.engine && dnnl_engine_create(&g_wino.engine, dnnl_cpu, 0) != dnnl_success)
-        g_wino.engine = NULL;
-    if (!e && g_wino.engine && (e = calloc(1, sizeof *e)) != NULL) {
-        e->key = key;
-        const int prev = omp_get_max_threads();
-        omp_set_num_threads(nthreads);
-        entry_build(e);
-        omp_set_num_threads(prev);
-        e->next = g_wino.entries;
-        g_wino.entries = e;
-        if (!g_wino.freed_at_exit) g_wino.freed_at_exit = atexit(wino_free_all) == 0;
-    }
-    if (e && !(e->ok && e->need <= fits)) e = NULL;
-    if (e && fits != SIZE_MAX) g_wino.running++;
-    pthread_mutex_unlock(&g_wino.lock);
+    while (e && !key_eq(&e->key, key)) e = e->next;
     return e;
 }
 
-static size_t workspace_of(dc_use use, const ch_conv_desc *d, int n, int nthreads)
+/* c's entry of key, made and published when there is none (NULL only where memory ran out).
+ * oneDNN sizes its work for omp_get_max_threads() of the calling thread, so that is set to the
+ * entry's thread count while the primitives are made and while they run. */
+static const wino_entry *entry_of(struct ch_kcache *c, const wino_key *key)
 {
-    const wino_entry *e = entry_for(use, d, n, nthreads, SIZE_MAX);
-    return e ? (e->need + sizeof(ch_real) - 1) / sizeof(ch_real) : 0;
+    wino_entry *e = find(atomic_load_explicit(&c->entries, memory_order_acquire), key);
+    if (e) return e;
+    pthread_mutex_lock(&c->add);
+    wino_entry *head = atomic_load_explicit(&c->entries, memory_order_acquire);
+    if (!(e = find(head, key)) && (e = calloc(1, sizeof *e)) != NULL) {
+        e->key = *key;
+        const int prev = omp_get_max_threads();
+        omp_set_num_threads(key->nthreads);
+        entry_build(c->engine, e);
+        omp_set_num_threads(prev);
+        e->next = head;
+        atomic_store_explicit(&c->entries, e, memory_order_release);
+    }
+    pthread_mutex_unlock(&c->add);
+    return e;
 }
 
-size_t ch_cpu_wino_workspace(const ch_conv_desc *d, int n, int nthreads)
+static bool applies(dc_use use, const ch_conv_desc *d, int n)
 {
-    return workspace_of(DC_WINOGRAD, d, n, nthreads);
+    return n > 0 && (use == DC_WINOGRAD ? wino_geometry(d) : bf16_geometry(d));
 }
 
-size_t ch_cpu_conv_bf16_workspace(const ch_conv_desc *d, int n, int nthreads)
+static wino_key key_of(dc_use use, const ch_conv_desc *d, int n, int nthreads)
 {
-    return workspace_of(DC_BF16, d, n, nthreads);
+    return (wino_key){ .c = d->c, .oc = d->oc, .h = d->h, .w = d->w, .kh = d->kh, .kw = d->kw,
+                       .stride = d->stride, .pad = d->pad, .oh = d->oh, .ow = d->ow, .n = n,
+                       .nthreads = nthreads, .relu = d->relu, .use = use };
+}
+
+/* Without a cache (a ch_kctx made by hand), one is made for the query and freed after it. */
+static size_t workspace_of(dc_use use, const ch_kctx *kc, const ch_conv_desc *d, int n)
+{
+    if (!applies(use, d, n)) return 0;
+    struct ch_kcache *c = kc->cache ? kc->cache : ch_cpu_kcache_create();
+    const wino_key key = key_of(use, d, n, kc->nthreads);
+    const wino_entry *e = c ? entry_of(c, &key) : NULL;
+    const size_t need = e && e->ok ? (e->need + sizeof(ch_real) - 1) / sizeof(ch_real) : 0;
+    if (c != kc->cache) ch_cpu_kcache_free(c);
+    return need;
+}
+
+size_t ch_cpu_wino_workspace(const ch_kctx *kc, const ch_conv_desc *d, int n)
+{
+    return workspace_of(DC_WINOGRAD, kc, d, n);
+}
+
+size_t ch_cpu_conv_bf16_workspace(const ch_kctx *kc, const ch_conv_desc *d, int n)
+{
+    return workspace_of(DC_BF16, kc, d, n);
 }
 
 /* The next buffer of a pass in the kernel workspace, 64-byte aligned. */
@@ -433,67 +510,57 @@ static void *carve(char **at, size_t bytes)
     return p;
 }
 
-/* Runs p on (arg, memory over ptr) pairs; the scratchpad, if any, at scratch. */
+/* Runs p on (arg, operand slot, pointer) triples; the scratchpad, if any, at scratch. */
 enum { WINO_MAX_ARGS = 6 };
 typedef struct wino_arg {
     int arg;
-    const dnnl_memory_desc_t *md;
+    wino_slot slot;
     const void *ptr;
 } wino_arg;
 
-static void run(const wino_prim *p, dnnl_stream_t s, const wino_arg *a, int na, void *scratch)
-{
-    dnnl_exec_arg_t args[WINO_MAX_ARGS + 1];
-    dnnl_memory_t mem[WINO_MAX_ARGS + 1];
-    int m = 0;
-    for (; m < na; m++) {
-        CH_ASSERT(dnnl_memory_create(&mem[m], a[m].md, g_wino.engine, (void *)a[m].ptr) ==
-                  dnnl_success);
-        args[m] = (dnnl_exec_arg_t){ a[m].arg, mem[m] };
-    }
-    if (p->scratch) {
-        const_dnnl_primitive_desc_t pd = NULL;
-        CH_ASSERT(dnnl_primitive_get_primitive_desc(p->p, &pd) == dnnl_success);
-        const dnnl_memory_desc_t *md =
-            dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
-        CH_ASSERT(dnnl_memory_create(&mem[m], md, g_wino.engine, scratch) == dnnl_success);
-        args[m] = (dnnl_exec_arg_t){ DNNL_ARG_SCRATCHPAD, mem[m] };
-        m++;
-    }
-    CH_ASSERT(dnnl_primitive_execute(p->p, s, m, args) == dnnl_success);
-    CH_ASSERT(dnnl_stream_wait(s) == dnnl_success);
-    for (int i = 0; i < m; i++) dnnl_memory_destroy(mem[i]);
-}
-
-static void reorder(const wino_prim *p, dnnl_stream_t s, const dnnl_memory_desc_t *from_md,
-                    const void *from, const dnnl_memory_desc_t *to_md, void *to, void *scratch)
-{
-    const wino_arg a[] = { { DNNL_ARG_FROM, from_md, from }, { DNNL_ARG_TO, to_md, to } };
-    run(p, s, a, 2, scratch);
-}
-
-/* A running pass: its entry, a stream, the calling thread's OpenMP thread count before the pass
- * set it to the entry's, and the workspace. */
+/* A running pass: its cache (kc's, or one of its own), entry, the calling thread's OpenMP thread
+ * count before the pass set it to the entry's, and the workspace. */
 typedef struct wino_pass {
+    struct ch_kcache *c;
+    bool own;
     const wino_entry *e;
-    dnnl_stream_t s;
     int prev_threads;
     char *ws;   /* the next free byte of the workspace */
 } wino_pass;
 
-static void pass_done(void)
+static void run(const wino_pass *ps, const wino_prim *p, const wino_arg *a, int na, void *scratch)
 {
-    pthread_mutex_lock(&g_wino.lock);
-    g_wino.running--;
-    pthread_mutex_unlock(&g_wino.lock);
+    dnnl_exec_arg_t args[WINO_MAX_ARGS + 1];
+    int m = 0;
+    for (; m < na; m++) {
+        dnnl_memory_t mem = ps->e->mem[a[m].slot];
+        CH_ASSERT(dnnl_memory_set_data_handle(mem, (void *)a[m].ptr) == dnnl_success);
+        args[m] = (dnnl_exec_arg_t){ a[m].arg, mem };
+    }
+    if (p->scratch) {
+        CH_ASSERT(dnnl_memory_set_data_handle(p->scratch_mem, scratch) == dnnl_success);
+        args[m++] = (dnnl_exec_arg_t){ DNNL_ARG_SCRATCHPAD, p->scratch_mem };
+    }
+    CH_ASSERT(dnnl_primitive_execute(p->p, ps->c->stream, m, args) == dnnl_success);
+    CH_ASSERT(dnnl_stream_wait(ps->c->stream) == dnnl_success);
+}
+
+static void reorder(const wino_pass *ps, const wino_prim *p, wino_slot from_slot,
+                    const void *from, wino_slot to_slot, void *to, void *scratch)
+{
+    const wino_arg a[] = { { DNNL_ARG_FROM, from_slot, from }, { DNNL_ARG_TO, to_slot, to } };
+    run(ps, p, a, 2, scratch);
 }
 
 static bool pass_begin(dc_use use, const ch_kctx *kc, const ch_conv_desc *d, int n, wino_pass *p)
 {
-    p->e = entry_for(use, d, n, kc->nthreads, kc->ws_len * sizeof(ch_real));
-    if (!p->e) return false;
-    if (dnnl_stream_create(&p->s, g_wino.engine, dnnl_stream_default_flags) != dnnl_success) {
-        pass_done();
+    if (!applies(use, d, n)) return false;
+    p->c = kc->cache ? kc->cache : ch_cpu_kcache_create();
+    p->own = p->c != kc->cache;
+    const wino_key key = key_of(use, d, n, kc->nthreads);
+    p->e = p->c ? entry_of(p->c, &key) : NULL;
+    if (!p->e || !p->e->ok || p->e->need > kc->ws_len * sizeof(ch_real)) {
+        if (p->own) ch_cpu_kcache_free(p->c);
         return false;
     }
     p->prev_threads = omp_get_max_threads();
@@ -505,8 +572,7 @@ static bool pass_begin(dc_use use, const ch_kctx *kc, const ch_conv_desc *d, int
 static void pass_end(wino_pass *p)
 {
     omp_set_num_threads(p->prev_threads);
-    dnnl_stream_destroy(p->s);
-    pass_done();
+    if (p->own) ch_cpu_kcache_free(p->c);
 }
 
 static bool forward(dc_use use, const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
@@ -515,18 +581,17 @@ static bool forward(dc_use use, const ch_kctx *kc, const ch_conv_desc *d, int n,
     wino_pass p;
     if (!pass_begin(use, kc, d, n, &p)) return false;
     const wino_entry *e = p.e;
-    void *xb = carve(&p.ws, md_bytes(&e->f_src)), *wb = carve(&p.ws, md_bytes(&e->f_wei));
-    void *yb = carve(&p.ws, md_bytes(&e->f_dst));
+    void *xb = carve(&p.ws, md_bytes(&e->md[S_F_SRC])), *wb = carve(&p.ws, md_bytes(&e->md[S_F_WEI]));
+    void *yb = carve(&p.ws, md_bytes(&e->md[S_F_DST]));
     float *bias = carve(&p.ws, sizeof(float) * (size_t)d->oc);
     void *scratch = p.ws;
     if (!b) memset(bias, 0, sizeof(float) * (size_t)d->oc);
-    reorder(&e->f_x_in, p.s, &e->plain_x, x, &e->f_src, xb, scratch);
-    reorder(&e->f_w_in, p.s, &e->plain_w, w, &e->f_wei, wb, scratch);
-    const wino_arg a[] = { { DNNL_ARG_SRC, &e->f_src, xb }, { DNNL_ARG_WEIGHTS, &e->f_wei, wb },
-                           { DNNL_ARG_BIAS, &e->bias, b ? b : bias },
-                           { DNNL_ARG_DST, &e->f_dst, yb } };
-    run(&e->fwd, p.s, a, 4, scratch);
-    reorder(&e->f_y_out, p.s, &e->f_dst, yb, &e->plain_y, y, scratch);
+    reorder(&p, &e->f_x_in, S_PLAIN_X, x, S_F_SRC, xb, scratch);
+    reorder(&p, &e->f_w_in, S_PLAIN_W, w, S_F_WEI, wb, scratch);
+    const wino_arg a[] = { { DNNL_ARG_SRC, S_F_SRC, xb }, { DNNL_ARG_WEIGHTS, S_F_WEI, wb },
+                           { DNNL_ARG_BIAS, S_BIAS, b ? b : bias }, { DNNL_ARG_DST, S_F_DST, yb } };
+    run(&p, &e->fwd, a, 4, scratch);
+    reorder(&p, &e->f_y_out, S_F_DST, yb, S_PLAIN_Y, y, scratch);
     pass_end(&p);
     return true;
 }
@@ -537,17 +602,16 @@ static bool backward_data(dc_use use, const ch_kctx *kc, const ch_conv_desc *d, 
     wino_pass p;
     if (!pass_begin(use, kc, d, n, &p)) return false;
     const wino_entry *e = p.e;
-    void *dyb = carve(&p.ws, md_bytes(&e->d_dst)), *wb = carve(&p.ws, md_bytes(&e->d_wei));
-    void *dxb = carve(&p.ws, md_bytes(&e->d_src));
+    void *dyb = carve(&p.ws, md_bytes(&e->md[S_D_DST])), *wb = carve(&p.ws, md_bytes(&e->md[S_D_WEI]));
+    void *dxb = carve(&p.ws, md_bytes(&e->md[S_D_SRC]));
     carve(&p.ws, sizeof(float) * (size_t)d->oc);
     void *scratch = p.ws;
-    reorder(&e->d_dy_in, p.s, &e->plain_y, dy, &e->d_dst, dyb, scratch);
-    reorder(&e->d_w_in, p.s, &e->plain_w, w, &e->d_wei, wb, scratch);
-    const wino_arg a[] = { { DNNL_ARG_DIFF_DST, &e->d_dst, dyb },
-                           { DNNL_ARG_WEIGHTS, &e->d_wei, wb },
-                           { DNNL_ARG_DIFF_SRC, &e->d_src, dxb } };
-    run(&e->bwd_data, p.s, a, 3, scratch);
-    reorder(&e->d_dx_out, p.s, &e->d_src, dxb, &e->plain_x, dx, scratch);
+    reorder(&p, &e->d_dy_in, S_PLAIN_Y, dy, S_D_DST, dyb, scratch);
+    reorder(&p, &e->d_w_in, S_PLAIN_W, w, S_D_WEI, wb, scratch);
+    const wino_arg a[] = { { DNNL_ARG_DIFF_DST, S_D_DST, dyb }, { DNNL_ARG_WEIGHTS, S_D_WEI, wb },
+                           { DNNL_ARG_DIFF_SRC, S_D_SRC, dxb } };
+    run(&p, &e->bwd_data, a, 3, scratch);
+    reorder(&p, &e->d_dx_out, S_D_SRC, dxb, S_PLAIN_X, dx, scratch);
     pass_end(&p);
     return true;
 }
@@ -559,19 +623,19 @@ static bool backward_weights(dc_use use, const ch_kctx *kc, const ch_conv_desc *
     wino_pass p;
     if (!pass_begin(use, kc, d, n, &p)) return false;
     const wino_entry *e = p.e;
-    void *xb = carve(&p.ws, md_bytes(&e->w_src)), *dyb = carve(&p.ws, md_bytes(&e->w_dst));
-    void *dwb = carve(&p.ws, md_bytes(&e->w_dwei));
+    void *xb = carve(&p.ws, md_bytes(&e->md[S_W_SRC])), *dyb = carve(&p.ws, md_bytes(&e->md[S_W_DST]));
+    void *dwb = carve(&p.ws, md_bytes(&e->md[S_W_DWEI]));
     float *spare_db = carve(&p.ws, sizeof(float) * (size_t)d->oc);
     void *scratch = p.ws;
     /* The fused ReLU's backward, in place, before anything reads dy (backward data does next). */
     if (d->relu) ch_cpu_relu_backward(kc, (size_t)n * d->oc * d->oh * d->ow, y, dy, dy);
-    reorder(&e->w_x_in, p.s, &e->plain_x, x, &e->w_src, xb, scratch);
-    reorder(&e->w_dy_in, p.s, &e->plain_y, dy, &e->w_dst, dyb, scratch);
-    const wino_arg a[] = { { DNNL_ARG_SRC, &e->w_src, xb }, { DNNL_ARG_DIFF_DST, &e->w_dst, dyb },
-                           { DNNL_ARG_DIFF_WEIGHTS, &e->w_dwei, dwb },
-                           { DNNL_ARG_DIFF_BIAS, &e->bias, db ? db : spare_db } };
-    run(&e->bwd_weights, p.s, a, 4, scratch);
-    reorder(&e->w_dw_out, p.s, &e->w_dwei, dwb, &e->plain_w, dw, scratch);
+    reorder(&p, &e->w_x_in, S_PLAIN_X, x, S_W_SRC, xb, scratch);
+    reorder(&p, &e->w_dy_in, S_PLAIN_Y, dy, S_W_DST, dyb, scratch);
+    const wino_arg a[] = { { DNNL_ARG_SRC, S_W_SRC, xb }, { DNNL_ARG_DIFF_DST, S_W_DST, dyb },
+                           { DNNL_ARG_DIFF_WEIGHTS, S_W_DWEI, dwb },
+                           { DNNL_ARG_DIFF_BIAS, S_BIAS, db ? db : spare_db } };
+    run(&p, &e->bwd_weights, a, 4, scratch);
+    reorder(&p, &e->w_dw_out, S_W_DWEI, dwb, S_PLAIN_W, dw, scratch);
     pass_end(&p);
     return true;
 }

@@ -188,9 +188,9 @@ static const conv_plan *plan_for(cudnnHandle_t h, const ch_conv_desc *d, int n, 
  * they are given, which is at least this. */
 enum { PLAN_WS_CAP = 256 << 20 };
 
-size_t cu_conv2d_workspace(const ch_conv_desc *d, int n, int nthreads)
+size_t cu_conv2d_workspace(const ch_kctx *kc, const ch_conv_desc *d, int n)
 {
-    (void)nthreads;
+    (void)kc;
     int dev = 0;
     CU_CHECK(cudaGetDevice(&dev));
     if (dev < 0 || dev >= 64) dev = 0;

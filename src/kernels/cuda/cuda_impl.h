@@ -132,7 +132,7 @@ void cu_profile_end(const ch_kctx *kc, int kind, const char *name, cudaEvent_t s
 /* cuda_dnn.c: cuBLAS and cuDNN. */
 void cu_gemm(const ch_kctx *kc, bool ta, bool tb, int m, int n, int k, ch_real alpha, const ch_real *a, int lda,
              const ch_real *b, int ldb, ch_real beta, ch_real *c, int ldc);
-size_t cu_conv2d_workspace(const ch_conv_desc *d, int n, int nthreads);
+size_t cu_conv2d_workspace(const ch_kctx *kc, const ch_conv_desc *d, int n);
 void cu_conv2d_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x, const ch_real *w,
                        const ch_real *b, ch_real *y);
 void cu_conv2d_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *dy, const ch_real *w,

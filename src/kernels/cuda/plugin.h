@@ -12,7 +12,7 @@
 #include "core/status.h"
 #include "kernels/backend.h"
 
-enum { CH_CUDA_PLUGIN_ABI = 3, CH_NCCL_ID_BYTES = 128 };   /* 3: ch_backend holds its workspace; permute */
+enum { CH_CUDA_PLUGIN_ABI = 4, CH_NCCL_ID_BYTES = 128 };   /* 4: ch_kctx's cache; the workspace query takes a ch_kctx */
 
 typedef struct ch_cuda_plugin {
     int abi;

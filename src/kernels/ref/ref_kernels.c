@@ -24,11 +24,11 @@ static void ref_gemm(const ch_kctx *kc, bool ta, bool tb, int m, int n, int k, c
     }
 }
 
-static size_t ref_conv_workspace(const ch_conv_desc *d, int n, int nthreads)
+static size_t ref_conv_workspace(const ch_kctx *kc, const ch_conv_desc *d, int n)
 {
+    (void)kc;
     (void)d;
     (void)n;
-    (void)nthreads;
     return 0;
 }
 
