@@ -115,7 +115,8 @@ ch_status ch_backend_create(const char *name, int device, int nthreads, ch_backe
     *out = NULL;
     const ch_backend_ops *ops = NULL;
     const ch_kernels *k = NULL;
-    if (strcmp(name, "cuda") == 0) {
+    const bool cuda = strcmp(name, "cuda") == 0;   /* the others (cpu, scramble, lazy) run the CPU kernels */
+    if (cuda) {
         CH_TRY(cuda_backend(&device, &ops, &k, err));
     } else {
         size_t i = 0;
@@ -133,8 +134,8 @@ ch_status ch_backend_create(const char *name, int device, int nthreads, ch_backe
         return CH_SYS_FAIL(err, "allocation of a backend's workspace record");
     }
     *be = (ch_backend){ .ops = ops, .k = k, .nthreads = nthreads > 0 ? nthreads : 1, .device = device, .ws = ws };
-    /* cpu, scramble and lazy run the CPU kernels; the CUDA plugin's keep their state per device. */
-    if (strcmp(name, "cuda") != 0 && !(be->kcache = ch_cpu_kcache_create())) {
+    /* The CPU kernels' cache; the CUDA plugin's kernels keep their state per device. */
+    if (!cuda && !(be->kcache = ch_cpu_kcache_create())) {
         free(ws);
         free(be);
         return ch_fail(err, CH_STATUS_SYSTEM, "%s:%d: the CPU kernels' cache could not be made (memory, or oneDNN's engine)",

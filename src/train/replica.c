@@ -149,7 +149,7 @@ static ch_status ctl_collective(ch_replica *rp, ch_real *dev, size_t n, vec_op o
         return op(c, dev, n, arg, err);
     }
     ch_backend_download(rp->be, rp->stage, dev, sizeof(ch_real) * n);
-    CH_TRY(op(&rp->ctl_comm, rp->stage, n, arg, err));
+    CH_TRY(op(c, rp->stage, n, arg, err));
     ch_backend_upload(rp->be, dev, rp->stage, sizeof(ch_real) * n);
     return CH_STATUS_OK;
 }

@@ -87,6 +87,9 @@ bool ch_cpu_wino_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, int 
  * least 8 channels in and 16 out; the same contract as above (0 and false where it does not apply
  * or the workspace is short). */
 size_t ch_cpu_wino5_workspace(const ch_conv_desc *d, int n, int nthreads);
+/* Whether the geometry is one it takes (no workspace query: that one sizes the point GEMMs, whose
+ * cache is shared by the process). */
+bool ch_cpu_wino5_applies(const ch_conv_desc *d);
 bool ch_cpu_wino5_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
                           const ch_real *w, const ch_real *b, ch_real *y);
 bool ch_cpu_wino5_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *dy,
@@ -98,6 +101,7 @@ bool ch_cpu_wino5_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, int
 /* Winograd F(4x4, 3x3) (cpu_wino3.c), all three passes, for 3x3 stride-1 layers with at least
  * 8 channels in and 16 out that cpu_dnnl_conv.c does not take; the same contract. */
 size_t ch_cpu_wino3_workspace(const ch_conv_desc *d, int n, int nthreads);
+bool ch_cpu_wino3_applies(const ch_conv_desc *d);
 bool ch_cpu_wino3_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
                           const ch_real *w, const ch_real *b, ch_real *y);
 bool ch_cpu_wino3_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *dy,

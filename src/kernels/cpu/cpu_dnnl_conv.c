@@ -195,8 +195,8 @@ static bool wino_geometry(const ch_conv_desc *d)
 static bool bf16_geometry(const ch_conv_desc *d)
 {
     return d->bf16 && ch_conv_groups(d) == 1 && ch_conv_dilation(d) == 1 && d->kh * d->kw > 1 &&
-           d->c >= 16 && d->oc >= 16 && !wino_geometry(d) && ch_cpu_wino3_workspace(d, 1, 1) == 0 &&
-           ch_cpu_wino5_workspace(d, 1, 1) == 0 && ch_cpu_bf16_native(NULL, 0);
+           d->c >= 16 && d->oc >= 16 && !wino_geometry(d) && !ch_cpu_wino3_applies(d) &&
+           !ch_cpu_wino5_applies(d) && ch_cpu_bf16_native(NULL, 0);
 }
 
 static size_t align_up(size_t v) { return (v + WINO_ALIGN - 1) / WINO_ALIGN * WINO_ALIGN; }
@@ -257,7 +257,7 @@ void ch_cpu_kcache_free(struct ch_kcache *c)
 size_t ch_cpu_kcache_entries(const struct ch_kcache *c)
 {
     size_t count = 0;
-    for (const wino_entry *e = atomic_load(&((struct ch_kcache *)c)->entries); e; e = e->next) count++;
+    for (const wino_entry *e = atomic_load(&c->entries); e; e = e->next) count++;
     return count;
 }
 
@@ -480,15 +480,25 @@ static wino_key key_of(dc_use use, const ch_conv_desc *d, int n, int nthreads)
                        .nthreads = nthreads, .relu = d->relu, .use = use };
 }
 
-/* Without a cache (a ch_kctx made by hand), one is made for the query and freed after it. */
+/* kc's cache; without one (a ch_kctx made by hand), one for the caller to free with done_with. */
+static struct ch_kcache *cache_of(const ch_kctx *kc)
+{
+    return kc->cache ? kc->cache : ch_cpu_kcache_create();
+}
+
+static void done_with(const ch_kctx *kc, struct ch_kcache *c)
+{
+    if (c != kc->cache) ch_cpu_kcache_free(c);
+}
+
 static size_t workspace_of(dc_use use, const ch_kctx *kc, const ch_conv_desc *d, int n)
 {
     if (!applies(use, d, n)) return 0;
-    struct ch_kcache *c = kc->cache ? kc->cache : ch_cpu_kcache_create();
+    struct ch_kcache *c = cache_of(kc);
     const wino_key key = key_of(use, d, n, kc->nthreads);
     const wino_entry *e = c ? entry_of(c, &key) : NULL;
     const size_t need = e && e->ok ? (e->need + sizeof(ch_real) - 1) / sizeof(ch_real) : 0;
-    if (c != kc->cache) ch_cpu_kcache_free(c);
+    done_with(kc, c);
     return need;
 }
 
@@ -518,11 +528,11 @@ typedef struct wino_arg {
     const void *ptr;
 } wino_arg;
 
-/* A running pass: its cache (kc's, or one of its own), entry, the calling thread's OpenMP thread
- * count before the pass set it to the entry's, and the workspace. */
+/* A running pass: its context, cache (kc's, or one of its own), entry, the calling thread's
+ * OpenMP thread count before the pass set it to the entry's, and the workspace. */
 typedef struct wino_pass {
+    const ch_kctx *kc;
     struct ch_kcache *c;
-    bool own;
     const wino_entry *e;
     int prev_threads;
     char *ws;   /* the next free byte of the workspace */
@@ -555,12 +565,12 @@ static void reorder(const wino_pass *ps, const wino_prim *p, wino_slot from_slot
 static bool pass_begin(dc_use use, const ch_kctx *kc, const ch_conv_desc *d, int n, wino_pass *p)
 {
     if (!applies(use, d, n)) return false;
-    p->c = kc->cache ? kc->cache : ch_cpu_kcache_create();
-    p->own = p->c != kc->cache;
+    p->kc = kc;
+    p->c = cache_of(kc);
     const wino_key key = key_of(use, d, n, kc->nthreads);
     p->e = p->c ? entry_of(p->c, &key) : NULL;
     if (!p->e || !p->e->ok || p->e->need > kc->ws_len * sizeof(ch_real)) {
-        if (p->own) ch_cpu_kcache_free(p->c);
+        done_with(kc, p->c);
         return false;
     }
     p->prev_threads = omp_get_max_threads();
@@ -572,7 +582,7 @@ static bool pass_begin(dc_use use, const ch_kctx *kc, const ch_conv_desc *d, int
 static void pass_end(wino_pass *p)
 {
     omp_set_num_threads(p->prev_threads);
-    if (p->own) ch_cpu_kcache_free(p->c);
+    done_with(p->kc, p->c);
 }
 
 static bool forward(dc_use use, const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,

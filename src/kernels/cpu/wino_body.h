@@ -438,6 +438,8 @@ static size_t thread_len(const wgeo *g)
            g->scratch;
 }
 
+bool WINO_FN(applies)(const ch_conv_desc *d) { return wino_applies(d); }
+
 size_t WINO_FN(workspace)(const ch_conv_desc *d, int n, int nthreads)
 {
     if (!wino_applies(d)) return 0;
