@@ -44,25 +44,28 @@ lines_ok() {
 slow=(env COHORT_INJECT_FAULT=slow:0:1000)   # replica 0: 1 ms per sample, ~3.5 s per epoch
 
 # Under mpirun, stderr to a file: lines, tagged as rank 0's.
-"${slow[@]}" timeout 300 "${mpirun[@]}" -np 2 --tag-output "$cohort" "${T[@]}" --progress-interval 0.5 \
+"${slow[@]}" timeout 300 "${mpirun[@]}" -np 2 --tag-output "$cohort" "${T[@]}" --progress-interval 0.25 \
     >"$tmp/mpi.out" 2>"$tmp/mpi.err" || bad "mpirun run: exit $?"
 if grep -q 'progress:' "$tmp/mpi.err" && ! grep 'progress:' "$tmp/mpi.err" | grep -vq '^\[1,0\]<stderr>:progress:'; then ok
 else bad "progress lines not (only) from rank 0:"; head -5 "$tmp/mpi.err"; fi
 sed 's/^\[1,[0-9]*\]<std[a-z]*>://' "$tmp/mpi.err" >"$tmp/mpi.err.plain"
 sed 's/^\[1,[0-9]*\]<std[a-z]*>://' "$tmp/mpi.out" >"$tmp/mpi.out.plain"
-lines_ok "$tmp/mpi.err.plain" 0.5 "$tmp/mpi.out.plain"
+lines_ok "$tmp/mpi.err.plain" 0.25 "$tmp/mpi.out.plain"
 grep -q $'\r' "$tmp/mpi.err" && bad "a bar (carriage returns) in a batch log" || ok
-# The figures, not only the form: each epoch's last progress line (past 80% of its steps) shows the
-# running loss and accuracy of rank 0's samples so far, which must be the epoch's within a few
-# percent (rank 0's running loss divided by the job's samples, half the true loss on 2 ranks,
-# passed the form's checks). Accuracy as a ratio too: in epoch 1 it still climbs, and a line at
-# 81% of the steps (a loaded machine draws the last one earlier) ran 0.05 below the epoch's 0.32.
+# The figures, not only the form: each epoch's last progress line shows the running loss and
+# accuracy of rank 0's samples so far, which must be near the epoch's (rank 0's running loss divided
+# by the job's samples, half the true loss on 2 ranks, passed the form's checks). An epoch lasts
+# ~2.3 s, so at 0.25 s a line comes every ~8 steps; a loaded machine stretches that (CI once drew the
+# last line at step 49 of 63 at 0.5 s), so the line may be from 40 steps on. Epoch 2's figures are
+# settled by then (at step 39 here: loss 1.10x, acc 0.95x the epoch's); epoch 1's accuracy still
+# climbs (0.74x at step 44), so it gets a wider band and its loss the same as epoch 2's.
 for e in 1 2; do
     last=$(grep "^progress: epoch $e/" "$tmp/mpi.err.plain" | tail -1)
     read -r step pl pa < <(echo "$last" | sed -n 's/.*step \([0-9]*\)\/63 .*loss \([0-9.]*\), acc \([0-9.]*\),.*/\1 \2 \3/p')
     read -r el ea < <(sed -n "s/^epoch $e, loss \([0-9.]*\), train acc \([0-9.]*\),.*/\1 \2/p" "$tmp/mpi.out.plain")
-    if awk -v s="$step" -v pl="$pl" -v pa="$pa" -v el="$el" -v ea="$ea" \
-        'BEGIN { exit !(s >= 50 && el > 0 && ea > 0 && pl / el >= 0.85 && pl / el <= 1.15 && pa / ea >= 0.75 && pa / ea <= 1.25) }'
+    alo=0.85; [ "$e" = 1 ] && alo=0.6
+    if awk -v s="$step" -v pl="$pl" -v pa="$pa" -v el="$el" -v ea="$ea" -v alo="$alo" \
+        'BEGIN { exit !(s >= 40 && el > 0 && ea > 0 && pl / el >= 0.85 && pl / el <= 1.15 && pa / ea >= alo && pa / ea <= 1.2) }'
     then ok; else bad "epoch $e: the last progress line ($last) is not the epoch's loss $el and accuracy $ea"; fi
 done
 
