@@ -9,7 +9,12 @@
  * - The path is taken where it should be (stride 2, 5x5 stride 2, a 3x3 2x2 plane no Winograd
  *   takes; fused ReLU or not; 1 and 2 threads; batches 1, 3 and 5) and nowhere else (fp32 layers,
  *   1x1, fewer than 16 channels, layers a Winograd takes).
- * - Two runs give the same bits (resume in bf16 rests on it). */
+ * - Two runs give the same bits (resume in bf16 rests on it).
+ * - cpu_wino3.c's F(4x4, 3x3) with bf16 point products (3x3 stride-1 bf16 layers): within a stated
+ *   error of the fp32 reference, and far from the fp32 Winograd's own (so bf16 did run); at 7x7 with
+ *   channels in 16s only backward weights goes there (oneDNN's fp32 Winograd keeps the other two,
+ *   the same bits as an fp32 layer's), at 4x4 none. */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -28,6 +33,13 @@
 
 enum { MAX_OC = 64 };
 static const double tol = 2e-6;
+/* Winograd F(4x4, 3x3) with bf16 point products (the transforms and sums fp32): its error against
+ * the fp32 reference, rms over each result and worst relative to its largest value. The
+ * transforms' coefficients (up to 5 in BT, 8 in AT) magnify each operand's rounding (2^-9 at
+ * most): measured here 1.1-2.4% rms, 7.2% worst (bf16 direct: ~0.25% rms), against ~1e-6 for the
+ * fp32 Winograd. A dropped or doubled rounding, a transposed operand or a wrong stride gives
+ * errors of order 1. */
+static const double wino_rms_tol = 0.035, wino_worst_tol = 0.1;
 
 /* A copy of p rounded to bf16 (to nearest even: core/bf16.h, as oneDNN's reorder). */
 static ch_real *rounded(const ch_real *p, size_t n)
@@ -191,6 +203,203 @@ static void bf16_only_where_it_wins(void **state)
     assert_true(ch_cpu_wino5_workspace(&d, 4, 1) > 0 && ch_cpu_conv_bf16_workspace(&one, &d, 4) == 0);
 }
 
+/* sqrt(mean (a - b)^2) / sqrt(mean b^2). */
+static double rms_err(const ch_real *a, const ch_real *b, size_t n)
+{
+    double e = 0, r = 0;
+    for (size_t i = 0; i < n; i++) e += ((double)a[i] - b[i]) * ((double)a[i] - b[i]), r += (double)b[i] * b[i];
+    return r > 0 ? sqrt(e / r) : sqrt(e);
+}
+
+/* The CPU table's passes on c's fixture as an fp32 layer (d.bf16 cleared). */
+static conv_out run_fp32(const conv_case *c)
+{
+    conv_case f = *c;
+    f.d.bf16 = false;
+    return run_cpu(&f);
+}
+
+typedef struct wino_errs {
+    double rms[3], worst[3];   /* y, dx, dw against the fp32 reference on the unrounded operands */
+} wino_errs;
+
+static wino_errs errs_of(const conv_case *c, const conv_out *got, const conv_out *ref)
+{
+    const size_t len[3] = { c->ys, c->xs, c->wl };
+    const ch_real *a[3] = { got->y, got->dx, got->dw }, *b[3] = { ref->y, ref->dx, ref->dw };
+    wino_errs e;
+    for (int i = 0; i < 3; i++) e.rms[i] = rms_err(a[i], b[i], len[i]), e.worst[i] = tu_max_norm_err(a[i], b[i], len[i]);
+    return e;
+}
+
+static void wino_case(ch_conv_desc d, int n, int threads, bool positive_x)
+{
+    conv_case c = case_make(d, n, threads);
+    if (positive_x)   /* ReLU'd inputs: a mean the transforms' large coefficients carry */
+        for (size_t i = 0; i < c.xs; i++) c.x[i] = c.x[i] < 0 ? -c.x[i] : c.x[i];
+    assert_true(ch_cpu_wino3_in_bf16(&c.d));
+    conv_out got = run_cpu(&c), ref = run_ref(&c, c.x, c.w, c.dy, got.y), fp32 = run_fp32(&c);
+    conv_out ref32 = run_ref(&c, c.x, c.w, c.dy, fp32.y);   /* a fused ReLU masks by each run's own y */
+    const wino_errs e = errs_of(&c, &got, &ref), f = errs_of(&c, &fp32, &ref32);
+    for (int i = 0; i < 3; i++) {
+        if (getenv("SHOW") || e.rms[i] >= wino_rms_tol || e.worst[i] >= wino_worst_tol || e.rms[i] <= 10 * f.rms[i])
+            fprintf(stderr, "%d@%dx%d -> %d relu %d n %d threads %d %s: rms %.3g worst %.3g (fp32 %.3g)\n", d.c,
+                    d.h, d.w, d.oc, d.relu, n, threads, (const char *[]){ "y", "dx", "dw" }[i], e.rms[i],
+                    e.worst[i], f.rms[i]);
+        assert_true(e.rms[i] < wino_rms_tol && e.worst[i] < wino_worst_tol);
+        assert_true(e.rms[i] > 10 * f.rms[i]);   /* bf16 products, not the fp32 path */
+    }
+    conv_out again = run_cpu(&c);
+    assert_true(worst(&c, &got, &again) == 0 && tu_max_norm_err(got.y, again.y, c.ys) == 0);
+    out_free(&got), out_free(&ref), out_free(&fp32), out_free(&ref32), out_free(&again);
+    case_free(&c);
+}
+
+/* F(4x4, 3x3)'s forward done here in double with cpu_wino3.c's matrices, the transformed weights
+ * and input tiles rounded to bf16 (ties to even) before their products: what the kernel computes,
+ * but for the order of its fp32 sums. That order flips an operand's rounding now and then (the
+ * transforms cancel, so fp32 and double land either side of a rounding boundary; ~3% of outputs
+ * move, measured 0.047% rms, 0.37% worst from the model) where the full bf16 error is 2.3% rms;
+ * the bounds, 0.3% rms and 1.5% worst, sit between. Pins where the rounding happens and how. */
+static const double WG[6][3] = { { 1.0 / 4, 0, 0 },          { -1.0 / 6, -1.0 / 6, -1.0 / 6 },
+                                 { -1.0 / 6, 1.0 / 6, -1.0 / 6 }, { 1.0 / 24, 1.0 / 12, 1.0 / 6 },
+                                 { 1.0 / 24, -1.0 / 12, 1.0 / 6 }, { 0, 0, 1 } };
+static const double WBT[6][6] = { { 4, 0, -5, 0, 1, 0 },  { 0, -4, -4, 1, 1, 0 }, { 0, 4, -4, -1, 1, 0 },
+                                  { 0, -2, -1, 2, 1, 0 }, { 0, 2, -1, -2, 1, 0 }, { 0, 4, 0, -5, 0, 1 } };
+static const double WAT[4][6] = { { 1, 1, 1, 1, 1, 0 }, { 0, 1, -1, 2, -2, 0 }, { 0, 1, 1, 4, 4, 0 },
+                                  { 0, 1, -1, 8, -8, 1 } };
+
+static double bf16_of(double v) { return ch_bf16_to_float(ch_bf16_from_float((float)v)); }
+
+/* out (6x6) = bf16(L in R), L 6 x k, in k x k, R = L^T. */
+static void sandwich_bf16(const double *l, int k, const double *in, double out[6][6])
+{
+    double t[6][6] = { { 0 } };
+    for (int i = 0; i < 6; i++)
+        for (int j = 0; j < k; j++)
+            for (int a = 0; a < k; a++) t[i][j] += l[i * k + a] * in[a * k + j];
+    for (int i = 0; i < 6; i++)
+        for (int j = 0; j < 6; j++) {
+            double v = 0;
+            for (int b = 0; b < k; b++) v += t[i][b] * l[j * k + b];
+            out[i][j] = bf16_of(v);
+        }
+}
+
+static void wino3_bf16_forward_model(const conv_case *c, ch_real *y)
+{
+    const ch_conv_desc *d = &c->d;
+    const int ty = (d->oh + 3) / 4, tx = (d->ow + 3) / 4;
+    double(*u)[6][6] = malloc(sizeof(double[6][6]) * (size_t)d->oc * d->c);
+    assert_non_null(u);
+    for (int o = 0; o < d->oc; o++)
+        for (int ci = 0; ci < d->c; ci++) {
+            double g[9];
+            for (int e = 0; e < 9; e++) g[e] = c->w[((size_t)o * d->c + ci) * 9 + e];
+            sandwich_bf16(&WG[0][0], 3, g, u[(size_t)o * d->c + ci]);
+        }
+    for (int s = 0; s < c->n; s++)
+        for (int p = 0; p < ty * tx; p++) {
+            const int r0 = p / tx * 4 - d->pad, c0 = p % tx * 4 - d->pad;
+            double m[6][6][64] = { { { 0 } } };
+            assert_true(d->oc <= 64);
+            for (int ci = 0; ci < d->c; ci++) {
+                double win[36], v[6][6];
+                for (int a = 0; a < 6; a++)
+                    for (int b = 0; b < 6; b++) {
+                        const int r = r0 + a, q = c0 + b;
+                        win[a * 6 + b] = r < 0 || r >= d->h || q < 0 || q >= d->w ? 0
+                                         : c->x[(((size_t)s * d->c + ci) * d->h + r) * d->w + q];
+                    }
+                /* V = BT d B: the sandwich with L = BT */
+                double t[6][6] = { { 0 } };
+                for (int i = 0; i < 6; i++)
+                    for (int j = 0; j < 6; j++)
+                        for (int a = 0; a < 6; a++) t[i][j] += WBT[i][a] * win[a * 6 + j];
+                for (int i = 0; i < 6; i++)
+                    for (int j = 0; j < 6; j++) {
+                        double acc = 0;
+                        for (int b = 0; b < 6; b++) acc += t[i][b] * WBT[j][b];
+                        v[i][j] = bf16_of(acc);
+                    }
+                for (int o = 0; o < d->oc; o++)
+                    for (int i = 0; i < 6; i++)
+                        for (int j = 0; j < 6; j++) m[i][j][o] += u[(size_t)o * d->c + ci][i][j] * v[i][j];
+            }
+            for (int o = 0; o < d->oc; o++)
+                for (int i = 0; i < 4; i++)
+                    for (int j = 0; j < 4; j++) {
+                        double acc = 0;
+                        for (int a = 0; a < 6; a++)
+                            for (int b = 0; b < 6; b++) acc += WAT[i][a] * m[a][b][o] * WAT[j][b];
+                        const int r = p / tx * 4 + i, q = p % tx * 4 + j;
+                        if (r < d->oh && q < d->ow)
+                            y[(((size_t)s * d->oc + o) * d->oh + r) * d->ow + q] = (ch_real)(acc + c->b[o]);
+                    }
+        }
+    free(u);
+}
+
+static void wino3_bf16_rounds_where_it_should(void **state)
+{
+    (void)state;
+    const ch_conv_desc d = { .c = 24, .h = 9, .w = 11, .oc = 40, .kh = 3, .kw = 3, .stride = 1, .pad = 1,
+                             .bf16 = true };
+    for (int t = 1; t <= 2; t++) {
+        conv_case c = case_make(d, t == 1 ? 3 : 17, t);
+        conv_out got = run_cpu(&c);
+        ch_real *model = malloc(sizeof(ch_real) * c.ys);
+        assert_non_null(model);
+        wino3_bf16_forward_model(&c, model);
+        const double e = tu_max_norm_err(got.y, model, c.ys), r = rms_err(got.y, model, c.ys);
+        if (e >= 1.5e-2 || r >= 3e-3) fprintf(stderr, "wino3 bf16 forward: %.3g from the model (rms %.3g)\n", e, r);
+        assert_true(e < 1.5e-2 && r < 3e-3);
+        free(model), out_free(&got), case_free(&c);
+    }
+}
+
+/* cpu_wino3.c's F(4x4, 3x3) with bf16 point products, against the fp32 reference: bounded, and
+ * far from the fp32 path's error (the products are bf16). Channel counts off 16 (oneDNN's
+ * Winograd leaves them to cohort's), planes with clipped tiles, 17 samples (a second group with
+ * one lane live), ReLU'd and zero-mean inputs. */
+static void wino3_bf16_products_within_tolerance(void **state)
+{
+    (void)state;
+    const ch_conv_desc cases[] = {
+        { .c = 24, .h = 9, .w = 11, .oc = 40, .kh = 3, .kw = 3, .stride = 1, .pad = 1, .bf16 = true },
+        { .c = 40, .h = 14, .w = 14, .oc = 24, .kh = 3, .kw = 3, .stride = 1, .pad = 1, .bf16 = true },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        for (int relu = 0; relu < 2; relu++)
+            for (int t = 1; t <= 2; t++) {
+                ch_conv_desc d = cases[i];
+                d.relu = relu;
+                wino_case(d, t == 1 ? 3 : 17, t, relu);
+            }
+}
+
+/* A layer oneDNN's fp32 Winograd takes (channels in 16s, 7x7): its forward and backward data stay
+ * there, the same bits as the fp32 layer's; backward weights goes to cohort's bf16 products. */
+static void wino_bf16_backward_weights_only_at_7x7(void **state)
+{
+    (void)state;
+    ch_conv_desc d = { .c = 32, .h = 7, .w = 7, .oc = 32, .kh = 3, .kw = 3, .stride = 1, .pad = 1, .bf16 = true };
+    conv_case c = case_make(d, 5, 2);
+    assert_false(ch_cpu_wino_takes_all(&c.d));
+    conv_out got = run_cpu(&c), fp32 = run_fp32(&c), ref = run_ref(&c, c.x, c.w, c.dy, got.y);
+    assert_true(tu_max_norm_err(got.y, fp32.y, c.ys) == 0 && tu_max_norm_err(got.dx, fp32.dx, c.xs) == 0);
+    const wino_errs e = errs_of(&c, &got, &ref), f = errs_of(&c, &fp32, &ref);
+    assert_true(e.rms[2] < wino_rms_tol && e.worst[2] < wino_worst_tol && e.rms[2] > 10 * f.rms[2]);
+    out_free(&got), out_free(&fp32), out_free(&ref);
+    case_free(&c);
+    /* 4x4: oneDNN's for all three */
+    d.h = d.w = 4;
+    d = shaped(d);
+    assert_true(ch_cpu_wino_takes_all(&d));
+    d.bf16 = false, d.h = d.w = 7, d = shaped(d);   /* fp32: all three */
+    assert_true(ch_cpu_wino_takes_all(&d));
+}
+
 int main(void)
 {
     char isa[32];
@@ -201,6 +410,9 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(bf16_passes_match_the_rounded_reference),
         cmocka_unit_test(bf16_only_where_it_wins),
+        cmocka_unit_test(wino3_bf16_products_within_tolerance),
+        cmocka_unit_test(wino3_bf16_rounds_where_it_should),
+        cmocka_unit_test(wino_bf16_backward_weights_only_at_7x7),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

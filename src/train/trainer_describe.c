@@ -131,8 +131,8 @@ void ch_trainer_describe(const ch_trainer *t, FILE *out)
         if (m->bf16_kept)
             snprintf(kept, sizeof kept, "; BatchNorm inputs kept in bf16 from forward to backward (%.2f MiB of the "
                      "saved)", mib((double)m->bf16_kept * 2));
-        fprintf(out, "precision: bf16 products in %d of %d convolutions (those no Winograd takes, not 1x1, with 16 "
-               "channels or more: where bf16 is the faster), fp32 sums%s; weights, gradients, optimizer state, "
+        fprintf(out, "precision: bf16 products in %d of %d convolutions (where bf16 is the faster: direct, or a 3x3 "
+               "Winograd's point products; not 1x1, 16 channels or more), fp32 sums%s; weights, gradients, optimizer state, "
                "BatchNorm statistics and %sactivations fp32%s\n", m->bf16_convs, m->convs, kept,
                m->bf16_kept ? "other " : "",
                m->bf16_convs || m->bf16_kept ? "" : ": none of this model's layers is one, so it trains as in fp32");

@@ -34,10 +34,15 @@ typedef struct ch_gemm_batch {
     int batch, m, n, k, lda, ldb, ldc;
     size_t sa, sb, sc;
     bool ta, tb, accumulate;
+    bool bf16;   /* A and B are bf16 (ch_cpu_gemm_batch_bf16), C fp32 */
 } ch_gemm_batch;
 size_t ch_cpu_gemm_batch_scratch(const ch_gemm_batch *g);
 void ch_cpu_gemm_batch(const ch_kctx *kc, const ch_gemm_batch *g, const ch_real *a,
                        const ch_real *b, ch_real *c, void *scratch);
+/* The same with bf16 A and B (g->bf16 set), the products summed in fp32 (--precision bf16's
+ * Winograd point GEMMs, wino_body.h). */
+void ch_cpu_gemm_batch_bf16(const ch_kctx *kc, const ch_gemm_batch *g, const uint16_t *a,
+                            const uint16_t *b, ch_real *c, void *scratch);
 
 size_t ch_cpu_conv2d_workspace(const ch_kctx *kc, const ch_conv_desc *d, int n);
 bool ch_cpu_conv2d_in_bf16(const ch_kctx *kc, const ch_conv_desc *d, int n);
@@ -82,6 +87,9 @@ bool ch_cpu_wino_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int n, 
 bool ch_cpu_wino_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, int n,
                                   const ch_real *x, const ch_real *y, ch_real *dy, ch_real *dw,
                                   ch_real *db);
+/* Whether it runs all three passes of d (the geometry is its, and d is not a bf16 layer whose
+ * backward weights cpu_wino3.c's bf16 products run faster). */
+bool ch_cpu_wino_takes_all(const ch_conv_desc *d);
 
 /* Winograd F(3x3, 5x5) (cpu_wino5.c), all three passes, for 5x5 stride-1 layers with at
  * least 8 channels in and 16 out; the same contract as above (0 and false where it does not apply
@@ -90,6 +98,9 @@ size_t ch_cpu_wino5_workspace(const ch_conv_desc *d, int n, int nthreads);
 /* Whether the geometry is one it takes (no workspace query: that one sizes the point GEMMs, whose
  * cache is shared by the process). */
 bool ch_cpu_wino5_applies(const ch_conv_desc *d);
+/* Whether it takes d and multiplies its point GEMMs in bf16 (a d->bf16 layer on a CPU with native
+ * bf16; F(3x3, 5x5) never: its transforms' coefficients would magnify the rounding further). */
+bool ch_cpu_wino5_in_bf16(const ch_conv_desc *d);
 bool ch_cpu_wino5_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
                           const ch_real *w, const ch_real *b, ch_real *y);
 bool ch_cpu_wino5_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *dy,
@@ -102,6 +113,7 @@ bool ch_cpu_wino5_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, int
  * 8 channels in and 16 out that cpu_dnnl_conv.c does not take; the same contract. */
 size_t ch_cpu_wino3_workspace(const ch_conv_desc *d, int n, int nthreads);
 bool ch_cpu_wino3_applies(const ch_conv_desc *d);
+bool ch_cpu_wino3_in_bf16(const ch_conv_desc *d);
 bool ch_cpu_wino3_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
                           const ch_real *w, const ch_real *b, ch_real *y);
 bool ch_cpu_wino3_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *dy,

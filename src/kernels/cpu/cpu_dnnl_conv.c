@@ -77,6 +77,12 @@ bool ch_cpu_wino_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, int 
     return false;
 }
 
+bool ch_cpu_wino_takes_all(const ch_conv_desc *d)
+{
+    (void)d;
+    return false;
+}
+
 size_t ch_cpu_conv_bf16_workspace(const ch_kctx *kc, const ch_conv_desc *d, int n)
 {
     (void)kc, (void)d, (void)n;
@@ -662,11 +668,27 @@ bool ch_cpu_wino_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int n, 
     return backward_data(DC_WINOGRAD, kc, d, n, dy, w, dx);
 }
 
+/* A --precision bf16 layer's backward weights where cohort's F(4x4, 3x3) with bf16 point GEMMs
+ * (cpu_wino3.c) beats this fp32 Winograd: 7x7 planes and up. Measured (batch 256, 2 threads, best
+ * of 6, ms): 256@7x7 19.2-20.9 against 27.2-28.6; its forward and backward data do not (21.8-23.9
+ * against 21.0-21.7), nor 512@4x4 at all (its one tile per sample: 57.9 against 27.7 backward
+ * weights, 31.0 against 22.6 forward). */
+static bool own_bf16_weights_win(const ch_conv_desc *d)
+{
+    return ch_cpu_wino3_in_bf16(d) && (long)d->oh * d->ow >= 7 * 7;
+}
+
 bool ch_cpu_wino_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, int n,
                                   const ch_real *x, const ch_real *y, ch_real *dy, ch_real *dw,
                                   ch_real *db)
 {
+    if (own_bf16_weights_win(d)) return false;
     return backward_weights(DC_WINOGRAD, kc, d, n, x, y, dy, dw, db);
+}
+
+bool ch_cpu_wino_takes_all(const ch_conv_desc *d)
+{
+    return wino_geometry(d) && !own_bf16_weights_win(d);
 }
 
 bool ch_cpu_conv_bf16_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,

@@ -7,6 +7,7 @@
  * double (the test build only): plain loops; the float path is checked against the reference table. */
 #include "kernels/cpu/cpu.h"
 
+#include "core/bf16.h"
 #include "core/status.h"
 
 #ifndef CH_REAL_DOUBLE
@@ -69,6 +70,26 @@ static void gemm_batch_loop(const ch_kctx *kc, const ch_gemm_batch *g, const ch_
                     g->ldb, g->accumulate ? 1 : 0, c + g->sc * i, g->ldc);
 }
 
+/* bf16 operands where oneDNN has no batched kernel for them (or the double build): plain loops,
+ * the products of the widened values summed in double. */
+static void gemm_batch_loop_bf16(const ch_gemm_batch *g, const uint16_t *a, const uint16_t *b,
+                                 ch_real *c)
+{
+    for (int i = 0; i < g->batch; i++)
+        for (int r = 0; r < g->m; r++)
+            for (int q = 0; q < g->n; q++) {
+                double s = 0;
+                for (int p = 0; p < g->k; p++) {
+                    const size_t ai = g->ta ? (size_t)p * g->lda + r : (size_t)r * g->lda + p;
+                    const size_t bi = g->tb ? (size_t)q * g->ldb + p : (size_t)p * g->ldb + q;
+                    s += (double)ch_bf16_to_float(a[g->sa * i + ai]) *
+                         ch_bf16_to_float(b[g->sb * i + bi]);
+                }
+                ch_real *cij = c + g->sc * i + (size_t)r * g->ldc + q;
+                *cij = (ch_real)(s + (g->accumulate ? *cij : 0));
+            }
+}
+
 #ifdef CH_REAL_DOUBLE
 
 size_t ch_cpu_gemm_batch_scratch(const ch_gemm_batch *g)
@@ -82,6 +103,13 @@ void ch_cpu_gemm_batch(const ch_kctx *kc, const ch_gemm_batch *g, const ch_real 
 {
     (void)scratch;
     gemm_batch_loop(kc, g, a, b, c);
+}
+
+void ch_cpu_gemm_batch_bf16(const ch_kctx *kc, const ch_gemm_batch *g, const uint16_t *a,
+                            const uint16_t *b, ch_real *c, void *scratch)
+{
+    (void)kc, (void)scratch;
+    gemm_batch_loop_bf16(g, a, b, c);
 }
 
 #else
@@ -107,16 +135,17 @@ static bool gb_key_eq(const ch_gemm_batch *x, const ch_gemm_batch *y)
     return x->batch == y->batch && x->m == y->m && x->n == y->n && x->k == y->k &&
            x->lda == y->lda && x->ldb == y->ldb && x->ldc == y->ldc && x->sa == y->sa &&
            x->sb == y->sb && x->sc == y->sc && x->ta == y->ta && x->tb == y->tb &&
-           x->accumulate == y->accumulate;
+           x->accumulate == y->accumulate && x->bf16 == y->bf16;
 }
 
 /* A batch x rows x cols matrix whose element (i, r, q) is at i*s + r*rs + q*qs. */
 static bool gb_md(dnnl_memory_desc_t *md, int batch, int rows, int cols, size_t s, size_t rs,
-                  size_t qs)
+                  size_t qs, bool bf16)
 {
     const dnnl_dims_t dims = { batch, rows, cols };
     const dnnl_dims_t strides = { (dnnl_dim_t)s, (dnnl_dim_t)rs, (dnnl_dim_t)qs };
-    return dnnl_memory_desc_init_by_strides(md, 3, dims, dnnl_f32, strides) == dnnl_success;
+    return dnnl_memory_desc_init_by_strides(md, 3, dims, bf16 ? dnnl_bf16 : dnnl_f32, strides) ==
+           dnnl_success;
 }
 
 static dnnl_primitive_attr_t gb_attr(bool accumulate)
@@ -144,10 +173,10 @@ static void gb_build(gb_entry *e)
 {
     const ch_gemm_batch *g = &e->key;
     if (!gb_md(&e->a, g->batch, g->m, g->k, g->sa, g->ta ? 1 : (size_t)g->lda,
-               g->ta ? (size_t)g->lda : 1) ||
+               g->ta ? (size_t)g->lda : 1, g->bf16) ||
         !gb_md(&e->b, g->batch, g->k, g->n, g->sb, g->tb ? 1 : (size_t)g->ldb,
-               g->tb ? (size_t)g->ldb : 1) ||
-        !gb_md(&e->c, g->batch, g->m, g->n, g->sc, (size_t)g->ldc, 1))
+               g->tb ? (size_t)g->ldb : 1, g->bf16) ||
+        !gb_md(&e->c, g->batch, g->m, g->n, g->sc, (size_t)g->ldc, 1, false))
         return;
     dnnl_matmul_desc_t md;
     dnnl_primitive_desc_t pd = NULL;
@@ -198,15 +227,10 @@ size_t ch_cpu_gemm_batch_scratch(const ch_gemm_batch *g)
     return e && e->p && e->scratch_bytes ? e->scratch_bytes + GB_ALIGN : 0;
 }
 
-void ch_cpu_gemm_batch(const ch_kctx *kc, const ch_gemm_batch *g, const ch_real *a,
-                       const ch_real *b, ch_real *c, void *scratch)
+/* The batch through e's primitive; false where there is none (the caller loops instead). */
+static bool gb_run(const gb_entry *e, const void *a, const void *b, ch_real *c, void *scratch)
 {
-    if (g->batch <= 0 || g->m <= 0 || g->n <= 0) return;
-    const gb_entry *e = gb_entry_for(g);
-    if (!e || !e->p || (e->scratch_bytes && !scratch)) {
-        gemm_batch_loop(kc, g, a, b, c);
-        return;
-    }
+    if (!e || !e->p || (e->scratch_bytes && !scratch)) return false;
     void *sp = (void *)(((uintptr_t)scratch + GB_ALIGN - 1) & ~(uintptr_t)(GB_ALIGN - 1));
     dnnl_stream_t s = NULL;
     dnnl_memory_t mem[4] = { NULL };
@@ -224,6 +248,24 @@ void ch_cpu_gemm_batch(const ch_kctx *kc, const ch_gemm_batch *g, const ch_real 
     CH_ASSERT(dnnl_stream_wait(s) == dnnl_success);
     for (int i = 0; i < n; i++) dnnl_memory_destroy(mem[i]);
     dnnl_stream_destroy(s);
+    return true;
+}
+
+void ch_cpu_gemm_batch(const ch_kctx *kc, const ch_gemm_batch *g, const ch_real *a,
+                       const ch_real *b, ch_real *c, void *scratch)
+{
+    CH_ASSERT(!g->bf16);
+    if (g->batch <= 0 || g->m <= 0 || g->n <= 0) return;
+    if (!gb_run(gb_entry_for(g), a, b, c, scratch)) gemm_batch_loop(kc, g, a, b, c);
+}
+
+void ch_cpu_gemm_batch_bf16(const ch_kctx *kc, const ch_gemm_batch *g, const uint16_t *a,
+                            const uint16_t *b, ch_real *c, void *scratch)
+{
+    (void)kc;
+    CH_ASSERT(g->bf16);
+    if (g->batch <= 0 || g->m <= 0 || g->n <= 0) return;
+    if (!gb_run(gb_entry_for(g), a, b, c, scratch)) gemm_batch_loop_bf16(g, a, b, c);
 }
 
 #endif

@@ -20,6 +20,9 @@ enum {
     WINO_MIN_C = 8, WINO_MIN_OC = 16,     /* F(3x3, 5x5)'s thresholds, not measured for 3x3 */
 };
 
+/* --precision bf16 layers multiply their point GEMMs in bf16 (wino_body.h, products_in_bf16). */
+#define WINO_BF16 1
+
 /* The matrices (Lavin and Gray's, for the points 0, 1, -1, 2, -2 and infinity; the transforms
  * below are these rows written out, zeros skipped):
  *   AT (4 x 6)             BT (6 x 6)

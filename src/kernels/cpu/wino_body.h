@@ -12,7 +12,10 @@
 #error "wino_body.h is included by a file that defines the transform first"
 #endif
 
+#include <stdint.h>
 #include <string.h>
+
+#include "core/bf16.h"
 
 /* The 2-D transforms. Windows and blocks are read from (and dx's windows added into) a group's
  * planes, whose element (r, c) is the vector at r*rs + c*TB; a chunk buffer's point p of a row is
@@ -66,6 +69,17 @@ static void transform_dy_block(const ch_real *restrict blk, size_t rs, ch_real *
     for (int k = 0; k < WA; k++) att_lanes(t + k * WM * TB, TB, out + k * WA * ps, ps);
 }
 
+/* bf16 products (products_in_bf16): a tile's NP transformed points, computed in fp32 into t
+ * (point p's lanes at p*TB), rounded to bf16 into a chunk buffer of bf16 at p*ps. Rounding the
+ * tile while it is in L1 instead of the chunk after it: a pass over the chunk (1.5 MB at 64
+ * channels) would read it back from L3. */
+static void store_points_bf16(const ch_real *restrict t, uint16_t *restrict out, size_t ps)
+{
+    for (int p = 0; p < NP; p++)
+#pragma omp simd
+        for (int l = 0; l < TB; l++) out[p * ps + l] = ch_bf16_from_float((float)t[p * TB + l]);
+}
+
 /* The layer's tiling: tiles of WM x WM outputs at ty x tx positions per sample (the last row and
  * column clipped). A group's x (or dx) is held as c planes of xh x xw vectors, padded so that
  * every tile's WA x WA window lies inside (origin at (-pad, -pad)); its y (or dy) as oc planes of
@@ -75,6 +89,7 @@ typedef struct wgeo {
     const ch_conv_desc *d;
     int ty, tx, pos, chunks, span;
     int xh, xw, yh, yw;
+    bool bf16;        /* the point GEMMs multiply bf16 (products_in_bf16) */
     size_t scratch;   /* the GEMMs' scratch per thread, in elements */
 } wgeo;
 
@@ -101,9 +116,12 @@ static int chunk_positions(const ch_conv_desc *d, int pos, int chunks)
     return even;
 }
 
+static bool products_in_bf16(const ch_conv_desc *d);
+
 static wgeo tiling_of(const ch_conv_desc *d)
 {
-    wgeo g = { .d = d, .ty = (d->oh + WM - 1) / WM, .tx = (d->ow + WM - 1) / WM };
+    wgeo g = { .d = d, .ty = (d->oh + WM - 1) / WM, .tx = (d->ow + WM - 1) / WM,
+               .bf16 = products_in_bf16(d) };
     g.pos = g.ty * g.tx;
     g.chunks = (g.pos + WINO_POS - 1) / WINO_POS;
     g.span = chunk_positions(d, g.pos, g.chunks);
@@ -151,6 +169,13 @@ static size_t y_rs(const wgeo *g) { return (size_t)g->yw * TB; }
 static ch_real *chunk_lanes(ch_real *buf, int row, wspan k, int q)
 {
     return buf + (size_t)row * k.cols + (size_t)(q - k.p0) * TB;
+}
+
+/* The same in a chunk buffer holding bf16 (an operand of bf16 products: the buffer's memory,
+ * sized for fp32, read as half as many bytes per element). */
+static uint16_t *chunk_lanes_bf16(ch_real *buf, int row, wspan k, int q)
+{
+    return (uint16_t *)buf + (size_t)row * k.cols + (size_t)(q - k.p0) * TB;
 }
 
 /* A tensor's samples s .. s+live-1 (planes of h x w) as a group's planes of ph x pw vectors, the
@@ -331,7 +356,7 @@ static void unpack_group(wlayout l, const ch_real *grp, int live, ch_real *t)
  * the pairs (one pair at a time stored NP elements a plane apart, and was 4% of ResNet-20's
  * step). */
 static void transform_weights(const ch_conv_desc *d, const ch_real *w, int lo, int hi,
-                              ch_real *u)
+                              ch_real *u, bool bf16)
 {
     const size_t plane = (size_t)d->oc * d->c;
     for (int k0 = lo; k0 < hi; k0 += TB) {
@@ -354,7 +379,12 @@ static void transform_weights(const ch_conv_desc *d, const ch_real *w, int lo, i
                 for (int b = 0; b < WR; b++)
 #pragma omp simd
                     for (int j = 0; j < TB; j++) acc[j] += t[i][b][j] * G[jj][b];
-                memcpy(u + (size_t)(i * WA + jj) * plane + k0, acc, sizeof(ch_real) * (size_t)nl);
+                if (bf16) {
+                    uint16_t *to = (uint16_t *)u + (size_t)(i * WA + jj) * plane + k0;
+                    for (int j = 0; j < nl; j++) to[j] = ch_bf16_from_float((float)acc[j]);
+                } else {
+                    memcpy(u + (size_t)(i * WA + jj) * plane + k0, acc, sizeof(ch_real) * (size_t)nl);
+                }
             }
     }
 }
@@ -368,6 +398,18 @@ static bool wino_applies(const ch_conv_desc *d)
     return d->kh == WR && d->kw == WR && d->stride == 1 && d->c >= WINO_MIN_C &&
            d->oc >= WINO_MIN_OC && d->oh > 0 && d->ow > 0 &&
            tiles * NP < (long)d->oh * d->ow * WR * WR;
+}
+
+/* --precision bf16: the point GEMMs multiply bf16 (the transforms and every sum stay fp32) where
+ * the including file allows it (WINO_BF16) and the CPU has native bf16. */
+static bool products_in_bf16(const ch_conv_desc *d)
+{
+#if defined(WINO_BF16) && !defined(CH_REAL_DOUBLE)
+    return d->bf16 && ch_cpu_bf16_native(NULL, 0);
+#else
+    (void)d;
+    return false;
+#endif
 }
 
 static int groups_of(int n) { return (n + TB - 1) / TB; }
@@ -417,7 +459,8 @@ static size_t gemm_scratch_len(const wgeo *g)
     size_t most = 0;
     for (int i = 0; i < g->chunks; i++)
         for (int kind = PASS_FORWARD; kind <= PASS_WEIGHTS; kind++) {
-            const ch_gemm_batch b = point_gemms(g->d, (wpass_kind)kind, chunk_span(g, i));
+            ch_gemm_batch b = point_gemms(g->d, (wpass_kind)kind, chunk_span(g, i));
+            b.bf16 = g->bf16;
             const size_t len = (ch_cpu_gemm_batch_scratch(&b) + sizeof(ch_real) - 1) /
                                sizeof(ch_real);
             if (len > most) most = len;
@@ -439,6 +482,7 @@ static size_t thread_len(const wgeo *g)
 }
 
 bool WINO_FN(applies)(const ch_conv_desc *d) { return wino_applies(d); }
+bool WINO_FN(in_bf16)(const ch_conv_desc *d) { return wino_applies(d) && products_in_bf16(d); }
 
 size_t WINO_FN(workspace)(const ch_conv_desc *d, int n, int nthreads)
 {
@@ -484,22 +528,49 @@ struct wpass {
                   const wscratch *s, int s0, int live);
 };
 
-/* V[p][c][col] for the chunk, from the group's x planes. */
+/* V[p][c][col] for the chunk, from the group's x planes (bf16 where g->bf16). */
 static void transform_x(const wgeo *g, wspan k, const wscratch *s)
 {
+    const size_t ps = point_stride(g->d->c, k);
     for (int c = 0; c < g->d->c; c++)
-        for (int q = k.p0; q < k.p1; q++)
-            transform_in(x_window(g, s->xg, c, q), x_rs(g), chunk_lanes(s->v, c, k, q),
-                         point_stride(g->d->c, k));
+        for (int q = k.p0; q < k.p1; q++) {
+            if (!g->bf16) {
+                transform_in(x_window(g, s->xg, c, q), x_rs(g), chunk_lanes(s->v, c, k, q), ps);
+                continue;
+            }
+            ch_real t[NP * TB];
+            transform_in(x_window(g, s->xg, c, q), x_rs(g), t, TB);
+            store_points_bf16(t, chunk_lanes_bf16(s->v, c, k, q), ps);
+        }
 }
 
-/* E[p][o][col] for the chunk, from the group's dy planes. */
+/* E[p][o][col] for the chunk, from the group's dy planes (bf16 where g->bf16). */
 static void transform_dy(const wgeo *g, wspan k, const wscratch *s)
 {
+    const size_t ps = point_stride(g->d->oc, k);
     for (int o = 0; o < g->d->oc; o++)
-        for (int q = k.p0; q < k.p1; q++)
-            transform_dy_block(y_block(g, s->yg, o, q), y_rs(g), chunk_lanes(s->e, o, k, q),
-                               point_stride(g->d->oc, k));
+        for (int q = k.p0; q < k.p1; q++) {
+            if (!g->bf16) {
+                transform_dy_block(y_block(g, s->yg, o, q), y_rs(g), chunk_lanes(s->e, o, k, q), ps);
+                continue;
+            }
+            ch_real t[NP * TB];
+            transform_dy_block(y_block(g, s->yg, o, q), y_rs(g), t, TB);
+            store_points_bf16(t, chunk_lanes_bf16(s->e, o, k, q), ps);
+        }
+}
+
+/* The chunk's batch of point GEMMs C = op(A) op(B), on bf16 operands where g->bf16 (a and b then
+ * hold bf16: U as transform_weights stored it, V and E as the transforms above did). */
+static void point_products(const ch_kctx *kc, const wgeo *g, wpass_kind kind, wspan k,
+                           const ch_real *a, const ch_real *b, ch_real *c, const wscratch *s)
+{
+    ch_gemm_batch gb = point_gemms(g->d, kind, k);
+    gb.bf16 = g->bf16;
+    if (g->bf16)
+        ch_cpu_gemm_batch_bf16(kc, &gb, (const uint16_t *)a, (const uint16_t *)b, c, s->gemm);
+    else
+        ch_cpu_gemm_batch(kc, &gb, a, b, c, s->gemm);
 }
 
 /* Y for chunk i of the group in s->xg: V, then M[p] (oc x cols) = U[p] (oc x c) V[p] (c x cols),
@@ -510,8 +581,7 @@ static void forward_chunk(const ch_kctx *kc, const wgeo *g, const wpass *p, cons
     const ch_conv_desc *d = g->d;
     const wspan k = chunk_span(g, i);
     transform_x(g, k, s);
-    const ch_gemm_batch b = point_gemms(d, PASS_FORWARD, k);
-    ch_cpu_gemm_batch(kc, &b, u, s->v, s->e, s->gemm);
+    point_products(kc, g, PASS_FORWARD, k, u, s->v, s->e, s);
     for (int o = 0; o < d->oc; o++)
         for (int q = k.p0; q < k.p1; q++)
             transform_out(chunk_lanes(s->e, o, k, q), point_stride(d->oc, k),
@@ -535,8 +605,7 @@ static void backward_data_chunk(const ch_kctx *kc, const wgeo *g, const ch_real 
     const ch_conv_desc *d = g->d;
     const wspan k = chunk_span(g, i);
     transform_dy(g, k, s);
-    const ch_gemm_batch b = point_gemms(d, PASS_DATA, k);
-    ch_cpu_gemm_batch(kc, &b, u, s->e, s->v, s->gemm);
+    point_products(kc, g, PASS_DATA, k, u, s->e, s->v, s);
     for (int c = 0; c < d->c; c++)
         for (int q = k.p0; q < k.p1; q++)   /* windows overlap: added in position order */
             adjoint_in_add(chunk_lanes(s->v, c, k, q), point_stride(d->c, k),
@@ -563,7 +632,7 @@ static void run_pass(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_r
 #pragma omp parallel num_threads(T) if (T > 1)
     {
         const int t = ch_omp_thread();
-        transform_weights(d, w, pairs * t / T, pairs * (t + 1) / T, u);
+        transform_weights(d, w, pairs * t / T, pairs * (t + 1) / T, u, g.bf16);
         const wscratch s = scratch_of(kc, &g, t);
 #pragma omp barrier
         for (int q = groups * t / T; q < groups * (t + 1) / T; q++) {
@@ -596,8 +665,7 @@ static void weights_chunk(const ch_kctx *kc, const wgeo *g, const wscratch *s, i
     const wspan k = chunk_span(g, i);
     transform_x(g, k, s);
     transform_dy(g, k, s);
-    const ch_gemm_batch b = point_gemms(g->d, PASS_WEIGHTS, k);
-    ch_cpu_gemm_batch(kc, &b, s->e, s->v, s->du, s->gemm);
+    point_products(kc, g, PASS_WEIGHTS, k, s->e, s->v, s->du, s);
 }
 
 /* dg = G^T dU G for the pairs [lo, hi): the adjoint of transform_weights. */
