@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# --precision bf16 end to end, on a subset of real Fashion-MNIST, with resnet18 (its stride-2 3x3
-# layers are the ones that multiply in bf16; the rest stay fp32):
+# --precision bf16 end to end, on a subset of real Fashion-MNIST, with resnet18 (13 of its 20
+# convolutions multiply in bf16: the stride-2 3x3 layers directly, the stride-1 3x3 layers in
+# Winograd's point products; the rest stay fp32):
 #  - 2 epochs straight == 1 epoch, stop, --resume for 1 more: bit-identical model and optimizer
 #    files (1 device and 2 devices);
 #  - the checkpoint holds fp32 tensors under PyTorch's names, not fp32 training's bits (bf16 took
-#    effect), and it learns: test accuracy >= 0.40 after 2 epochs on 1024 samples (0.47 seen; chance is 0.10);
+#    effect), and it learns as fp32 does: epoch 2's training accuracy >= 0.55 and within 5 points of
+#    fp32's (0.6475 and 0.6377 seen; chance is 0.10). Not the test accuracy: with BatchNorm's
+#    running statistics after 32 steps it swings between epochs (fp32 0.47, 0.38, 0.49; bf16 0.37,
+#    0.33, 0.55);
 #  - cohort eval, which computes in fp32, reports that checkpoint's accuracy within 2 points of what
 #    training reported in bf16; cohort eval --precision bf16 reports training's own figure.
 # Exits 77 (ctest: skipped, never passed) on a CPU without native bf16, where --precision bf16 is
@@ -35,10 +39,11 @@ done
 
 c=$tmp/cpu:0
 acc=$(sed -n 's/^epoch 2,.*test acc \([0-9.]*\),.*/\1/p' "$c.out")
-awk -v a="$acc" 'BEGIN { exit !(a >= 0.40) }'
-rc=$?; ok "bf16 learns: test acc $acc >= 0.40 after 2 epochs" $rc
-
-"$cohort" "${A[@]}" --precision fp32 --epochs 2 --checkpoint-dir "$tmp/fp32" >/dev/null
+"$cohort" "${A[@]}" --precision fp32 --epochs 2 --checkpoint-dir "$tmp/fp32" >"$tmp/fp32.out"
+tr16=$(sed -n 's/^epoch 2,.*train acc \([0-9.]*\),.*/\1/p' "$c.out")
+tr32=$(sed -n 's/^epoch 2,.*train acc \([0-9.]*\),.*/\1/p' "$tmp/fp32.out")
+awk -v a="$tr16" -v b="$tr32" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a != "" && b != "" && a >= 0.55 && d <= 0.05) }'
+rc=$?; ok "bf16 learns as fp32 does: epoch 2's train acc $tr16 >= 0.55, fp32's $tr32" $rc
 ! cmp -s "$tmp/fp32/epoch-0002/model.safetensors" "$c/straight/epoch-0002/model.safetensors" &&
     [ "$(stat -c %s "$tmp/fp32/epoch-0002/model.safetensors")" = "$(stat -c %s "$c/straight/epoch-0002/model.safetensors")" ] &&
     head -c 65536 "$c/straight/epoch-0002/model.safetensors" | grep -aq 'resnet_block2\.0\.conv1\.weight' &&
