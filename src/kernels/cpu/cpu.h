@@ -87,9 +87,6 @@ bool ch_cpu_wino_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int n, 
 bool ch_cpu_wino_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, int n,
                                   const ch_real *x, const ch_real *y, ch_real *dy, ch_real *dw,
                                   ch_real *db);
-/* Whether it runs all three passes of d (the geometry is its, and d is not a bf16 layer whose
- * backward weights cpu_wino3.c's bf16 products run faster). */
-bool ch_cpu_wino_takes_all(const ch_conv_desc *d);
 
 /* Winograd F(3x3, 5x5) (cpu_wino5.c), all three passes, for 5x5 stride-1 layers with at
  * least 8 channels in and 16 out; the same contract as above (0 and false where it does not apply

@@ -356,12 +356,11 @@ static void forward_group(const ch_kctx *kc, const ch_conv_desc *d, int gw, cons
     if (d->relu) ch_cpu_relu_span((size_t)gw * d->oc * P, y, y);
 }
 
-/* bf16 direct (which refuses grouped layers), or cpu_wino3.c's bf16 point GEMMs in the passes it
- * runs: all three, or backward weights where oneDNN's fp32 Winograd keeps the other two. */
+/* bf16 direct (which refuses grouped layers), or cpu_wino3.c's bf16 point GEMMs (oneDNN's fp32
+ * Winograd leaves it every such layer). */
 bool ch_cpu_conv2d_in_bf16(const ch_kctx *kc, const ch_conv_desc *d, int n)
 {
-    return ch_cpu_conv_bf16_workspace(kc, d, n) > 0 ||
-           (n > 0 && ch_cpu_wino3_in_bf16(d) && !ch_cpu_wino_takes_all(d));
+    return ch_cpu_conv_bf16_workspace(kc, d, n) > 0 || (n > 0 && ch_cpu_wino3_in_bf16(d));
 }
 
 void ch_cpu_conv2d_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,

@@ -77,12 +77,6 @@ bool ch_cpu_wino_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, int 
     return false;
 }
 
-bool ch_cpu_wino_takes_all(const ch_conv_desc *d)
-{
-    (void)d;
-    return false;
-}
-
 size_t ch_cpu_conv_bf16_workspace(const ch_kctx *kc, const ch_conv_desc *d, int n)
 {
     (void)kc, (void)d, (void)n;
@@ -178,10 +172,14 @@ struct ch_kcache {
  * against cohort's: resnet18's 64@28x28 98 against 73 ms and 128@14x14 81 against 64 (batch 256,
  * 2 threads); 44 against 35 and 40 against 33 (batch 64, 1 thread); ResNet-20's 32@14x14 2.2
  * against 1.9 ms. oneDNN's keeps 16@28x28 (2.1 against 2.9 ms), 256@7x7 (58 against 67) and
- * 512@4x4 (57 against 125), whose few tiles per sample its blocked layout serves better. */
+ * 512@4x4 (57 against 125), whose few tiles per sample its blocked layout serves better. A
+ * --precision bf16 layer goes to cohort's in every case: its bf16 point products, with the
+ * groups of small planes run several at a time through each GEMM, beat this fp32 Winograd
+ * (batch 256, 2 threads, three passes: 256@7x7 49.8-50.3 against 56.5-59.9 ms with only backward
+ * weights in cohort's, 512@4x4 52.2-54.4 against 59.5-61.4). */
 static bool own_wino_wins(const ch_conv_desc *d)
 {
-    return d->c >= 32 && d->oc >= 32 && (long)d->oh * d->ow >= 14 * 14;
+    return ch_cpu_wino3_in_bf16(d) || (d->c >= 32 && d->oc >= 32 && (long)d->oh * d->ow >= 14 * 14);
 }
 
 /* Also, as for cohort's own Winograds (wino_body.h): fewer multiplies than the direct form, 36 per
@@ -668,27 +666,11 @@ bool ch_cpu_wino_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int n, 
     return backward_data(DC_WINOGRAD, kc, d, n, dy, w, dx);
 }
 
-/* A --precision bf16 layer's backward weights where cohort's F(4x4, 3x3) with bf16 point GEMMs
- * (cpu_wino3.c) beats this fp32 Winograd: 7x7 planes and up. Measured (batch 256, 2 threads, best
- * of 6, ms): 256@7x7 19.2-20.9 against 27.2-28.6; its forward and backward data do not (21.8-23.9
- * against 21.0-21.7), nor 512@4x4 at all (its one tile per sample: 57.9 against 27.7 backward
- * weights, 31.0 against 22.6 forward). */
-static bool own_bf16_weights_win(const ch_conv_desc *d)
-{
-    return ch_cpu_wino3_in_bf16(d) && (long)d->oh * d->ow >= 7 * 7;
-}
-
 bool ch_cpu_wino_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, int n,
                                   const ch_real *x, const ch_real *y, ch_real *dy, ch_real *dw,
                                   ch_real *db)
 {
-    if (own_bf16_weights_win(d)) return false;
     return backward_weights(DC_WINOGRAD, kc, d, n, x, y, dy, dw, db);
-}
-
-bool ch_cpu_wino_takes_all(const ch_conv_desc *d)
-{
-    return wino_geometry(d) && !own_bf16_weights_win(d);
 }
 
 bool ch_cpu_conv_bf16_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,

@@ -83,11 +83,13 @@ static void store_points_bf16(const ch_real *restrict t, uint16_t *restrict out,
 /* The layer's tiling: tiles of WM x WM outputs at ty x tx positions per sample (the last row and
  * column clipped). A group's x (or dx) is held as c planes of xh x xw vectors, padded so that
  * every tile's WA x WA window lies inside (origin at (-pad, -pad)); its y (or dy) as oc planes of
- * yh x yw vectors (whole tiles). A group's positions go through the GEMMs in `chunks` runs of at
- * most WINO_POS. */
+ * yh x yw vectors (whole tiles). The positions of `G` consecutive groups (a run: positions
+ * numbered group by group, G * pos of them) go through the GEMMs in chunks of at most WINO_POS:
+ * G is 1 but for bf16 products on planes of fewer than WINO_POS positions, where one group's few
+ * columns made GEMMs that read all of U per 16 samples (512@4x4: one tile per sample, 16 columns). */
 typedef struct wgeo {
     const ch_conv_desc *d;
-    int ty, tx, pos, chunks, span;
+    int ty, tx, pos, G, chunks, span;   /* chunks: of a whole run */
     int xh, xw, yh, yw;
     bool bf16;        /* the point GEMMs multiply bf16 (products_in_bf16) */
     size_t scratch;   /* the GEMMs' scratch per thread, in elements */
@@ -123,8 +125,9 @@ static wgeo tiling_of(const ch_conv_desc *d)
     wgeo g = { .d = d, .ty = (d->oh + WM - 1) / WM, .tx = (d->ow + WM - 1) / WM,
                .bf16 = products_in_bf16(d) };
     g.pos = g.ty * g.tx;
-    g.chunks = (g.pos + WINO_POS - 1) / WINO_POS;
-    g.span = chunk_positions(d, g.pos, g.chunks);
+    g.G = g.bf16 && g.pos < WINO_POS ? WINO_POS / g.pos : 1;
+    g.chunks = (g.G * g.pos + WINO_POS - 1) / WINO_POS;
+    g.span = chunk_positions(d, g.G * g.pos, g.chunks);
     g.xh = g.ty * WM + WR - 1, g.xw = g.tx * WM + WR - 1;
     g.yh = g.ty * WM, g.yw = g.tx * WM;
     return g;
@@ -139,28 +142,40 @@ static wgeo geo_of(const ch_conv_desc *d)
     return g;
 }
 
-/* Chunk i of a group: tile positions [p0, p1) (g->span each, the last one the rest), cols = the
- * chunk's GEMM columns. */
+/* Chunk i of a run of ng groups: tile positions [p0, p1) of the run (g->span each, the last one
+ * the rest), cols = the chunk's GEMM columns. */
 typedef struct wspan {
     int p0, p1, cols;
 } wspan;
 
-static wspan chunk_span(const wgeo *g, int i)
+static int run_chunks(const wgeo *g, int ng) { return (ng * g->pos + g->span - 1) / g->span; }
+
+static wspan chunk_span(const wgeo *g, int ng, int i)
 {
-    const int p0 = g->span * i, p1 = p0 + g->span < g->pos ? p0 + g->span : g->pos;
+    const int total = ng * g->pos;
+    const int p0 = g->span * i, p1 = p0 + g->span < total ? p0 + g->span : total;
     return (wspan){ p0, p1, (p1 - p0) * TB };
 }
 
-/* Position q's WA x WA window in channel c's x planes, its WM x WM block in channel o's y planes (row
- * strides x_rs and y_rs), and its lanes in row `row` of a chunk buffer. */
-static ch_real *x_window(const wgeo *g, ch_real *xg, int c, int q)
+/* A group's x and y planes, in elements (x_layout and y_layout below give the same). */
+static size_t x_group(const wgeo *g) { return (size_t)g->d->c * g->xh * g->xw * TB; }
+static size_t y_group(const wgeo *g) { return (size_t)g->d->oc * g->yh * g->yw * TB; }
+
+/* Run position r's WA x WA window in channel c's x planes, its WM x WM block in channel o's y
+ * planes (row strides x_rs and y_rs; the run's groups' planes one after another), and its lanes
+ * in row `row` of a chunk buffer. */
+static ch_real *x_window(const wgeo *g, ch_real *xg, int c, int r)
 {
-    return xg + (((size_t)c * g->xh + q / g->tx * WM) * g->xw + q % g->tx * WM) * TB;
+    const int q = r % g->pos;
+    return xg + x_group(g) * (size_t)(r / g->pos) +
+           (((size_t)c * g->xh + q / g->tx * WM) * g->xw + q % g->tx * WM) * TB;
 }
 
-static ch_real *y_block(const wgeo *g, ch_real *yg, int o, int q)
+static ch_real *y_block(const wgeo *g, ch_real *yg, int o, int r)
 {
-    return yg + (((size_t)o * g->yh + q / g->tx * WM) * g->yw + q % g->tx * WM) * TB;
+    const int q = r % g->pos;
+    return yg + y_group(g) * (size_t)(r / g->pos) +
+           (((size_t)o * g->yh + q / g->tx * WM) * g->yw + q % g->tx * WM) * TB;
 }
 
 static size_t x_rs(const wgeo *g) { return (size_t)g->xw * TB; }
@@ -457,18 +472,19 @@ static ch_gemm_batch point_gemms(const ch_conv_desc *d, wpass_kind kind, wspan k
 static size_t gemm_scratch_len(const wgeo *g)
 {
     size_t most = 0;
-    for (int i = 0; i < g->chunks; i++)
-        for (int kind = PASS_FORWARD; kind <= PASS_WEIGHTS; kind++) {
-            ch_gemm_batch b = point_gemms(g->d, (wpass_kind)kind, chunk_span(g, i));
-            b.bf16 = g->bf16;
-            const size_t len = (ch_cpu_gemm_batch_scratch(&b) + sizeof(ch_real) - 1) /
-                               sizeof(ch_real);
-            if (len > most) most = len;
-        }
+    for (int ng = 1; ng <= g->G; ng++)   /* a short last run has its own chunks */
+        for (int i = 0; i < run_chunks(g, ng); i++)
+            for (int kind = PASS_FORWARD; kind <= PASS_WEIGHTS; kind++) {
+                ch_gemm_batch b = point_gemms(g->d, (wpass_kind)kind, chunk_span(g, ng, i));
+                b.bf16 = g->bf16;
+                const size_t len = (ch_cpu_gemm_batch_scratch(&b) + sizeof(ch_real) - 1) /
+                                   sizeof(ch_real);
+                if (len > most) most = len;
+            }
     return most;
 }
 
-/* Shared: U, or dU summed (NP x oc x c). Per thread: the group's x and y planes, the two chunk
+/* Shared: U, or dU summed (NP x oc x c). Per thread: a run's x and y planes, the two chunk
  * buffers, its partial dU and db (backward weights), and the GEMMs' scratch. */
 static size_t shared_len(const ch_conv_desc *d) { return (size_t)NP * d->oc * d->c; }
 /* A chunk buffer of `rows` rows at its widest: NP point blocks, each with point_stride's line. */
@@ -476,7 +492,7 @@ static size_t chunk_len(int rows) { return (size_t)NP * ((size_t)rows * WINO_COL
 static size_t thread_len(const wgeo *g)
 {
     const ch_conv_desc *d = g->d;
-    return group_len(x_layout(g)) + group_len(y_layout(g)) +
+    return (x_group(g) + y_group(g)) * (size_t)g->G +
            chunk_len(d->c) + chunk_len(d->oc) + shared_len(d) + (size_t)d->oc +
            g->scratch;
 }
@@ -504,8 +520,8 @@ static wscratch scratch_of(const ch_kctx *kc, const wgeo *g, int t)
     const ch_conv_desc *d = g->d;
     wscratch s;
     s.xg = kc->ws + shared_len(d) + thread_len(g) * (size_t)t;
-    s.yg = s.xg + group_len(x_layout(g));
-    s.v = s.yg + group_len(y_layout(g));
+    s.yg = s.xg + x_group(g) * (size_t)g->G;
+    s.v = s.yg + y_group(g) * (size_t)g->G;
     s.e = s.v + chunk_len(d->c);
     s.du = s.e + chunk_len(d->oc);
     s.db = s.du + shared_len(d);
@@ -519,7 +535,23 @@ static bool wino_usable(const ch_kctx *kc, const ch_conv_desc *d, int n)
            kc->ws_len >= WINO_FN(workspace)(d, n, kc->nthreads);
 }
 
-/* What a pass does with each group of samples. */
+/* A run of samples s0 .. s0+live-1 (up to G groups) into consecutive groups' planes from t (each
+ * sample `len` elements), and back. */
+static void pack_run(wlayout l, size_t glen, const ch_real *t, size_t len, int live, ch_real *grp)
+{
+    for (int i = 0; i * TB < live; i++)
+        pack_group(l, t + len * TB * (size_t)i, live - i * TB < TB ? live - i * TB : TB,
+                   grp + glen * (size_t)i);
+}
+
+static void unpack_run(wlayout l, size_t glen, const ch_real *grp, int live, size_t len, ch_real *t)
+{
+    for (int i = 0; i * TB < live; i++)
+        unpack_group(l, grp + glen * (size_t)i, live - i * TB < TB ? live - i * TB : TB,
+                     t + len * TB * (size_t)i);
+}
+
+/* What a pass does with each run of samples. */
 typedef struct wpass wpass;
 struct wpass {
     const ch_real *in, *bias;   /* x and b (forward, b may be NULL), or dy */
@@ -576,10 +608,10 @@ static void point_products(const ch_kctx *kc, const wgeo *g, wpass_kind kind, ws
 /* Y for chunk i of the group in s->xg: V, then M[p] (oc x cols) = U[p] (oc x c) V[p] (c x cols),
  * then AT M AT^T into s->yg. */
 static void forward_chunk(const ch_kctx *kc, const wgeo *g, const wpass *p, const ch_real *u,
-                          const wscratch *s, int i)
+                          const wscratch *s, int ng, int i)
 {
     const ch_conv_desc *d = g->d;
-    const wspan k = chunk_span(g, i);
+    const wspan k = chunk_span(g, ng, i);
     transform_x(g, k, s);
     point_products(kc, g, PASS_FORWARD, k, u, s->v, s->e, s);
     for (int o = 0; o < d->oc; o++)
@@ -592,18 +624,20 @@ static void forward_group(const ch_kctx *kc, const wgeo *g, const wpass *p, cons
                           const wscratch *s, int s0, int live)
 {
     const ch_conv_desc *d = g->d;
-    pack_group(x_layout(g), p->in + (size_t)s0 * d->c * d->h * d->w, live, s->xg);
-    for (int i = 0; i < g->chunks; i++) forward_chunk(kc, g, p, u, s, i);
-    unpack_group(y_layout(g), s->yg, live, p->out + (size_t)s0 * d->oc * d->oh * d->ow);
+    const size_t xs = (size_t)d->c * d->h * d->w, ys = (size_t)d->oc * d->oh * d->ow;
+    const int ng = groups_of(live);
+    pack_run(x_layout(g), x_group(g), p->in + (size_t)s0 * xs, xs, live, s->xg);
+    for (int i = 0; i < run_chunks(g, ng); i++) forward_chunk(kc, g, p, u, s, ng, i);
+    unpack_run(y_layout(g), y_group(g), s->yg, live, ys, p->out + (size_t)s0 * ys);
 }
 
 /* dX for chunk i of the group's dY in s->yg: E, then dV[p] (c x cols) = U[p]^T E[p], then
  * BT^T dV BT added into the windows in s->xg. */
 static void backward_data_chunk(const ch_kctx *kc, const wgeo *g, const ch_real *u,
-                                const wscratch *s, int i)
+                                const wscratch *s, int ng, int i)
 {
     const ch_conv_desc *d = g->d;
-    const wspan k = chunk_span(g, i);
+    const wspan k = chunk_span(g, ng, i);
     transform_dy(g, k, s);
     point_products(kc, g, PASS_DATA, k, u, s->e, s->v, s);
     for (int c = 0; c < d->c; c++)
@@ -616,13 +650,15 @@ static void backward_data_group(const ch_kctx *kc, const wgeo *g, const wpass *p
                                 const ch_real *u, const wscratch *s, int s0, int live)
 {
     const ch_conv_desc *d = g->d;
-    pack_group(y_layout(g), p->in + (size_t)s0 * d->oc * d->oh * d->ow, live, s->yg);
-    memset(s->xg, 0, sizeof(ch_real) * group_len(x_layout(g)));
-    for (int i = 0; i < g->chunks; i++) backward_data_chunk(kc, g, u, s, i);
-    unpack_group(x_layout(g), s->xg, live, p->out + (size_t)s0 * d->c * d->h * d->w);
+    const size_t xs = (size_t)d->c * d->h * d->w, ys = (size_t)d->oc * d->oh * d->ow;
+    const int ng = groups_of(live);
+    pack_run(y_layout(g), y_group(g), p->in + (size_t)s0 * ys, ys, live, s->yg);
+    memset(s->xg, 0, sizeof(ch_real) * x_group(g) * (size_t)ng);
+    for (int i = 0; i < run_chunks(g, ng); i++) backward_data_chunk(kc, g, u, s, ng, i);
+    unpack_run(x_layout(g), x_group(g), s->xg, live, xs, p->out + (size_t)s0 * xs);
 }
 
-/* A pass over the batch: U from w, then each thread's groups of TB samples in order. */
+/* A pass over the batch: U from w, then each thread's groups of TB samples in order, G at a time. */
 static void run_pass(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *w,
                      const wpass *p)
 {
@@ -635,9 +671,10 @@ static void run_pass(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_r
         transform_weights(d, w, pairs * t / T, pairs * (t + 1) / T, u, g.bf16);
         const wscratch s = scratch_of(kc, &g, t);
 #pragma omp barrier
-        for (int q = groups * t / T; q < groups * (t + 1) / T; q++) {
-            const int s0 = q * TB;
-            p->group(kc, &g, p, u, &s, s0, n - s0 < TB ? n - s0 : TB);
+        const int hi = groups * (t + 1) / T;
+        for (int q = groups * t / T; q < hi; q += g.G) {
+            const int s0 = q * TB, ng = hi - q < g.G ? hi - q : g.G;
+            p->group(kc, &g, p, u, &s, s0, n - s0 < ng * TB ? n - s0 : ng * TB);
         }
     }
 }
@@ -660,9 +697,9 @@ bool WINO_FN(backward_data)(const ch_kctx *kc, const ch_conv_desc *d, int n, con
 
 /* dU for chunk i of the group (x in s->xg, dY in s->yg): V and E, then per point
  * dU[p] (oc x c) += E[p] (oc x cols) V[p]^T. */
-static void weights_chunk(const ch_kctx *kc, const wgeo *g, const wscratch *s, int i)
+static void weights_chunk(const ch_kctx *kc, const wgeo *g, const wscratch *s, int ng, int i)
 {
-    const wspan k = chunk_span(g, i);
+    const wspan k = chunk_span(g, ng, i);
     transform_x(g, k, s);
     transform_dy(g, k, s);
     point_products(kc, g, PASS_WEIGHTS, k, s->e, s->v, s->du, s);
@@ -714,11 +751,12 @@ static void weights_groups(const ch_kctx *kc, const wgeo *g, const wscratch *s, 
         s->db[o] = (ch_real)acc;
     }
     memset(s->du, 0, sizeof(ch_real) * shared_len(d));
-    for (int q = lo; q < hi; q++) {
-        const int live = n - q * TB < TB ? n - q * TB : TB;
-        pack_group(x_layout(g), x + (size_t)q * TB * xs, live, s->xg);
-        pack_group(y_layout(g), dy + (size_t)q * TB * ys, live, s->yg);
-        for (int i = 0; i < g->chunks; i++) weights_chunk(kc, g, s, i);
+    for (int q = lo; q < hi; q += g->G) {
+        const int ng = hi - q < g->G ? hi - q : g->G, r0 = q * TB;
+        const int live = n - r0 < ng * TB ? n - r0 : ng * TB;
+        pack_run(x_layout(g), x_group(g), x + (size_t)r0 * xs, xs, live, s->xg);
+        pack_run(y_layout(g), y_group(g), dy + (size_t)r0 * ys, ys, live, s->yg);
+        for (int i = 0; i < run_chunks(g, ng); i++) weights_chunk(kc, g, s, ng, i);
     }
 }
 
