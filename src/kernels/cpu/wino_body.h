@@ -560,35 +560,32 @@ struct wpass {
                   const wscratch *s, int s0, int live);
 };
 
-/* V[p][c][col] for the chunk, from the group's x planes (bf16 where g->bf16). */
-static void transform_x(const wgeo *g, wspan k, const wscratch *s)
+/* One tile's points of plane `row` at run position q, x's (V) or dy's (E), into out at stride ps. */
+static void tile_points(const wgeo *g, const wscratch *s, bool dy, int row, int q,
+                        ch_real *restrict out, size_t ps)
 {
-    const size_t ps = point_stride(g->d->c, k);
-    for (int c = 0; c < g->d->c; c++)
-        for (int q = k.p0; q < k.p1; q++) {
-            if (!g->bf16) {
-                transform_in(x_window(g, s->xg, c, q), x_rs(g), chunk_lanes(s->v, c, k, q), ps);
-                continue;
-            }
-            ch_real t[NP * TB];
-            transform_in(x_window(g, s->xg, c, q), x_rs(g), t, TB);
-            store_points_bf16(t, chunk_lanes_bf16(s->v, c, k, q), ps);
-        }
+    if (dy)
+        transform_dy_block(y_block(g, s->yg, row, q), y_rs(g), out, ps);
+    else
+        transform_in(x_window(g, s->xg, row, q), x_rs(g), out, ps);
 }
 
-/* E[p][o][col] for the chunk, from the group's dy planes (bf16 where g->bf16). */
-static void transform_dy(const wgeo *g, wspan k, const wscratch *s)
+/* V[p][c][col] for the chunk from the run's x planes into s->v, or E[p][o][col] from its dy planes
+ * into s->e; bf16 where g->bf16. */
+static void transform_chunk(const wgeo *g, wspan k, const wscratch *s, bool dy)
 {
-    const size_t ps = point_stride(g->d->oc, k);
-    for (int o = 0; o < g->d->oc; o++)
+    const int rows = dy ? g->d->oc : g->d->c;
+    ch_real *buf = dy ? s->e : s->v;
+    const size_t ps = point_stride(rows, k);
+    for (int r = 0; r < rows; r++)
         for (int q = k.p0; q < k.p1; q++) {
             if (!g->bf16) {
-                transform_dy_block(y_block(g, s->yg, o, q), y_rs(g), chunk_lanes(s->e, o, k, q), ps);
+                tile_points(g, s, dy, r, q, chunk_lanes(buf, r, k, q), ps);
                 continue;
             }
             ch_real t[NP * TB];
-            transform_dy_block(y_block(g, s->yg, o, q), y_rs(g), t, TB);
-            store_points_bf16(t, chunk_lanes_bf16(s->e, o, k, q), ps);
+            tile_points(g, s, dy, r, q, t, TB);
+            store_points_bf16(t, chunk_lanes_bf16(buf, r, k, q), ps);
         }
 }
 
@@ -612,7 +609,7 @@ static void forward_chunk(const ch_kctx *kc, const wgeo *g, const wpass *p, cons
 {
     const ch_conv_desc *d = g->d;
     const wspan k = chunk_span(g, ng, i);
-    transform_x(g, k, s);
+    transform_chunk(g, k, s, false);
     point_products(kc, g, PASS_FORWARD, k, u, s->v, s->e, s);
     for (int o = 0; o < d->oc; o++)
         for (int q = k.p0; q < k.p1; q++)
@@ -638,7 +635,7 @@ static void backward_data_chunk(const ch_kctx *kc, const wgeo *g, const ch_real 
 {
     const ch_conv_desc *d = g->d;
     const wspan k = chunk_span(g, ng, i);
-    transform_dy(g, k, s);
+    transform_chunk(g, k, s, true);
     point_products(kc, g, PASS_DATA, k, u, s->e, s->v, s);
     for (int c = 0; c < d->c; c++)
         for (int q = k.p0; q < k.p1; q++)   /* windows overlap: added in position order */
@@ -700,8 +697,8 @@ bool WINO_FN(backward_data)(const ch_kctx *kc, const ch_conv_desc *d, int n, con
 static void weights_chunk(const ch_kctx *kc, const wgeo *g, const wscratch *s, int ng, int i)
 {
     const wspan k = chunk_span(g, ng, i);
-    transform_x(g, k, s);
-    transform_dy(g, k, s);
+    transform_chunk(g, k, s, false);
+    transform_chunk(g, k, s, true);
     point_products(kc, g, PASS_WEIGHTS, k, s->e, s->v, s->du, s);
 }
 
