@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# --precision bf16 end to end, on a subset of real Fashion-MNIST, with resnet18 (13 of its 20
+# --precision bf16 end to end, on a subset of real Fashion-MNIST, with resnet18 (16 of its 20
 # convolutions multiply in bf16: the stride-2 3x3 layers directly, the stride-1 3x3 layers in
 # Winograd's point products; the rest stay fp32):
 #  - 2 epochs straight == 1 epoch, stop, --resume for 1 more: bit-identical model and optimizer
