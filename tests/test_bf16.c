@@ -242,7 +242,7 @@ static void wino_case(ch_conv_desc d, int n, int threads, bool positive_x)
     conv_out ref32 = run_ref(&c, c.x, c.w, c.dy, fp32.y);   /* a fused ReLU masks by each run's own y */
     const wino_errs e = errs_of(&c, &got, &ref), f = errs_of(&c, &fp32, &ref32);
     for (int i = 0; i < 3; i++) {
-        if (getenv("SHOW") || e.rms[i] >= wino_rms_tol || e.worst[i] >= wino_worst_tol || e.rms[i] <= 10 * f.rms[i])
+        if (e.rms[i] >= wino_rms_tol || e.worst[i] >= wino_worst_tol || e.rms[i] <= 10 * f.rms[i])
             fprintf(stderr, "%d@%dx%d -> %d relu %d n %d threads %d %s: rms %.3g worst %.3g (fp32 %.3g)\n", d.c,
                     d.h, d.w, d.oc, d.relu, n, threads, (const char *[]){ "y", "dx", "dw" }[i], e.rms[i],
                     e.worst[i], f.rms[i]);

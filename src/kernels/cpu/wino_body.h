@@ -89,7 +89,7 @@ static void store_points_bf16(const ch_real *restrict t, uint16_t *restrict out,
  * columns made GEMMs that read all of U per 16 samples (512@4x4: one tile per sample, 16 columns). */
 typedef struct wgeo {
     const ch_conv_desc *d;
-    int ty, tx, pos, G, chunks, span;   /* chunks: of a whole run */
+    int ty, tx, pos, G, span;
     int xh, xw, yh, yw;
     bool bf16;        /* the point GEMMs multiply bf16 (products_in_bf16) */
     size_t scratch;   /* the GEMMs' scratch per thread, in elements */
@@ -126,8 +126,7 @@ static wgeo tiling_of(const ch_conv_desc *d)
                .bf16 = products_in_bf16(d) };
     g.pos = g.ty * g.tx;
     g.G = g.bf16 && g.pos < WINO_POS ? WINO_POS / g.pos : 1;
-    g.chunks = (g.G * g.pos + WINO_POS - 1) / WINO_POS;
-    g.span = chunk_positions(d, g.G * g.pos, g.chunks);
+    g.span = chunk_positions(d, g.G * g.pos, (g.G * g.pos + WINO_POS - 1) / WINO_POS);
     g.xh = g.ty * WM + WR - 1, g.xw = g.tx * WM + WR - 1;
     g.yh = g.ty * WM, g.yw = g.tx * WM;
     return g;
@@ -157,42 +156,6 @@ static wspan chunk_span(const wgeo *g, int ng, int i)
     return (wspan){ p0, p1, (p1 - p0) * TB };
 }
 
-/* A group's x and y planes, in elements (x_layout and y_layout below give the same). */
-static size_t x_group(const wgeo *g) { return (size_t)g->d->c * g->xh * g->xw * TB; }
-static size_t y_group(const wgeo *g) { return (size_t)g->d->oc * g->yh * g->yw * TB; }
-
-/* Run position r's WA x WA window in channel c's x planes, its WM x WM block in channel o's y
- * planes (row strides x_rs and y_rs; the run's groups' planes one after another), and its lanes
- * in row `row` of a chunk buffer. */
-static ch_real *x_window(const wgeo *g, ch_real *xg, int c, int r)
-{
-    const int q = r % g->pos;
-    return xg + x_group(g) * (size_t)(r / g->pos) +
-           (((size_t)c * g->xh + q / g->tx * WM) * g->xw + q % g->tx * WM) * TB;
-}
-
-static ch_real *y_block(const wgeo *g, ch_real *yg, int o, int r)
-{
-    const int q = r % g->pos;
-    return yg + y_group(g) * (size_t)(r / g->pos) +
-           (((size_t)o * g->yh + q / g->tx * WM) * g->yw + q % g->tx * WM) * TB;
-}
-
-static size_t x_rs(const wgeo *g) { return (size_t)g->xw * TB; }
-static size_t y_rs(const wgeo *g) { return (size_t)g->yw * TB; }
-
-static ch_real *chunk_lanes(ch_real *buf, int row, wspan k, int q)
-{
-    return buf + (size_t)row * k.cols + (size_t)(q - k.p0) * TB;
-}
-
-/* The same in a chunk buffer holding bf16 (an operand of bf16 products: the buffer's memory,
- * sized for fp32, read as half as many bytes per element). */
-static uint16_t *chunk_lanes_bf16(ch_real *buf, int row, wspan k, int q)
-{
-    return (uint16_t *)buf + (size_t)row * k.cols + (size_t)(q - k.p0) * TB;
-}
-
 /* A tensor's samples s .. s+live-1 (planes of h x w) as a group's planes of ph x pw vectors, the
  * data at (pad, pad), zero elsewhere and in the lanes past live. */
 typedef struct wlayout {
@@ -210,6 +173,38 @@ static wlayout y_layout(const wgeo *g)
 }
 
 static size_t group_len(wlayout l) { return (size_t)l.planes * l.ph * l.pw * TB; }
+
+/* Run position r's WA x WA window in channel c's x planes, its WM x WM block in channel o's y
+ * planes (row strides x_rs and y_rs; the run's groups' planes one after another), and its lanes
+ * in row `row` of a chunk buffer. */
+static ch_real *x_window(const wgeo *g, ch_real *xg, int c, int r)
+{
+    const int q = r % g->pos;
+    return xg + group_len(x_layout(g)) * (size_t)(r / g->pos) +
+           (((size_t)c * g->xh + q / g->tx * WM) * g->xw + q % g->tx * WM) * TB;
+}
+
+static ch_real *y_block(const wgeo *g, ch_real *yg, int o, int r)
+{
+    const int q = r % g->pos;
+    return yg + group_len(y_layout(g)) * (size_t)(r / g->pos) +
+           (((size_t)o * g->yh + q / g->tx * WM) * g->yw + q % g->tx * WM) * TB;
+}
+
+static size_t x_rs(const wgeo *g) { return (size_t)g->xw * TB; }
+static size_t y_rs(const wgeo *g) { return (size_t)g->yw * TB; }
+
+static ch_real *chunk_lanes(ch_real *buf, int row, wspan k, int q)
+{
+    return buf + (size_t)row * k.cols + (size_t)(q - k.p0) * TB;
+}
+
+/* The same in a chunk buffer holding bf16 (an operand of bf16 products: the buffer's memory,
+ * sized for fp32, read as half as many bytes per element). */
+static uint16_t *chunk_lanes_bf16(ch_real *buf, int row, wspan k, int q)
+{
+    return (uint16_t *)buf + (size_t)row * k.cols + (size_t)(q - k.p0) * TB;
+}
 
 /* The transposes between a tensor's rows (one per sample, ss apart) and a group's lanes:
  * to[c*TB + s] = from[s*ss + c] and back, for c < len and s < live. Where AVX2 is there (float
@@ -492,7 +487,7 @@ static size_t chunk_len(int rows) { return (size_t)NP * ((size_t)rows * WINO_COL
 static size_t thread_len(const wgeo *g)
 {
     const ch_conv_desc *d = g->d;
-    return (x_group(g) + y_group(g)) * (size_t)g->G +
+    return (group_len(x_layout(g)) + group_len(y_layout(g))) * (size_t)g->G +
            chunk_len(d->c) + chunk_len(d->oc) + shared_len(d) + (size_t)d->oc +
            g->scratch;
 }
@@ -520,8 +515,8 @@ static wscratch scratch_of(const ch_kctx *kc, const wgeo *g, int t)
     const ch_conv_desc *d = g->d;
     wscratch s;
     s.xg = kc->ws + shared_len(d) + thread_len(g) * (size_t)t;
-    s.yg = s.xg + x_group(g) * (size_t)g->G;
-    s.v = s.yg + y_group(g) * (size_t)g->G;
+    s.yg = s.xg + group_len(x_layout(g)) * (size_t)g->G;
+    s.v = s.yg + group_len(y_layout(g)) * (size_t)g->G;
     s.e = s.v + chunk_len(d->c);
     s.du = s.e + chunk_len(d->oc);
     s.db = s.du + shared_len(d);
@@ -529,10 +524,12 @@ static wscratch scratch_of(const ch_kctx *kc, const wgeo *g, int t)
     return s;
 }
 
-static bool wino_usable(const ch_kctx *kc, const ch_conv_desc *d, int n)
+/* Whether a pass can run, with *g its geometry (made once per pass: it looks up every GEMM shape). */
+static bool wino_usable(const ch_kctx *kc, const ch_conv_desc *d, int n, wgeo *g)
 {
-    return wino_applies(d) && n > 0 && kc->ws &&
-           kc->ws_len >= WINO_FN(workspace)(d, n, kc->nthreads);
+    if (!wino_applies(d) || n <= 0 || !kc->ws) return false;
+    *g = geo_of(d);
+    return kc->ws_len >= shared_len(d) + thread_len(g) * (size_t)team_size(n, kc->nthreads);
 }
 
 /* A run of samples s0 .. s0+live-1 (up to G groups) into consecutive groups' planes from t (each
@@ -623,9 +620,9 @@ static void forward_group(const ch_kctx *kc, const wgeo *g, const wpass *p, cons
     const ch_conv_desc *d = g->d;
     const size_t xs = (size_t)d->c * d->h * d->w, ys = (size_t)d->oc * d->oh * d->ow;
     const int ng = groups_of(live);
-    pack_run(x_layout(g), x_group(g), p->in + (size_t)s0 * xs, xs, live, s->xg);
+    pack_run(x_layout(g), group_len(x_layout(g)), p->in + (size_t)s0 * xs, xs, live, s->xg);
     for (int i = 0; i < run_chunks(g, ng); i++) forward_chunk(kc, g, p, u, s, ng, i);
-    unpack_run(y_layout(g), y_group(g), s->yg, live, ys, p->out + (size_t)s0 * ys);
+    unpack_run(y_layout(g), group_len(y_layout(g)), s->yg, live, ys, p->out + (size_t)s0 * ys);
 }
 
 /* dX for chunk i of the group's dY in s->yg: E, then dV[p] (c x cols) = U[p]^T E[p], then
@@ -649,19 +646,19 @@ static void backward_data_group(const ch_kctx *kc, const wgeo *g, const wpass *p
     const ch_conv_desc *d = g->d;
     const size_t xs = (size_t)d->c * d->h * d->w, ys = (size_t)d->oc * d->oh * d->ow;
     const int ng = groups_of(live);
-    pack_run(y_layout(g), y_group(g), p->in + (size_t)s0 * ys, ys, live, s->yg);
-    memset(s->xg, 0, sizeof(ch_real) * x_group(g) * (size_t)ng);
+    pack_run(y_layout(g), group_len(y_layout(g)), p->in + (size_t)s0 * ys, ys, live, s->yg);
+    memset(s->xg, 0, sizeof(ch_real) * group_len(x_layout(g)) * (size_t)ng);
     for (int i = 0; i < run_chunks(g, ng); i++) backward_data_chunk(kc, g, u, s, ng, i);
-    unpack_run(x_layout(g), x_group(g), s->xg, live, xs, p->out + (size_t)s0 * xs);
+    unpack_run(x_layout(g), group_len(x_layout(g)), s->xg, live, xs, p->out + (size_t)s0 * xs);
 }
 
 /* A pass over the batch: U from w, then each thread's groups of TB samples in order, G at a time. */
-static void run_pass(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *w,
-                     const wpass *p)
+static void run_pass(const ch_kctx *kc, const wgeo *gp, int n, const ch_real *w, const wpass *p)
 {
+    const wgeo g = *gp;
+    const ch_conv_desc *d = g.d;
     const int T = team_size(n, kc->nthreads), pairs = d->oc * d->c, groups = groups_of(n);
     ch_real *u = kc->ws;
-    const wgeo g = geo_of(d);
 #pragma omp parallel num_threads(T) if (T > 1)
     {
         const int t = ch_omp_thread();
@@ -679,16 +676,18 @@ static void run_pass(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_r
 bool WINO_FN(forward)(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
                           const ch_real *w, const ch_real *b, ch_real *y)
 {
-    if (!wino_usable(kc, d, n)) return false;
-    run_pass(kc, d, n, w, &(wpass){ .in = x, .bias = b, .out = y, .group = forward_group });
+    wgeo g;
+    if (!wino_usable(kc, d, n, &g)) return false;
+    run_pass(kc, &g, n, w, &(wpass){ .in = x, .bias = b, .out = y, .group = forward_group });
     return true;
 }
 
 bool WINO_FN(backward_data)(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *dy,
                                 const ch_real *w, ch_real *dx)
 {
-    if (!wino_usable(kc, d, n)) return false;
-    run_pass(kc, d, n, w, &(wpass){ .in = dy, .out = dx, .group = backward_data_group });
+    wgeo g;
+    if (!wino_usable(kc, d, n, &g)) return false;
+    run_pass(kc, &g, n, w, &(wpass){ .in = dy, .out = dx, .group = backward_data_group });
     return true;
 }
 
@@ -751,8 +750,8 @@ static void weights_groups(const ch_kctx *kc, const wgeo *g, const wscratch *s, 
     for (int q = lo; q < hi; q += g->G) {
         const int ng = hi - q < g->G ? hi - q : g->G, r0 = q * TB;
         const int live = n - r0 < ng * TB ? n - r0 : ng * TB;
-        pack_run(x_layout(g), x_group(g), x + (size_t)r0 * xs, xs, live, s->xg);
-        pack_run(y_layout(g), y_group(g), dy + (size_t)r0 * ys, ys, live, s->yg);
+        pack_run(x_layout(g), group_len(x_layout(g)), x + (size_t)r0 * xs, xs, live, s->xg);
+        pack_run(y_layout(g), group_len(y_layout(g)), dy + (size_t)r0 * ys, ys, live, s->yg);
         for (int i = 0; i < run_chunks(g, ng); i++) weights_chunk(kc, g, s, ng, i);
     }
 }
@@ -761,10 +760,10 @@ bool WINO_FN(backward_weights)(const ch_kctx *kc, const ch_conv_desc *d, int n,
                                    const ch_real *x, const ch_real *y, ch_real *dy, ch_real *dw,
                                    ch_real *db)
 {
-    if (!wino_usable(kc, d, n)) return false;
+    wgeo g;
+    if (!wino_usable(kc, d, n, &g)) return false;
     const int T = team_size(n, kc->nthreads), pairs = d->oc * d->c, groups = groups_of(n);
     const size_t len = shared_len(d);
-    const wgeo g = geo_of(d);
     ch_real *du = kc->ws;
 #pragma omp parallel num_threads(T) if (T > 1)
     {
