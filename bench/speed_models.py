@@ -1,4 +1,5 @@
-"""The two models of issue 41's speed target, as users write them, for bench/train_throughput:
+"""Models as users write them, for bench/train_throughput: the two of issue 41's speed target, and
+a wide MLP whose Linear layers are where --precision bf16's GEMMs (issue 44) matter:
 
   mobilenetv2  torchvision's MobileNetV2 block structure (its inverted-residual table, ReLU6, 1x1
                expand / 3x3 depthwise / 1x1 linear projection, residual where stride 1 and the width
@@ -6,9 +7,11 @@
                ports of it do, so that 28x28 is not down to 1x1 by the fourth stage
   resnet20     He et al.'s CIFAR ResNet-20 (three stages of 16, 32, 64 channels, three BasicBlocks
                each), with 1x1-conv + BN shortcuts where the shape changes
+  mlp2048      Flatten, Linear(784, 2048), ReLU, Linear(2048, 2048), ReLU, Linear(2048, 10): 0.4 and
+               1.1 G multiply-adds a pass at batch 256, past the 2^26 from which cohort runs them in bf16
 
 No dropout (the mask would differ from PyTorch's, and it costs nothing worth timing).
-usage: speed_models.py export DIR   writes DIR/mobilenetv2.onnx and DIR/resnet20.onnx
+usage: speed_models.py export DIR   writes DIR/NAME.onnx for each NAME above
 """
 import os
 import sys
@@ -75,7 +78,12 @@ class ResNet20(nn.Module):
         return self.fc(self.blocks(self.stem(x)).mean((2, 3)))
 
 
-MODELS = {"mobilenetv2": MobileNetV2, "resnet20": ResNet20}
+def mlp2048(classes=10):
+    return nn.Sequential(nn.Flatten(), nn.Linear(784, 2048), nn.ReLU(), nn.Linear(2048, 2048), nn.ReLU(),
+                         nn.Linear(2048, classes))
+
+
+MODELS = {"mobilenetv2": MobileNetV2, "resnet20": ResNet20, "mlp2048": mlp2048}
 
 if __name__ == "__main__":
     if len(sys.argv) != 3 or sys.argv[1] != "export":

@@ -63,31 +63,9 @@ static void resnet18_logits(ch_backend *be, int n, const float *x, float *out)
  * logits; the planned model's saved bytes and scratch go to *saved and *scratch. */
 static void resnet18_step(ch_backend *be, bool bf16, int n, float *g, size_t *saved, size_t *scratch)
 {
-    ch_model *m;
-    ch_err err;
-    if (ch_zoo_model("resnet18", (ch_shape3){ 1, 12, 12 }, 10, be, &m, &err) != CH_STATUS_OK ||
-        ch_model_init_params(m, "default", 4, &err) != CH_STATUS_OK)
-        fail_msg("%s", err.msg);
-    m->bf16 = bf16;
-    if (ch_model_plan(m, n, 2, &err) != CH_STATUS_OK) fail_msg("%s", err.msg);
-    float *x = malloc(sizeof(float) * (size_t)n * 144), *dl = malloc(sizeof(float) * (size_t)n * 10);
-    ch_real *dx = ch_backend_alloc(be, sizeof(ch_real) * (size_t)n * 144);
-    ch_real *dd = ch_backend_alloc(be, sizeof(ch_real) * (size_t)n * 10);
-    assert_true(x && dl && dx && dd);
-    for (int i = 0; i < n * 144; i++) x[i] = (float)((i * 37) % 101) / 50.0f - 1.0f;
-    for (int i = 0; i < n * 10; i++) dl[i] = (float)((i * 13) % 7) / 7.0f - 0.4f;
-    if (ch_model_upload_floats(m, dx, x, (size_t)n * 144, &err) != CH_STATUS_OK ||
-        ch_model_upload_floats(m, dd, dl, (size_t)n * 10, &err) != CH_STATUS_OK)
-        fail_msg("%s", err.msg);
-    const ch_run r = ch_model_run(m, true);
-    ch_model_forward(m, &r, n, dx);
-    ch_model_backward(m, &r, n, dx, dd);
-    if (ch_model_download_floats(m, g, m->grads, m->nparams, &err) != CH_STATUS_OK) fail_msg("%s", err.msg);
+    ch_model *m = tu_zoo_step(be, "resnet18", (ch_shape3){ 1, 12, 12 }, 4, bf16, n, g);
     *saved = m->saved_bytes;
     *scratch = m->scratch_len;
-    ch_backend_release(be, dx);
-    ch_backend_release(be, dd);
-    free(x), free(dl);
     ch_model_free(m);
 }
 

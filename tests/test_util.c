@@ -8,6 +8,8 @@
 #include <zlib.h>
 
 #include "core/rng.h"
+#include "kernels/backend.h"
+#include "models/zoo.h"
 #include "nn/model.h"
 #include "data/dataset.h"
 #include "train/trainer.h"
@@ -282,4 +284,34 @@ static double pair_error(ch_trainer *one, ch_trainer *job, int epochs, char *sha
     ch_trainer_free(job);
     ch_trainer_free(one);
     return e;
+}
+
+ch_model *tu_zoo_step(ch_backend *be, const char *arch, ch_shape3 in, uint64_t seed, bool bf16, int n,
+                      float *g)
+{
+    ch_model *m;
+    ch_err err;
+    const size_t per = (size_t)in.c * in.h * in.w;
+    if (ch_zoo_model(arch, in, 10, be, &m, &err) != CH_STATUS_OK ||
+        ch_model_init_params(m, "default", seed, &err) != CH_STATUS_OK)
+        fail_msg("%s", err.msg);
+    m->bf16 = bf16;
+    if (ch_model_plan(m, n, 2, &err) != CH_STATUS_OK) fail_msg("%s", err.msg);
+    float *x = malloc(sizeof(float) * n * per), *dl = malloc(sizeof(float) * (size_t)n * 10);
+    ch_real *dx = ch_backend_alloc(be, sizeof(ch_real) * n * per);
+    ch_real *dd = ch_backend_alloc(be, sizeof(ch_real) * (size_t)n * 10);
+    if (!x || !dl || !dx || !dd) fail_msg("tu_zoo_step: out of memory");
+    for (size_t i = 0; i < n * per; i++) x[i] = (float)((i * 37) % 101) / 50.0f - 1.0f;
+    for (int i = 0; i < n * 10; i++) dl[i] = (float)((i * 13) % 7) / 7.0f - 0.4f;
+    if (ch_model_upload_floats(m, dx, x, n * per, &err) != CH_STATUS_OK ||
+        ch_model_upload_floats(m, dd, dl, (size_t)n * 10, &err) != CH_STATUS_OK)
+        fail_msg("%s", err.msg);
+    const ch_run r = ch_model_run(m, true);
+    ch_model_forward(m, &r, n, dx);
+    ch_model_backward(m, &r, n, dx, dd);
+    if (ch_model_download_floats(m, g, m->grads, m->nparams, &err) != CH_STATUS_OK) fail_msg("%s", err.msg);
+    ch_backend_release(be, dx);
+    ch_backend_release(be, dd);
+    free(x), free(dl);
+    return m;
 }

@@ -10,6 +10,7 @@
 #include <cmocka.h>
 
 #include "core/real.h"
+#include "nn/layer.h"
 
 /* Fill with uniform values in [lo, hi) from a seeded stream. */
 void tu_fill_uniform(ch_real *x, size_t n, double lo, double hi, uint64_t seed);
@@ -28,6 +29,13 @@ double tu_max_norm_err_f32(const float *a, const float *b, size_t n);
  * noise. a and b are gradient buffers laid out like m->grads. */
 struct ch_model;
 double tu_grad_error(const struct ch_model *m, const ch_real *a, const ch_real *b);
+/* One training step of the zoo's `arch` (inputs `in`, 10 classes, parameters from init seed `seed`)
+ * on backend be, planned for n samples on 2 threads, in bf16 or not, from fixed inputs and a
+ * fixed gradient of the logits: its parameter gradients (nparams floats) into g. Returns the
+ * planned model, for the caller to read and free (ch_model_free). Fails the test on any error. */
+struct ch_backend;
+struct ch_model *tu_zoo_step(struct ch_backend *be, const char *arch, ch_shape3 in, uint64_t seed,
+                             bool bf16, int n, float *g);
 /* n single-channel size x size images with 10 classes and a learnable pattern (a bright column at
  * the label's position). Free with ch_dataset_free. */
 struct ch_dataset *tu_synthetic(size_t n, int size, uint64_t seed);

@@ -125,6 +125,16 @@ typedef struct ch_kernels {
                  const ch_real *a, int lda, const ch_real *b, int ldb, ch_real beta, ch_real *c,
                  int ldc);
 
+    /* --precision bf16's GEMMs (Linear layers): C = op(A) op(B), plus C where accumulate, A and B
+     * rounded to bf16, the products summed in fp32. The workspace query (elements, plan time; kc->ws
+     * not read) is 0 where bf16 would not be the faster or cannot run; a call where it would be 0,
+     * or where kc's workspace is short, computes in fp32 as gemm does. NULL: never. */
+    size_t (*gemm_bf16_workspace)(const ch_kctx *kc, bool trans_a, bool trans_b, int m, int n,
+                                  int k, int ldc, bool accumulate);
+    void (*gemm_bf16)(const ch_kctx *kc, bool trans_a, bool trans_b, int m, int n, int k,
+                      const ch_real *a, int lda, const ch_real *b, int ldb, bool accumulate,
+                      ch_real *c, int ldc);
+
     /* Whether the three convolution kernels multiply this d->bf16 layer's operands in bf16 at
      * batch n with kc->nthreads threads (NULL: never; what `--dry-run` reports). kc->ws is not
      * read. */

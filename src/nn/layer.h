@@ -82,11 +82,12 @@ typedef struct ch_plan {
     const ch_kernels *k;
     int max_batch;
     int nthreads;
-    bool bf16;          /* --precision bf16: convolutions may multiply in bf16 (ch_conv_desc's) */
+    bool bf16;          /* --precision bf16: convolutions and Linear layers may multiply in bf16 */
     size_t ws_need;     /* out: the largest kernel workspace (elements) any layer needs */
     size_t saved_bytes; /* out: what layers keep from forward for backward besides their outputs
                          * (pooling argmax, dropout masks) */
     int convs, bf16_convs; /* out: convolutions, and those whose products the kernels do in bf16 */
+    int linears, bf16_linears; /* out: Linear layers, and those whose GEMMs run in bf16 */
     size_t bf16_kept;   /* out: activation values kept in bf16 between forward and backward */
 } ch_plan;
 

@@ -197,6 +197,8 @@ static ch_status plan(ch_model *m, int max_batch, int nthreads, ch_err *err)
     m->saved_bytes = pl.saved_bytes;
     m->convs = pl.convs;
     m->bf16_convs = pl.bf16_convs;
+    m->linears = pl.linears;
+    m->bf16_linears = pl.bf16_linears;
     m->bf16_kept = pl.bf16_kept;
     CH_TRY(ch_backend_reserve_workspace(m->be, m->ws_len, err));
     m->scratch_len = m->root->scratch_need;

@@ -33,6 +33,7 @@ typedef struct ch_model {
     int max_batch, nthreads;        /* as planned */
     bool bf16;                      /* set before planning: --precision bf16 (kernels.h's conv bf16) */
     int convs, bf16_convs;          /* planned: convolutions, and those multiplying in bf16 */
+    int linears, bf16_linears;      /* planned: Linear layers, and those multiplying in bf16 */
     size_t bf16_kept;               /* planned: activation values kept in bf16 for backward */
     size_t ws_len;                  /* the kernels' workspace it needs (reals): be holds it */
     ch_real *scratch;               /* the layers' backward scratch stack, planned */

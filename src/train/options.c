@@ -180,7 +180,7 @@ static const ch_opt table[] = {
       .section = CH_SEC_DEVICES, .brief = "BatchNorm batch statistics over the whole global batch",
       .dflt = "each device's own slice, as PyTorch DDP" },
     { .name = "precision", .cmds = T | E | B, .type = CH_OPT_STR, CFG(precision), .section = CH_SEC_DEVICES,
-      .arg = "P", .brief = "fp32 | bf16: convolutions multiply in bf16 where that is the faster",
+      .arg = "P", .brief = "fp32 | bf16: convolutions and large Linear layers multiply in bf16 where that is the faster",
       .more = "weights, gradients, optimizer state and activations stay fp32; refused on a CPU without "
               "native bf16 (cohort info says). eval computes in fp32 unless given bf16, whatever the "
               "checkpoint was trained in", .dflt = "fp32" },

@@ -82,6 +82,25 @@ static void walk(FILE *out, const ch_layer *l, const char *prefix, int depth, to
 static double mib(double bytes) { return bytes / (1 << 20); }
 
 /* --ps-servers: who serves what, and how the workers and servers talk. */
+
+/* --precision bf16's line: which layers multiply in bf16, and what is kept in bf16. */
+static void describe_bf16(FILE *out, const ch_model *m)
+{
+    char convs[200] = "", linears[100] = "", kept[160] = "";
+    if (m->convs)
+        snprintf(convs, sizeof convs, "%d of %d convolutions (where bf16 is the faster: direct, or a 3x3 "
+                 "Winograd's point products; not 1x1, 16 channels or more)", m->bf16_convs, m->convs);
+    if (m->linears)
+        snprintf(linears, sizeof linears, "%s%d of %d Linear layers (2^26 multiply-adds a pass or more)",
+                 m->convs ? " and " : "", m->bf16_linears, m->linears);
+    if (m->bf16_kept)
+        snprintf(kept, sizeof kept, "; BatchNorm inputs kept in bf16 from forward to backward (%.2f MiB of the "
+                 "saved)", mib((double)m->bf16_kept * 2));
+    fprintf(out, "precision: bf16 products in %s%s, fp32 sums%s; weights, gradients, optimizer state, BatchNorm "
+            "statistics and %sactivations fp32%s\n", m->convs || m->linears ? convs : "no layer", linears, kept,
+            m->bf16_kept ? "other " : "",
+            m->bf16_convs || m->bf16_linears || m->bf16_kept ? "" : ": none of this model's layers is one, so it trains as in fp32");
+}
 static void print_servers(FILE *out, const ch_trainer *t, size_t P)
 {
     int S = 0;
@@ -126,17 +145,7 @@ void ch_trainer_describe(const ch_trainer *t, FILE *out)
            "kernel workspace %.2f MiB\n", slice, mib(P * 4), mib(P * 4),
            o->nstate * mib((double)o->n * sizeof(ch_real)), zero, mib(act), mib((double)m->saved_bytes),
            mib((double)m->scratch_len * sizeof(ch_real)), mib((double)m->ws_len * sizeof(ch_real)));
-    if (t->spec.bf16) {
-        char kept[160] = "";
-        if (m->bf16_kept)
-            snprintf(kept, sizeof kept, "; BatchNorm inputs kept in bf16 from forward to backward (%.2f MiB of the "
-                     "saved)", mib((double)m->bf16_kept * 2));
-        fprintf(out, "precision: bf16 products in %d of %d convolutions (where bf16 is the faster: direct, or a 3x3 "
-               "Winograd's point products; not 1x1, 16 channels or more), fp32 sums%s; weights, gradients, optimizer state, "
-               "BatchNorm statistics and %sactivations fp32%s\n", m->bf16_convs, m->convs, kept,
-               m->bf16_kept ? "other " : "",
-               m->bf16_convs || m->bf16_kept ? "" : ": none of this model's layers is one, so it trains as in fp32");
-    }
+    if (t->spec.bf16) describe_bf16(out, m);
     int threads = 0;
     for (int r = 0; r < D; r++) threads += t->replicas[r].nthreads;
     fprintf(out, "devices: %d rank%s x [%s] = %d replica%s; %d compute thread%s in this rank\n", t->procs,

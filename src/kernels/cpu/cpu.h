@@ -43,6 +43,13 @@ void ch_cpu_gemm_batch(const ch_kctx *kc, const ch_gemm_batch *g, const ch_real 
  * Winograd point GEMMs, wino_body.h). */
 void ch_cpu_gemm_batch_bf16(const ch_kctx *kc, const ch_gemm_batch *g, const uint16_t *a,
                             const uint16_t *b, ch_real *c, void *scratch);
+/* Whether oneDNN has a fast kernel for g (false: the calls above run plain loops). */
+bool ch_cpu_gemm_batch_fast(const ch_gemm_batch *g);
+/* The kernel table's gemm_bf16 and its workspace query (cpu_gemm_bf16.c). */
+size_t ch_cpu_gemm_bf16_workspace(const ch_kctx *kc, bool ta, bool tb, int m, int n, int k,
+                                  int ldc, bool accumulate);
+void ch_cpu_gemm_bf16(const ch_kctx *kc, bool ta, bool tb, int m, int n, int k, const ch_real *a,
+                      int lda, const ch_real *b, int ldb, bool accumulate, ch_real *c, int ldc);
 
 size_t ch_cpu_conv2d_workspace(const ch_kctx *kc, const ch_conv_desc *d, int n);
 bool ch_cpu_conv2d_in_bf16(const ch_kctx *kc, const ch_conv_desc *d, int n);

@@ -112,6 +112,12 @@ void ch_cpu_gemm_batch_bf16(const ch_kctx *kc, const ch_gemm_batch *g, const uin
     gemm_batch_loop_bf16(g, a, b, c);
 }
 
+bool ch_cpu_gemm_batch_fast(const ch_gemm_batch *g)
+{
+    (void)g;
+    return false;
+}
+
 #else
 
 enum { GB_ALIGN = 64 };
@@ -225,6 +231,12 @@ size_t ch_cpu_gemm_batch_scratch(const ch_gemm_batch *g)
 {
     const gb_entry *e = gb_entry_for(g);
     return e && e->p && e->scratch_bytes ? e->scratch_bytes + GB_ALIGN : 0;
+}
+
+bool ch_cpu_gemm_batch_fast(const ch_gemm_batch *g)
+{
+    const gb_entry *e = gb_entry_for(g);
+    return e && e->p;
 }
 
 /* The batch through e's primitive; false where there is none (the caller loops instead). */

@@ -12,7 +12,7 @@
 #include "core/status.h"
 #include "kernels/backend.h"
 
-enum { CH_CUDA_PLUGIN_ABI = 4, CH_NCCL_ID_BYTES = 128 };   /* 4: ch_kctx's cache; the workspace query takes a ch_kctx */
+enum { CH_CUDA_PLUGIN_ABI = 5, CH_NCCL_ID_BYTES = 128 };   /* 4: ch_kctx's cache; the workspace query takes a ch_kctx; 5: the kernel table's bf16 GEMM entries */
 
 typedef struct ch_cuda_plugin {
     int abi;

@@ -38,6 +38,33 @@ static void lz_gemm(const ch_kctx *kc, bool ta, bool tb, int m, int n, int k, ch
     ch_lazy_queue_call(kc, run_gemm, &queued, sizeof queued);
 }
 
+typedef struct gemm_bf16_args {
+    bool ta;
+    bool tb;
+    int m;
+    int n;
+    int k;
+    const ch_real *a;
+    int lda;
+    const ch_real *b;
+    int ldb;
+    bool accumulate;
+    ch_real *c;
+    int ldc;
+} gemm_bf16_args;
+
+static void run_gemm_bf16(const ch_kctx *kc, const void *args)
+{
+    const gemm_bf16_args *g = args;
+    sc()->gemm_bf16(kc, g->ta, g->tb, g->m, g->n, g->k, g->a, g->lda, g->b, g->ldb, g->accumulate, g->c, g->ldc);
+}
+
+static void lz_gemm_bf16(const ch_kctx *kc, bool ta, bool tb, int m, int n, int k, const ch_real *a, int lda, const ch_real *b, int ldb, bool accumulate, ch_real *c, int ldc)
+{
+    const gemm_bf16_args queued = { ta, tb, m, n, k, a, lda, b, ldb, accumulate, c, ldc };
+    ch_lazy_queue_call(kc, run_gemm_bf16, &queued, sizeof queued);
+}
+
 typedef struct conv2d_forward_args {
     ch_conv_desc d;
     int n;
@@ -543,6 +570,8 @@ static void lz_mse(const ch_kctx *kc, size_t len, const ch_real *pred, const ch_
 static const ch_kernels lazy_table = {
     .name = "lazy",
     .gemm = lz_gemm,
+    .gemm_bf16_workspace = ch_cpu_gemm_bf16_workspace,
+    .gemm_bf16 = lz_gemm_bf16,
     .conv2d_workspace = ch_cpu_conv2d_workspace,
     .conv2d_in_bf16 = ch_cpu_conv2d_in_bf16,
     .conv2d_forward = lz_conv2d_forward,

@@ -167,6 +167,19 @@ static void sc_gemm(const ch_kctx *kc, bool ta, bool tb, int m, int n, int k, ch
     AROUND(r, ch_cpu_gemm(kc, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc));
 }
 
+static void sc_gemm_bf16(const ch_kctx *kc, bool ta, bool tb, int m, int n, int k,
+                         const ch_real *a, int lda, const ch_real *b, int ldb, bool accumulate,
+                         ch_real *c, int ldc)
+{
+    regions r = { 0 };
+    if (k > 0) {
+        add(&r, a, span(ta ? k : m, ta ? m : k, (size_t)lda));
+        add(&r, b, span(tb ? n : k, tb ? k : n, (size_t)ldb));
+    }
+    add(&r, c, span(m, n, (size_t)ldc));
+    AROUND(r, ch_cpu_gemm_bf16(kc, ta, tb, m, n, k, a, lda, b, ldb, accumulate, c, ldc));
+}
+
 static size_t conv_x(const ch_conv_desc *d, int n) { return F((size_t)n * d->c * d->h * d->w); }
 static size_t conv_y(const ch_conv_desc *d, int n) { return F((size_t)n * d->oc * d->oh * d->ow); }
 static size_t conv_w(const ch_conv_desc *d) { return F((size_t)d->oc * (d->c / ch_conv_groups(d)) * d->kh * d->kw); }
@@ -575,6 +588,8 @@ static void sc_mse(const ch_kctx *kc, size_t len, const ch_real *pred, const ch_
 static const ch_kernels scramble_table = {
     .name = "scramble",
     .gemm = sc_gemm,
+    .gemm_bf16_workspace = ch_cpu_gemm_bf16_workspace,
+    .gemm_bf16 = sc_gemm_bf16,
     .conv2d_workspace = ch_cpu_conv2d_workspace,
     .conv2d_in_bf16 = ch_cpu_conv2d_in_bf16,
     .conv2d_forward = sc_conv_forward,
