@@ -509,14 +509,14 @@ static void mlp_step(ch_backend *be, bool bf16, int n, float *g, int *bf16_linea
     ch_model_free(m);
 }
 
-/* A gemm that rounds A and B to bf16 where m*n*k reaches 2^26 (where gemm_bf16 takes a GEMM), then
- * runs the CPU's fp32 gemm: a model planned in fp32 on a table with it stands for what bf16 should
- * do to each of a Linear layer's passes, whichever passes linear.c sends to gemm_bf16. */
+/* A gemm that rounds A and B to bf16 where gemm_bf16 would take the GEMM (its workspace query is
+ * not 0), then runs the CPU's fp32 gemm: a model planned in fp32 on a table with it stands for what
+ * bf16 should do to each of a Linear layer's passes, whichever passes linear.c sends to gemm_bf16. */
 static void rounding_gemm(const ch_kctx *kc, bool ta, bool tb, int m, int n, int k, ch_real alpha,
                           const ch_real *a, int lda, const ch_real *b, int ldb, ch_real beta,
                           ch_real *c, int ldc)
 {
-    if ((double)m * n * k < 67108864.0) {
+    if (!ch_cpu_gemm_bf16_workspace(kc, ta, tb, m, n, k, ldc, beta != 0)) {
         ch_cpu_gemm(kc, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
         return;
     }

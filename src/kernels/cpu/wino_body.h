@@ -534,18 +534,25 @@ static bool wino_usable(const ch_kctx *kc, const ch_conv_desc *d, int n, wgeo *g
 
 /* A run of samples s0 .. s0+live-1 (up to G groups) into consecutive groups' planes from t (each
  * sample `len` elements), and back. */
-static void pack_run(wlayout l, size_t glen, const ch_real *t, size_t len, int live, ch_real *grp)
+static void pack_run(wlayout l, const ch_real *t, size_t len, int live, ch_real *grp)
 {
     for (int i = 0; i * TB < live; i++)
         pack_group(l, t + len * TB * (size_t)i, live - i * TB < TB ? live - i * TB : TB,
-                   grp + glen * (size_t)i);
+                   grp + group_len(l) * (size_t)i);
 }
 
-static void unpack_run(wlayout l, size_t glen, const ch_real *grp, int live, size_t len, ch_real *t)
+static void unpack_run(wlayout l, const ch_real *grp, int live, size_t len, ch_real *t)
 {
     for (int i = 0; i * TB < live; i++)
-        unpack_group(l, grp + glen * (size_t)i, live - i * TB < TB ? live - i * TB : TB,
+        unpack_group(l, grp + group_len(l) * (size_t)i, live - i * TB < TB ? live - i * TB : TB,
                      t + len * TB * (size_t)i);
+}
+
+/* The samples of the run that starts at group q of a thread's groups [q, hi): up to G groups. */
+static int run_live(const wgeo *g, int n, int q, int hi)
+{
+    const int ng = hi - q < g->G ? hi - q : g->G, s0 = q * TB;
+    return n - s0 < ng * TB ? n - s0 : ng * TB;
 }
 
 /* What a pass does with each run of samples. */
@@ -620,9 +627,9 @@ static void forward_group(const ch_kctx *kc, const wgeo *g, const wpass *p, cons
     const ch_conv_desc *d = g->d;
     const size_t xs = (size_t)d->c * d->h * d->w, ys = (size_t)d->oc * d->oh * d->ow;
     const int ng = groups_of(live);
-    pack_run(x_layout(g), group_len(x_layout(g)), p->in + (size_t)s0 * xs, xs, live, s->xg);
+    pack_run(x_layout(g), p->in + (size_t)s0 * xs, xs, live, s->xg);
     for (int i = 0; i < run_chunks(g, ng); i++) forward_chunk(kc, g, p, u, s, ng, i);
-    unpack_run(y_layout(g), group_len(y_layout(g)), s->yg, live, ys, p->out + (size_t)s0 * ys);
+    unpack_run(y_layout(g), s->yg, live, ys, p->out + (size_t)s0 * ys);
 }
 
 /* dX for chunk i of the group's dY in s->yg: E, then dV[p] (c x cols) = U[p]^T E[p], then
@@ -646,10 +653,10 @@ static void backward_data_group(const ch_kctx *kc, const wgeo *g, const wpass *p
     const ch_conv_desc *d = g->d;
     const size_t xs = (size_t)d->c * d->h * d->w, ys = (size_t)d->oc * d->oh * d->ow;
     const int ng = groups_of(live);
-    pack_run(y_layout(g), group_len(y_layout(g)), p->in + (size_t)s0 * ys, ys, live, s->yg);
+    pack_run(y_layout(g), p->in + (size_t)s0 * ys, ys, live, s->yg);
     memset(s->xg, 0, sizeof(ch_real) * group_len(x_layout(g)) * (size_t)ng);
     for (int i = 0; i < run_chunks(g, ng); i++) backward_data_chunk(kc, g, u, s, ng, i);
-    unpack_run(x_layout(g), group_len(x_layout(g)), s->xg, live, xs, p->out + (size_t)s0 * xs);
+    unpack_run(x_layout(g), s->xg, live, xs, p->out + (size_t)s0 * xs);
 }
 
 /* A pass over the batch: U from w, then each thread's groups of TB samples in order, G at a time. */
@@ -666,10 +673,8 @@ static void run_pass(const ch_kctx *kc, const wgeo *gp, int n, const ch_real *w,
         const wscratch s = scratch_of(kc, &g, t);
 #pragma omp barrier
         const int hi = groups * (t + 1) / T;
-        for (int q = groups * t / T; q < hi; q += g.G) {
-            const int s0 = q * TB, ng = hi - q < g.G ? hi - q : g.G;
-            p->group(kc, &g, p, u, &s, s0, n - s0 < ng * TB ? n - s0 : ng * TB);
-        }
+        for (int q = groups * t / T; q < hi; q += g.G)
+            p->group(kc, &g, p, u, &s, q * TB, run_live(&g, n, q, hi));
     }
 }
 
@@ -748,10 +753,9 @@ static void weights_groups(const ch_kctx *kc, const wgeo *g, const wscratch *s, 
     }
     memset(s->du, 0, sizeof(ch_real) * shared_len(d));
     for (int q = lo; q < hi; q += g->G) {
-        const int ng = hi - q < g->G ? hi - q : g->G, r0 = q * TB;
-        const int live = n - r0 < ng * TB ? n - r0 : ng * TB;
-        pack_run(x_layout(g), group_len(x_layout(g)), x + (size_t)r0 * xs, xs, live, s->xg);
-        pack_run(y_layout(g), group_len(y_layout(g)), dy + (size_t)r0 * ys, ys, live, s->yg);
+        const int r0 = q * TB, live = run_live(g, n, q, hi), ng = groups_of(live);
+        pack_run(x_layout(g), x + (size_t)r0 * xs, xs, live, s->xg);
+        pack_run(y_layout(g), dy + (size_t)r0 * ys, ys, live, s->yg);
         for (int i = 0; i < run_chunks(g, ng); i++) weights_chunk(kc, g, s, ng, i);
     }
 }

@@ -154,9 +154,9 @@ static size_t span(int rows, int cols, size_t ld) { return rows > 0 && cols > 0 
         flip(&(r));     \
     } while (0)
 
-static void sc_gemm(const ch_kctx *kc, bool ta, bool tb, int m, int n, int k, ch_real alpha,
-                    const ch_real *a, int lda, const ch_real *b, int ldb, ch_real beta, ch_real *c,
-                    int ldc)
+/* The memory a GEMM reads and writes: A and B (none when k is 0), and C. */
+static regions gemm_regions(bool ta, bool tb, int m, int n, int k, const ch_real *a, int lda,
+                            const ch_real *b, int ldb, const ch_real *c, int ldc)
 {
     regions r = { 0 };
     if (k > 0) {
@@ -164,6 +164,14 @@ static void sc_gemm(const ch_kctx *kc, bool ta, bool tb, int m, int n, int k, ch
         add(&r, b, span(tb ? n : k, tb ? k : n, (size_t)ldb));
     }
     add(&r, c, span(m, n, (size_t)ldc));
+    return r;
+}
+
+static void sc_gemm(const ch_kctx *kc, bool ta, bool tb, int m, int n, int k, ch_real alpha,
+                    const ch_real *a, int lda, const ch_real *b, int ldb, ch_real beta, ch_real *c,
+                    int ldc)
+{
+    regions r = gemm_regions(ta, tb, m, n, k, a, lda, b, ldb, c, ldc);
     AROUND(r, ch_cpu_gemm(kc, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc));
 }
 
@@ -171,12 +179,7 @@ static void sc_gemm_bf16(const ch_kctx *kc, bool ta, bool tb, int m, int n, int 
                          const ch_real *a, int lda, const ch_real *b, int ldb, bool accumulate,
                          ch_real *c, int ldc)
 {
-    regions r = { 0 };
-    if (k > 0) {
-        add(&r, a, span(ta ? k : m, ta ? m : k, (size_t)lda));
-        add(&r, b, span(tb ? n : k, tb ? k : n, (size_t)ldb));
-    }
-    add(&r, c, span(m, n, (size_t)ldc));
+    regions r = gemm_regions(ta, tb, m, n, k, a, lda, b, ldb, c, ldc);
     AROUND(r, ch_cpu_gemm_bf16(kc, ta, tb, m, n, k, a, lda, b, ldb, accumulate, c, ldc));
 }
 
