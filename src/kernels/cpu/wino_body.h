@@ -371,10 +371,17 @@ static void transform_weights(const ch_conv_desc *d, const ch_real *w, int lo, i
     const size_t plane = (size_t)d->oc * d->c;
     for (int k0 = lo; k0 < hi; k0 += TB) {
         const int nl = hi - k0 < TB ? hi - k0 : TB;
-        ch_real g[WR * WR][TB], t[WA][WR][TB];
-        for (int j = 0; j < TB; j++)
-            for (int e = 0; e < WR * WR; e++)
-                g[e][j] = j < nl ? w[(size_t)(k0 + j) * WR * WR + e] : 0;
+        /* The TB pairs' kernels are one contiguous run: copied whole (a short last run padded
+         * with zeros), then turned into lanes from L1 (a strided gather from w with a bound per
+         * lane was a third of the pass on the 512-channel layers). */
+        ch_real raw[TB * WR * WR] = { 0 }, g[WR * WR][TB], t[WA][WR][TB];
+        if (nl == TB)   /* sizes the compiler knows: moves, not a call of memcpy per row */
+            memcpy(raw, w + (size_t)k0 * WR * WR, sizeof raw);
+        else
+            memcpy(raw, w + (size_t)k0 * WR * WR, sizeof(ch_real) * WR * WR * (size_t)nl);
+        for (int e = 0; e < WR * WR; e++)
+#pragma omp simd
+            for (int j = 0; j < TB; j++) g[e][j] = raw[j * WR * WR + e];
         for (int i = 0; i < WA; i++)
             for (int b = 0; b < WR; b++) {
                 ch_real acc[TB] = { 0 };
@@ -390,8 +397,13 @@ static void transform_weights(const ch_conv_desc *d, const ch_real *w, int lo, i
 #pragma omp simd
                     for (int j = 0; j < TB; j++) acc[j] += t[i][b][j] * G[jj][b];
                 if (bf16) {
-                    uint16_t *to = (uint16_t *)u + (size_t)(i * WA + jj) * plane + k0;
-                    for (int j = 0; j < nl; j++) to[j] = ch_bf16_from_float((float)acc[j]);
+                    uint16_t h[TB], *to = (uint16_t *)u + (size_t)(i * WA + jj) * plane + k0;
+#pragma omp simd
+                    for (int j = 0; j < TB; j++) h[j] = ch_bf16_from_float((float)acc[j]);
+                    if (nl == TB) memcpy(to, h, sizeof h);
+                    else memcpy(to, h, sizeof(uint16_t) * (size_t)nl);
+                } else if (nl == TB) {
+                    memcpy(u + (size_t)(i * WA + jj) * plane + k0, acc, sizeof acc);
                 } else {
                     memcpy(u + (size_t)(i * WA + jj) * plane + k0, acc, sizeof(ch_real) * (size_t)nl);
                 }
@@ -472,9 +484,12 @@ static size_t gemm_scratch_len(const wgeo *g)
             for (int kind = PASS_FORWARD; kind <= PASS_WEIGHTS; kind++) {
                 ch_gemm_batch b = point_gemms(g->d, (wpass_kind)kind, chunk_span(g, ng, i));
                 b.bf16 = g->bf16;
-                const size_t len = (ch_cpu_gemm_batch_scratch(&b) + sizeof(ch_real) - 1) /
-                                   sizeof(ch_real);
-                if (len > most) most = len;
+                for (int pass = 0; pass < 1 + (kind == PASS_WEIGHTS); pass++) {
+                    b.accumulate = kind == PASS_WEIGHTS && pass == 0;   /* a thread's first chunk sets */
+                    const size_t len = (ch_cpu_gemm_batch_scratch(&b) + sizeof(ch_real) - 1) /
+                                       sizeof(ch_real);
+                    if (len > most) most = len;
+                }
             }
     return most;
 }
@@ -697,66 +712,115 @@ bool WINO_FN(backward_data)(const ch_kctx *kc, const ch_conv_desc *d, int n, con
 }
 
 /* dU for chunk i of the group (x in s->xg, dY in s->yg): V and E, then per point
- * dU[p] (oc x c) += E[p] (oc x cols) V[p]^T. */
-static void weights_chunk(const ch_kctx *kc, const wgeo *g, const wscratch *s, int ng, int i)
+ * dU[p] (oc x c) += E[p] (oc x cols) V[p]^T, or = where `first` (the thread's dU is not cleared
+ * beforehand: a memset and a read of it were a fifth of the pass on the 512-channel layers;
+ * team_size gives every thread a group, so every thread's dU is set). */
+static void weights_chunk(const ch_kctx *kc, const wgeo *g, const wscratch *s, int ng, int i,
+                          bool first)
 {
     const wspan k = chunk_span(g, ng, i);
     transform_chunk(g, k, s, false);
     transform_chunk(g, k, s, true);
-    point_products(kc, g, PASS_WEIGHTS, k, s->e, s->v, s->du, s);
+    ch_gemm_batch gb = point_gemms(g->d, PASS_WEIGHTS, k);
+    gb.bf16 = g->bf16, gb.accumulate = !first;
+    if (g->bf16)
+        ch_cpu_gemm_batch_bf16(kc, &gb, (const uint16_t *)s->e, (const uint16_t *)s->v, s->du, s->gemm);
+    else
+        ch_cpu_gemm_batch(kc, &gb, s->e, s->v, s->du, s->gemm);
 }
 
-/* dg = G^T dU G for the pairs [lo, hi): the adjoint of transform_weights. */
-static void untransform_weights(const ch_conv_desc *d, const ch_real *du, int lo, int hi,
-                                ch_real *dw)
+/* dg = G^T dU G for TB pairs from their points dl[p][lane] (nl of them live), into dw. */
+static void untransform_lanes(const ch_real dl[NP][TB], int nl, ch_real *restrict dw)
+{
+    ch_real t[WR][WA][TB], raw[TB * WR * WR];
+    for (int a = 0; a < WR; a++)
+        for (int jj = 0; jj < WA; jj++) {
+            ch_real acc[TB] = { 0 };
+            for (int i = 0; i < WA; i++)
+#pragma omp simd
+                for (int j = 0; j < TB; j++) acc[j] += G[i][a] * dl[i * WA + jj][j];
+            memcpy(t[a][jj], acc, sizeof acc);
+        }
+    for (int a = 0; a < WR; a++)
+        for (int b = 0; b < WR; b++) {
+            ch_real acc[TB] = { 0 };
+            for (int jj = 0; jj < WA; jj++)
+#pragma omp simd
+                for (int j = 0; j < TB; j++) acc[j] += t[a][jj][j] * G[jj][b];
+#pragma omp simd
+            for (int j = 0; j < TB; j++) raw[j * WR * WR + a * WR + b] = acc[j];
+        }
+    if (nl == TB) memcpy(dw, raw, sizeof raw);   /* a size the compiler knows: moves, no call */
+    else memcpy(dw, raw, sizeof(ch_real) * WR * WR * (size_t)nl);
+}
+
+enum { UNT_BLOCK = 8 * TB };   /* pairs summed at a time: NP x 128 floats, 18 KiB of L1 at NP 36 */
+
+/* dg = G^T dU G for the pairs [lo, hi): the adjoint of transform_weights, dU being the sum of the
+ * T threads' partials (thread u's at du0 + u * step), added here in thread order as a block of
+ * pairs is read: 2 KiB runs of each point and partial, which the prefetchers follow (a run of TB
+ * pairs from each of the 2 x 36 was slower than the separate pass of adding them it replaced). */
+static void untransform_weights(const ch_conv_desc *d, const ch_real *du0, size_t step, int T,
+                                int lo, int hi, ch_real *dw)
 {
     const size_t plane = (size_t)d->oc * d->c;
-    for (int k0 = lo; k0 < hi; k0 += TB) {   /* TB pairs at a time, as transform_weights */
-        const int nl = hi - k0 < TB ? hi - k0 : TB;
-        ch_real dl[NP][TB], t[WR][WA][TB];
+    for (int b0 = lo; b0 < hi; b0 += UNT_BLOCK) {
+        const int nb = hi - b0 < UNT_BLOCK ? hi - b0 : UNT_BLOCK;
+        ch_real blk[NP][UNT_BLOCK];
         for (int p = 0; p < NP; p++)
-            for (int j = 0; j < TB; j++) dl[p][j] = j < nl ? du[(size_t)p * plane + k0 + j] : 0;
-        for (int a = 0; a < WR; a++)
-            for (int jj = 0; jj < WA; jj++) {
-                ch_real acc[TB] = { 0 };
-                for (int i = 0; i < WA; i++)
+            for (int u = 0; u < T; u++) {
+                const ch_real *part = du0 + step * (size_t)u + (size_t)p * plane + b0;
+                if (u == 0) {
+                    memcpy(blk[p], part, sizeof(ch_real) * (size_t)nb);
+                } else {
 #pragma omp simd
-                    for (int j = 0; j < TB; j++) acc[j] += G[i][a] * dl[i * WA + jj][j];
-                memcpy(t[a][jj], acc, sizeof acc);
+                    for (int j = 0; j < nb; j++) blk[p][j] += part[j];
+                }
             }
-        for (int a = 0; a < WR; a++)
-            for (int b = 0; b < WR; b++) {
-                ch_real acc[TB] = { 0 };
-                for (int jj = 0; jj < WA; jj++)
-#pragma omp simd
-                    for (int j = 0; j < TB; j++) acc[j] += t[a][jj][j] * G[jj][b];
-                for (int j = 0; j < nl; j++) dw[(size_t)(k0 + j) * WR * WR + a * WR + b] = acc[j];
+        for (int k0 = 0; k0 < nb; k0 += TB) {
+            const int nl = nb - k0 < TB ? nb - k0 : TB;
+            ch_real dl[NP][TB];
+            if (nl < TB) memset(dl, 0, sizeof dl);
+            for (int p = 0; p < NP; p++) {
+                if (nl == TB) memcpy(dl[p], blk[p] + k0, sizeof dl[p]);   /* moves, no call */
+                else memcpy(dl[p], blk[p] + k0, sizeof(ch_real) * (size_t)nl);
             }
+            untransform_lanes((const ch_real(*)[TB])dl, nl, dw + (size_t)(b0 + k0) * WR * WR);
+        }
     }
 }
 
 /* The thread's groups [lo, hi): dy masked by the fused ReLU in place (backward data reads it
- * next), then its dU and db. */
-static void weights_groups(const ch_kctx *kc, const wgeo *g, const wscratch *s, int n, int lo,
-                           int hi, const ch_real *x, const ch_real *y, ch_real *dy)
+ * next), and its db where the layer has a bias. */
+static void prepare_dy(const wgeo *g, const wscratch *s, int n, int lo, int hi, const ch_real *y,
+                       ch_real *dy, bool bias)
 {
     const ch_conv_desc *d = g->d;
-    const size_t xs = (size_t)d->c * d->h * d->w, ys = (size_t)d->oc * d->oh * d->ow;
+    const size_t ys = (size_t)d->oc * d->oh * d->ow;
     const int s0 = lo * TB, s1 = hi * TB < n ? hi * TB : n;
     if (d->relu)
         ch_cpu_relu_backward_span((size_t)(s1 - s0) * ys, y + s0 * ys, dy + s0 * ys, dy + s0 * ys);
-    for (int o = 0; o < d->oc; o++) {
+    for (int o = 0; bias && o < d->oc; o++) {
         double acc = 0;
         for (int i = s0; i < s1; i++)
             acc += ch_cpu_sum(dy + i * ys + (size_t)o * d->oh * d->ow, (size_t)d->oh * d->ow);
         s->db[o] = (ch_real)acc;
     }
-    memset(s->du, 0, sizeof(ch_real) * shared_len(d));
+}
+
+
+/* The thread's groups [lo, hi): dy prepared, then its dU (and db). */
+static void weights_groups(const ch_kctx *kc, const wgeo *g, const wscratch *s, int n, int lo,
+                           int hi, const ch_real *x, const ch_real *y, ch_real *dy, bool bias)
+{
+    const ch_conv_desc *d = g->d;
+    const size_t xs = (size_t)d->c * d->h * d->w, ys = (size_t)d->oc * d->oh * d->ow;
+    prepare_dy(g, s, n, lo, hi, y, dy, bias);
     for (int q = lo; q < hi; q += g->G) {
         const int r0 = q * TB, live = run_live(g, n, q, hi), ng = groups_of(live);
         pack_run(x_layout(g), x + (size_t)r0 * xs, xs, live, s->xg);
         pack_run(y_layout(g), dy + (size_t)r0 * ys, ys, live, s->yg);
-        for (int i = 0; i < run_chunks(g, ng); i++) weights_chunk(kc, g, s, ng, i);
+        for (int i = 0; i < run_chunks(g, ng); i++) weights_chunk(kc, g, s, ng, i, q == lo && i == 0);
     }
 }
 
@@ -767,28 +831,18 @@ bool WINO_FN(backward_weights)(const ch_kctx *kc, const ch_conv_desc *d, int n,
     wgeo g;
     if (!wino_usable(kc, d, n, &g)) return false;
     const int T = team_size(n, kc->nthreads), pairs = d->oc * d->c, groups = groups_of(n);
-    const size_t len = shared_len(d);
-    ch_real *du = kc->ws;
+    const ch_real *parts = scratch_of(kc, &g, 0).du;
 #pragma omp parallel num_threads(T) if (T > 1)
     {
         const int t = ch_omp_thread();
         const wscratch s = scratch_of(kc, &g, t);
-        weights_groups(kc, &g, &s, n, groups * t / T, groups * (t + 1) / T, x, y, dy);
+        weights_groups(kc, &g, &s, n, groups * t / T, groups * (t + 1) / T, x, y, dy, db != NULL);
 #pragma omp barrier
-        /* The partials added in thread order, each thread a slice of the elements. */
-        const size_t lo = len * t / T, hi = len * (t + 1) / T;
-        memcpy(du + lo, scratch_of(kc, &g, 0).du + lo, sizeof(ch_real) * (hi - lo));
-        for (int u = 1; u < T; u++) {
-            const ch_real *part = scratch_of(kc, &g, u).du;
-#pragma omp simd
-            for (size_t i = lo; i < hi; i++) du[i] += part[i];
-        }
-#pragma omp barrier
-        untransform_weights(d, du, pairs * t / T, pairs * (t + 1) / T, dw);
+        untransform_weights(d, parts, thread_len(&g), T, pairs * t / T, pairs * (t + 1) / T, dw);
     }
     for (int o = 0; db && o < d->oc; o++) {
         ch_real acc = 0;
-        for (int u = 0; u < T; u++) acc += scratch_of(kc, &g, u).db[o];
+        for (int t = 0; t < T; t++) acc += scratch_of(kc, &g, t).db[o];
         db[o] = acc;
     }
     return true;
