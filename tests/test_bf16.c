@@ -454,6 +454,87 @@ static ch_real *gemm_run(const ch_kernels *k, bool bf16, gemm_shape s, const ch_
     return c;
 }
 
+/* conv2d_forward_bf16 on case c: y rounded to bf16 as it is written, the bits of conv2d_forward's y
+ * rounded (to nearest even: core/bf16.h), for odd sizes, remainders of samples (n not a multiple of
+ * 16) and columns (7-wide rows), with a bias and both thread counts. */
+static void conv_out_bf16_case(ch_conv_desc d, int n, int threads)
+{
+    conv_case c = case_make(d, n, threads);
+    const ch_kernels *k = ch_kernels_cpu();
+    ch_kctx kc = { .nthreads = threads, .cache = ch_cpu_kcache_create() };
+    assert_true(k->conv2d_out_bf16(&kc, &c.d, n));
+    const size_t wsz = k->conv2d_workspace(&kc, &c.d, n);
+    kc.ws = malloc(sizeof(ch_real) * wsz), kc.ws_len = wsz;
+    ch_real *y = malloc(sizeof(ch_real) * c.ys);
+    uint16_t *h = malloc(sizeof(uint16_t) * c.ys);
+    assert_true(kc.cache && kc.ws && y && h);
+    k->conv2d_forward(&kc, &c.d, n, c.x, c.w, c.b, y);
+    k->conv2d_forward_bf16(&kc, &c.d, n, c.x, c.w, c.b, h);
+    size_t off = 0, changed = 0;
+    for (size_t i = 0; i < c.ys; i++) {
+        off += h[i] != ch_bf16_from_float(y[i]);
+        changed += ch_bf16_to_float(h[i]) != y[i];
+    }
+    if (off) fprintf(stderr, "%d@%dx%d -> %d n %d threads %d: %zu of %zu outputs not y rounded\n", d.c, d.h,
+                     d.w, d.oc, n, threads, off, c.ys);
+    assert_true(off == 0);
+    assert_true(changed > c.ys / 2);   /* rounded, not fp32 values that happen to fit */
+    free(y), free(h), free(kc.ws);
+    ch_cpu_kcache_free(kc.cache);
+    case_free(&c);
+}
+
+/* The convolutions that write their output in bf16 for a BatchNorm (graph/exec.c): F(4x4, 3x3)'s
+ * bf16 layers, whose unpacking rounds; the others (strided, 1x1, 5x5, fp32) keep fp32 outputs. */
+static void conv_output_in_bf16(void **state)
+{
+    (void)state;
+    const ch_conv_desc cases[] = {
+        { .c = 24, .h = 9, .w = 11, .oc = 40, .kh = 3, .kw = 3, .stride = 1, .pad = 1, .bf16 = true },
+        { .c = 32, .h = 7, .w = 7, .oc = 48, .kh = 3, .kw = 3, .stride = 1, .pad = 1, .bf16 = true },
+        /* a 2x3 plane: rows of fewer than 8 values, written under a mask */
+        { .c = 16, .h = 2, .w = 3, .oc = 24, .kh = 3, .kw = 3, .stride = 1, .pad = 1, .bf16 = true },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        for (int t = 1; t <= 2; t++) {
+            conv_out_bf16_case(cases[i], 17, t);
+            conv_out_bf16_case(cases[i], 3, t);
+        }
+    const ch_kernels *k = ch_kernels_cpu();
+    const ch_kctx kc = { .nthreads = 2 };
+    ch_conv_desc strided = shaped((ch_conv_desc){ .c = 32, .h = 14, .w = 14, .oc = 64, .kh = 3, .kw = 3,
+                                                  .stride = 2, .pad = 1, .bf16 = true });
+    ch_conv_desc pointwise = shaped((ch_conv_desc){ .c = 32, .h = 14, .w = 14, .oc = 64, .kh = 1, .kw = 1,
+                                                    .stride = 1, .pad = 0, .bf16 = true });
+    ch_conv_desc fp32 = shaped(cases[1]);
+    fp32.bf16 = false;
+    assert_false(k->conv2d_out_bf16(&kc, &strided, 8));
+    assert_false(k->conv2d_out_bf16(&kc, &pointwise, 8));
+    assert_false(k->conv2d_out_bf16(&kc, &fp32, 8));
+}
+
+/* batchnorm_stats_bf16: the statistics of the widened values, bit for bit (planes of 49: a
+ * remainder past the lanes), from half the bytes. */
+static void batchnorm_stats_of_bf16(void **state)
+{
+    (void)state;
+    enum { N = 5, C = 6, HW = 49, LEN = N * C * HW };
+    ch_real *x = tu_uniform(LEN, 21);
+    uint16_t h[LEN];
+    for (int i = 0; i < LEN; i++) {
+        h[i] = ch_bf16_from_float(3 + 2 * x[i]);   /* a mean far from 0, as after a convolution */
+        x[i] = ch_bf16_to_float(h[i]);
+    }
+    double m32[C], v32[C], m16[C], v16[C];
+    const ch_kctx kc = { .nthreads = 2 };
+    ch_kernels_cpu()->batchnorm_stats(&kc, N, C, HW, x, m32, v32);
+    ch_kernels_cpu()->batchnorm_stats_bf16(&kc, N, C, HW, h, m16, v16);
+    assert_memory_equal(m16, m32, sizeof m32);
+    assert_memory_equal(v16, v32, sizeof v32);
+    for (int ch = 0; ch < C; ch++) assert_true(m32[ch] > 2 && m32[ch] < 4 && v32[ch] > 0.1);
+    free(x);
+}
+
 static void linear_gemm_case(gemm_shape s)
 {
     const size_t al = stored(s.m, s.k), bl = stored(s.n, s.k), cl = stored(s.m, s.n);
@@ -577,6 +658,8 @@ int main(void)
         cmocka_unit_test(wino3_bf16_products_within_tolerance),
         cmocka_unit_test(wino3_bf16_rounds_where_it_should),
         cmocka_unit_test(wino_bf16_takes_onednn_layers),
+        cmocka_unit_test(conv_output_in_bf16),
+        cmocka_unit_test(batchnorm_stats_of_bf16),
         cmocka_unit_test(linear_gemms_match_the_rounded_reference),
         cmocka_unit_test(linear_gemm_small_stays_fp32),
         cmocka_unit_test(mlp_linear_in_bf16),

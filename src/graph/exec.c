@@ -19,6 +19,9 @@
  *    the statistics of the exact ones, as under PyTorch's autocast, which keeps convolution
  *    outputs in bf16. Their gradient, which lived over the maker's output, takes a block: resnet18
  *    batch 256 keeps 212 MiB of bf16 for 424 MiB of fp32 outputs, with ~50 MiB more scratch.
+ *    Where the maker is a convolution whose kernel rounds as it writes (conv2d_out_bf16: cohort's
+ *    bf16 Winograd layers on the CPU), it writes the bf16 copy itself, there is no fp32 output,
+ *    and the BatchNorm's statistics and normalisation read the copy.
  * Gradients: a tensor's gradient lives from the backward of its last consumer, which writes it,
  * to the backward of its producer, which reads it as dy. The plan walks backward once, before any
  * step, and gives every gradient a block of the run's scratch stack for that span, reusing blocks
@@ -59,6 +62,7 @@ typedef struct halved {
     int tensor;
     size_t fwd_off;       /* its fp32 block in forward, from its maker to the BatchNorm */
     uint16_t *saved;      /* max_batch samples, bf16 (replica memory, the graph layer's) */
+    bool direct;          /* its maker writes saved itself, and no fp32 block is taken */
 } halved;
 
 typedef struct graph_impl {
@@ -273,12 +277,12 @@ static ch_status plan_forward(ch_layer *l, int max_batch, ch_err *err)
             if (gi->rc[k].bn == i)
                 st = block_take(&b, tsize(gi, gi->rc[k].tensor) * (size_t)max_batch, &gi->rc[k].fwd_off, err);
         for (int k = 0; k < gi->nhv && st == CH_STATUS_OK; k++)
-            if (gi->hv[k].producer == i)
+            if (gi->hv[k].producer == i && !gi->hv[k].direct)
                 st = block_take(&b, tsize(gi, gi->hv[k].tensor) * (size_t)max_batch, &gi->hv[k].fwd_off, err);
         for (int k = 0; k < gi->nrc; k++)
             if (gi->rc[k].reader == i) block_give(&b, gi->rc[k].fwd_off);
         for (int k = 0; k < gi->nhv; k++)
-            if (gi->hv[k].bn == i) block_give(&b, gi->hv[k].fwd_off);
+            if (gi->hv[k].bn == i && !gi->hv[k].direct) block_give(&b, gi->hv[k].fwd_off);
     }
     l->scratch_own = b.top;
     free(b.s);
@@ -535,7 +539,11 @@ static ch_status plan_halves(ch_layer *l, ch_plan *pl, ch_err *err)
         pl->saved_bytes += sizeof(uint16_t) * count;
         pl->bf16_kept += count;
         ch_layer_borrow_output(gi->nodes[h->producer].l, NULL);
-        ch_batchnorm2d_keep_input(gi->nodes[b].l, h->saved);
+        /* A convolution that rounds as it writes (the kernels say which) writes the copy itself:
+         * no fp32 output at all, and the BatchNorm reads half the bytes. */
+        h->direct = k->batchnorm_stats_bf16 && ch_conv2d_output_bf16(gi->nodes[h->producer].l, pl, h->saved);
+        pl->bf16_direct += h->direct ? count : 0;
+        ch_batchnorm2d_keep_input(gi->nodes[b].l, h->saved, h->direct);
     }
     return CH_STATUS_OK;
 }
@@ -606,7 +614,7 @@ static void graph_forward(ch_layer *l, const ch_run *r, int n, const ch_real *x)
         for (int k = 0; k < gi->nrc; k++)
             if (gi->rc[k].bn == i) point_remade(gi, &gi->rc[k], r->scratch + gi->rc[k].fwd_off);
         for (int k = 0; k < gi->nhv; k++)
-            if (gi->hv[k].producer == i) nd->l->y = r->scratch + gi->hv[k].fwd_off;
+            if (gi->hv[k].producer == i && !gi->hv[k].direct) nd->l->y = r->scratch + gi->hv[k].fwd_off;
         const int64_t t0 = r->trace ? ch_trace_now() : 0;
         if (!nd->l->absorbed) {
             if (nd->l->ops->forward_multi) {

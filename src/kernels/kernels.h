@@ -273,6 +273,16 @@ typedef struct ch_kernels {
                                          const ch_real *dy, const ch_real *mean, const ch_real *invstd,
                                          const ch_real *gamma, const double *sum_dy, const double *sum_dy_xhat,
                                          double count, ch_real *dx);
+    /* A kept BatchNorm input that its convolution writes in bf16 itself (graph/exec.c), where the
+     * backend rounds it there at no cost: conv2d_out_bf16 (plan time) says whether it does for d
+     * at batch n; conv2d_forward_bf16 is conv2d_forward with y rounded to bf16 (the same values,
+     * rounded to nearest even), batchnorm_stats_bf16 batchnorm_stats of bf16 x (the statistics of
+     * the widened values). Any NULL: the convolution writes fp32 and the BatchNorm rounds. */
+    bool (*conv2d_out_bf16)(const ch_kctx *kc, const ch_conv_desc *d, int n);
+    void (*conv2d_forward_bf16)(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
+                                const ch_real *w, const ch_real *b, uint16_t *y);
+    void (*batchnorm_stats_bf16)(const ch_kctx *kc, int n, int c, int hw, const uint16_t *x,
+                                 double *mean, double *var);
     /* y[j] = sum over i < rows of x[i * len + j], in the order of i (a Linear layer's bias
      * gradient); rows may be 0. */
     void (*col_sum)(const ch_kctx *kc, int rows, size_t len, const ch_real *x, ch_real *y);

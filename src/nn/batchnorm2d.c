@@ -25,6 +25,7 @@ typedef struct bn_impl {
     double *sum_dy, *sum_dy_xhat;
     uint16_t *keep;   /* NULL, or where training's forward stores its input in bf16 and backward
                        * reads it (a parent's) */
+    bool keep_made;   /* keep is the input itself, written there by its maker (every forward) */
 } bn_impl;
 
 static ch_status bn_plan(ch_layer *l, ch_plan *pl, ch_err *err)
@@ -92,7 +93,10 @@ static void bn_forward(ch_layer *l, const ch_run *r, int n, const ch_real *x)
     const double *mean = NULL, *var = NULL;
     double cnt = 0;
     if (r->training) {
-        r->k->batchnorm_stats(&r->kc, n, c, hw, x, b->batch_mean, b->batch_var);
+        if (b->keep_made)
+            r->k->batchnorm_stats_bf16(&r->kc, n, c, hw, b->keep, b->batch_mean, b->batch_var);
+        else
+            r->k->batchnorm_stats(&r->kc, n, c, hw, x, b->batch_mean, b->batch_var);
         cnt = (double)n * hw;
         if (r->sync_bn) {
             ch_backend_sync(r->be, CH_STREAM_COMPUTE);   /* the host sums the statistics next */
@@ -106,16 +110,19 @@ static void bn_forward(ch_layer *l, const ch_run *r, int n, const ch_real *x)
     }
     r->k->batchnorm_finalize(&r->kc, c, mean, var, cnt, b->eps, b->momentum, l->p[BN_WEIGHT], l->p[BN_BIAS],
                              l->b[BN_RMEAN], l->b[BN_RVAR], b->mean);
-    if (r->training && b->keep)
+    if (b->keep_made)
+        r->k->channel_affine_of_bf16(&r->kc, n, c, hw, b->keep, b->scale, b->shift, l->y);
+    else if (r->training && b->keep)
         r->k->channel_affine_keep_bf16(&r->kc, n, c, hw, x, b->scale, b->shift, l->y, b->keep);
     else
         r->k->channel_affine(&r->kc, n, c, hw, x, b->scale, b->shift, l->y);
 }
 
-void ch_batchnorm2d_keep_input(ch_layer *l, uint16_t *keep)
+void ch_batchnorm2d_keep_input(ch_layer *l, uint16_t *keep, bool made_there)
 {
     CH_ASSERT(ch_layer_is_batchnorm(l));
     ((bn_impl *)l->impl)->keep = keep;
+    ((bn_impl *)l->impl)->keep_made = made_there;
 }
 
 void ch_batchnorm2d_reapply_bf16(const ch_layer *l, const ch_run *r, int n, const uint16_t *x, ch_real *y)

@@ -9,6 +9,7 @@
 typedef struct conv_impl {
     ch_conv_desc d;
     bool bias;
+    uint16_t *out16;   /* NULL, or where forward writes y rounded to bf16 instead of l->y */
 } conv_impl;
 
 static ch_status conv_plan(ch_layer *l, ch_plan *pl, ch_err *err)
@@ -27,6 +28,10 @@ static ch_status conv_plan(ch_layer *l, ch_plan *pl, ch_err *err)
 static void conv_forward(ch_layer *l, const ch_run *r, int n, const ch_real *x)
 {
     conv_impl *c = l->impl;
+    if (c->out16) {
+        r->k->conv2d_forward_bf16(&r->kc, &c->d, n, x, l->p[0], c->bias ? l->p[1] : NULL, c->out16);
+        return;
+    }
     r->k->conv2d_forward(&r->kc, &c->d, n, x, l->p[0], c->bias ? l->p[1] : NULL, l->y);
 }
 
@@ -47,6 +52,18 @@ static bool conv_absorb_relu(ch_layer *l)
 {
     conv_impl *c = l->impl;
     c->d.relu = true;
+    return true;
+}
+
+bool ch_conv2d_output_bf16(ch_layer *l, const ch_plan *pl, uint16_t *y)
+{
+    if (l->ops->plan != conv_plan) return false;
+    conv_impl *c = l->impl;
+    const ch_kctx kc = ch_plan_kctx(pl);
+    if (c->d.relu || !pl->k->conv2d_out_bf16 || !pl->k->conv2d_forward_bf16 ||
+        !pl->k->conv2d_out_bf16(&kc, &c->d, pl->max_batch))
+        return false;
+    c->out16 = y;
     return true;
 }
 

@@ -89,6 +89,7 @@ typedef struct ch_plan {
     int convs, bf16_convs; /* out: convolutions, and those whose products the kernels do in bf16 */
     int linears, bf16_linears; /* out: Linear layers, and those whose GEMMs run in bf16 */
     size_t bf16_kept;   /* out: activation values kept in bf16 between forward and backward */
+    size_t bf16_direct; /* out: of those, values their convolutions write in bf16 (no fp32 copy) */
 } ch_plan;
 
 /* The context a plan-time kernel query (conv2d_workspace) gets: the backend's cache and the
@@ -278,8 +279,13 @@ void ch_batchnorm2d_reapply(const ch_layer *l, const ch_run *r, int n, const ch_
 void ch_batchnorm2d_reapply_bf16(const ch_layer *l, const ch_run *r, int n, const uint16_t *x, ch_real *y);
 /* Make a BatchNorm's training forward also store its input rounded to bf16 at keep (max batch
  * values, the caller's; the kernel table's bf16 BatchNorm entries must exist) and its backward
- * read that instead of its input, for a parent that frees the input after forward. */
-void ch_batchnorm2d_keep_input(ch_layer *l, uint16_t *keep);
+ * read that instead of its input, for a parent that frees the input after forward; made_there:
+ * its input's maker writes keep itself (ch_conv2d_output_bf16), and both passes read only keep. */
+void ch_batchnorm2d_keep_input(ch_layer *l, uint16_t *keep, bool made_there);
+/* --precision bf16: make a Conv2d's forward write its output rounded to bf16 at y (max batch values,
+ * the caller's) instead of its own fp32 output, where the kernels round as they write for this
+ * layer (not with a fused ReLU); false (nothing changed) otherwise or for another kind of layer. */
+bool ch_conv2d_output_bf16(ch_layer *l, const ch_plan *pl, uint16_t *y);
 /* LayerNorm over the trailing dimensions from axis 1, 2 or 3 of a (c, h, w) sample (weight and bias
  * of that shape; flat: a (features) tensor, axis 1, weight (features)), or with axis CH_LN_CHANNELS
  * over the channels at every pixel (weight (c)). eps in (0, 1). */

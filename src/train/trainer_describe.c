@@ -86,7 +86,7 @@ static double mib(double bytes) { return bytes / (1 << 20); }
 /* --precision bf16's line: which layers multiply in bf16, and what is kept in bf16. */
 static void describe_bf16(FILE *out, const ch_model *m)
 {
-    char convs[200] = "", linears[100] = "", kept[160] = "";
+    char convs[200] = "", linears[100] = "", kept[240] = "";
     if (m->convs)
         snprintf(convs, sizeof convs, "%d of %d convolutions (where bf16 is the faster: direct, or a 3x3 "
                  "Winograd's point products; not 1x1, 16 channels or more)", m->bf16_convs, m->convs);
@@ -95,7 +95,8 @@ static void describe_bf16(FILE *out, const ch_model *m)
                  m->convs ? " and " : "", m->bf16_linears, m->linears);
     if (m->bf16_kept)
         snprintf(kept, sizeof kept, "; BatchNorm inputs kept in bf16 from forward to backward (%.2f MiB of the "
-                 "saved)", mib((double)m->bf16_kept * 2));
+                 "saved, %.2f MiB of it written in bf16 by the convolutions before them)",
+                 mib((double)m->bf16_kept * 2), mib((double)m->bf16_direct * 2));
     fprintf(out, "precision: bf16 products in %s%s, fp32 sums%s; weights, gradients, optimizer state, BatchNorm "
             "statistics and %sactivations fp32%s\n", m->convs || m->linears ? convs : "no layer", linears, kept,
             m->bf16_kept ? "other " : "",

@@ -64,6 +64,9 @@ void ch_cpu_kcache_free(struct ch_kcache *c);
 size_t ch_cpu_kcache_entries(const struct ch_kcache *c);
 void ch_cpu_conv2d_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
                            const ch_real *w, const ch_real *b, ch_real *y);
+bool ch_cpu_conv2d_out_bf16(const ch_kctx *kc, const ch_conv_desc *d, int n);
+void ch_cpu_conv2d_forward_bf16(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
+                                const ch_real *w, const ch_real *b, uint16_t *y);
 void ch_cpu_conv2d_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int n,
                                  const ch_real *dy, const ch_real *w, ch_real *dx);
 void ch_cpu_conv2d_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, int n,
@@ -125,6 +128,9 @@ bool ch_cpu_wino3_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int n,
 bool ch_cpu_wino3_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, int n,
                                    const ch_real *x, const ch_real *y, ch_real *dy, ch_real *dw,
                                    ch_real *db);
+/* forward with y rounded to bf16 (the bits of forward's y, rounded to nearest even). */
+bool ch_cpu_wino3_forward_bf16(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
+                               const ch_real *w, const ch_real *b, uint16_t *y);
 
 void ch_cpu_maxpool2d_forward(const ch_kctx *kc, const ch_pool_desc *d, int n, const ch_real *x,
                               ch_real *y, int32_t *argmax);
@@ -152,6 +158,8 @@ void ch_cpu_avgpool2d_backward_direct(const ch_kctx *kc, const ch_pool_desc *d, 
 
 void ch_cpu_batchnorm_stats(const ch_kctx *kc, int n, int c, int hw, const ch_real *x,
                             double *mean, double *var);
+void ch_cpu_batchnorm_stats_bf16(const ch_kctx *kc, int n, int c, int hw, const uint16_t *x,
+                                 double *mean, double *var);
 void ch_cpu_batchnorm_finalize(const ch_kctx *kc, int c, const double *mean, const double *var, double count,
                                double eps, double momentum, const ch_real *gamma, const ch_real *beta,
                                ch_real *running_mean, ch_real *running_var, ch_real *save);

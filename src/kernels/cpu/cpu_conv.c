@@ -22,6 +22,7 @@
  * Y/dY/dX (oc or c rows of g*P) + dW partial (oc*K) + db partial (oc) + a padded plane for stride-1
  * im2col; then, shared, the flipped weights. */
 #include "kernels/cpu/cpu.h"
+#include "core/status.h"
 
 #include <string.h>
 
@@ -386,6 +387,22 @@ void ch_cpu_conv2d_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, cons
             forward_group(kc, d, gw, x + s0 * xs, w, b, y + s0 * ys, &sc);
         }
     }
+}
+
+/* --precision bf16's convolution outputs in bf16 (the kernel table's conv2d_out_bf16 and
+ * conv2d_forward_bf16): the layers cohort's F(4x4, 3x3) multiplies in bf16, whose forward rounds y
+ * as it unpacks it. Any other layer keeps its fp32 output (its BatchNorm rounds the copy it keeps). */
+bool ch_cpu_conv2d_out_bf16(const ch_kctx *kc, const ch_conv_desc *d, int n)
+{
+    (void)kc;
+    return n > 0 && !ch_cpu_conv_is_grouped(d) && ch_cpu_wino3_in_bf16(d);
+}
+
+void ch_cpu_conv2d_forward_bf16(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
+                                const ch_real *w, const ch_real *b, uint16_t *y)
+{
+    const bool ran = ch_cpu_wino3_forward_bf16(kc, d, n, x, w, b, y);
+    CH_ASSERT(ran);   /* the plan asked conv2d_out_bf16, and the workspace holds this pass */
 }
 
 static void backward_data_group(const ch_kctx *kc, const ch_conv_desc *d, int gw,

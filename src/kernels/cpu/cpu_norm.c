@@ -13,11 +13,11 @@
 enum { LANES = CH_CPU_LANES, CHUNK = 1024 };
 
 /* *s1 += sum (a[i] - ka), *s2 += sum (a[i] - ka) * (b[i] - kb) over one plane: the statistics'
- * shifted sums (a = b = x) and backward's sums of dy and dy * (x - mean) (ka = 0). B is b's element
- * type and WIDE(v) its value: --precision bf16's kept BatchNorm inputs are bf16, and widened they
- * sum as the same values in fp32 would, bit for bit. */
-#define LANE_SUMS(NAME, B, WIDE)                                                                           \
-    static void NAME(const ch_real *a, ch_real ka, const B *b, ch_real kb, size_t len, double *s1, double *s2) \
+ * shifted sums (a = b = x) and backward's sums of dy and dy * (x - mean) (ka = 0). A and B are the
+ * element types and WA(v), WIDE(v) their values: --precision bf16's kept BatchNorm inputs are bf16,
+ * and widened they sum as the same values in fp32 would, bit for bit. */
+#define LANE_SUMS(NAME, A, WA, B, WIDE)                                                                     \
+    static void NAME(const A *a, ch_real ka, const B *b, ch_real kb, size_t len, double *s1, double *s2)      \
     {                                                                                                      \
         const size_t full = len - len % LANES;                                                             \
         double u = 0, w = 0;                                                                               \
@@ -27,7 +27,7 @@ enum { LANES = CH_CPU_LANES, CHUNK = 1024 };
             for (size_t i = i0; i < end; i += LANES) {                                                     \
                 _Pragma("omp simd") for (int j = 0; j < LANES; j++)                                        \
                 {                                                                                          \
-                    const ch_real v = a[i + j] - ka;                                                       \
+                    const ch_real v = WA(a[i + j]) - ka;                                                   \
                     la[j] += v;                                                                            \
                     lb[j] += v * (WIDE(b[i + j]) - kb);                                                    \
                 }                                                                                          \
@@ -35,7 +35,7 @@ enum { LANES = CH_CPU_LANES, CHUNK = 1024 };
             for (int j = 0; j < LANES; j++) u += la[j], w += lb[j];                                        \
         }                                                                                                  \
         for (size_t i = full; i < len; i++) {                                                              \
-            const double v = (double)a[i] - ka;                                                            \
+            const double v = (double)WA(a[i]) - ka;                                                        \
             u += v;                                                                                        \
             w += v * ((double)WIDE(b[i]) - kb);                                                            \
         }                                                                                                  \
@@ -43,29 +43,47 @@ enum { LANES = CH_CPU_LANES, CHUNK = 1024 };
         *s2 += w;                                                                                          \
     }
 #define AS_IS(v) (v)
-LANE_SUMS(lane_sums, ch_real, AS_IS)
-LANE_SUMS(lane_sums_bf16, uint16_t, (ch_real)ch_bf16_to_float)
+LANE_SUMS(lane_sums, ch_real, AS_IS, ch_real, AS_IS)
+#define WIDEN(v) ((ch_real)ch_bf16_to_float(v))
+LANE_SUMS(lane_sums_bf16, ch_real, AS_IS, uint16_t, WIDEN)
+LANE_SUMS(lane_sums_of_bf16, uint16_t, WIDEN, uint16_t, WIDEN)
 
 /* One pass over x: sums shifted by the channel's first value, which lies within a few standard
  * deviations of the mean, so that E[v^2] - E[v]^2 loses no digit that matters in double (the
  * unshifted form would, for data far from zero). Two passes (mean, then squared deviations) cost
  * a whole read of every BatchNorm input more. */
-void ch_cpu_batchnorm_stats(const ch_kctx *kc, int n, int c, int hw, const ch_real *x,
-                            double *mean, double *var)
+static void stats(const ch_kctx *kc, int n, int c, int hw, const ch_real *xf, const uint16_t *xh,
+                  double *mean, double *var)
 {
     const double cnt = (double)n * hw;
 #pragma omp parallel for num_threads(kc->nthreads) schedule(static)
     for (int ch = 0; ch < c; ch++) {
-        const ch_real k = cnt > 0 ? x[(size_t)ch * hw] : 0;
+        const size_t first = (size_t)ch * hw;
+        const ch_real k = cnt <= 0 ? 0 : xh ? (ch_real)ch_bf16_to_float(xh[first]) : xf[first];
         double s1 = 0, s2 = 0;
         for (int i = 0; i < n; i++) {
-            const ch_real *p = x + ((size_t)i * c + ch) * hw;
-            lane_sums(p, k, p, k, (size_t)hw, &s1, &s2);
+            const size_t at = ((size_t)i * c + ch) * hw;
+            if (xh) lane_sums_of_bf16(xh + at, k, xh + at, k, (size_t)hw, &s1, &s2);
+            else lane_sums(xf + at, k, xf + at, k, (size_t)hw, &s1, &s2);
         }
         const double d = cnt > 0 ? s1 / cnt : 0, v = cnt > 0 ? s2 / cnt - d * d : 0;
         mean[ch] = k + d;
         var[ch] = v > 0 ? v : 0;
     }
+}
+
+void ch_cpu_batchnorm_stats(const ch_kctx *kc, int n, int c, int hw, const ch_real *x,
+                            double *mean, double *var)
+{
+    stats(kc, n, c, hw, x, NULL, mean, var);
+}
+
+/* The same of bf16 x (a convolution's output written in bf16 for its BatchNorm): the statistics of
+ * the widened values, bit for bit, reading half the bytes. */
+void ch_cpu_batchnorm_stats_bf16(const ch_kctx *kc, int n, int c, int hw, const uint16_t *x,
+                                 double *mean, double *var)
+{
+    stats(kc, n, c, hw, NULL, x, mean, var);
 }
 
 /* A few hundred channels: one thread. */

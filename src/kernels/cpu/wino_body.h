@@ -156,11 +156,7 @@ static wspan chunk_span(const wgeo *g, int ng, int i)
     return (wspan){ p0, p1, (p1 - p0) * TB };
 }
 
-/* A tensor's samples s .. s+live-1 (planes of h x w) as a group's planes of ph x pw vectors, the
- * data at (pad, pad), zero elsewhere and in the lanes past live. */
-typedef struct wlayout {
-    int planes, h, w, pad, ph, pw;
-} wlayout;
+#include "kernels/cpu/wino_lanes.h"
 
 static wlayout x_layout(const wgeo *g)
 {
@@ -171,8 +167,6 @@ static wlayout y_layout(const wgeo *g)
 {
     return (wlayout){ g->d->oc, g->d->oh, g->d->ow, 0, g->yh, g->yw };
 }
-
-static size_t group_len(wlayout l) { return (size_t)l.planes * l.ph * l.pw * TB; }
 
 /* Run position r's WA x WA window in channel c's x planes, its WM x WM block in channel o's y
  * planes (row strides x_rs and y_rs; the run's groups' planes one after another), and its lanes
@@ -204,161 +198,6 @@ static ch_real *chunk_lanes(ch_real *buf, int row, wspan k, int q)
 static uint16_t *chunk_lanes_bf16(ch_real *buf, int row, wspan k, int q)
 {
     return (uint16_t *)buf + (size_t)row * k.cols + (size_t)(q - k.p0) * TB;
-}
-
-/* The transposes between a tensor's rows (one per sample, ss apart) and a group's lanes:
- * to[c*TB + s] = from[s*ss + c] and back, for c < len and s < live. Where AVX2 is there (float
- * build), 8x8 blocks go through registers (8 row loads, 24 shuffles, 8 stores); the lane-at-a-time
- * loops before were gathers, which Zen 3 runs about one element a cycle, and the packing was a
- * seventh of ResNet-20's step. */
-#if defined(__AVX2__) && !defined(CH_REAL_DOUBLE)
-#include <immintrin.h>
-
-/* r[j] = column j of the 8x8 block whose row i was r[i]. */
-static inline void transpose8(__m256 r[8])
-{
-    const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
-    const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
-    const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
-    const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
-    const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
-    const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
-    const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
-    const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
-    r[0] = _mm256_permute2f128_ps(u0, u4, 0x20), r[4] = _mm256_permute2f128_ps(u0, u4, 0x31);
-    r[1] = _mm256_permute2f128_ps(u1, u5, 0x20), r[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
-    r[2] = _mm256_permute2f128_ps(u2, u6, 0x20), r[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
-    r[3] = _mm256_permute2f128_ps(u3, u7, 0x20), r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
-}
-enum { WINO_BLOCK = 8 };
-
-/* The lanes below n set: a mask for the first n elements of a block. */
-static inline __m256i first_n(int n)
-{
-    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
-
-/* One 8-sample x 8-element block at element c, samples h..h+7 (n < 8: the first n elements
- * only, read and written under a mask, for rows shorter than a block). */
-static void block_to_lanes(const ch_real *from, size_t ss, int h, int c, int n, ch_real *to)
-{
-    __m256 r[8];
-    for (int i = 0; i < 8; i++)
-        r[i] = n == 8 ? _mm256_loadu_ps(from + (size_t)(h + i) * ss + c)
-                      : _mm256_maskload_ps(from + (size_t)(h + i) * ss + c, first_n(n));
-    transpose8(r);
-    for (int j = 0; j < n; j++) _mm256_storeu_ps(to + (size_t)(c + j) * TB + h, r[j]);
-}
-
-static void block_to_rows(const ch_real *from, int h, int live, int c, int n, ch_real *to,
-                          size_t ss)
-{
-    __m256 r[8];
-    for (int j = 0; j < 8; j++)
-        r[j] = j < n ? _mm256_loadu_ps(from + (size_t)(c + j) * TB + h) : _mm256_setzero_ps();
-    transpose8(r);
-    for (int i = 0; i < 8 && h + i < live; i++) {
-        ch_real *row = to + (size_t)(h + i) * ss + c;
-        if (n == 8)
-            _mm256_storeu_ps(row, r[i]);
-        else
-            _mm256_maskstore_ps(row, first_n(n), r[i]);
-    }
-}
-
-/* Where the block at element c of a row of len elements starts, and how many it holds: whole
- * blocks, then the rest as one block ending at len (it rewrites a few elements with the same
- * values) or, in a row shorter than a block, one masked block. */
-static inline void block_span(int len, int c, int *at, int *n)
-{
-    *at = c, *n = WINO_BLOCK;
-    if (c + WINO_BLOCK > len) {
-        if (len >= WINO_BLOCK)
-            *at = len - WINO_BLOCK;
-        else
-            *n = len;
-    }
-}
-#endif
-
-static void rows_to_lanes(const ch_real *restrict from, size_t ss, int live, int len,
-                          ch_real *restrict to)
-{
-#if defined(__AVX2__) && !defined(CH_REAL_DOUBLE)
-    if (live == TB) {
-        for (int c = 0, at, n; c < len; c += WINO_BLOCK) {
-            block_span(len, c, &at, &n);
-            for (int h = 0; h < TB; h += WINO_BLOCK) block_to_lanes(from, ss, h, at, n, to);
-        }
-        return;
-    }
-#endif
-    for (int c = 0; c < len; c++)
-        for (int s = 0; s < live; s++) to[(size_t)c * TB + s] = from[(size_t)s * ss + c];
-}
-
-static void lanes_to_rows(const ch_real *restrict from, int live, int len, ch_real *restrict to,
-                          size_t ss)
-{
-#if defined(__AVX2__) && !defined(CH_REAL_DOUBLE)
-    for (int c = 0, at, n; c < len; c += WINO_BLOCK) {
-        block_span(len, c, &at, &n);
-        for (int h = 0; h < live; h += WINO_BLOCK) block_to_rows(from, h, live, at, n, to, ss);
-    }
-#else
-    for (int c = 0; c < len; c++)
-        for (int s = 0; s < live; s++) to[(size_t)s * ss + c] = from[(size_t)c * TB + s];
-#endif
-}
-
-/* Zeros in a full group's border: the rows above and below the data, and the columns either
- * side of it (a memset of the whole group before was 3% of ResNet-20's step). */
-static void zero_border(wlayout l, ch_real *grp)
-{
-    const size_t row = (size_t)l.pw * TB, left = (size_t)l.pad * TB;
-    const size_t right = (size_t)(l.pw - l.pad - l.w) * TB;
-    for (int p = 0; p < l.planes; p++) {
-        ch_real *pl = grp + (size_t)p * l.ph * row;
-        memset(pl, 0, sizeof(ch_real) * row * (size_t)l.pad);
-        for (int r = l.pad; r < l.pad + l.h; r++) {
-            memset(pl + (size_t)r * row, 0, sizeof(ch_real) * left);
-            memset(pl + (size_t)r * row + left + (size_t)l.w * TB, 0, sizeof(ch_real) * right);
-        }
-        memset(pl + (size_t)(l.pad + l.h) * row, 0,
-               sizeof(ch_real) * row * (size_t)(l.ph - l.pad - l.h));
-    }
-}
-
-static void pack_group(wlayout l, const ch_real *t, int live, ch_real *grp)
-{
-    if (live < TB)
-        memset(grp, 0, sizeof(ch_real) * group_len(l));
-    else if (l.ph != l.h || l.pw != l.w)
-        zero_border(l, grp);
-    const size_t plane = (size_t)l.h * l.w, ss = plane * l.planes;
-    const bool whole = l.ph == l.h && l.pw == l.w;   /* a plane without a border: one row */
-    for (int p = 0; p < l.planes; p++)
-        for (int r = 0; r < (whole ? 1 : l.h); r++)
-            rows_to_lanes(t + p * plane + (size_t)r * l.w, ss, live, whole ? (int)plane : l.w,
-                          grp + (((size_t)p * l.ph + r + l.pad) * l.pw + l.pad) * TB);
-}
-
-/* The inverse: the group's lanes 0 .. live-1 back into the tensor (the border dropped). Planes
- * without a border go as one row. */
-static void unpack_group(wlayout l, const ch_real *grp, int live, ch_real *t)
-{
-    const size_t plane = (size_t)l.h * l.w, ss = plane * l.planes;
-    const bool whole = l.ph == l.h && l.pw == l.w;
-    for (int p = 0; p < l.planes; p++) {
-        ch_real *to = t + (size_t)p * plane;
-        const ch_real *from = grp + (((size_t)p * l.ph + l.pad) * l.pw + l.pad) * TB;
-        if (whole) {
-            lanes_to_rows(from, live, (int)plane, to, ss);
-            continue;
-        }
-        for (int r = 0; r < l.h; r++)
-            lanes_to_rows(from + (size_t)r * l.pw * TB, live, l.w, to + (size_t)r * l.w, ss);
-    }
 }
 
 /* U[p][o][c] = (G w(o,c) G^T)[p] for the pairs [lo, hi), TB pairs at a time, one per lane: the
@@ -556,11 +395,11 @@ static void pack_run(wlayout l, const ch_real *t, size_t len, int live, ch_real 
                    grp + group_len(l) * (size_t)i);
 }
 
-static void unpack_run(wlayout l, const ch_real *grp, int live, size_t len, ch_real *t)
+static void unpack_run(wlayout l, const ch_real *grp, int live, size_t len, wdest t)
 {
     for (int i = 0; i * TB < live; i++)
         unpack_group(l, grp + group_len(l) * (size_t)i, live - i * TB < TB ? live - i * TB : TB,
-                     t + len * TB * (size_t)i);
+                     dest_at(t, len * TB * (size_t)i));
 }
 
 /* The samples of the run that starts at group q of a thread's groups [q, hi): up to G groups. */
@@ -574,7 +413,7 @@ static int run_live(const wgeo *g, int n, int q, int hi)
 typedef struct wpass wpass;
 struct wpass {
     const ch_real *in, *bias;   /* x and b (forward, b may be NULL), or dy */
-    ch_real *out;               /* y, or dx */
+    wdest out;                  /* y (fp32, or bf16 for forward_bf16), or dx */
     void (*group)(const ch_kctx *kc, const wgeo *g, const wpass *p, const ch_real *u,
                   const wscratch *s, int s0, int live);
 };
@@ -644,7 +483,7 @@ static void forward_group(const ch_kctx *kc, const wgeo *g, const wpass *p, cons
     const int ng = groups_of(live);
     pack_run(x_layout(g), p->in + (size_t)s0 * xs, xs, live, s->xg);
     for (int i = 0; i < run_chunks(g, ng); i++) forward_chunk(kc, g, p, u, s, ng, i);
-    unpack_run(y_layout(g), s->yg, live, ys, p->out + (size_t)s0 * ys);
+    unpack_run(y_layout(g), s->yg, live, ys, dest_at(p->out, (size_t)s0 * ys));
 }
 
 /* dX for chunk i of the group's dY in s->yg: E, then dV[p] (c x cols) = U[p]^T E[p], then
@@ -671,7 +510,7 @@ static void backward_data_group(const ch_kctx *kc, const wgeo *g, const wpass *p
     pack_run(y_layout(g), p->in + (size_t)s0 * ys, ys, live, s->yg);
     memset(s->xg, 0, sizeof(ch_real) * group_len(x_layout(g)) * (size_t)ng);
     for (int i = 0; i < run_chunks(g, ng); i++) backward_data_chunk(kc, g, u, s, ng, i);
-    unpack_run(x_layout(g), s->xg, live, xs, p->out + (size_t)s0 * xs);
+    unpack_run(x_layout(g), s->xg, live, xs, dest_at(p->out, (size_t)s0 * xs));
 }
 
 /* A pass over the batch: U from w, then each thread's groups of TB samples in order, G at a time. */
@@ -698,16 +537,29 @@ bool WINO_FN(forward)(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_
 {
     wgeo g;
     if (!wino_usable(kc, d, n, &g)) return false;
-    run_pass(kc, &g, n, w, &(wpass){ .in = x, .bias = b, .out = y, .group = forward_group });
+    run_pass(kc, &g, n, w, &(wpass){ .in = x, .bias = b, .out = { y, NULL }, .group = forward_group });
     return true;
 }
+
+#ifdef WINO_BF16
+/* The forward pass with y rounded to bf16 as it is unpacked: the bits of the pass above rounded,
+ * written in half the bytes (a convolution whose BatchNorm keeps its input in bf16). */
+bool WINO_FN(forward_bf16)(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
+                               const ch_real *w, const ch_real *b, uint16_t *y)
+{
+    wgeo g;
+    if (!wino_usable(kc, d, n, &g)) return false;
+    run_pass(kc, &g, n, w, &(wpass){ .in = x, .bias = b, .out = { NULL, y }, .group = forward_group });
+    return true;
+}
+#endif
 
 bool WINO_FN(backward_data)(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *dy,
                                 const ch_real *w, ch_real *dx)
 {
     wgeo g;
     if (!wino_usable(kc, d, n, &g)) return false;
-    run_pass(kc, &g, n, w, &(wpass){ .in = dy, .out = dx, .group = backward_data_group });
+    run_pass(kc, &g, n, w, &(wpass){ .in = dy, .out = { dx, NULL }, .group = backward_data_group });
     return true;
 }
 

@@ -12,7 +12,7 @@
 #include "core/status.h"
 #include "kernels/backend.h"
 
-enum { CH_CUDA_PLUGIN_ABI = 5, CH_NCCL_ID_BYTES = 128 };   /* 4: ch_kctx's cache; the workspace query takes a ch_kctx; 5: the kernel table's bf16 GEMM entries */
+enum { CH_CUDA_PLUGIN_ABI = 6, CH_NCCL_ID_BYTES = 128 };   /* 4: ch_kctx's cache; the workspace query takes a ch_kctx; 5: the kernel table's bf16 GEMM entries; 6: its bf16 convolution outputs */
 
 typedef struct ch_cuda_plugin {
     int abi;

@@ -23,6 +23,8 @@ void ch_lazy_queue_call(const ch_kctx *kc, void (*run)(const ch_kctx *kc, const 
 
 /* The normalisation kernels of the lazy table (lazy_norm.c), as kernels.h's entries of the same names. */
 void ch_lazy_batchnorm_stats(const ch_kctx *kc, int n, int c, int hw, const ch_real *x, double *mean, double *var);
+void ch_lazy_batchnorm_stats_bf16(const ch_kctx *kc, int n, int c, int hw, const uint16_t *x, double *mean,
+                                  double *var);
 void ch_lazy_batchnorm_finalize(const ch_kctx *kc, int c, const double *mean, const double *var, double count,
                                 double eps, double momentum, const ch_real *gamma, const ch_real *beta,
                                 ch_real *running_mean, ch_real *running_var, ch_real *save);

@@ -71,7 +71,7 @@ typedef struct conv2d_forward_args {
     const ch_real *x;
     const ch_real *w;
     const ch_real *b;
-    ch_real *y;
+    void *y;   /* ch_real, or uint16_t for the bf16 sibling */
 } conv2d_forward_args;
 
 static void run_conv2d_forward(const ch_kctx *kc, const void *args)
@@ -84,6 +84,19 @@ static void lz_conv2d_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, c
 {
     const conv2d_forward_args queued = { *d, n, x, w, b, y };
     ch_lazy_queue_call(kc, run_conv2d_forward, &queued, sizeof queued);
+}
+
+static void run_conv2d_forward_bf16(const ch_kctx *kc, const void *args)
+{
+    const conv2d_forward_args *g = args;
+    sc()->conv2d_forward_bf16(kc, &g->d, g->n, g->x, g->w, g->b, g->y);
+}
+
+static void lz_conv2d_forward_bf16(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
+                                   const ch_real *w, const ch_real *b, uint16_t *y)
+{
+    const conv2d_forward_args queued = { *d, n, x, w, b, y };
+    ch_lazy_queue_call(kc, run_conv2d_forward_bf16, &queued, sizeof queued);
 }
 
 typedef struct conv2d_backward_data_args {
@@ -607,6 +620,9 @@ static const ch_kernels lazy_table = {
     .channel_affine_of_bf16 = ch_lazy_channel_affine_of_bf16,
     .batchnorm_backward_reduce_bf16 = ch_lazy_batchnorm_backward_reduce_bf16,
     .batchnorm_backward_data_bf16 = ch_lazy_batchnorm_backward_data_bf16,
+    .conv2d_out_bf16 = ch_cpu_conv2d_out_bf16,
+    .conv2d_forward_bf16 = lz_conv2d_forward_bf16,
+    .batchnorm_stats_bf16 = ch_lazy_batchnorm_stats_bf16,
     .col_sum = lz_col_sum,
     .optim_update = lz_optim_update,
     .softmax_xent = lz_softmax_xent,

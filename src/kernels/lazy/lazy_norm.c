@@ -12,7 +12,7 @@ typedef struct batchnorm_stats_args {
     int n;
     int c;
     int hw;
-    const ch_real *x;
+    const void *x;   /* ch_real, or uint16_t for the bf16 sibling */
     double *mean;
     double *var;
 } batchnorm_stats_args;
@@ -27,6 +27,19 @@ void ch_lazy_batchnorm_stats(const ch_kctx *kc, int n, int c, int hw, const ch_r
 {
     const batchnorm_stats_args queued = { n, c, hw, x, mean, var };
     ch_lazy_queue_call(kc, run_batchnorm_stats, &queued, sizeof queued);
+}
+
+static void run_batchnorm_stats_bf16(const ch_kctx *kc, const void *args)
+{
+    const batchnorm_stats_args *g = args;
+    sc()->batchnorm_stats_bf16(kc, g->n, g->c, g->hw, g->x, g->mean, g->var);
+}
+
+void ch_lazy_batchnorm_stats_bf16(const ch_kctx *kc, int n, int c, int hw, const uint16_t *x, double *mean,
+                                  double *var)
+{
+    const batchnorm_stats_args queued = { n, c, hw, x, mean, var };
+    ch_lazy_queue_call(kc, run_batchnorm_stats_bf16, &queued, sizeof queued);
 }
 
 typedef struct batchnorm_finalize_args {

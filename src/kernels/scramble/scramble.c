@@ -198,6 +198,17 @@ static void sc_conv_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, con
     AROUND(r, ch_cpu_conv2d_forward(kc, d, n, x, w, b, y));
 }
 
+static void sc_conv_forward_bf16(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
+                                 const ch_real *w, const ch_real *b, uint16_t *y)
+{
+    regions r = { 0 };
+    add(&r, x, conv_x(d, n));
+    add(&r, w, conv_w(d));
+    add(&r, b, F((size_t)d->oc));
+    add(&r, y, sizeof(uint16_t) * (size_t)n * d->oc * d->oh * d->ow);
+    AROUND(r, ch_cpu_conv2d_forward_bf16(kc, d, n, x, w, b, y));
+}
+
 static void sc_conv_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int n,
                                   const ch_real *dy, const ch_real *w, ch_real *dx)
 {
@@ -269,6 +280,14 @@ static void sc_bn_stats(const ch_kctx *kc, int n, int c, int hw, const ch_real *
     regions r = { 0 };
     add(&r, x, F((size_t)n * c * hw));
     AROUND(r, ch_cpu_batchnorm_stats(kc, n, c, hw, x, mean, var));
+}
+
+static void sc_bn_stats_bf16(const ch_kctx *kc, int n, int c, int hw, const uint16_t *x, double *mean,
+                             double *var)
+{
+    regions r = { 0 };
+    add(&r, x, sizeof(uint16_t) * (size_t)n * c * hw);
+    AROUND(r, ch_cpu_batchnorm_stats_bf16(kc, n, c, hw, x, mean, var));
 }
 
 static void sc_bn_finalize(const ch_kctx *kc, int c, const double *mean, const double *var, double count,
@@ -628,6 +647,9 @@ static const ch_kernels scramble_table = {
     .channel_affine_of_bf16 = sc_channel_affine_of_bf16,
     .batchnorm_backward_reduce_bf16 = sc_bn_backward_reduce_bf16,
     .batchnorm_backward_data_bf16 = sc_bn_backward_data_bf16,
+    .conv2d_out_bf16 = ch_cpu_conv2d_out_bf16,
+    .conv2d_forward_bf16 = sc_conv_forward_bf16,
+    .batchnorm_stats_bf16 = sc_bn_stats_bf16,
     .col_sum = sc_col_sum,
     .optim_update = sc_optim_update,
     .softmax_xent = sc_softmax_xent,

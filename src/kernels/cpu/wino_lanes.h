@@ -1,0 +1,210 @@
+/* The hand-written Winograds' sample lanes (wino_body.h): a group of TB samples held as planes of
+ * vectors, one sample per lane, and the transposes between a tensor's rows (one per sample) and a
+ * group's lanes, both ways. Included by wino_body.h, after the including file defines TB. */
+#ifndef WINO_FN
+#error "wino_lanes.h is part of wino_body.h"
+#endif
+
+/* A tensor's samples s .. s+live-1 (planes of h x w) as a group's planes of ph x pw vectors, the
+ * data at (pad, pad), zero elsewhere and in the lanes past live. */
+typedef struct wlayout {
+    int planes, h, w, pad, ph, pw;
+} wlayout;
+
+static size_t group_len(wlayout l) { return (size_t)l.planes * l.ph * l.pw * TB; }
+
+/* Where unpacked rows go: fp32 (f), or rounded to bf16 (h: a convolution's output written in
+ * bf16 for its BatchNorm, WINO_FN(forward_bf16)); the other is NULL. */
+typedef struct wdest {
+    ch_real *f;
+    uint16_t *h;
+} wdest;
+
+static wdest dest_at(wdest t, size_t off)
+{
+    return (wdest){ t.f ? t.f + off : NULL, t.h ? t.h + off : NULL };
+}
+
+/* The transposes between a tensor's rows (one per sample, ss apart) and a group's lanes:
+ * to[c*TB + s] = from[s*ss + c] and back, for c < len and s < live. Where AVX2 is there (float
+ * build), 8x8 blocks go through registers (8 row loads, 24 shuffles, 8 stores); the lane-at-a-time
+ * loops before were gathers, which Zen 3 runs about one element a cycle, and the packing was a
+ * seventh of ResNet-20's step. */
+#if defined(__AVX2__) && !defined(CH_REAL_DOUBLE)
+#include <immintrin.h>
+
+/* r[j] = column j of the 8x8 block whose row i was r[i]. */
+static inline void transpose8(__m256 r[8])
+{
+    const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+    const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+    const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+    const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+    const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+    const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+    r[0] = _mm256_permute2f128_ps(u0, u4, 0x20), r[4] = _mm256_permute2f128_ps(u0, u4, 0x31);
+    r[1] = _mm256_permute2f128_ps(u1, u5, 0x20), r[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
+    r[2] = _mm256_permute2f128_ps(u2, u6, 0x20), r[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
+    r[3] = _mm256_permute2f128_ps(u3, u7, 0x20), r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
+}
+enum { WINO_BLOCK = 8 };
+
+/* The lanes below n set: a mask for the first n elements of a block. */
+static inline __m256i first_n(int n)
+{
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+/* One 8-sample x 8-element block at element c, samples h..h+7 (n < 8: the first n elements
+ * only, read and written under a mask, for rows shorter than a block). */
+static void block_to_lanes(const ch_real *from, size_t ss, int h, int c, int n, ch_real *to)
+{
+    __m256 r[8];
+    for (int i = 0; i < 8; i++)
+        r[i] = n == 8 ? _mm256_loadu_ps(from + (size_t)(h + i) * ss + c)
+                      : _mm256_maskload_ps(from + (size_t)(h + i) * ss + c, first_n(n));
+    transpose8(r);
+    for (int j = 0; j < n; j++) _mm256_storeu_ps(to + (size_t)(c + j) * TB + h, r[j]);
+}
+
+/* Eight floats rounded to bf16 as core/bf16.h's ch_bf16_from_float does (to nearest even, a NaN
+ * kept a NaN), in integer lanes. */
+static inline __m128i bf16x8(__m256 v)
+{
+    const __m256i u = _mm256_castps_si256(v), hi = _mm256_srli_epi32(u, 16);
+    const __m256i lsb = _mm256_and_si256(hi, _mm256_set1_epi32(1));
+    const __m256i rounded = _mm256_srli_epi32(
+        _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb)), 16);
+    const __m256i quiet = _mm256_or_si256(hi, _mm256_set1_epi32(0x40));
+    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
+                                           _mm256_set1_epi32(0x7f800000));
+    const __m256i r = _mm256_blendv_epi8(rounded, quiet, nan);
+    /* Each 128-bit half packs its four values twice; quadwords 0 and 2 are the eight in order. */
+    const __m256i packed = _mm256_packus_epi32(r, r);
+    return _mm256_castsi256_si128(_mm256_permute4x64_epi64(packed, 0x08));
+}
+
+static void block_to_rows(const ch_real *from, int h, int live, int c, int n, wdest to, size_t ss)
+{
+    __m256 r[8];
+    for (int j = 0; j < 8; j++)
+        r[j] = j < n ? _mm256_loadu_ps(from + (size_t)(c + j) * TB + h) : _mm256_setzero_ps();
+    transpose8(r);
+    for (int i = 0; i < 8 && h + i < live; i++) {
+        const size_t at = (size_t)(h + i) * ss + c;
+        if (to.h) {
+            const __m128i b = bf16x8(r[i]);
+            if (n == 8) {
+                _mm_storeu_si128((__m128i *)(to.h + at), b);
+            } else {
+                uint16_t part[8];
+                _mm_storeu_si128((__m128i *)part, b);
+                memcpy(to.h + at, part, sizeof(uint16_t) * (size_t)n);
+            }
+        } else if (n == 8) {
+            _mm256_storeu_ps(to.f + at, r[i]);
+        } else {
+            _mm256_maskstore_ps(to.f + at, first_n(n), r[i]);
+        }
+    }
+}
+
+/* Where the block at element c of a row of len elements starts, and how many it holds: whole
+ * blocks, then the rest as one block ending at len (it rewrites a few elements with the same
+ * values) or, in a row shorter than a block, one masked block. */
+static inline void block_span(int len, int c, int *at, int *n)
+{
+    *at = c, *n = WINO_BLOCK;
+    if (c + WINO_BLOCK > len) {
+        if (len >= WINO_BLOCK)
+            *at = len - WINO_BLOCK;
+        else
+            *n = len;
+    }
+}
+#endif
+
+static void rows_to_lanes(const ch_real *restrict from, size_t ss, int live, int len,
+                          ch_real *restrict to)
+{
+#if defined(__AVX2__) && !defined(CH_REAL_DOUBLE)
+    if (live == TB) {
+        for (int c = 0, at, n; c < len; c += WINO_BLOCK) {
+            block_span(len, c, &at, &n);
+            for (int h = 0; h < TB; h += WINO_BLOCK) block_to_lanes(from, ss, h, at, n, to);
+        }
+        return;
+    }
+#endif
+    for (int c = 0; c < len; c++)
+        for (int s = 0; s < live; s++) to[(size_t)c * TB + s] = from[(size_t)s * ss + c];
+}
+
+static void lanes_to_rows(const ch_real *restrict from, int live, int len, wdest to, size_t ss)
+{
+#if defined(__AVX2__) && !defined(CH_REAL_DOUBLE)
+    for (int c = 0, at, n; c < len; c += WINO_BLOCK) {
+        block_span(len, c, &at, &n);
+        for (int h = 0; h < live; h += WINO_BLOCK) block_to_rows(from, h, live, at, n, to, ss);
+    }
+#else
+    for (int c = 0; c < len; c++)
+        for (int s = 0; s < live; s++) {
+            const size_t at = (size_t)s * ss + c;
+            if (to.h) to.h[at] = ch_bf16_from_float((float)from[(size_t)c * TB + s]);
+            else to.f[at] = from[(size_t)c * TB + s];
+        }
+#endif
+}
+
+/* Zeros in a full group's border: the rows above and below the data, and the columns either
+ * side of it (a memset of the whole group before was 3% of ResNet-20's step). */
+static void zero_border(wlayout l, ch_real *grp)
+{
+    const size_t row = (size_t)l.pw * TB, left = (size_t)l.pad * TB;
+    const size_t right = (size_t)(l.pw - l.pad - l.w) * TB;
+    for (int p = 0; p < l.planes; p++) {
+        ch_real *pl = grp + (size_t)p * l.ph * row;
+        memset(pl, 0, sizeof(ch_real) * row * (size_t)l.pad);
+        for (int r = l.pad; r < l.pad + l.h; r++) {
+            memset(pl + (size_t)r * row, 0, sizeof(ch_real) * left);
+            memset(pl + (size_t)r * row + left + (size_t)l.w * TB, 0, sizeof(ch_real) * right);
+        }
+        memset(pl + (size_t)(l.pad + l.h) * row, 0,
+               sizeof(ch_real) * row * (size_t)(l.ph - l.pad - l.h));
+    }
+}
+
+static void pack_group(wlayout l, const ch_real *t, int live, ch_real *grp)
+{
+    if (live < TB)
+        memset(grp, 0, sizeof(ch_real) * group_len(l));
+    else if (l.ph != l.h || l.pw != l.w)
+        zero_border(l, grp);
+    const size_t plane = (size_t)l.h * l.w, ss = plane * l.planes;
+    const bool whole = l.ph == l.h && l.pw == l.w;   /* a plane without a border: one row */
+    for (int p = 0; p < l.planes; p++)
+        for (int r = 0; r < (whole ? 1 : l.h); r++)
+            rows_to_lanes(t + p * plane + (size_t)r * l.w, ss, live, whole ? (int)plane : l.w,
+                          grp + (((size_t)p * l.ph + r + l.pad) * l.pw + l.pad) * TB);
+}
+
+/* The inverse: the group's lanes 0 .. live-1 back into the tensor (the border dropped). Planes
+ * without a border go as one row. */
+static void unpack_group(wlayout l, const ch_real *grp, int live, wdest t)
+{
+    const size_t plane = (size_t)l.h * l.w, ss = plane * l.planes;
+    const bool whole = l.ph == l.h && l.pw == l.w;
+    for (int p = 0; p < l.planes; p++) {
+        const wdest to = dest_at(t, (size_t)p * plane);
+        const ch_real *from = grp + (((size_t)p * l.ph + l.pad) * l.pw + l.pad) * TB;
+        if (whole) {
+            lanes_to_rows(from, live, (int)plane, to, ss);
+            continue;
+        }
+        for (int r = 0; r < l.h; r++)
+            lanes_to_rows(from + (size_t)r * l.pw * TB, live, l.w, dest_at(to, (size_t)r * l.w), ss);
+    }
+}
