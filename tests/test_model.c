@@ -81,13 +81,14 @@ static void affine_then_round_input(const ch_kctx *kc, int n, int c, int hw, con
 }
 
 /* The CPU's conv2d_forward, then y rounded to bf16 in place for the layers whose --precision bf16
- * convolution writes its output in bf16 for its BatchNorm (conv2d_out_bf16): the values that
+ * convolution writes its output in bf16 for its BatchNorm (conv2d_out_bf16, of a layer a BatchNorm
+ * follows: in resnet18 all but the 1x1 shortcuts, which feed the residual sum): the values that
  * BatchNorm then reads. */
 static void conv_then_round_output(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
                                    const ch_real *w, const ch_real *b, ch_real *y)
 {
     ch_kernels_cpu()->conv2d_forward(kc, d, n, x, w, b, y);
-    if (!ch_kernels_cpu()->conv2d_out_bf16(kc, d, n)) return;
+    if (!ch_kernels_cpu()->conv2d_out_bf16(kc, d, n) || d->kh * d->kw == 1) return;
     for (size_t i = 0; i < (size_t)n * d->oc * d->oh * d->ow; i++) y[i] = ch_bf16_to_float(ch_bf16_from_float(y[i]));
 }
 

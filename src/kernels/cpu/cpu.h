@@ -90,6 +90,9 @@ bool ch_cpu_conv_bf16_backward_weights(const ch_kctx *kc, const ch_conv_desc *d,
  * where it does not apply (other geometry, no such oneDNN kernel on this CPU, too little
  * workspace, the double build); the conv2d kernels then run im2col. */
 size_t ch_cpu_wino_workspace(const ch_kctx *kc, const ch_conv_desc *d, int n);
+/* Whether this file's passes (the Winograd above or the bf16 direct convolutions) are the ones
+ * chosen for d by geometry: they come first in the conv2d kernels' chains. */
+bool ch_cpu_dnnl_conv_takes(const ch_conv_desc *d, int n);
 bool ch_cpu_wino_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
                          const ch_real *w, const ch_real *b, ch_real *y);
 bool ch_cpu_wino_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *dy,

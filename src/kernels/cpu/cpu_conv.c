@@ -22,6 +22,7 @@
  * Y/dY/dX (oc or c rows of g*P) + dW partial (oc*K) + db partial (oc) + a padded plane for stride-1
  * im2col; then, shared, the flipped weights. */
 #include "kernels/cpu/cpu.h"
+#include "core/bf16.h"
 #include "core/status.h"
 
 #include <string.h>
@@ -336,16 +337,36 @@ static const ch_real *group_col(const ch_conv_desc *d, int gw, const ch_real *x,
     return sc->col;
 }
 
+/* One sample's plane of the GEMM's output (+ bias, ReLU where fused) rounded to bf16 (a
+ * convolution's output written in bf16 for its BatchNorm). No bias: the value as it is (adding 0
+ * would turn a -0 into +0). */
+static void round_plane(const ch_real *from, size_t P, const ch_real *b, bool relu, uint16_t *to)
+{
+    for (size_t p = 0; p < P; p++) {
+        const ch_real v = b ? from[p] + *b : from[p];
+        to[p] = ch_bf16_from_float((float)(relu && v < 0 ? 0 : v));   /* NaN passes, as in relu_span */
+    }
+}
+
+/* A group of gw samples: y, or with y16 the same values rounded to bf16 there (y unused). */
 static void forward_group(const ch_kctx *kc, const ch_conv_desc *d, int gw, const ch_real *x,
-                          const ch_real *w, const ch_real *b, ch_real *y, const conv_scratch *sc)
+                          const ch_real *w, const ch_real *b, ch_real *y, uint16_t *y16,
+                          const conv_scratch *sc)
 {
     ch_real *packed = sc->packed;
     const size_t K = conv_k(d), P = conv_p(d), ld = (size_t)gw * P;
     const ch_real *src = group_col(d, gw, x, sc);
     /* One sample: the GEMM writes y itself, over the bias. */
-    ch_real *out = gw == 1 ? y : packed;
+    ch_real *out = gw == 1 && !y16 ? y : packed;
     ch_cpu_gemm(kc, false, false, d->oc, (int)ld, (int)K, 1, w, (int)K, src, (int)ld, 0, out,
                 (int)ld);
+    if (y16) {   /* rounded from the scratch while it is in cache */
+        for (int s = 0; s < gw; s++)
+            for (int o = 0; o < d->oc; o++)
+                round_plane(out + o * ld + s * P, P, b ? b + o : NULL, d->relu,
+                            y16 + ((size_t)s * d->oc + o) * P);
+        return;
+    }
     if (gw > 1 || b)
         for (int s = 0; s < gw; s++)
             for (int o = 0; o < d->oc; o++) {
@@ -364,6 +385,9 @@ bool ch_cpu_conv2d_in_bf16(const ch_kctx *kc, const ch_conv_desc *d, int n)
     return ch_cpu_conv_bf16_workspace(kc, d, n) > 0 || (n > 0 && ch_cpu_wino3_in_bf16(d));
 }
 
+static void im2col_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
+                           const ch_real *w, const ch_real *b, ch_real *y, uint16_t *y16);
+
 void ch_cpu_conv2d_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
                            const ch_real *w, const ch_real *b, ch_real *y)
 {
@@ -374,6 +398,13 @@ void ch_cpu_conv2d_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, cons
     if (ch_cpu_conv_bf16_forward(kc, d, n, x, w, b, y) || ch_cpu_wino_forward(kc, d, n, x, w, b, y) ||
         ch_cpu_wino5_forward(kc, d, n, x, w, b, y) || ch_cpu_wino3_forward(kc, d, n, x, w, b, y))
         return;
+    im2col_forward(kc, d, n, x, w, b, y, NULL);
+}
+
+/* im2col + GEMM, into y or, with y16, rounded to bf16 there. */
+static void im2col_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
+                           const ch_real *w, const ch_real *b, ch_real *y, uint16_t *y16)
+{
     const size_t xs = (size_t)d->c * d->h * d->w, ys = (size_t)d->oc * conv_p(d);
     const conv_split sp = conv_split_of(kc, d, n);
 #pragma omp parallel num_threads(sp.threads) if (sp.threads > 1)
@@ -384,25 +415,36 @@ void ch_cpu_conv2d_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, cons
         thread_groups(&sp, t, &lo, &hi);
         for (int q = lo; q < hi; q++) {
             const int s0 = q * sp.g, gw = group_width(&sp, n, s0);
-            forward_group(kc, d, gw, x + s0 * xs, w, b, y + s0 * ys, &sc);
+            forward_group(kc, d, gw, x + s0 * xs, w, b, y ? y + s0 * ys : NULL,
+                          y16 ? y16 + s0 * ys : NULL, &sc);
         }
     }
 }
 
+/* Whether forward runs d as im2col + GEMM: no earlier kernel of the chain takes its geometry. */
+static bool im2col_takes(const ch_conv_desc *d, int n)
+{
+    return !ch_cpu_conv_is_grouped(d) && !ch_cpu_dnnl_conv_takes(d, n) && !ch_cpu_wino5_applies(d) &&
+           !ch_cpu_wino3_applies(d);
+}
+
 /* --precision bf16's convolution outputs in bf16 (the kernel table's conv2d_out_bf16 and
- * conv2d_forward_bf16): the layers cohort's F(4x4, 3x3) multiplies in bf16, whose forward rounds y
- * as it unpacks it. Any other layer keeps its fp32 output (its BatchNorm rounds the copy it keeps). */
+ * conv2d_forward_bf16), where rounding as it writes costs nothing: the layers cohort's F(4x4, 3x3)
+ * multiplies in bf16, whose forward rounds y as it unpacks it, and the im2col ones (resnet18's
+ * stem), which round each group's GEMM output from the scratch. oneDNN's layers and the fp32
+ * Winograds keep their fp32 outputs (their BatchNorms round the copies they keep). */
 bool ch_cpu_conv2d_out_bf16(const ch_kctx *kc, const ch_conv_desc *d, int n)
 {
     (void)kc;
-    return n > 0 && !ch_cpu_conv_is_grouped(d) && ch_cpu_wino3_in_bf16(d);
+    return n > 0 && d->bf16 && !ch_cpu_conv_is_grouped(d) && (ch_cpu_wino3_in_bf16(d) || im2col_takes(d, n));
 }
 
 void ch_cpu_conv2d_forward_bf16(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
                                 const ch_real *w, const ch_real *b, uint16_t *y)
 {
-    const bool ran = ch_cpu_wino3_forward_bf16(kc, d, n, x, w, b, y);
-    CH_ASSERT(ran);   /* the plan asked conv2d_out_bf16, and the workspace holds this pass */
+    if (ch_cpu_wino3_forward_bf16(kc, d, n, x, w, b, y)) return;
+    CH_ASSERT(im2col_takes(d, n));   /* the plan asked conv2d_out_bf16 */
+    im2col_forward(kc, d, n, x, w, b, NULL, y);
 }
 
 static void backward_data_group(const ch_kctx *kc, const ch_conv_desc *d, int gw,
@@ -466,7 +508,7 @@ void ch_cpu_conv2d_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int n
         for (int q = lo; q < hi; q++) {
             const int s0 = q * sp.g, gw = group_width(&sp, n, s0);
             if (flipped)
-                forward_group(kc, &f, gw, dy + s0 * ys, wf, NULL, dx + s0 * xs, &sc);
+                forward_group(kc, &f, gw, dy + s0 * ys, wf, NULL, dx + s0 * xs, NULL, &sc);
             else
                 backward_data_group(kc, d, gw, dy + s0 * ys, w, dx + s0 * xs, sc.col, sc.packed);
         }

@@ -83,6 +83,12 @@ size_t ch_cpu_conv_bf16_workspace(const ch_kctx *kc, const ch_conv_desc *d, int 
     return 0;
 }
 
+bool ch_cpu_dnnl_conv_takes(const ch_conv_desc *d, int n)
+{
+    (void)d, (void)n;
+    return false;
+}
+
 bool ch_cpu_conv_bf16_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
                               const ch_real *w, const ch_real *b, ch_real *y)
 {
@@ -475,6 +481,11 @@ static const wino_entry *entry_of(struct ch_kcache *c, const wino_key *key)
 static bool applies(dc_use use, const ch_conv_desc *d, int n)
 {
     return n > 0 && (use == DC_WINOGRAD ? wino_geometry(d) : bf16_geometry(d));
+}
+
+bool ch_cpu_dnnl_conv_takes(const ch_conv_desc *d, int n)
+{
+    return applies(DC_WINOGRAD, d, n) || applies(DC_BF16, d, n);
 }
 
 static wino_key key_of(dc_use use, const ch_conv_desc *d, int n, int nthreads)
