@@ -19,9 +19,9 @@
  *    the statistics of the exact ones, as under PyTorch's autocast, which keeps convolution
  *    outputs in bf16. Their gradient, which lived over the maker's output, takes a block: resnet18
  *    batch 256 keeps 212 MiB of bf16 for 424 MiB of fp32 outputs, with ~50 MiB more scratch.
- *    Where the maker is a convolution whose kernel rounds as it writes (conv2d_out_bf16: cohort's
- *    bf16 Winograd layers on the CPU), it writes the bf16 copy itself, there is no fp32 output,
- *    and the BatchNorm's statistics and normalisation read the copy.
+ *    Where the maker is a convolution whose kernel rounds as it writes (conv2d_out_bf16: on the
+ *    CPU cohort's bf16 Winograd layers and the im2col ones), it writes the bf16 copy itself, there
+ *    is no fp32 output, and the BatchNorm's statistics and normalisation read the copy.
  * Gradients: a tensor's gradient lives from the backward of its last consumer, which writes it,
  * to the backward of its producer, which reads it as dy. The plan walks backward once, before any
  * step, and gives every gradient a block of the run's scratch stack for that span, reusing blocks
