@@ -5,8 +5,11 @@
 #  - 2 epochs straight == 1 epoch, stop, --resume for 1 more: bit-identical model and optimizer
 #    files (1 device and 2 devices);
 #  - the checkpoint holds fp32 tensors under PyTorch's names, not fp32 training's bits (bf16 took
-#    effect), and it learns as fp32 does: epoch 2's training accuracy >= 0.55 and within 5 points of
-#    fp32's (0.6475 and 0.6377 seen; chance is 0.10). Not the test accuracy: with BatchNorm's
+#    effect), and it learns as fp32 does: epoch 2's training accuracy >= 0.55 and within 10 points
+#    of fp32's (chance is 0.10). 32 steps of 64 are noisy: over seeds 1-5 on an Intel family 6
+#    model 207 bf16 trailed or led fp32 by 1.6, 1.0, 6.4, 7.6 and 4.1 points (5 points, the bound
+#    before, failed seed 3, this test's, there; on a Zen 5 it had given 0.6475 against 0.6377); a
+#    broken bf16 step stays near chance. Not the test accuracy: with BatchNorm's
 #    running statistics after 32 steps it swings between epochs (fp32 0.47, 0.38, 0.49; bf16 0.37,
 #    0.33, 0.55);
 #  - cohort eval, which computes in fp32, reports that checkpoint's accuracy within 2 points of what
@@ -20,6 +23,9 @@ if ! "$cohort" info | grep -q '^bf16: *native'; then
     echo "skipped: no native bf16 here ($("$cohort" info | grep '^bf16:'))"
     exit 77
 fi
+# bf16 products on every CPU with native bf16, also where --precision bf16 would keep fp32 ones
+# (Intel without AMX: ch_cpu_bf16_products); the last checks below run the other setting.
+export COHORT_BF16_PRODUCTS=on
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 fails=0 passes=0
 ok() { if [ "$2" -eq 0 ]; then passes=$((passes + 1)); else echo "FAIL: $1"; fails=$((fails + 1)); fi; }
@@ -42,7 +48,7 @@ acc=$(sed -n 's/^epoch 2,.*test acc \([0-9.]*\),.*/\1/p' "$c.out")
 "$cohort" "${A[@]}" --precision fp32 --epochs 2 --checkpoint-dir "$tmp/fp32" >"$tmp/fp32.out"
 tr16=$(sed -n 's/^epoch 2,.*train acc \([0-9.]*\),.*/\1/p' "$c.out")
 tr32=$(sed -n 's/^epoch 2,.*train acc \([0-9.]*\),.*/\1/p' "$tmp/fp32.out")
-awk -v a="$tr16" -v b="$tr32" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a != "" && b != "" && a >= 0.55 && d <= 0.05) }'
+awk -v a="$tr16" -v b="$tr32" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a != "" && b != "" && a >= 0.55 && d <= 0.10) }'
 rc=$?; ok "bf16 learns as fp32 does: epoch 2's train acc $tr16 >= 0.55, fp32's $tr32" $rc
 ! cmp -s "$tmp/fp32/epoch-0002/model.safetensors" "$c/straight/epoch-0002/model.safetensors" &&
     [ "$(stat -c %s "$tmp/fp32/epoch-0002/model.safetensors")" = "$(stat -c %s "$c/straight/epoch-0002/model.safetensors")" ] &&
@@ -61,6 +67,18 @@ got16=$(echo "$line" | sed -n 's/^test loss .*, test acc \([0-9.]*\) .*/\1/p')
 [ "$got16" = "$acc" ] && echo "$line" | grep -q ', bf16 products$' &&
     ! "$cohort" eval --checkpoint "$c/straight" --data "$data" --test-limit 512 2>&1 | grep -q 'bf16'
 rc=$?; ok "cohort eval --precision bf16: $got16, training (bf16) said $acc; only this line says bf16" $rc
+
+# COHORT_BF16_PRODUCTS=off: no layer multiplies in bf16 and the plan says why; the BatchNorm inputs
+# stay bf16. Its eval line says the products were fp32.
+plan=$(COHORT_BF16_PRODUCTS=off "$cohort" "${A[@]}" --precision bf16 --dry-run 2>&1)
+echo "$plan" | grep -q 'bf16 products in 0 of 20 convolutions' &&
+    echo "$plan" | grep -q '^  products stay fp32 here: COHORT_BF16_PRODUCTS=off' &&
+    echo "$plan" | grep -q 'BatchNorm inputs kept in bf16' &&
+    "$cohort" "${A[@]}" --precision bf16 --dry-run 2>&1 | grep -q 'bf16 products in 16 of 20 convolutions'
+rc=$?; ok "COHORT_BF16_PRODUCTS=off: 0 of 20 convolutions in bf16, and why; on: 16 of 20" $rc
+COHORT_BF16_PRODUCTS=off "$cohort" eval --checkpoint "$c/straight" --data "$data" --test-limit 64 --precision bf16 2>&1 |
+    grep -q ', --precision bf16 (products fp32 here)$'
+rc=$?; ok "cohort eval --precision bf16 with fp32 products says so" $rc
 
 echo "bf16: $passes passed, $fails failed"
 [ "$fails" -eq 0 ]

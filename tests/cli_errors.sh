@@ -67,6 +67,7 @@ expect 2 "--lr ' 0.1': expected a number" -- "$cohort" train --model lenet --dat
 # --precision bf16: one line and exit 2 on a CPU without native bf16; where it is native, it trains.
 if "$cohort" info | grep -q '^bf16: *native'; then
     expect 0 "" -- "$cohort" "${T[@]}" --data "$tmp/ok" --precision bf16
+    expect 2 "COHORT_BF16_PRODUCTS='yes': expected on, off or auto" -- env COHORT_BF16_PRODUCTS=yes "$cohort" "${T[@]}" --data "$tmp/ok" --precision bf16
 else
     expect 2 "--precision bf16 needs a CPU with native bf16" -- "$cohort" train --model lenet --data "$tmp/ok" --precision bf16
 fi

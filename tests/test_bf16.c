@@ -28,6 +28,7 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <cpuid.h>
 
 #include "core/bf16.h"
 #include "kernels/cpu/cpu.h"
@@ -521,6 +522,69 @@ static void conv_output_in_bf16(void **state)
     assert_false(k->conv2d_out_bf16(&kc, &stem32, 8));
 }
 
+/* Whether this CPU's answer, by the rule ch_cpu_bf16_products states: Intel without AMX keeps fp32
+ * products (its bf16 dot products run no faster than its FMAs), every other CPU multiplies in bf16. */
+static bool products_expected_here(void)
+{
+    char isa[32], vendor[13] = { 0 };
+    unsigned a, b, c, d;
+    ch_cpu_bf16_native(isa, sizeof isa);
+    if (strcmp(isa, "avx512_core_amx") == 0 || !__get_cpuid(0, &a, &b, &c, &d)) return true;
+    memcpy(vendor, &b, 4), memcpy(vendor + 4, &d, 4), memcpy(vendor + 8, &c, 4);
+    return strcmp(vendor, "GenuineIntel") != 0;
+}
+
+/* The rest of the program's setting, also after a failed check above left another. */
+static int products_on(void **state)
+{
+    (void)state;
+    return setenv("COHORT_BF16_PRODUCTS", "on", 1);
+}
+
+/* Where the CPU's bf16 products are no faster, --precision bf16 keeps fp32 products
+ * (ch_cpu_bf16_products); COHORT_BF16_PRODUCTS=on|off overrides that, and the rest of this program
+ * runs with on. Off: no convolution multiplies in bf16, the Linear GEMM's workspace is 0, the
+ * three passes of a bf16 layer are the fp32 layer's bits, and F(4x4, 3x3)'s layers (fp32 products
+ * now) still write a BatchNorm's input in bf16 as y rounded. Auto: the CPU's rule. */
+static void products_follow_the_cpu_unless_told(void **state)
+{
+    (void)state;
+    assert_int_equal(ch_cpu_bf16_products_mode(NULL), -1);
+    assert_int_equal(ch_cpu_bf16_products_mode(""), -1);
+    assert_int_equal(ch_cpu_bf16_products_mode("auto"), -1);
+    assert_int_equal(ch_cpu_bf16_products_mode("on"), 1);
+    assert_int_equal(ch_cpu_bf16_products_mode("off"), 0);
+    assert_int_equal(ch_cpu_bf16_products_mode("On"), -2);
+    assert_int_equal(ch_cpu_bf16_products_mode("1"), -2);
+    const ch_kernels *k = ch_kernels_cpu();
+    const ch_kctx kc = { .nthreads = 2 };
+    const ch_conv_desc wino = { .c = 32, .h = 14, .w = 14, .oc = 48, .kh = 3, .kw = 3, .stride = 1,
+                                .pad = 1, .bf16 = true };
+    const ch_conv_desc strided = shaped((ch_conv_desc){ .c = 32, .h = 14, .w = 14, .oc = 64, .kh = 3,
+                                                        .kw = 3, .stride = 2, .pad = 1, .bf16 = true });
+    const ch_conv_desc w14 = shaped(wino);
+    const bool modes[2] = { false, true };
+    for (int i = 0; i < 2; i++) {
+        setenv("COHORT_BF16_PRODUCTS", modes[i] ? "on" : "off", 1);
+        assert_true(ch_cpu_bf16_products(NULL, 0) == modes[i]);
+        assert_true(k->conv2d_in_bf16(&kc, &w14, 8) == modes[i]);
+        assert_true(k->conv2d_in_bf16(&kc, &strided, 8) == modes[i]);
+        assert_true((k->gemm_bf16_workspace(&kc, false, true, 256, 512, 512, 512, true) > 0) == modes[i]);
+        assert_true(k->conv2d_out_bf16(&kc, &w14, 8));
+    }
+    setenv("COHORT_BF16_PRODUCTS", "off", 1);
+    conv_out_bf16_case(wino, 9, 2);   /* fp32 products' y, rounded as it is unpacked */
+    conv_case c = case_make(wino, 5, 2);
+    conv_out got = run_cpu(&c), f32 = run_fp32(&c);
+    assert_memory_equal(got.y, f32.y, sizeof(ch_real) * c.ys);
+    assert_memory_equal(got.dx, f32.dx, sizeof(ch_real) * c.xs);
+    assert_memory_equal(got.dw, f32.dw, sizeof(ch_real) * c.wl);
+    out_free(&got), out_free(&f32);
+    case_free(&c);
+    setenv("COHORT_BF16_PRODUCTS", "auto", 1);
+    assert_true(ch_cpu_bf16_products(NULL, 0) == products_expected_here());
+}
+
 /* batchnorm_stats_bf16: the statistics of the widened values, bit for bit (planes of 49: a
  * remainder past the lanes), from half the bytes. */
 static void batchnorm_stats_of_bf16(void **state)
@@ -660,6 +724,9 @@ int main(void)
         printf("skipped: this CPU has no native bf16 (oneDNN's effective ISA: %s)\n", isa);
         return 77;
     }
+    /* The bf16 kernels are what this program checks, also on a CPU whose --precision bf16 keeps
+     * fp32 products (ch_cpu_bf16_products). */
+    setenv("COHORT_BF16_PRODUCTS", "on", 1);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(bf16_passes_match_the_rounded_reference),
         cmocka_unit_test(bf16_only_where_it_wins),
@@ -667,6 +734,7 @@ int main(void)
         cmocka_unit_test(wino3_bf16_rounds_where_it_should),
         cmocka_unit_test(wino_bf16_takes_onednn_layers),
         cmocka_unit_test(conv_output_in_bf16),
+        cmocka_unit_test_teardown(products_follow_the_cpu_unless_told, products_on),
         cmocka_unit_test(batchnorm_stats_of_bf16),
         cmocka_unit_test(linear_gemms_match_the_rounded_reference),
         cmocka_unit_test(linear_gemm_small_stays_fp32),

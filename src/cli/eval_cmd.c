@@ -51,7 +51,8 @@ static void print_result(ch_trainer *t, bool bf16, double loss, double acc, size
     char ranks[32] = "";
     if (ch_world_size() > 1) snprintf(ranks, sizeof ranks, " x %d ranks", ch_world_size());
     printf("test loss %.4f, test acc %.4f (%zu images) on [%s]%s%s\n", loss, acc, n,
-           ch_trainer_devices(t), ranks, bf16 ? ", bf16 products" : "");
+           ch_trainer_devices(t), ranks,
+           !bf16 ? "" : ch_trainer_bf16_layers(t) ? ", bf16 products" : ", --precision bf16 (products fp32 here)");
     if (per_class) {
         printf("%-6s %8s %8s %9s\n", "class", "images", "correct", "accuracy");
         for (int c = 0; c < classes; c++)

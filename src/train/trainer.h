@@ -105,6 +105,9 @@ ch_status ch_trainer_ps_give_up(ch_trainer *t, ch_status st, const ch_err *err);
 ch_status ch_trainer_check_config(const ch_train_config *c, ch_err *err);
 /* --precision bf16 (checked: the CPU has it natively). */
 bool ch_trainer_bf16(const ch_train_config *c);
+/* How many of the model's layers multiply in bf16 (0 under fp32, and under --precision bf16 where
+ * the device keeps fp32 products: ch_cpu_bf16_products). */
+int ch_trainer_bf16_layers(const ch_trainer *t);
 ch_status ch_trainer_optim_config(const ch_train_config *c, ch_optim_config *o, ch_err *err);
 ch_status ch_trainer_schedule_config(const ch_train_config *c, ch_schedule *s, ch_err *err);
 ch_status ch_trainer_parse_fault(ch_fault *f, ch_err *err);

@@ -25,6 +25,9 @@ static ch_status check_precision(const char *p, ch_err *err)
     if (!ch_cpu_bf16_native(isa, sizeof isa))
         return ch_fail(err, CH_STATUS_BAD_INPUT, "--precision bf16 needs a CPU with native bf16 (AVX512-BF16 or "
                        "AMX); this one offers %s, where bf16 would run slower than fp32: use fp32", isa);
+    const char *products = getenv("COHORT_BF16_PRODUCTS");
+    if (ch_cpu_bf16_products_mode(products) == -2)
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "COHORT_BF16_PRODUCTS='%s': expected on, off or auto", products);
     return CH_STATUS_OK;
 }
 

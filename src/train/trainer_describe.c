@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "kernels/cpu/cpu.h"
 #include "nn/model.h"
 #include "train/trainer.h"
 
@@ -101,6 +102,11 @@ static void describe_bf16(FILE *out, const ch_model *m)
             "statistics and %sactivations fp32%s\n", m->convs || m->linears ? convs : "no layer", linears, kept,
             m->bf16_kept ? "other " : "",
             m->bf16_convs || m->bf16_linears || m->bf16_kept ? "" : ": none of this model's layers is one, so it trains as in fp32");
+    /* The CPU kernels (and the test backends wrapping them) keep fp32 products where bf16 ones
+     * are no faster (ch_cpu_bf16_products); say so, since the line above then counts none. */
+    char why[160];
+    if ((m->convs || m->linears) && m->be->k->conv2d_in_bf16 && !ch_cpu_bf16_products(why, sizeof why))
+        fprintf(out, "  products stay fp32 here: %s (COHORT_BF16_PRODUCTS=on multiplies in bf16 anyway)\n", why);
 }
 static void print_servers(FILE *out, const ch_trainer *t, size_t P)
 {

@@ -211,6 +211,13 @@ void ch_cpu_relu_backward(const ch_kctx *kc, size_t len, const ch_real *y, const
 /* Whether oneDNN has native bf16 kernels here (avx512_core_bf16 or AMX); isa (len bytes) gets the
  * name of its effective ISA. */
 bool ch_cpu_bf16_native(char *isa, size_t len);
+/* Whether --precision bf16 layers multiply in bf16 here (the convolutions' and Linear layers' bf16
+ * kernels), or keep fp32 products and store only their kept activations in bf16: where the CPU's
+ * bf16 products are the faster, native bf16 first. COHORT_BF16_PRODUCTS=on|off|auto overrides the
+ * CPU's answer; why (len bytes) gets the reason. */
+bool ch_cpu_bf16_products(char *why, size_t len);
+/* COHORT_BF16_PRODUCTS's value: 1 on, 0 off, -1 auto (or unset), -2 not one of those. */
+int ch_cpu_bf16_products_mode(const char *s);
 /* y[j] = sum_i x[i * len + j] (rows in order); optimizer updates (cpu_optim.c). */
 void ch_cpu_col_sum(const ch_kctx *kc, int rows, size_t len, const ch_real *x, ch_real *y);
 void ch_cpu_optim_update(const ch_kctx *kc, const ch_optim_update *u, size_t n, ch_real *p,

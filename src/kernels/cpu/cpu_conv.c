@@ -428,15 +428,23 @@ static bool im2col_takes(const ch_conv_desc *d, int n)
            !ch_cpu_wino3_applies(d);
 }
 
+/* Whether forward runs d in cpu_wino3.c's F(4x4, 3x3), its products in bf16 or fp32. */
+static bool wino3_takes(const ch_conv_desc *d, int n)
+{
+    return !ch_cpu_conv_is_grouped(d) && !ch_cpu_dnnl_conv_takes(d, n) && !ch_cpu_wino5_applies(d) &&
+           ch_cpu_wino3_applies(d);
+}
+
 /* --precision bf16's convolution outputs in bf16 (the kernel table's conv2d_out_bf16 and
  * conv2d_forward_bf16), where rounding as it writes costs nothing: the layers cohort's F(4x4, 3x3)
- * multiplies in bf16, whose forward rounds y as it unpacks it, and the im2col ones (resnet18's
- * stem), which round each group's GEMM output from the scratch. oneDNN's layers and the fp32
- * Winograds keep their fp32 outputs (their BatchNorms round the copies they keep). */
+ * runs, whose forward rounds y as it unpacks it (products in bf16 or, where the CPU keeps them
+ * fp32, in fp32), and the im2col ones (resnet18's stem), which round each group's GEMM output
+ * from the scratch. oneDNN's layers and F(3x3, 5x5) keep their fp32 outputs (their BatchNorms
+ * round the copies they keep). */
 bool ch_cpu_conv2d_out_bf16(const ch_kctx *kc, const ch_conv_desc *d, int n)
 {
     (void)kc;
-    return n > 0 && d->bf16 && !ch_cpu_conv_is_grouped(d) && (ch_cpu_wino3_in_bf16(d) || im2col_takes(d, n));
+    return n > 0 && d->bf16 && (wino3_takes(d, n) || im2col_takes(d, n));
 }
 
 void ch_cpu_conv2d_forward_bf16(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,

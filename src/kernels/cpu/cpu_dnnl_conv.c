@@ -206,7 +206,7 @@ static bool bf16_geometry(const ch_conv_desc *d)
 {
     return d->bf16 && ch_conv_groups(d) == 1 && ch_conv_dilation(d) == 1 && d->kh * d->kw > 1 &&
            d->c >= 16 && d->oc >= 16 && !wino_geometry(d) && !ch_cpu_wino3_applies(d) &&
-           !ch_cpu_wino5_applies(d) && ch_cpu_bf16_native(NULL, 0);
+           !ch_cpu_wino5_applies(d) && ch_cpu_bf16_products(NULL, 0);
 }
 
 static size_t align_up(size_t v) { return (v + WINO_ALIGN - 1) / WINO_ALIGN * WINO_ALIGN; }

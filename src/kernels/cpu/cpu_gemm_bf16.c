@@ -78,7 +78,7 @@ static bool usable(const ch_kctx *kc, bool ta, bool tb, int m, int n, int k, int
                    bool accumulate, gb16_geo *g, size_t *scratch)
 {
     if (m <= 0 || n <= 0 || k <= 0 || (double)m * n * k < GB16_MIN_MACS ||
-        !ch_cpu_bf16_native(NULL, 0))
+        !ch_cpu_bf16_products(NULL, 0))
         return false;
     *g = geo_of(kc, ta, tb, m, n, k);
     return slices_ready(g, ldc, accumulate, scratch);

@@ -2,7 +2,11 @@
  * dispatch to here, after any ONEDNN_MAX_CPU_ISA limit). */
 #include "kernels/cpu/cpu.h"
 
+#include <cpuid.h>
+#include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #ifndef CH_REAL_DOUBLE
 #include <dnnl.h>
@@ -39,4 +43,53 @@ bool ch_cpu_bf16_native(char *isa, size_t len)
     if (isa) snprintf(isa, len, "%s", isa_name(0));
     return false;
 #endif
+}
+
+int ch_cpu_bf16_products_mode(const char *s)
+{
+    if (!s || !*s || strcmp(s, "auto") == 0) return -1;
+    if (strcmp(s, "on") == 0) return 1;
+    if (strcmp(s, "off") == 0) return 0;
+    return -2;
+}
+
+/* Intel's cores before AMX issue the bf16 dot product (vdpbf16ps) on one port and FMAs on two,
+ * so a bf16 dot product, twice an FMA's multiplies, does the same work a cycle as fp32 and pays
+ * the rounding besides. Measured (bench/wino_bf16: oneDNN's batched matmul, one thread, bf16
+ * against fp32): an Intel family 6 model 207 with AVX512-BF16 and no AMX 0.54-0.60x, slower; AMD
+ * Zen 5 1.8-2.3x faster. AMX multiplies bf16 tiles at many times the FMA rate. */
+static bool products_pay_here(void)
+{
+#ifndef CH_REAL_DOUBLE
+    if (((unsigned)dnnl_get_effective_cpu_isa() & dnnl_cpu_isa_avx512_core_amx) == dnnl_cpu_isa_avx512_core_amx)
+        return true;
+#endif
+    unsigned a, b, c, d;
+    if (!__get_cpuid(0, &a, &b, &c, &d)) return true;
+    char vendor[13] = { 0 };
+    memcpy(vendor, &b, 4), memcpy(vendor + 4, &d, 4), memcpy(vendor + 8, &c, 4);
+    return strcmp(vendor, "GenuineIntel") != 0;
+}
+
+bool ch_cpu_bf16_products(char *why, size_t len)
+{
+    static _Atomic int pays = -1;   /* the CPU's answer, found once: the same every call */
+    if (!ch_cpu_bf16_native(NULL, 0)) {
+        if (why) snprintf(why, len, "no native bf16");
+        return false;
+    }
+    const int mode = ch_cpu_bf16_products_mode(getenv("COHORT_BF16_PRODUCTS"));
+    if (mode >= 0) {
+        if (why) snprintf(why, len, "COHORT_BF16_PRODUCTS=%s", mode ? "on" : "off");
+        return mode == 1;
+    }
+    int p = atomic_load_explicit(&pays, memory_order_relaxed);
+    if (p < 0) {
+        p = products_pay_here();
+        atomic_store_explicit(&pays, p, memory_order_relaxed);
+    }
+    if (why)
+        snprintf(why, len, "%s", p ? "bf16 dot products outrun fp32 FMAs on this CPU"
+                                   : "this CPU's bf16 dot products run no faster than its fp32 FMAs (Intel without AMX)");
+    return p == 1;
 }

@@ -266,7 +266,7 @@ static bool wino_applies(const ch_conv_desc *d)
 static bool products_in_bf16(const ch_conv_desc *d)
 {
 #if defined(WINO_BF16) && !defined(CH_REAL_DOUBLE)
-    return d->bf16 && ch_cpu_bf16_native(NULL, 0);
+    return d->bf16 && ch_cpu_bf16_products(NULL, 0);
 #else
     (void)d;
     return false;
