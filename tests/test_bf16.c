@@ -28,9 +28,9 @@
 #include <string.h>
 
 #include <cmocka.h>
-#include <cpuid.h>
 
 #include "core/bf16.h"
+#include "core/cpu.h"
 #include "kernels/cpu/cpu.h"
 #include "kernels/backend.h"
 #include "kernels/kernels.h"
@@ -526,12 +526,9 @@ static void conv_output_in_bf16(void **state)
  * products (its bf16 dot products run no faster than its FMAs), every other CPU multiplies in bf16. */
 static bool products_expected_here(void)
 {
-    char isa[32], vendor[13] = { 0 };
-    unsigned a, b, c, d;
+    char isa[32], vendor[13];
     ch_cpu_bf16_native(isa, sizeof isa);
-    if (strcmp(isa, "avx512_core_amx") == 0 || !__get_cpuid(0, &a, &b, &c, &d)) return true;
-    memcpy(vendor, &b, 4), memcpy(vendor + 4, &d, 4), memcpy(vendor + 8, &c, 4);
-    return strcmp(vendor, "GenuineIntel") != 0;
+    return strcmp(isa, "avx512_core_amx") == 0 || !ch_cpu_vendor(vendor) || strcmp(vendor, "GenuineIntel") != 0;
 }
 
 /* The rest of the program's setting, also after a failed check above left another. */

@@ -20,17 +20,25 @@ int ch_cpu_count(void)
     return n > 0 ? (int)n : 1;
 }
 
-void ch_cpu_describe(char *buf, size_t len)
+bool ch_cpu_vendor(char vendor[13])
 {
     unsigned a, b, c, d;
-    char vendor[13] = { 0 };
-    if (!__get_cpuid(0, &a, &b, &c, &d)) {
-        snprintf(buf, len, "unknown CPU");
-        return;
-    }
+    memset(vendor, 0, 13);
+    if (!__get_cpuid(0, &a, &b, &c, &d)) return false;
     memcpy(vendor, &b, 4);
     memcpy(vendor + 4, &d, 4);
     memcpy(vendor + 8, &c, 4);
+    return true;
+}
+
+void ch_cpu_describe(char *buf, size_t len)
+{
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    char vendor[13];
+    if (!ch_cpu_vendor(vendor)) {
+        snprintf(buf, len, "unknown CPU");
+        return;
+    }
     __get_cpuid(1, &a, &b, &c, &d);
     const unsigned family = ((a >> 8) & 0xf) + (((a >> 8) & 0xf) == 0xf ? (a >> 20) & 0xff : 0);
     const unsigned model = ((a >> 4) & 0xf) | (((a >> 16) & 0xf) << 4);

@@ -2,8 +2,13 @@
 #ifndef CH_CORE_CPU_H
 #define CH_CORE_CPU_H
 
+#include <stdbool.h>
+
 #include "core/status.h"
 
+/* The CPU's maker as CPUID names it ("GenuineIntel", "AuthenticAMD"), NUL-terminated; false (and
+ * "") where CPUID does not answer. */
+bool ch_cpu_vendor(char vendor[13]);
 /* The CPUs this process may run on, in increasing order: writes up to max ids, returns how many
  * there are (0 when the affinity mask cannot be read). */
 int ch_cpu_allowed(int *cpus, int max);

@@ -2,7 +2,8 @@
  * dispatch to here, after any ONEDNN_MAX_CPU_ISA limit). */
 #include "kernels/cpu/cpu.h"
 
-#include <cpuid.h>
+#include "core/cpu.h"
+
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -64,11 +65,8 @@ static bool products_pay_here(void)
     if (((unsigned)dnnl_get_effective_cpu_isa() & dnnl_cpu_isa_avx512_core_amx) == dnnl_cpu_isa_avx512_core_amx)
         return true;
 #endif
-    unsigned a, b, c, d;
-    if (!__get_cpuid(0, &a, &b, &c, &d)) return true;
-    char vendor[13] = { 0 };
-    memcpy(vendor, &b, 4), memcpy(vendor + 4, &d, 4), memcpy(vendor + 8, &c, 4);
-    return strcmp(vendor, "GenuineIntel") != 0;
+    char vendor[13];
+    return !ch_cpu_vendor(vendor) || strcmp(vendor, "GenuineIntel") != 0;
 }
 
 bool ch_cpu_bf16_products(char *why, size_t len)
