@@ -59,7 +59,7 @@ int ch_cmd_info(int argc, char **argv)
     printf("bf16:       %s (oneDNN's effective ISA: %s)\n", bf16 ? "native" : "not native: --precision bf16 is refused", isa);
     char why[160];
     if (bf16)
-        printf("            --precision bf16 multiplies in %s: %s\n", ch_cpu_bf16_products(why, sizeof why) ? "bf16" : "fp32 and keeps activations in bf16", why);
+        printf("            --precision bf16 multiplies in %s: %s\n", ch_cpu_bf16_products(why, sizeof why) ? "bf16" : "fp32, keeping BatchNorm inputs in bf16", why);
     printf("backends:   cpu (--devices cpu:0,cpu:1); scramble (--devices scramble:0,scramble:1: a test backend, the\n"
            "            CPU kernels on memory stored XOR-scrambled, which gives the CPU backend's bits);\n"
            "            lazy (--devices lazy:0,lazy:1: a test backend, scramble's memory behind streams whose\n"
