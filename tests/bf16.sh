@@ -52,8 +52,8 @@ awk -v a="$tr16" -v b="$tr32" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a !=
 rc=$?; ok "bf16 learns as fp32 does: epoch 2's train acc $tr16 >= 0.55, fp32's $tr32" $rc
 ! cmp -s "$tmp/fp32/epoch-0002/model.safetensors" "$c/straight/epoch-0002/model.safetensors" &&
     [ "$(stat -c %s "$tmp/fp32/epoch-0002/model.safetensors")" = "$(stat -c %s "$c/straight/epoch-0002/model.safetensors")" ] &&
-    head -c 65536 "$c/straight/epoch-0002/model.safetensors" | grep -aq 'resnet_block2\.0\.conv1\.weight' &&
-    ! head -c 65536 "$c/straight/epoch-0002/model.safetensors" | grep -aq '"BF16"'
+    head -c 65536 "$c/straight/epoch-0002/model.safetensors" >"$tmp/header" &&
+    grep -aq 'resnet_block2\.0\.conv1\.weight' "$tmp/header" && ! grep -aq '"BF16"' "$tmp/header"
 rc=$?; ok "the bf16 checkpoint: fp32 tensors under PyTorch's names, the same size as fp32's, other bits" $rc
 
 got=$("$cohort" eval --checkpoint "$c/straight" --data "$data" --test-limit 512 2>&1 | sed -n 's/^test loss .*, test acc \([0-9.]*\) .*/\1/p')
@@ -70,11 +70,14 @@ rc=$?; ok "cohort eval --precision bf16: $got16, training (bf16) said $acc; only
 
 # COHORT_BF16_PRODUCTS=off: no layer multiplies in bf16 and the plan says why; the BatchNorm inputs
 # stay bf16. Its eval line says the products were fp32.
+# (Outputs go to files or variables first: under pipefail, a "| grep -q" that exits at its match
+# can fail the writer with SIGPIPE, and the check with it.)
 plan=$(COHORT_BF16_PRODUCTS=off "$cohort" "${A[@]}" --precision bf16 --dry-run 2>&1)
-echo "$plan" | grep -q 'bf16 products in 0 of 20 convolutions' &&
-    echo "$plan" | grep -q '^  products stay fp32 here: COHORT_BF16_PRODUCTS=off' &&
-    echo "$plan" | grep -q 'BatchNorm inputs kept in bf16' &&
-    "$cohort" "${A[@]}" --precision bf16 --dry-run 2>&1 | grep -q 'bf16 products in 16 of 20 convolutions'
+grep -q 'bf16 products in 0 of 20 convolutions' <<<"$plan" &&
+    grep -q '^  products stay fp32 here: COHORT_BF16_PRODUCTS=off' <<<"$plan" &&
+    grep -q 'BatchNorm inputs kept in bf16' <<<"$plan" &&
+    "$cohort" "${A[@]}" --precision bf16 --dry-run >"$tmp/plan_on" 2>&1 &&
+    grep -q 'bf16 products in 16 of 20 convolutions' "$tmp/plan_on"
 rc=$?; ok "COHORT_BF16_PRODUCTS=off: 0 of 20 convolutions in bf16, and why; on: 16 of 20" $rc
 COHORT_BF16_PRODUCTS=off "$cohort" eval --checkpoint "$c/straight" --data "$data" --test-limit 64 --precision bf16 2>&1 |
     grep -q ', --precision bf16 (products fp32 here)$'
