@@ -726,11 +726,6 @@ ch_status ch_trainer_evaluate(ch_trainer *t, const ch_dataset *d, double *loss, 
 }
 
 const char *ch_trainer_devices(const ch_trainer *t) { return t->devices_text; }
-int ch_trainer_bf16_layers(const ch_trainer *t)
-{
-    const ch_model *m = t->replicas[0].model;
-    return m->bf16_convs + m->bf16_linears;
-}
 const ch_device_list *ch_trainer_device_list(const ch_trainer *t) { return &t->devices; }
 
 int ch_trainer_zero(const ch_trainer *t) { return t->replicas && t->replicas[0].sharded ? 1 : 0; }

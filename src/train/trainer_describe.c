@@ -129,6 +129,12 @@ static void print_servers(FILE *out, const ch_trainer *t, size_t P)
         fprintf(out, "  staleness: %s\n", t->cfg.staleness >= 0 ? "bounded (--staleness)" : "unbounded");
 }
 
+int ch_trainer_bf16_layers(const ch_trainer *t)
+{
+    const ch_model *m = t->replicas[0].model;
+    return m->bf16_convs + m->bf16_linears;
+}
+
 void ch_trainer_describe(const ch_trainer *t, FILE *out)
 {
     const ch_model *m = t->replicas[0].model;
