@@ -421,18 +421,15 @@ static void im2col_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, cons
     }
 }
 
-/* Whether forward runs d as im2col + GEMM: no earlier kernel of the chain takes its geometry. */
-static bool im2col_takes(const ch_conv_desc *d, int n)
-{
-    return !ch_cpu_conv_is_grouped(d) && !ch_cpu_dnnl_conv_takes(d, n) && !ch_cpu_wino5_applies(d) &&
-           !ch_cpu_wino3_applies(d);
-}
+/* Which kernel of ch_cpu_conv2d_forward's chain runs d at batch n: the first that takes it. */
+typedef enum { FWD_GROUPED, FWD_DNNL, FWD_WINO5, FWD_WINO3, FWD_IM2COL } fwd_kernel;
 
-/* Whether forward runs d in cpu_wino3.c's F(4x4, 3x3), its products in bf16 or fp32. */
-static bool wino3_takes(const ch_conv_desc *d, int n)
+static fwd_kernel forward_kernel(const ch_conv_desc *d, int n)
 {
-    return !ch_cpu_conv_is_grouped(d) && !ch_cpu_dnnl_conv_takes(d, n) && !ch_cpu_wino5_applies(d) &&
-           ch_cpu_wino3_applies(d);
+    if (ch_cpu_conv_is_grouped(d)) return FWD_GROUPED;
+    if (ch_cpu_dnnl_conv_takes(d, n)) return FWD_DNNL;
+    if (ch_cpu_wino5_applies(d)) return FWD_WINO5;
+    return ch_cpu_wino3_applies(d) ? FWD_WINO3 : FWD_IM2COL;
 }
 
 /* --precision bf16's convolution outputs in bf16 (the kernel table's conv2d_out_bf16 and
@@ -444,14 +441,16 @@ static bool wino3_takes(const ch_conv_desc *d, int n)
 bool ch_cpu_conv2d_out_bf16(const ch_kctx *kc, const ch_conv_desc *d, int n)
 {
     (void)kc;
-    return n > 0 && d->bf16 && (wino3_takes(d, n) || im2col_takes(d, n));
+    if (n <= 0 || !d->bf16) return false;
+    const fwd_kernel k = forward_kernel(d, n);
+    return k == FWD_WINO3 || k == FWD_IM2COL;
 }
 
 void ch_cpu_conv2d_forward_bf16(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
                                 const ch_real *w, const ch_real *b, uint16_t *y)
 {
     if (ch_cpu_wino3_forward_bf16(kc, d, n, x, w, b, y)) return;
-    CH_ASSERT(im2col_takes(d, n));   /* the plan asked conv2d_out_bf16 */
+    CH_ASSERT(forward_kernel(d, n) == FWD_IM2COL);   /* the plan asked conv2d_out_bf16 */
     im2col_forward(kc, d, n, x, w, b, NULL, y);
 }
 
