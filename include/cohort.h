@@ -364,8 +364,9 @@ typedef struct ch_train_config {
     const char *devices;      /* device list (ch_device_list_parse); NULL: "cpu:0" */
     bool sync_bn;             /* BatchNorm statistics over the global batch, not per device */
     const char *precision;    /* "fp32" (default) or "bf16": convolutions multiply in bf16 (sums in
-                               * fp32) where that is the faster; master weights, gradients,
-                               * optimizer state, BatchNorm and activations stay fp32. Refused on
+                               * fp32) where that is the faster, and BatchNorm inputs are kept in
+                               * bf16 for backward; master weights, gradients, optimizer state,
+                               * BatchNorm statistics and other activations stay fp32. Refused on
                                * a CPU without native bf16, where it would run slower than fp32 */
     double bucket_mb;         /* gradient sync bucket size in MiB; 0: 25 */
     const char *grad_compress; /* how gradient buckets travel between ranks: NULL or "none" (fp32),

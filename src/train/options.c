@@ -181,9 +181,12 @@ static const ch_opt table[] = {
       .dflt = "each device's own slice, as PyTorch DDP" },
     { .name = "precision", .cmds = T | E | B, .type = CH_OPT_STR, CFG(precision), .section = CH_SEC_DEVICES,
       .arg = "P", .brief = "fp32 | bf16: convolutions and large Linear layers multiply in bf16 where that is the faster",
-      .more = "weights, gradients, optimizer state and activations stay fp32; refused on a CPU without "
-              "native bf16 (cohort info says). eval computes in fp32 unless given bf16, whatever the "
-              "checkpoint was trained in", .dflt = "fp32" },
+      .more = "BatchNorm inputs are kept in bf16 from forward to backward; weights, gradients, optimizer "
+              "state, BatchNorm statistics and the other activations stay fp32. Where the CPU's bf16 "
+              "products run no faster than fp32 ones (Intel without AMX) the products stay fp32 "
+              "(cohort info says; COHORT_BF16_PRODUCTS=on|off overrides). Refused on a CPU without native "
+              "bf16. eval computes in fp32 unless given bf16, whatever the checkpoint was trained in",
+      .dflt = "fp32" },
     { .name = "bucket-mb", .cmds = T, .type = CH_OPT_DOUBLE, CFG(bucket_mb), .lo = 0.001, .hi = 4096,
       .agree = CH_AGREE_VALUE, .section = CH_SEC_DEVICES, .arg = "M", .unset_ok = true,
       .brief = "gradient sync bucket size in MiB" },
