@@ -15,7 +15,6 @@
 #include <string.h>
 
 #include "core/rng.h"
-#include "data/augment.h"
 #include "data/dataset.h"
 #include "models/zoo.h"
 #include "nn/model.h"
@@ -165,47 +164,6 @@ static void resnet18_sync_bn_gradients_match_one_device(void **state)
 }
 #endif
 
-/* The reference for per-replica BatchNorm: one model, each slice run alone, its gradient scaled by
- * 1/global batch, the slices' gradients summed; running statistics averaged by slice size. */
-static void per_slice_reference(const ch_dataset *d, const uint32_t *idx, int n, int D,
-                                ch_real *grads, ch_real *buffers, ch_model **keep)
-{
-    ch_err err;
-    ch_model *m;
-    if (ch_zoo_model("resnet18", (ch_shape3){ 1, d->h, d->w }, 10, ch_backend_host(), &m, &err) != CH_STATUS_OK ||
-        ch_model_init_params(m, "default", 7, &err) != CH_STATUS_OK ||
-        ch_model_plan(m, n, 2, &err) != CH_STATUS_OK)
-        fail_msg("%s", err.msg);
-    ch_real *start = malloc(sizeof(ch_real) * m->nbuffers);
-    ch_real *x = malloc(sizeof(ch_real) * (size_t)n * d->h * d->w), *dl = malloc(sizeof(ch_real) * (size_t)n * 10);
-    int32_t *y = malloc(sizeof(int32_t) * (size_t)n);
-    assert_true(start && x && y && dl);
-    memcpy(start, m->buffers, sizeof(ch_real) * m->nbuffers);
-    memset(grads, 0, sizeof(ch_real) * m->nparams);
-    memset(buffers, 0, sizeof(ch_real) * m->nbuffers);
-    for (int r = 0; r < D; r++) {
-        int off, cnt;
-        ch_trainer_slice(n, D, r, &off, &cnt);
-        memcpy(m->buffers, start, sizeof(ch_real) * m->nbuffers);
-        assert_int_equal(ch_augment_gather(&(ch_augment){ 0 }, d, idx + off, cnt, false, 0, 0, x, y, &err), CH_STATUS_OK);
-        ch_run run = ch_model_run(m, true);
-        run.global_n = n;
-        run.sample_offset = (uint64_t)off;
-        const ch_real *logits = ch_model_forward(m, &run, cnt, x);
-        double l;
-        int64_t c;
-        run.k->softmax_xent(&run.kc, cnt, 10, logits, y, 1.0 / n, dl, &l, &c);
-        ch_model_backward(m, &run, cnt, x, dl);
-        for (size_t i = 0; i < m->nparams; i++) grads[i] += m->grads[i];
-        for (size_t i = 0; i < m->nbuffers; i++) buffers[i] += m->buffers[i] * (ch_real)((double)cnt / n);
-    }
-    free(start);
-    free(x);
-    free(y);
-    free(dl);
-    *keep = m;
-}
-
 static void resnet18_per_replica_bn_matches_per_slice_reference(void **state)
 {
     (void)state;
@@ -224,7 +182,7 @@ static void resnet18_per_replica_bn_matches_per_slice_reference(void **state)
         ch_real *g = malloc(sizeof(ch_real) * mt->nparams), *b = malloc(sizeof(ch_real) * mt->nbuffers);
         assert_true(g && b);
         ch_model *ref;
-        per_slice_reference(d, idx, n, D, g, b, &ref);
+        tu_per_slice_reference(d, idx, n, D, false, g, b, &ref);
         ch_real *hg = down(mt, mt->grads, mt->nparams), *hb = down(mt, mt->buffers, mt->nbuffers);
         const double e = tu_grad_error(ref, hg, g);
         const double eb = tu_max_norm_err(hb, b, mt->nbuffers);

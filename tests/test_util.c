@@ -8,6 +8,7 @@
 #include <zlib.h>
 
 #include "core/rng.h"
+#include "data/augment.h"
 #include "kernels/backend.h"
 #include "models/zoo.h"
 #include "nn/model.h"
@@ -314,4 +315,44 @@ ch_model *tu_zoo_step(ch_backend *be, const char *arch, ch_shape3 in, uint64_t s
     ch_backend_release(be, dd);
     free(x), free(dl);
     return m;
+}
+
+void tu_per_slice_reference(const ch_dataset *d, const uint32_t *idx, int n, int D, bool bf16, ch_real *grads,
+                            ch_real *buffers, ch_model **keep)
+{
+    ch_err err;
+    ch_model *m;
+    if (ch_zoo_model("resnet18", (ch_shape3){ 1, d->h, d->w }, 10, ch_backend_host(), &m, &err) != CH_STATUS_OK ||
+        ch_model_init_params(m, "default", 7, &err) != CH_STATUS_OK)
+        fail_msg("%s", err.msg);
+    m->bf16 = bf16;
+    if (ch_model_plan(m, n, 2, &err) != CH_STATUS_OK) fail_msg("%s", err.msg);
+    ch_real *start = malloc(sizeof(ch_real) * m->nbuffers);
+    ch_real *x = malloc(sizeof(ch_real) * (size_t)n * d->h * d->w), *dl = malloc(sizeof(ch_real) * (size_t)n * 10);
+    int32_t *y = malloc(sizeof(int32_t) * (size_t)n);
+    assert_true(start && x && y && dl);
+    memcpy(start, m->buffers, sizeof(ch_real) * m->nbuffers);
+    memset(grads, 0, sizeof(ch_real) * m->nparams);
+    memset(buffers, 0, sizeof(ch_real) * m->nbuffers);
+    for (int r = 0; r < D; r++) {
+        int off, cnt;
+        ch_trainer_slice(n, D, r, &off, &cnt);
+        memcpy(m->buffers, start, sizeof(ch_real) * m->nbuffers);
+        assert_int_equal(ch_augment_gather(&(ch_augment){ 0 }, d, idx + off, cnt, false, 0, 0, x, y, &err), CH_STATUS_OK);
+        ch_run run = ch_model_run(m, true);
+        run.global_n = n;
+        run.sample_offset = (uint64_t)off;
+        const ch_real *logits = ch_model_forward(m, &run, cnt, x);
+        double l;
+        int64_t c;
+        run.k->softmax_xent(&run.kc, cnt, 10, logits, y, 1.0 / n, dl, &l, &c);
+        ch_model_backward(m, &run, cnt, x, dl);
+        for (size_t i = 0; i < m->nparams; i++) grads[i] += m->grads[i];
+        for (size_t i = 0; i < m->nbuffers; i++) buffers[i] += m->buffers[i] * (ch_real)((double)cnt / n);
+    }
+    free(start);
+    free(x);
+    free(y);
+    free(dl);
+    *keep = m;
 }

@@ -68,6 +68,13 @@ struct ch_dataset *tu_identical(size_t n, int size, uint64_t seed);
  * and this rank's training samples per epoch with them, in mine. */
 double tu_shares_error(const char *model, const struct ch_dataset *d, const char *devices, int batch,
                        const char *shares, int epochs, char *shares_out, size_t len, size_t *mine);
+/* The reference for per-replica BatchNorm: resnet18 (init "default", seed 7) on the host backend,
+ * planned for n samples on 2 threads, in bf16 or not; each of the D slices of idx
+ * (ch_trainer_slice) run alone, its gradient scaled by 1/n, the slices' gradients summed into
+ * grads; running statistics averaged by slice size into buffers. *keep: the model, for the
+ * caller to read and free. */
+void tu_per_slice_reference(const struct ch_dataset *d, const uint32_t *idx, int n, int D, bool bf16,
+                            ch_real *grads, ch_real *buffers, struct ch_model **keep);
 /* The backend the device lists of a test run name (--backend=NAME as the program's first argument,
  * taken out of argv by tu_take_backend; "cpu" without it): ctest's *_lazy runs and the GPU checks
  * pass it, so no environment switch picks a backend. tu_devices rewrites a list written for the
