@@ -117,17 +117,6 @@ static void per_replica_bn_matches_the_bf16_slices(void **state)
     ch_dataset_free(d);
 }
 
-/* Two epochs of cfg on devices: the trainer, and each epoch's figures in s. */
-static ch_trainer *two_epochs(ch_train_config cfg, const ch_dataset *d, const char *devices, ch_epoch_stats *s)
-{
-    cfg.devices = devices;
-    ch_trainer *t = make_trainer(cfg, d, d);
-    ch_err err;
-    for (int e = 0; e < 2; e++)
-        if (ch_trainer_run_epoch(t, &s[e], &err) != CH_STATUS_OK) fail_msg("%s", err.msg);
-    return t;
-}
-
 static void lazy_devices_give_the_cpu_bits(void **state)
 {
     (void)state;
@@ -136,35 +125,13 @@ static void lazy_devices_give_the_cpu_bits(void **state)
     for (size_t p = 0; p < sizeof products / sizeof *products; p++) {
         setenv("COHORT_BF16_PRODUCTS", products[p], 1);
         for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
-            ch_train_config cfg = ch_train_config_default();
-            cfg.model = "resnet18";
-            cfg.batch_size = 10;   /* 10, 10, 6: a short last batch */
-            cfg.lr = 0.05;
-            cfg.momentum = 0.9;
-            cfg.weight_decay = 5e-4;
-            cfg.threads = 2;
-            cfg.bucket_mb = 0.05;
-            cfg.sync_bn = cases[c].sync_bn;
-            cfg.accum_steps = cases[c].accum;
+            ch_train_config cfg = tu_lazy_job("resnet18", cases[c].sync_bn, cases[c].accum, 2);
             cfg.precision = "bf16";
-            ch_epoch_stats sc[2], sl[2];
-            ch_trainer *cpu = two_epochs(cfg, d, "cpu*2", sc), *lazy = two_epochs(cfg, d, "lazy*2", sl);
-            assert_string_equal(lazy->replicas[0].be->ops->name, "lazy");
-            for (int e = 0; e < 2; e++)
-                if (sc[e].loss != sl[e].loss || sc[e].train_acc != sl[e].train_acc || sc[e].test_acc != sl[e].test_acc)
-                    fail_msg("epoch %d: cpu loss %.9g acc %.4f/%.4f, lazy loss %.9g acc %.4f/%.4f", e + 1, sc[e].loss,
-                             sc[e].train_acc, sc[e].test_acc, sl[e].loss, sl[e].train_acc, sl[e].test_acc);
-            for (int r = 0; r < 2; r++) {
-                const ch_replica *a = &cpu->replicas[r], *b = &lazy->replicas[r];
-                assert_true(a->model->bf16_kept > 0 && a->model->bf16_kept == b->model->bf16_kept);
-                assert_same(a->model, a->model->params, b->model, b->model->params, a->model->nparams, "parameters");
-                assert_same(a->model, a->model->buffers, b->model, b->model->buffers, a->model->nbuffers, "buffers");
-                assert_same(a->model, a->opt.state[0], b->model, b->opt.state[0], a->opt.n, "momentum");
-            }
+            size_t kept;
+            const double loss = tu_lazy_gives_cpu_bits(&cfg, d, 2, &kept);
+            if (!(kept > 0)) fail_msg("no BatchNorm input kept in bf16");
             print_message("products %s%s, accum %d: 2 epochs on cpu*2 and lazy*2, the same bits (loss %.6f)\n",
-                          products[p], cases[c].sync_bn ? ", sync-BN" : "", cases[c].accum, sl[1].loss);
-            ch_trainer_free(cpu);
-            ch_trainer_free(lazy);
+                          products[p], cases[c].sync_bn ? ", sync-BN" : "", cases[c].accum, loss);
         }
     }
     setenv("COHORT_BF16_PRODUCTS", "on", 1);

@@ -246,18 +246,6 @@ static void replicas_stay_bit_identical(void **state)
     }
 }
 
-/* Two epochs of cfg's job on devices, taken as written (this test compares backends). */
-static ch_trainer *train_on(ch_train_config cfg, const ch_dataset *d, const char *devices, ch_epoch_stats *s)
-{
-    cfg.devices = devices;
-    ch_trainer *t;
-    ch_err err;
-    if (ch_trainer_create(&cfg, d, d, &t, &err) != CH_STATUS_OK) fail_msg("%s", err.msg);
-    for (int e = 0; e < 2; e++)
-        if (ch_trainer_run_epoch(t, &s[e], &err) != CH_STATUS_OK) fail_msg("%s", err.msg);
-    return t;
-}
-
 /* The lazy backend (kernels/lazy/: memory the host cannot read, work run only when something waits
  * for it) gives the CPU backend's bits: every epoch figure, and every parameter, buffer and
  * optimizer state. A wait left out in a step (before the loss is read, before a bucket's
@@ -271,40 +259,10 @@ static void lazy_backend_gives_the_cpu_bits(void **state)
     };
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
         ch_dataset *d = tu_synthetic(26, cases[c].size, 9);
-        ch_train_config cfg = ch_train_config_default();
-        cfg.model = cases[c].model;
-        cfg.batch_size = 10;   /* 10, 10, 6: a short last batch */
-        cfg.lr = 0.05;
-        cfg.momentum = 0.9;
-        cfg.weight_decay = 5e-4;
-        cfg.threads = 1;
-        cfg.bucket_mb = 0.05;
-        cfg.sync_bn = cases[c].sync_bn;
-        cfg.accum_steps = cases[c].accum;
-        ch_epoch_stats sc[2], sl[2];
-        char on_cpu[16], on_lazy[16];
-        snprintf(on_cpu, sizeof on_cpu, "cpu*%d", cases[c].devices);
-        snprintf(on_lazy, sizeof on_lazy, "lazy*%d", cases[c].devices);
-        ch_trainer *cpu = train_on(cfg, d, on_cpu, sc), *lazy = train_on(cfg, d, on_lazy, sl);
-        assert_string_equal(lazy->replicas[0].be->ops->name, "lazy");
-        assert_string_equal(cpu->replicas[0].be->ops->name, "cpu");
-        for (int e = 0; e < 2; e++) {
-            if (sc[e].loss != sl[e].loss || sc[e].train_acc != sl[e].train_acc || sc[e].test_acc != sl[e].test_acc)
-                fail_msg("%s epoch %d: cpu loss %.9g acc %.4f/%.4f, lazy loss %.9g acc %.4f/%.4f", cases[c].model,
-                         e + 1, sc[e].loss, sc[e].train_acc, sc[e].test_acc, sl[e].loss, sl[e].train_acc,
-                         sl[e].test_acc);
-        }
-        for (int r = 0; r < cases[c].devices; r++) {
-            const ch_replica *a = &cpu->replicas[r], *b = &lazy->replicas[r];
-            assert_same_values(a->model, a->model->params, b->model, b->model->params, a->model->nparams);
-            if (a->model->nbuffers)
-                assert_same_values(a->model, a->model->buffers, b->model, b->model->buffers, a->model->nbuffers);
-            assert_same_values(a->model, a->opt.state[0], b->model, b->opt.state[0], a->opt.n);
-        }
-        print_message("%s%s, accum %d: 2 epochs on %s and %s, the same bits (loss %.6f)\n", cases[c].model,
-                      cases[c].sync_bn ? " sync-BN" : "", cases[c].accum, on_cpu, on_lazy, sl[1].loss);
-        ch_trainer_free(cpu);
-        ch_trainer_free(lazy);
+        const ch_train_config cfg = tu_lazy_job(cases[c].model, cases[c].sync_bn, cases[c].accum, 1);
+        const double loss = tu_lazy_gives_cpu_bits(&cfg, d, cases[c].devices, NULL);
+        print_message("%s%s, accum %d: 2 epochs on cpu*%d and lazy*%d, the same bits (loss %.6f)\n", cases[c].model,
+                      cases[c].sync_bn ? " sync-BN" : "", cases[c].accum, cases[c].devices, cases[c].devices, loss);
         ch_dataset_free(d);
     }
 }

@@ -356,3 +356,71 @@ void tu_per_slice_reference(const ch_dataset *d, const uint32_t *idx, int n, int
     free(dl);
     *keep = m;
 }
+
+/* Two epochs of cfg's job on devices (d for training and test): the trainer, each epoch's figures
+ * in s. */
+static ch_trainer *two_epochs(ch_train_config cfg, const ch_dataset *d, const char *devices, ch_epoch_stats *s)
+{
+    cfg.devices = devices;
+    ch_trainer *t;
+    ch_err err;
+    if (ch_trainer_create(&cfg, d, d, &t, &err) != CH_STATUS_OK) fail_msg("%s", err.msg);
+    for (int e = 0; e < 2; e++)
+        if (ch_trainer_run_epoch(t, &s[e], &err) != CH_STATUS_OK) fail_msg("%s", err.msg);
+    return t;
+}
+
+/* n values of a's memory da and of b's db, downloaded, bit for bit. */
+static void assert_same_bits(const ch_model *a, const ch_real *da, const ch_model *b, const ch_real *db, size_t n,
+                             const char *what)
+{
+    ch_real *ha = malloc(sizeof(ch_real) * (n ? n : 1)), *hb = malloc(sizeof(ch_real) * (n ? n : 1));
+    assert_true(ha && hb);
+    ch_backend_download(a->be, ha, da, sizeof(ch_real) * n);
+    ch_backend_download(b->be, hb, db, sizeof(ch_real) * n);
+    if (memcmp(ha, hb, sizeof(ch_real) * n) != 0) fail_msg("%s differ between cpu and lazy", what);
+    free(ha);
+    free(hb);
+}
+
+ch_train_config tu_lazy_job(const char *model, bool sync_bn, int accum, int threads)
+{
+    ch_train_config cfg = ch_train_config_default();
+    cfg.model = model;
+    cfg.batch_size = 10;
+    cfg.lr = 0.05;
+    cfg.momentum = 0.9;
+    cfg.weight_decay = 5e-4;
+    cfg.threads = threads;
+    cfg.bucket_mb = 0.05;
+    cfg.sync_bn = sync_bn;
+    cfg.accum_steps = accum;
+    return cfg;
+}
+
+double tu_lazy_gives_cpu_bits(const ch_train_config *cfg, const ch_dataset *d, int D, size_t *bf16_kept)
+{
+    char on_cpu[16], on_lazy[16];
+    snprintf(on_cpu, sizeof on_cpu, "cpu*%d", D);
+    snprintf(on_lazy, sizeof on_lazy, "lazy*%d", D);
+    ch_epoch_stats sc[2], sl[2];
+    ch_trainer *cpu = two_epochs(*cfg, d, on_cpu, sc), *lazy = two_epochs(*cfg, d, on_lazy, sl);
+    assert_string_equal(lazy->replicas[0].be->ops->name, "lazy");
+    assert_string_equal(cpu->replicas[0].be->ops->name, "cpu");
+    for (int e = 0; e < 2; e++)
+        if (sc[e].loss != sl[e].loss || sc[e].train_acc != sl[e].train_acc || sc[e].test_acc != sl[e].test_acc)
+            fail_msg("%s epoch %d: cpu loss %.9g acc %.4f/%.4f, lazy loss %.9g acc %.4f/%.4f", cfg->model, e + 1,
+                     sc[e].loss, sc[e].train_acc, sc[e].test_acc, sl[e].loss, sl[e].train_acc, sl[e].test_acc);
+    for (int r = 0; r < D; r++) {
+        const ch_replica *a = &cpu->replicas[r], *b = &lazy->replicas[r];
+        if (a->model->bf16_kept != b->model->bf16_kept) fail_msg("bf16 kept values differ between cpu and lazy");
+        assert_same_bits(a->model, a->model->params, b->model, b->model->params, a->model->nparams, "parameters");
+        if (a->model->nbuffers)
+            assert_same_bits(a->model, a->model->buffers, b->model, b->model->buffers, a->model->nbuffers, "buffers");
+        assert_same_bits(a->model, a->opt.state[0], b->model, b->opt.state[0], a->opt.n, "optimizer state");
+    }
+    if (bf16_kept) *bf16_kept = cpu->replicas[0].model->bf16_kept;
+    ch_trainer_free(cpu);
+    ch_trainer_free(lazy);
+    return sl[1].loss;
+}

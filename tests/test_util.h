@@ -75,6 +75,17 @@ double tu_shares_error(const char *model, const struct ch_dataset *d, const char
  * caller to read and free. */
 void tu_per_slice_reference(const struct ch_dataset *d, const uint32_t *idx, int n, int D, bool bf16,
                             ch_real *grads, ch_real *buffers, struct ch_model **keep);
+/* Two epochs of *cfg's job (d for training and test) on cpu*D and on lazy*D give the same epoch
+ * figures (==) and every replica's parameters, buffers and optimizer state bit for bit, and keep
+ * as many values in bf16 (into *bf16_kept unless NULL: replica 0's count); fails the test otherwise.
+ * Returns the second epoch's loss. */
+struct ch_train_config;
+/* The job those comparisons run: model, batch 10 (on 26 samples: 10, 10, 6, a short last batch),
+ * SGD lr 0.05 with momentum 0.9 and weight decay 5e-4, buckets of 0.05 MiB (several), sync-BN or
+ * not, accum micro-batches, threads in all. */
+struct ch_train_config tu_lazy_job(const char *model, bool sync_bn, int accum, int threads);
+double tu_lazy_gives_cpu_bits(const struct ch_train_config *cfg, const struct ch_dataset *d, int D,
+                              size_t *bf16_kept);
 /* The backend the device lists of a test run name (--backend=NAME as the program's first argument,
  * taken out of argv by tu_take_backend; "cpu" without it): ctest's *_lazy runs and the GPU checks
  * pass it, so no environment switch picks a backend. tu_devices rewrites a list written for the
