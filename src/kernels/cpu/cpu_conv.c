@@ -388,16 +388,35 @@ bool ch_cpu_conv2d_in_bf16(const ch_kctx *kc, const ch_conv_desc *d, int n)
 static void im2col_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
                            const ch_real *w, const ch_real *b, ch_real *y, uint16_t *y16);
 
+/* Which kernel runs d's forward at batch n: the first of the chain whose geometry takes it. The
+ * forward below dispatches on it and conv2d_out_bf16 asks it, so the two cannot disagree. */
+typedef enum { FWD_GROUPED, FWD_DNNL, FWD_WINO5, FWD_WINO3, FWD_IM2COL } fwd_kernel;
+
+static fwd_kernel forward_kernel(const ch_conv_desc *d, int n)
+{
+    if (ch_cpu_conv_is_grouped(d)) return FWD_GROUPED;
+    if (ch_cpu_dnnl_conv_takes(d, n)) return FWD_DNNL;
+    if (ch_cpu_wino5_applies(d)) return FWD_WINO5;
+    return ch_cpu_wino3_applies(d) ? FWD_WINO3 : FWD_IM2COL;
+}
+
 void ch_cpu_conv2d_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
                            const ch_real *w, const ch_real *b, ch_real *y)
 {
-    if (ch_cpu_conv_is_grouped(d)) {
-        ch_cpu_conv_group_forward(kc, d, n, x, w, b, y);
-        return;
+    /* A kernel that declines (no workspace for this batch) hands on to the next of the chain. */
+    switch (forward_kernel(d, n)) {
+    case FWD_GROUPED: ch_cpu_conv_group_forward(kc, d, n, x, w, b, y); return;
+    case FWD_DNNL:
+        if (ch_cpu_conv_bf16_forward(kc, d, n, x, w, b, y) || ch_cpu_wino_forward(kc, d, n, x, w, b, y)) return;
+        /* fall through */
+    case FWD_WINO5:
+        if (ch_cpu_wino5_forward(kc, d, n, x, w, b, y)) return;
+        /* fall through */
+    case FWD_WINO3:
+        if (ch_cpu_wino3_forward(kc, d, n, x, w, b, y)) return;
+        /* fall through */
+    case FWD_IM2COL: break;
     }
-    if (ch_cpu_conv_bf16_forward(kc, d, n, x, w, b, y) || ch_cpu_wino_forward(kc, d, n, x, w, b, y) ||
-        ch_cpu_wino5_forward(kc, d, n, x, w, b, y) || ch_cpu_wino3_forward(kc, d, n, x, w, b, y))
-        return;
     im2col_forward(kc, d, n, x, w, b, y, NULL);
 }
 
@@ -419,17 +438,6 @@ static void im2col_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, cons
                           y16 ? y16 + s0 * ys : NULL, &sc);
         }
     }
-}
-
-/* Which kernel of ch_cpu_conv2d_forward's chain runs d at batch n: the first that takes it. */
-typedef enum { FWD_GROUPED, FWD_DNNL, FWD_WINO5, FWD_WINO3, FWD_IM2COL } fwd_kernel;
-
-static fwd_kernel forward_kernel(const ch_conv_desc *d, int n)
-{
-    if (ch_cpu_conv_is_grouped(d)) return FWD_GROUPED;
-    if (ch_cpu_dnnl_conv_takes(d, n)) return FWD_DNNL;
-    if (ch_cpu_wino5_applies(d)) return FWD_WINO5;
-    return ch_cpu_wino3_applies(d) ? FWD_WINO3 : FWD_IM2COL;
 }
 
 /* --precision bf16's convolution outputs in bf16 (the kernel table's conv2d_out_bf16 and
