@@ -31,6 +31,8 @@ tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 fails=0 passes=0
 ok() { if [ "$2" -eq 0 ]; then passes=$((passes + 1)); else echo "FAIL: $1"; fails=$((fails + 1)); fi; }
 same() { cmp -s "$1/model.safetensors" "$2/model.safetensors" && cmp -s "$1/optimizer.safetensors" "$2/optimizer.safetensors"; }
+# near A B MIN D: training accuracies A (bf16) and B (fp32) read, A >= MIN and |A - B| <= D.
+near() { awk -v a="$1" -v b="$2" -v min="$3" -v d="$4" 'BEGIN { x = a - b; if (x < 0) x = -x; exit !(a != "" && b != "" && a >= min && x <= d) }'; }
 
 A=(train --model resnet18 --data "$data" --train-limit 1024 --test-limit 512 -b 64 --lr 0.05 --momentum 0.9
    --seed 3 --no-progress --threads 2)
@@ -49,7 +51,7 @@ acc=$(sed -n 's/^epoch 2,.*test acc \([0-9.]*\),.*/\1/p' "$c.out")
 "$cohort" "${A[@]}" --precision fp32 --epochs 2 --checkpoint-dir "$tmp/fp32" >"$tmp/fp32.out"
 tr16=$(sed -n 's/^epoch 2,.*train acc \([0-9.]*\),.*/\1/p' "$c.out")
 tr32=$(sed -n 's/^epoch 2,.*train acc \([0-9.]*\),.*/\1/p' "$tmp/fp32.out")
-awk -v a="$tr16" -v b="$tr32" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a != "" && b != "" && a >= 0.55 && d <= 0.10) }'
+near "$tr16" "$tr32" 0.55 0.10
 rc=$?; ok "bf16 learns as fp32 does: epoch 2's train acc $tr16 >= 0.55, fp32's $tr32" $rc
 ! cmp -s "$tmp/fp32/epoch-0002/model.safetensors" "$c/straight/epoch-0002/model.safetensors" &&
     [ "$(stat -c %s "$tmp/fp32/epoch-0002/model.safetensors")" = "$(stat -c %s "$c/straight/epoch-0002/model.safetensors")" ] &&
@@ -99,7 +101,7 @@ G=(train --model "$tmp/resnet.onnx" --data "$data" --train-limit 6000 --test-lim
 rc=$?
 g16=$(sed -n 's/^epoch 2,.*train acc \([0-9.]*\),.*/\1/p' "$tmp/g16.out" 2>/dev/null)
 g32=$(sed -n 's/^epoch 2,.*train acc \([0-9.]*\),.*/\1/p' "$tmp/g32.out" 2>/dev/null)
-[ $rc -eq 0 ] && awk -v a="$g16" -v b="$g32" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a != "" && b != "" && a >= 0.5 && d <= 0.03) }'
+[ $rc -eq 0 ] && near "$g16" "$g32" 0.5 0.03
 rc=$?; ok "resnet.onnx in bf16 (3 of 9 convolutions): epoch 2's train acc $g16, fp32's $g32, other bits" $rc
 
 echo "bf16: $passes passed, $fails failed"

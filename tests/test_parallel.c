@@ -49,29 +49,10 @@ static void step_once(ch_trainer *t, int n, double *loss)
     if (ch_trainer_step(t, idx, n, loss, &correct, &err) != CH_STATUS_OK) fail_msg("%s", err.msg);
 }
 
-/* A host copy of n values of m's memory (the trainer's backend: --backend's, so that this test
- * also runs on the lazy backend); the caller frees it. */
-static ch_real *down(const ch_model *m, const ch_real *dev, size_t n)
-{
-    ch_real *h = malloc(sizeof(ch_real) * (n ? n : 1));
-    assert_non_null(h);
-    ch_backend_download(m->be, h, dev, sizeof(ch_real) * n);
-    return h;
-}
-
-static void assert_same_values(const ch_model *a, const ch_real *da, const ch_model *b, const ch_real *db,
-                               size_t n)
-{
-    ch_real *ha = down(a, da, n), *hb = down(b, db, n);
-    assert_memory_equal(ha, hb, sizeof(ch_real) * n);
-    free(ha);
-    free(hb);
-}
-
 /* tu_grad_error of two models' gradients, each in its own memory. */
 static double grad_error(const ch_model *ref, const ch_model *a, const ch_model *b)
 {
-    ch_real *ha = down(a, a->grads, ref->nparams), *hb = down(b, b->grads, ref->nparams);
+    ch_real *ha = tu_down(a, a->grads, ref->nparams), *hb = tu_down(b, b->grads, ref->nparams);
     const double e = tu_grad_error(ref, ha, hb);
     free(ha);
     free(hb);
@@ -83,9 +64,9 @@ static void assert_replicas_identical(const ch_trainer *t)
     const ch_model *m0 = t->replicas[0].model;
     for (int r = 1; r < t->nreplicas; r++) {
         const ch_model *m = t->replicas[r].model;
-        assert_same_values(m, m->params, m0, m0->params, m0->nparams);
-        assert_same_values(m, m->grads, m0, m0->grads, m0->nparams);
-        if (m0->nbuffers) assert_same_values(m, m->buffers, m0, m0->buffers, m0->nbuffers);
+        tu_assert_same_bits(m, m->params, m0, m0->params, m0->nparams, "replicas' parameters");
+        tu_assert_same_bits(m, m->grads, m0, m0->grads, m0->nparams, "replicas' gradients");
+        if (m0->nbuffers) tu_assert_same_bits(m, m->buffers, m0, m0->buffers, m0->nbuffers, "replicas' buffers");
         if (m0->ncounters)
             assert_memory_equal(m->counters, m0->counters, sizeof(int64_t) * (size_t)m0->ncounters);
     }
@@ -122,7 +103,7 @@ static void check_equivalence(const char *model, int size, bool sync_bn, double 
             if (sync_bn && m1->nbuffers) {
                 /* Running statistics come from the global batch's statistics, as on one device. */
                 const ch_model *mm = many->replicas[0].model;
-                ch_real *hb = down(mm, mm->buffers, m1->nbuffers), *h1 = down(m1, m1->buffers, m1->nbuffers);
+                ch_real *hb = tu_down(mm, mm->buffers, m1->nbuffers), *h1 = tu_down(m1, m1->buffers, m1->nbuffers);
                 const double eb = tu_max_norm_err(hb, h1, m1->nbuffers);
                 free(hb);
                 free(h1);
@@ -179,11 +160,10 @@ static void resnet18_per_replica_bn_matches_per_slice_reference(void **state)
         uint32_t idx[64];
         for (int i = 0; i < n; i++) idx[i] = (uint32_t)(i * 3 % n);
         const ch_model *mt = t->replicas[0].model;
-        ch_real *g = malloc(sizeof(ch_real) * mt->nparams), *b = malloc(sizeof(ch_real) * mt->nbuffers);
-        assert_true(g && b);
+        ch_real *g, *b;
         ch_model *ref;
-        tu_per_slice_reference(d, idx, n, D, false, g, b, &ref);
-        ch_real *hg = down(mt, mt->grads, mt->nparams), *hb = down(mt, mt->buffers, mt->nbuffers);
+        tu_per_slice_reference(d, idx, n, D, false, &g, &b, &ref);
+        ch_real *hg = tu_down(mt, mt->grads, mt->nparams), *hb = tu_down(mt, mt->buffers, mt->nbuffers);
         const double e = tu_grad_error(ref, hg, g);
         const double eb = tu_max_norm_err(hb, b, mt->nbuffers);
         free(hb);
@@ -195,7 +175,7 @@ static void resnet18_per_replica_bn_matches_per_slice_reference(void **state)
         /* And it is not the sync-BN answer: the slices' statistics differ from the batch's. */
         ch_trainer *one = make("resnet18", d, "cpu:0", n, 0, false);
         step_once(one, n, &l);
-        ch_real *h1 = down(one->replicas[0].model, one->replicas[0].model->grads, mt->nparams);
+        ch_real *h1 = tu_down(one->replicas[0].model, one->replicas[0].model->grads, mt->nparams);
         assert_true(tu_grad_error(ref, hg, h1) > 1e-3);
         free(h1);
         free(hg);
@@ -233,7 +213,7 @@ static void replicas_stay_bit_identical(void **state)
         assert_int_equal(t->step, 20);
         assert_replicas_identical(t);
         const ch_replica *a = &t->replicas[0], *b = &t->replicas[1];
-        assert_same_values(a->model, a->opt.state[0], b->model, b->opt.state[0], a->opt.n);
+        tu_assert_same_bits(a->model, a->opt.state[0], b->model, b->opt.state[0], a->opt.n, "replicas' momentum");
         /* Learning happened (the parameters moved away from their start and the data is easy; chance
          * is 0.1). In training accuracy or in test accuracy: after 20 steps resnet18's eval-mode
          * accuracy rests on BatchNorm running averages still 12% from their start (momentum 0.1),
@@ -451,7 +431,7 @@ static void shuffle_off_trains_in_file_order(void **state)
         }
         const ch_model *m = t->replicas[0].model;
         P = m->nparams;
-        params[k] = down(m, m->params, P);
+        params[k] = tu_down(m, m->params, P);
         ch_trainer_free(t);
     }
     assert_memory_equal(params[0], params[1], sizeof(ch_real) * P);

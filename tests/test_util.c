@@ -317,8 +317,8 @@ ch_model *tu_zoo_step(ch_backend *be, const char *arch, ch_shape3 in, uint64_t s
     return m;
 }
 
-void tu_per_slice_reference(const ch_dataset *d, const uint32_t *idx, int n, int D, bool bf16, ch_real *grads,
-                            ch_real *buffers, ch_model **keep)
+void tu_per_slice_reference(const ch_dataset *d, const uint32_t *idx, int n, int D, bool bf16, ch_real **grads_out,
+                            ch_real **buffers_out, ch_model **keep)
 {
     ch_err err;
     ch_model *m;
@@ -327,10 +327,11 @@ void tu_per_slice_reference(const ch_dataset *d, const uint32_t *idx, int n, int
         fail_msg("%s", err.msg);
     m->bf16 = bf16;
     if (ch_model_plan(m, n, 2, &err) != CH_STATUS_OK) fail_msg("%s", err.msg);
+    ch_real *grads = malloc(sizeof(ch_real) * m->nparams), *buffers = malloc(sizeof(ch_real) * m->nbuffers);
     ch_real *start = malloc(sizeof(ch_real) * m->nbuffers);
     ch_real *x = malloc(sizeof(ch_real) * (size_t)n * d->h * d->w), *dl = malloc(sizeof(ch_real) * (size_t)n * 10);
     int32_t *y = malloc(sizeof(int32_t) * (size_t)n);
-    assert_true(start && x && y && dl);
+    assert_true(grads && buffers && start && x && y && dl);
     memcpy(start, m->buffers, sizeof(ch_real) * m->nbuffers);
     memset(grads, 0, sizeof(ch_real) * m->nparams);
     memset(buffers, 0, sizeof(ch_real) * m->nbuffers);
@@ -354,6 +355,8 @@ void tu_per_slice_reference(const ch_dataset *d, const uint32_t *idx, int n, int
     free(x);
     free(y);
     free(dl);
+    *grads_out = grads;
+    *buffers_out = buffers;
     *keep = m;
 }
 
@@ -370,15 +373,19 @@ static ch_trainer *two_epochs(ch_train_config cfg, const ch_dataset *d, const ch
     return t;
 }
 
-/* n values of a's memory da and of b's db, downloaded, bit for bit. */
-static void assert_same_bits(const ch_model *a, const ch_real *da, const ch_model *b, const ch_real *db, size_t n,
-                             const char *what)
+ch_real *tu_down(const ch_model *m, const ch_real *dev, size_t n)
 {
-    ch_real *ha = malloc(sizeof(ch_real) * (n ? n : 1)), *hb = malloc(sizeof(ch_real) * (n ? n : 1));
-    assert_true(ha && hb);
-    ch_backend_download(a->be, ha, da, sizeof(ch_real) * n);
-    ch_backend_download(b->be, hb, db, sizeof(ch_real) * n);
-    if (memcmp(ha, hb, sizeof(ch_real) * n) != 0) fail_msg("%s differ between cpu and lazy", what);
+    ch_real *h = malloc(sizeof(ch_real) * (n ? n : 1));
+    assert_non_null(h);
+    ch_backend_download(m->be, h, dev, sizeof(ch_real) * n);
+    return h;
+}
+
+void tu_assert_same_bits(const ch_model *a, const ch_real *da, const ch_model *b, const ch_real *db, size_t n,
+                         const char *what)
+{
+    ch_real *ha = tu_down(a, da, n), *hb = tu_down(b, db, n);
+    if (memcmp(ha, hb, sizeof(ch_real) * n) != 0) fail_msg("%s differ", what);
     free(ha);
     free(hb);
 }
@@ -414,10 +421,11 @@ double tu_lazy_gives_cpu_bits(const ch_train_config *cfg, const ch_dataset *d, i
     for (int r = 0; r < D; r++) {
         const ch_replica *a = &cpu->replicas[r], *b = &lazy->replicas[r];
         if (a->model->bf16_kept != b->model->bf16_kept) fail_msg("bf16 kept values differ between cpu and lazy");
-        assert_same_bits(a->model, a->model->params, b->model, b->model->params, a->model->nparams, "parameters");
+        tu_assert_same_bits(a->model, a->model->params, b->model, b->model->params, a->model->nparams, "cpu and lazy parameters");
         if (a->model->nbuffers)
-            assert_same_bits(a->model, a->model->buffers, b->model, b->model->buffers, a->model->nbuffers, "buffers");
-        assert_same_bits(a->model, a->opt.state[0], b->model, b->opt.state[0], a->opt.n, "optimizer state");
+            tu_assert_same_bits(a->model, a->model->buffers, b->model, b->model->buffers, a->model->nbuffers,
+                                "cpu and lazy buffers");
+        tu_assert_same_bits(a->model, a->opt.state[0], b->model, b->opt.state[0], a->opt.n, "cpu and lazy optimizer states");
     }
     if (bf16_kept) *bf16_kept = cpu->replicas[0].model->bf16_kept;
     ch_trainer_free(cpu);

@@ -71,21 +71,27 @@ double tu_shares_error(const char *model, const struct ch_dataset *d, const char
 /* The reference for per-replica BatchNorm: resnet18 (init "default", seed 7) on the host backend,
  * planned for n samples on 2 threads, in bf16 or not; each of the D slices of idx
  * (ch_trainer_slice) run alone, its gradient scaled by 1/n, the slices' gradients summed into
- * grads; running statistics averaged by slice size into buffers. *keep: the model, for the
- * caller to read and free. */
+ * *grads; running statistics averaged by slice size into *buffers (both allocated here, nparams and
+ * nbuffers of *keep). *keep: the model. The caller frees all three. */
 void tu_per_slice_reference(const struct ch_dataset *d, const uint32_t *idx, int n, int D, bool bf16,
-                            ch_real *grads, ch_real *buffers, struct ch_model **keep);
-/* Two epochs of *cfg's job (d for training and test) on cpu*D and on lazy*D give the same epoch
- * figures (==) and every replica's parameters, buffers and optimizer state bit for bit, and keep
- * as many values in bf16 (into *bf16_kept unless NULL: replica 0's count); fails the test otherwise.
- * Returns the second epoch's loss. */
+                            ch_real **grads, ch_real **buffers, struct ch_model **keep);
 struct ch_train_config;
 /* The job those comparisons run: model, batch 10 (on 26 samples: 10, 10, 6, a short last batch),
  * SGD lr 0.05 with momentum 0.9 and weight decay 5e-4, buckets of 0.05 MiB (several), sync-BN or
  * not, accum micro-batches, threads in all. */
 struct ch_train_config tu_lazy_job(const char *model, bool sync_bn, int accum, int threads);
+/* Two epochs of *cfg's job (d for training and test) on cpu*D and on lazy*D give the same epoch
+ * figures (==) and every replica's parameters, buffers and optimizer state bit for bit, and keep
+ * as many values in bf16 (into *bf16_kept unless NULL: replica 0's count); fails the test otherwise.
+ * Returns the second epoch's loss. */
 double tu_lazy_gives_cpu_bits(const struct ch_train_config *cfg, const struct ch_dataset *d, int D,
                               size_t *bf16_kept);
+/* A host copy of n values of m's memory dev (through its backend: also the lazy one's); the caller
+ * frees it. */
+ch_real *tu_down(const struct ch_model *m, const ch_real *dev, size_t n);
+/* n values of a's memory da and of b's db, bit for bit; fails the test naming what otherwise. */
+void tu_assert_same_bits(const struct ch_model *a, const ch_real *da, const struct ch_model *b, const ch_real *db,
+                         size_t n, const char *what);
 /* The backend the device lists of a test run name (--backend=NAME as the program's first argument,
  * taken out of argv by tu_take_backend; "cpu" without it): ctest's *_lazy runs and the GPU checks
  * pass it, so no environment switch picks a backend. tu_devices rewrites a list written for the
