@@ -15,7 +15,6 @@
 
 #include "test_util.h"
 
-#include "core/cpu.h"
 #include "data/dataset.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu.h"

@@ -8,6 +8,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "core/cpu.h"
 #include "core/file.h"
 #include "core/rng.h"
 #include "core/status.h"
@@ -78,6 +79,17 @@ static void below_is_in_range_and_covers_it(void **state)
         hist[v]++;
     }
     for (int i = 0; i < 7; i++) assert_true(abs(hist[i] - 10000) < 500);
+}
+
+/* ch_cpu_vendor (CPUID leaf 0's three registers in the order EBX, EDX, ECX) names the maker Linux
+ * names in /proc/cpuinfo. */
+static void cpu_vendor_is_the_kernels(void **state)
+{
+    (void)state;
+    char mine[13], linux_says[64];
+    assert_true(ch_cpu_vendor(mine));
+    assert_true(tu_cpuinfo_vendor(linux_says, sizeof linux_says));
+    assert_string_equal(mine, linux_says);
 }
 
 static void fail_formats_the_message(void **state)
@@ -315,6 +327,7 @@ int main(void)
         cmocka_unit_test(permutation_is_a_permutation_and_depends_on_the_seed),
         cmocka_unit_test(below_is_in_range_and_covers_it),
         cmocka_unit_test(fail_formats_the_message),
+        cmocka_unit_test(cpu_vendor_is_the_kernels),
         cmocka_unit_test(file_read_returns_the_bytes_and_enforces_the_limit),
         cmocka_unit_test(option_table_names_are_unique_per_command),
         cmocka_unit_test(option_ranges_are_one_range_for_the_flag_and_the_library),

@@ -432,3 +432,18 @@ double tu_lazy_gives_cpu_bits(const ch_train_config *cfg, const ch_dataset *d, i
     ch_trainer_free(lazy);
     return sl[1].loss;
 }
+
+bool tu_cpuinfo_vendor(char *buf, size_t len)
+{
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f) return false;
+    char line[256];
+    bool found = false;
+    while (!found && fgets(line, sizeof line, f)) {
+        char v[64];
+        found = sscanf(line, "vendor_id : %63s", v) == 1;
+        if (found) snprintf(buf, len, "%s", v);
+    }
+    fclose(f);
+    return found;
+}

@@ -100,6 +100,10 @@ void tu_assert_same_bits(const struct ch_model *a, const ch_real *da, const stru
 extern const char *tu_backend;
 void tu_take_backend(int *argc, char **argv);
 const char *tu_devices(const char *cpu_list);
+/* The CPU's maker as Linux's /proc/cpuinfo names it (vendor_id: "GenuineIntel", "AuthenticAMD"):
+ * a reading apart from CPUID, to hold ch_cpu_vendor and what rests on it to. False where there is
+ * no such line. */
+bool tu_cpuinfo_vendor(char *buf, size_t len);
 /* A scratch directory for the test's files (removed by tu_rmdir). */
 void tu_mkdtemp(char *buf, size_t len);
 void tu_rmdir(const char *dir);
