@@ -1,11 +1,13 @@
-/* GFLOP/s of the CPU backend's convolution passes on the 3x3 layer shapes of bench/speed_models.py's
- * ResNet-20 (28x28 input: 16, 32 and 64 channels) and resnet18's first stage: forward, backward
- * data, backward weights, one thread (OpenMP held to one, as `--threads 1` does: oneDNN's batched
- * GEMMs would otherwise take every core), batch 64 (16 for resnet18's 56x56), the best of the
- * first argument's runs (5); a second argument runs that shape alone. A FLOP is counted as in
- * the direct sum (2 * oc * c * kh * kw * oh * ow per sample), so Winograd's figures are
- * "effective" ones and padding or garbage columns gain nothing. Compare two builds by linking
- * this against each one's libcohort.a. */
+/* GFLOP/s (and ms) of the CPU backend's convolution passes on the 3x3 layer shapes of
+ * bench/speed_models.py's ResNet-20 (28x28 input: 16, 32 and 64 channels, and its two stride-2
+ * layers) and resnet18's (its first stage at 56x56, and the stride-2 first layers of its stages 2-4
+ * at reference program D's 28x28): forward, backward data, backward weights, the best of the first
+ * argument's runs (5); a second argument runs that shape alone; a third sets the threads (1: OpenMP
+ * held to one, as `--threads 1` does: oneDNN's batched GEMMs would otherwise take every core); a
+ * fourth the batch (64 by default, 16 for resnet18's 56x56). A FLOP is counted as in the direct sum
+ * (2 * oc * c * kh * kw * oh * ow per sample), so Winograd's figures are "effective" ones and
+ * padding or garbage columns gain nothing. Compare two builds by linking this against each one's
+ * libcohort.a. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,28 +29,36 @@ int main(int argc, char **argv)
 {
     const int reps = argc > 1 ? atoi(argv[1]) : 5;
     const char *only = argc > 2 ? argv[2] : NULL;   /* a shape's name: that one alone */
-    const struct { const char *name; int n, c, hw, oc, k, pad; } shapes[] = {
-        { "resnet20.s1", 64, 16, 28, 16, 3, 1 },
-        { "resnet20.s2", 64, 32, 14, 32, 3, 1 },
-        { "resnet20.s3", 64, 64, 7, 64, 3, 1 },
-        { "resnet18.l1", 16, 64, 56, 64, 3, 1 },
+    const int threads = argc > 3 ? atoi(argv[3]) : 1, batch = argc > 4 ? atoi(argv[4]) : 0;
+    const struct { const char *name; int n, c, hw, oc, k, pad, stride; } shapes[] = {
+        { "resnet20.s1", 64, 16, 28, 16, 3, 1, 1 },
+        { "resnet20.s2", 64, 32, 14, 32, 3, 1, 1 },
+        { "resnet20.s3", 64, 64, 7, 64, 3, 1, 1 },
+        { "resnet18.l1", 16, 64, 56, 64, 3, 1, 1 },
+        /* ResNet-20's stride-2 layers */
+        { "resnet20.t2", 64, 16, 28, 32, 3, 1, 2 },
+        { "resnet20.t3", 64, 32, 14, 64, 3, 1, 2 },
+        /* resnet18's (reference program D, 28x28) first layer of stages 2-4, stride 2 */
+        { "resnet18.s2", 64, 64, 28, 128, 3, 1, 2 },
+        { "resnet18.s3", 64, 128, 14, 256, 3, 1, 2 },
+        { "resnet18.s4", 64, 256, 7, 512, 3, 1, 2 },
     };
-    if (reps < 1) {
-        fprintf(stderr, "conv_kernels: bad reps\n");
+    if (reps < 1 || threads < 1) {
+        fprintf(stderr, "conv_kernels: bad reps or threads\n");
         return 1;
     }
-    omp_set_num_threads(1);
+    omp_set_num_threads(threads);
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
         if (only && strcmp(only, shapes[i].name) != 0) continue;
+        const int st = shapes[i].stride, ohw = (shapes[i].hw + 2 * shapes[i].pad - shapes[i].k) / st + 1;
         const ch_conv_desc d = { .c = shapes[i].c, .h = shapes[i].hw, .w = shapes[i].hw,
                                  .oc = shapes[i].oc, .kh = shapes[i].k, .kw = shapes[i].k,
-                                 .stride = 1, .pad = shapes[i].pad, .oh = shapes[i].hw,
-                                 .ow = shapes[i].hw };
-        const int n = shapes[i].n;
+                                 .stride = st, .pad = shapes[i].pad, .oh = ohw, .ow = ohw };
+        const int n = batch > 0 ? batch : shapes[i].n;
         const size_t xl = (size_t)n * d.c * d.h * d.w, yl = (size_t)n * d.oc * d.oh * d.ow;
         const size_t wl = (size_t)d.oc * d.c * d.kh * d.kw;
         /* A replica's kernel cache, as the trainer's: primitives made once, here. */
-        ch_kctx kc = { .nthreads = 1, .cache = ch_cpu_kcache_create() };
+        ch_kctx kc = { .nthreads = threads, .cache = ch_cpu_kcache_create() };
         if (!kc.cache) {
             fprintf(stderr, "conv_kernels: the CPU kernels' cache could not be made\n");
             return 1;
@@ -79,8 +89,9 @@ int main(int argc, char **argv)
                 if (t[k] < best[k]) best[k] = t[k];
         }
         const double flop = 2.0 * (double)wl * d.oh * d.ow * n;
-        printf("%s fwd %.1f bwd_data %.1f bwd_weights %.1f GFLOP/s\n", shapes[i].name,
-               flop / best[0] * 1e-9, flop / best[1] * 1e-9, flop / best[2] * 1e-9);
+        printf("%s fwd %.1f bwd_data %.1f bwd_weights %.1f GFLOP/s (%.2f / %.2f / %.2f ms)\n",
+               shapes[i].name, flop / best[0] * 1e-9, flop / best[1] * 1e-9,
+               flop / best[2] * 1e-9, best[0] * 1e3, best[1] * 1e3, best[2] * 1e3);
         free(x), free(y), free(dy), free(dx), free(w), free(dw), free(b), free(db), free(wsp);
         ch_cpu_kcache_free(kc.cache);
     }
