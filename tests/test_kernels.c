@@ -294,10 +294,10 @@ static size_t dnnl_wino_taken(const ch_conv_desc *d, int n, int nthreads)
     return ch_cpu_wino_workspace(&kc, d, n);
 }
 
-/* A Winograd path's cases, with and without the fused ReLU, at 1 and 2 threads, for batches 1, 3,
- * 9 and up to max_n in steps of 8: against the reference, the same bits twice, and from 9 samples
- * on, the batch on a workspace planned for one sample, which must fall back to im2col where it
- * is short and be right either way. `taken` (if not NULL) is the path's workspace query, which
+/* A Winograd's (or oneDNN's direct) path's cases, with and without the fused ReLU, at 1 and 2
+ * threads, for batches 1, 3, 9 and up to max_n in steps of 8: against the reference, the same bits
+ * twice, and from 9 samples on, the batch on a workspace planned for one sample, which must fall
+ * back to im2col where it is short and be right either way. `taken` (if not NULL) is the path's workspace query, which
  * must be non-zero: the path is taken. */
 static void check_winograd_cases(const ch_conv_desc *cases, size_t count, int max_n,
                                  double dw_bound, size_t (*taken)(const ch_conv_desc *, int, int))
@@ -374,6 +374,73 @@ static void winograd_matches_reference(void **state)
     const ch_conv_desc own = { .c = 32, .h = 14, .w = 14, .oc = 32, .kh = 3, .kw = 3, .stride = 1,
                                .pad = 1, .oh = 14, .ow = 14 };
     assert_true(dnnl_wino_taken(&own, 4, 1) == 0 && ch_cpu_wino3_workspace(&own, 4, 1) > 0);
+}
+
+/* oneDNN's fp32 direct convolution's workspace query (cpu_dnnl_conv.c), in the shape of the others'. */
+static size_t dnnl_direct_taken(const ch_conv_desc *d, int n, int nthreads)
+{
+    const ch_kctx kc = { .nthreads = nthreads };
+    return ch_cpu_conv_direct_workspace(&kc, d, n);
+}
+
+/* Which of the direct convolution's passes run d at batch 3 (1 each, 0 where they decline): the
+ * calls themselves, on a workspace planned for them. */
+static void direct_passes(ch_conv_desc d, int taken[3])
+{
+    d.oh = ch_window_out(d.h, d.kh, d.stride, d.pad), d.ow = ch_window_out(d.w, d.kw, d.stride, d.pad);
+    const int n = 3;
+    const size_t xs = (size_t)n * d.c * d.h * d.w, ys = (size_t)n * d.oc * d.oh * d.ow;
+    const size_t wl = (size_t)d.oc * d.c * 9;
+    ch_kctx kc = { .nthreads = 1 };
+    const size_t wsz = ch_cpu_conv_direct_workspace(&kc, &d, n);
+    kc.ws = malloc(sizeof(ch_real) * (wsz ? wsz : 1)), kc.ws_len = wsz;
+    ch_real *x = tu_uniform(xs, 4), *w = tu_uniform(wl, 5), *dy = tu_uniform(ys, 6);
+    ch_real *y = malloc(sizeof(ch_real) * ys), *dx = malloc(sizeof(ch_real) * xs);
+    ch_real *dw = malloc(sizeof(ch_real) * (wl + (size_t)d.oc));
+    assert_true(kc.ws && y && dx && dw);
+    taken[0] = ch_cpu_conv_direct_forward(&kc, &d, n, x, w, NULL, y);
+    taken[1] = ch_cpu_conv_direct_backward_weights(&kc, &d, n, x, y, dy, dw, dw + wl);
+    taken[2] = ch_cpu_conv_direct_backward_data(&kc, &d, n, dy, w, dx);
+    free(x), free(w), free(dy), free(y), free(dx), free(dw), free(kc.ws);
+}
+
+/* 3x3 stride-2 layers of 16 channels or more run oneDNN's fp32 direct convolution on AVX-512 (its
+ * forward and backward data always, its weight gradient where the output plane is 7x7 or more),
+ * within the reference's bound through the conv2d kernels (an odd width, whose last window reaches
+ * less than the padding; a fused ReLU; a workspace planned for one sample falling back to
+ * im2col); each pass is taken, or declines, as that rule says; other layers keep their kernels. */
+static void direct_stride2_matches_reference(void **state)
+{
+    (void)state;
+    const bool avx512 = (dnnl_get_effective_cpu_isa() & dnnl_cpu_isa_avx512_core) ==
+                        dnnl_cpu_isa_avx512_core;
+    const ch_conv_desc cases[] = {
+        { .c = 16, .h = 14, .w = 13, .oc = 24, .kh = 3, .kw = 3, .stride = 2, .pad = 1 },   /* 7x7 out */
+        { .c = 24, .h = 9, .w = 9, .oc = 16, .kh = 3, .kw = 3, .stride = 2, .pad = 1 },     /* 5x5 out */
+    };
+    check_winograd_cases(cases, sizeof cases / sizeof cases[0], 9, tol,
+                         avx512 ? dnnl_direct_taken : NULL);
+    int taken[3];
+    direct_passes(cases[0], taken);
+    assert_true(taken[0] == avx512 && taken[1] == avx512 && taken[2] == avx512);
+    direct_passes(cases[1], taken);   /* the weight gradient of a 5x5 plane: im2col's */
+    assert_true(taken[0] == avx512 && !taken[1] && taken[2] == avx512);
+    const ch_conv_desc base = cases[0];
+    ch_conv_desc d = base;
+    d.c = 15;   /* too few channels in */
+    direct_passes(d, taken);
+    assert_true(!taken[0] && !taken[1] && !taken[2]);
+    d = base, d.oc = 8;   /* too few out */
+    direct_passes(d, taken);
+    assert_true(!taken[0]);
+    d = base, d.stride = 1;   /* stride 1: a Winograd's */
+    direct_passes(d, taken);
+    assert_true(!taken[0] && !taken[1] && !taken[2]);
+    d = base, d.kh = d.kw = 1, d.pad = 0;   /* 1x1 stride 2 */
+    direct_passes(d, taken);
+    assert_true(!taken[0]);
+    d = base, d.groups = 2;   /* grouped: cpu_conv_group.c */
+    assert_true(dnnl_direct_taken(&d, 3, 1) == 0);
 }
 
 /* --precision bf16's convolutions get their operands through oneDNN's fp32 -> bf16 reorder
@@ -959,6 +1026,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(depthwise_bits_do_not_depend_on_threads),
         cmocka_unit_test(primitives_made_at_plan_time),
         cmocka_unit_test(winograd_matches_reference),
+        cmocka_unit_test(direct_stride2_matches_reference),
         cmocka_unit_test(bf16_reorder_rounds_as_plain_c),
         cmocka_unit_test(bf16_storage_kernels_match_plain_c),
         cmocka_unit_test(gemm_batch_matches_reference),

@@ -50,8 +50,9 @@ int ch_cmd_info(int argc, char **argv)
     const dnnl_version_t *v = dnnl_version();
     printf("cohort %s\n", ch_version());
     printf("precision:  %s\n", CH_REAL_NAME);
-    printf("kernels:    cpu (oneDNN %d.%d.%d sgemm under im2col and hand-written Winograd F(4x4, 3x3) "
-           "and F(3x3, 5x5), OpenMP %d)\n", v->major, v->minor, v->patch, _OPENMP);
+    printf("kernels:    cpu (oneDNN %d.%d.%d: sgemm under im2col, Winograd and direct convolutions; "
+           "hand-written Winograd F(4x4, 3x3) and F(3x3, 5x5); OpenMP %d)\n", v->major, v->minor,
+           v->patch, _OPENMP);
     printf("oneDNN cpu: %s\n", v->cpu_runtime == DNNL_RUNTIME_OMP ? "OpenMP runtime" : "other runtime");
     printf("cpu:        %s\n", cpu);
     char isa[32];

@@ -85,13 +85,26 @@ bool ch_cpu_conv_bf16_backward_weights(const ch_kctx *kc, const ch_conv_desc *d,
                                        const ch_real *x, const ch_real *y, ch_real *dy,
                                        ch_real *dw, ch_real *db);
 
+/* oneDNN's direct convolution in fp32 (cpu_dnnl_conv.c) for 3x3 stride-2 layers with 16 channels or
+ * more each way, on an AVX-512 CPU, where no bf16 kernel takes them: its forward and backward data
+ * always, its weight gradient where the output plane is 7x7 or more (false on smaller ones, which
+ * keep im2col's); the same contract as the Winograds below. */
+size_t ch_cpu_conv_direct_workspace(const ch_kctx *kc, const ch_conv_desc *d, int n);
+bool ch_cpu_conv_direct_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
+                                const ch_real *w, const ch_real *b, ch_real *y);
+bool ch_cpu_conv_direct_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int n,
+                                      const ch_real *dy, const ch_real *w, ch_real *dx);
+bool ch_cpu_conv_direct_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, int n,
+                                         const ch_real *x, const ch_real *y, ch_real *dy,
+                                         ch_real *dw, ch_real *db);
+
 /* Winograd convolution (cpu_dnnl_conv.c) for 3x3 stride-1 pad-1 layers whose channel counts are
  * multiples of 16. The workspace is 0, and the passes return false without touching anything,
  * where it does not apply (other geometry, no such oneDNN kernel on this CPU, too little
  * workspace, the double build); the conv2d kernels then run im2col. */
 size_t ch_cpu_wino_workspace(const ch_kctx *kc, const ch_conv_desc *d, int n);
-/* Whether this file's passes (the Winograd above or the bf16 direct convolutions) are the ones
- * chosen for d by geometry: they come first in the conv2d kernels' chains. */
+/* Whether cpu_dnnl_conv.c's passes (the Winograd below, or the bf16 or fp32 direct convolutions
+ * above) are the ones chosen for d by geometry: they come first in the conv2d kernels' chains. */
 bool ch_cpu_dnnl_conv_takes(const ch_conv_desc *d, int n);
 bool ch_cpu_wino_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
                          const ch_real *w, const ch_real *b, ch_real *y);

@@ -1,8 +1,10 @@
-/* oneDNN's convolution primitives, all three passes, in two uses:
+/* oneDNN's convolution primitives, all three passes, in three uses:
  *  - Winograd F(4x4, 3x3) in fp32 (`jit_wino_4x3:avx512_core`) for 3x3, stride-1, pad-1 layers with
  *    channel counts in multiples of 16 (ch_cpu_wino_*);
  *  - direct convolutions with bf16 operands and fp32 accumulation (`jit_bf16:avx512_core_bf16`) for
- *    the layers of a --precision bf16 model where bf16 is the faster (ch_cpu_conv_bf16_*).
+ *    the layers of a --precision bf16 model where bf16 is the faster (ch_cpu_conv_bf16_*);
+ *  - direct convolutions in fp32 (`jit:avx512_core`) for 3x3 stride-2 layers, the others'
+ *    (ch_cpu_conv_direct_*).
  * Why Winograd: F(4x4, 3x3) does a 6x6 tile's 36 multiplies where the direct form does 16 outputs
  * x 9 taps, so on resnet18's layers (batch 256, 2 threads, a Zen 3) the three passes took 78, 90,
  * 63 and 55 ms for 64@28x28, 128@14x14, 256@7x7 and 512@4x4 against im2col + GEMM's 118, 105, 114
@@ -111,6 +113,34 @@ bool ch_cpu_conv_bf16_backward_weights(const ch_kctx *kc, const ch_conv_desc *d,
     return false;
 }
 
+size_t ch_cpu_conv_direct_workspace(const ch_kctx *kc, const ch_conv_desc *d, int n)
+{
+    (void)kc, (void)d, (void)n;
+    return 0;
+}
+
+bool ch_cpu_conv_direct_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
+                                const ch_real *w, const ch_real *b, ch_real *y)
+{
+    (void)kc, (void)d, (void)n, (void)x, (void)w, (void)b, (void)y;
+    return false;
+}
+
+bool ch_cpu_conv_direct_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int n,
+                                      const ch_real *dy, const ch_real *w, ch_real *dx)
+{
+    (void)kc, (void)d, (void)n, (void)dy, (void)w, (void)dx;
+    return false;
+}
+
+bool ch_cpu_conv_direct_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, int n,
+                                         const ch_real *x, const ch_real *y, ch_real *dy,
+                                         ch_real *dw, ch_real *db)
+{
+    (void)kc, (void)d, (void)n, (void)x, (void)y, (void)dy, (void)dw, (void)db;
+    return false;
+}
+
 #else
 
 #include <dnnl.h>
@@ -124,8 +154,8 @@ bool ch_cpu_conv_bf16_backward_weights(const ch_kctx *kc, const ch_conv_desc *d,
 
 enum { WINO_ALIGN = 64, WINO_SIMD = 16 };
 
-/* What a cache entry is for: the two uses of this file. */
-typedef enum dc_use { DC_WINOGRAD, DC_BF16 } dc_use;
+/* What a cache entry is for: the three uses of this file. */
+typedef enum dc_use { DC_WINOGRAD, DC_BF16, DC_DIRECT } dc_use;
 
 typedef struct wino_key {
     int c, oc, h, w, kh, kw, stride, pad, oh, ow, n, nthreads;
@@ -207,6 +237,33 @@ static bool bf16_geometry(const ch_conv_desc *d)
     return d->bf16 && ch_conv_groups(d) == 1 && ch_conv_dilation(d) == 1 && d->kh * d->kw > 1 &&
            d->c >= 16 && d->oc >= 16 && !wino_geometry(d) && !ch_cpu_wino3_applies(d) &&
            !ch_cpu_wino5_applies(d) && ch_cpu_bf16_products(NULL, 0);
+}
+
+static bool avx512_here(void)
+{
+    return ((unsigned)dnnl_get_effective_cpu_isa() & dnnl_cpu_isa_avx512_core) == dnnl_cpu_isa_avx512_core;
+}
+
+/* oneDNN's fp32 direct kernel against im2col + GEMM on 3x3 stride-2 layers (ms of forward /
+ * backward data / backward weights, 2 threads, bench/conv_kernels; an Intel family 6 model 207,
+ * AVX-512): resnet18's (28x28, batch 256) 64@28x28 -> 128 29.8 / 30.6 / 32.6 against 37.8 / 36.7 /
+ * 37.6, 128@14x14 -> 256 26.6-29.1 / 29.2-30.6 / 31.3-32.8 against 31.0-33.6 / 34.6-38.9 /
+ * 31.6-34.0, 256@7x7 -> 512 23.7-25.3 / 38.8-41.9 / 43.2-46.7 against 39.9-42.5 / 44.6-45.1 /
+ * 40.3-41.0; ResNet-20's (batch 64) 16@28x28 -> 32 and 32@14x14 -> 64 1.3 to 2 times as fast in
+ * all three. So the forward and backward data are oneDNN's wherever it applies, the weight
+ * gradient where the output plane is 7x7 or more (at 4x4 it loses; between, unmeasured, im2col
+ * as before). Fewer than 16 channels leave most of its 16-channel blocks idle. Not measured on the
+ * AVX-512 Zen 4 and 5, which take it too; without AVX-512, im2col stays. A --precision bf16 layer
+ * takes it where its products stay fp32. */
+static bool direct_geometry(const ch_conv_desc *d)
+{
+    return ch_conv_groups(d) == 1 && ch_conv_dilation(d) == 1 && d->kh == 3 && d->kw == 3 &&
+           d->stride == 2 && d->c >= 16 && d->oc >= 16 && !bf16_geometry(d) && avx512_here();
+}
+
+static bool direct_weights_win(const ch_conv_desc *d)
+{
+    return (long)d->oh * d->ow >= 49;
 }
 
 static size_t align_up(size_t v) { return (v + WINO_ALIGN - 1) / WINO_ALIGN * WINO_ALIGN; }
@@ -320,14 +377,15 @@ static void copy_md(dnnl_primitive_desc_t pd, dnnl_query_t what, dnnl_memory_des
 }
 
 /* The three convolution primitives, with the layouts they chose; pds are destroyed here. In bf16
- * the products' operands (x, w, dy) are bf16 and what the passes write (y, dx, dw) fp32. */
+ * the products' operands (x, w, dy) are bf16 and what the passes write (y, dx, dw) fp32. A
+ * direct convolution's backward passes choose their own layouts; Winograd's take the forward's. */
 static bool make_convolutions(dnnl_engine_t eng, wino_entry *e)
 {
     const wino_key *k = &e->key;
     dnnl_memory_desc_t *md = e->md;
-    const bool bf16 = k->use == DC_BF16;
-    const dnnl_data_type_t in = bf16 ? dnnl_bf16 : dnnl_f32;
-    const dnnl_alg_kind_t alg = bf16 ? dnnl_convolution_direct : dnnl_convolution_winograd;
+    const bool direct = k->use != DC_WINOGRAD;
+    const dnnl_data_type_t in = k->use == DC_BF16 ? dnnl_bf16 : dnnl_f32;
+    const dnnl_alg_kind_t alg = direct ? dnnl_convolution_direct : dnnl_convolution_winograd;
     dnnl_memory_desc_t any_x, any_y, any_w, out_x, out_y, out_w;
     const dnnl_dims_t xd = { k->n, k->c, k->h, k->w }, yd = { k->n, k->oc, k->oh, k->ow };
     const dnnl_dims_t wd = { k->oc, k->c, k->kh, k->kw }, bd = { k->oc };
@@ -360,8 +418,8 @@ static bool make_convolutions(dnnl_engine_t eng, wino_entry *e)
         copy_md(fpd, dnnl_query_src_md, &md[S_F_SRC]);
         copy_md(fpd, dnnl_query_weights_md, &md[S_F_WEI]);
         copy_md(fpd, dnnl_query_dst_md, &md[S_F_DST]);
-        ok = dnnl_convolution_backward_data_desc_init(&cd, alg, bf16 ? &out_x : &md[S_F_SRC],
-                                                      &any_w, bf16 ? &any_y : &md[S_F_DST], st,
+        ok = dnnl_convolution_backward_data_desc_init(&cd, alg, direct ? &out_x : &md[S_F_SRC],
+                                                      &any_w, direct ? &any_y : &md[S_F_DST], st,
                                                       pl, pr) == dnnl_success &&
              dnnl_primitive_desc_create(&pd, &cd, attr, eng, fpd) == dnnl_success;
     }
@@ -373,9 +431,9 @@ static bool make_convolutions(dnnl_engine_t eng, wino_entry *e)
         pd = NULL;
     }
     if (ok)
-        ok = dnnl_convolution_backward_weights_desc_init(&cd, alg, bf16 ? &any_x : &md[S_F_SRC],
+        ok = dnnl_convolution_backward_weights_desc_init(&cd, alg, direct ? &any_x : &md[S_F_SRC],
                                                          &out_w, &md[S_BIAS],
-                                                         bf16 ? &any_y : &md[S_F_DST], st, pl,
+                                                         direct ? &any_y : &md[S_F_DST], st, pl,
                                                          pr) == dnnl_success &&
              dnnl_primitive_desc_create(&pd, &cd, attr, eng, fpd) == dnnl_success;
     if (ok) {
@@ -480,12 +538,18 @@ static const wino_entry *entry_of(struct ch_kcache *c, const wino_key *key)
 
 static bool applies(dc_use use, const ch_conv_desc *d, int n)
 {
-    return n > 0 && (use == DC_WINOGRAD ? wino_geometry(d) : bf16_geometry(d));
+    if (n <= 0) return false;
+    switch (use) {
+    case DC_WINOGRAD: return wino_geometry(d);
+    case DC_BF16: return bf16_geometry(d);
+    case DC_DIRECT: return direct_geometry(d);
+    }
+    return false;
 }
 
 bool ch_cpu_dnnl_conv_takes(const ch_conv_desc *d, int n)
 {
-    return applies(DC_WINOGRAD, d, n) || applies(DC_BF16, d, n);
+    return applies(DC_WINOGRAD, d, n) || applies(DC_BF16, d, n) || applies(DC_DIRECT, d, n);
 }
 
 static wino_key key_of(dc_use use, const ch_conv_desc *d, int n, int nthreads)
@@ -525,6 +589,11 @@ size_t ch_cpu_wino_workspace(const ch_kctx *kc, const ch_conv_desc *d, int n)
 size_t ch_cpu_conv_bf16_workspace(const ch_kctx *kc, const ch_conv_desc *d, int n)
 {
     return workspace_of(DC_BF16, kc, d, n);
+}
+
+size_t ch_cpu_conv_direct_workspace(const ch_kctx *kc, const ch_conv_desc *d, int n)
+{
+    return workspace_of(DC_DIRECT, kc, d, n);
 }
 
 /* The next buffer of a pass in the kernel workspace, 64-byte aligned. */
@@ -701,6 +770,25 @@ bool ch_cpu_conv_bf16_backward_weights(const ch_kctx *kc, const ch_conv_desc *d,
                                        ch_real *dw, ch_real *db)
 {
     return backward_weights(DC_BF16, kc, d, n, x, y, dy, dw, db);
+}
+
+bool ch_cpu_conv_direct_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
+                                const ch_real *w, const ch_real *b, ch_real *y)
+{
+    return forward(DC_DIRECT, kc, d, n, x, w, b, y);
+}
+
+bool ch_cpu_conv_direct_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int n,
+                                      const ch_real *dy, const ch_real *w, ch_real *dx)
+{
+    return backward_data(DC_DIRECT, kc, d, n, dy, w, dx);
+}
+
+bool ch_cpu_conv_direct_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, int n,
+                                         const ch_real *x, const ch_real *y, ch_real *dy,
+                                         ch_real *dw, ch_real *db)
+{
+    return direct_weights_win(d) && backward_weights(DC_DIRECT, kc, d, n, x, y, dy, dw, db);
 }
 
 #endif
