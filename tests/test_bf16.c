@@ -190,6 +190,13 @@ static void bf16_only_where_it_wins(void **state)
     ch_conv_desc d = shaped(strided);
     const ch_kctx one = { .nthreads = 1 };
     assert_true(ch_cpu_conv_bf16_workspace(&one, &d, 4) > 0);
+    /* resnet18's first stride-2 layer: the planner's workspace holds the bf16 passes' (short, they
+     * would decline to fp32; at 9x9 im2col's is the larger anyway) */
+    ch_conv_desc big = { .c = 64, .h = 28, .w = 28, .oc = 128, .kh = 3, .kw = 3, .stride = 2,
+                         .pad = 1, .bf16 = true };
+    big = shaped(big);
+    assert_true(ch_cpu_conv_bf16_workspace(&one, &big, 8) > 0);
+    assert_true(ch_cpu_conv2d_workspace(&one, &big, 8) >= ch_cpu_conv_bf16_workspace(&one, &big, 8));
     d.bf16 = false;   /* fp32 */
     assert_true(ch_cpu_conv_bf16_workspace(&one, &d, 4) == 0);
     d = shaped(strided), d.c = 8;   /* too few channels in */

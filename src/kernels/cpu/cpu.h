@@ -73,23 +73,16 @@ void ch_cpu_conv2d_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, in
                                     const ch_real *x, const ch_real *y, ch_real *dy, ch_real *dw,
                                     ch_real *db);
 
-/* Direct convolutions with bf16 operands and fp32 sums (cpu_dnnl_conv.c), for d->bf16 layers where
- * that is the faster (no Winograd applies; not 1x1; 16 channels or more each way) on a CPU with
- * native bf16; the same contract as the Winograds below (0 and false where it does not apply). */
-size_t ch_cpu_conv_bf16_workspace(const ch_kctx *kc, const ch_conv_desc *d, int n);
-bool ch_cpu_conv_bf16_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
-                              const ch_real *w, const ch_real *b, ch_real *y);
-bool ch_cpu_conv_bf16_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int n,
-                                    const ch_real *dy, const ch_real *w, ch_real *dx);
-bool ch_cpu_conv_bf16_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, int n,
-                                       const ch_real *x, const ch_real *y, ch_real *dy,
-                                       ch_real *dw, ch_real *db);
-
-/* oneDNN's direct convolution in fp32 (cpu_dnnl_conv.c) for 3x3 stride-2 layers with 16 channels or
- * more each way, on an AVX-512 CPU, where no bf16 kernel takes them: its forward and backward data
- * always, its weight gradient where the output plane is 7x7 or more (false on smaller ones, which
- * keep im2col's); the same contract as the Winograds below. */
+/* oneDNN's direct convolutions (cpu_dnnl_conv.c), in two uses, a layer taking at most one:
+ *  - bf16 operands and fp32 sums, for d->bf16 layers where that is the faster (no Winograd
+ *    applies; not 1x1; 16 channels or more each way) on a CPU whose bf16 products pay;
+ *  - fp32, for 3x3 stride-2 layers with 16 channels or more each way on an AVX-512 CPU that the
+ *    first does not take: forward and backward data always, the weight gradient where the output
+ *    plane is 7x7 or more (false on smaller ones, which keep im2col's).
+ * The same contract as the Winograds below (0 and false where it does not apply).
+ * ch_cpu_conv_bf16_workspace is the first use's share alone (is a layer's bf16 kernel taken). */
 size_t ch_cpu_conv_direct_workspace(const ch_kctx *kc, const ch_conv_desc *d, int n);
+size_t ch_cpu_conv_bf16_workspace(const ch_kctx *kc, const ch_conv_desc *d, int n);
 bool ch_cpu_conv_direct_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
                                 const ch_real *w, const ch_real *b, ch_real *y);
 bool ch_cpu_conv_direct_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int n,

@@ -133,12 +133,11 @@ size_t ch_cpu_conv2d_workspace(const ch_kctx *kc, const ch_conv_desc *d, int n)
     const size_t flipped = conv_backward_as_forward(d) ? (size_t)d->oc * conv_k(d) : 0;
     const size_t im2col = per_thread(d) * (size_t)nthreads + flipped;
     size_t most = im2col;
-    const size_t other[5] = { ch_cpu_wino_workspace(kc, d, n),
+    const size_t other[4] = { ch_cpu_wino_workspace(kc, d, n),
                               ch_cpu_wino5_workspace(d, n, nthreads),
                               ch_cpu_wino3_workspace(d, n, nthreads),
-                              ch_cpu_conv_bf16_workspace(kc, d, n),
                               ch_cpu_conv_direct_workspace(kc, d, n) };
-    for (int i = 0; i < 5; i++)
+    for (int i = 0; i < 4; i++)
         if (other[i] > most) most = other[i];
     return most;
 }
@@ -408,8 +407,7 @@ void ch_cpu_conv2d_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, cons
     switch (forward_kernel(d, n)) {
     case FWD_GROUPED: ch_cpu_conv_group_forward(kc, d, n, x, w, b, y); return;
     case FWD_DNNL:
-        if (ch_cpu_conv_bf16_forward(kc, d, n, x, w, b, y) || ch_cpu_conv_direct_forward(kc, d, n, x, w, b, y) ||
-            ch_cpu_wino_forward(kc, d, n, x, w, b, y))
+        if (ch_cpu_conv_direct_forward(kc, d, n, x, w, b, y) || ch_cpu_wino_forward(kc, d, n, x, w, b, y))
             return;
         /* fall through */
     case FWD_WINO5:
@@ -507,8 +505,7 @@ void ch_cpu_conv2d_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int n
         ch_cpu_conv_group_backward_data(kc, d, n, dy, w, dx);
         return;
     }
-    if (ch_cpu_conv_bf16_backward_data(kc, d, n, dy, w, dx) || ch_cpu_conv_direct_backward_data(kc, d, n, dy, w, dx) ||
-        ch_cpu_wino_backward_data(kc, d, n, dy, w, dx) ||
+    if (ch_cpu_conv_direct_backward_data(kc, d, n, dy, w, dx) || ch_cpu_wino_backward_data(kc, d, n, dy, w, dx) ||
         ch_cpu_wino5_backward_data(kc, d, n, dy, w, dx) ||
         ch_cpu_wino3_backward_data(kc, d, n, dy, w, dx))
         return;
@@ -628,8 +625,7 @@ void ch_cpu_conv2d_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, in
     }
     const size_t xs = (size_t)d->c * d->h * d->w, ys = (size_t)d->oc * conv_p(d);
     const size_t wl = (size_t)d->oc * conv_k(d);
-    if (ch_cpu_conv_bf16_backward_weights(kc, d, n, x, y, dy, dw, db) ||
-        ch_cpu_conv_direct_backward_weights(kc, d, n, x, y, dy, dw, db) ||
+    if (ch_cpu_conv_direct_backward_weights(kc, d, n, x, y, dy, dw, db) ||
         ch_cpu_wino_backward_weights(kc, d, n, x, y, dy, dw, db) ||
         ch_cpu_wino5_backward_weights(kc, d, n, x, y, dy, dw, db) ||
         ch_cpu_wino3_backward_weights(kc, d, n, x, y, dy, dw, db))

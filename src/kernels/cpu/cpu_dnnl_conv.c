@@ -2,9 +2,9 @@
  *  - Winograd F(4x4, 3x3) in fp32 (`jit_wino_4x3:avx512_core`) for 3x3, stride-1, pad-1 layers with
  *    channel counts in multiples of 16 (ch_cpu_wino_*);
  *  - direct convolutions with bf16 operands and fp32 accumulation (`jit_bf16:avx512_core_bf16`) for
- *    the layers of a --precision bf16 model where bf16 is the faster (ch_cpu_conv_bf16_*);
- *  - direct convolutions in fp32 (`jit:avx512_core`) for 3x3 stride-2 layers, the others'
- *    (ch_cpu_conv_direct_*).
+ *    the layers of a --precision bf16 model where bf16 is the faster;
+ *  - direct convolutions in fp32 (`jit:avx512_core`) for 3x3 stride-2 layers no bf16 kernel takes;
+ *    the two direct uses share one set of passes (ch_cpu_conv_direct_*), each layer taking one.
  * Why Winograd: F(4x4, 3x3) does a 6x6 tile's 36 multiplies where the direct form does 16 outputs
  * x 9 taps, so on resnet18's layers (batch 256, 2 threads, a Zen 3) the three passes took 78, 90,
  * 63 and 55 ms for 64@28x28, 128@14x14, 256@7x7 and 512@4x4 against im2col + GEMM's 118, 105, 114
@@ -88,28 +88,6 @@ size_t ch_cpu_conv_bf16_workspace(const ch_kctx *kc, const ch_conv_desc *d, int 
 bool ch_cpu_dnnl_conv_takes(const ch_conv_desc *d, int n)
 {
     (void)d, (void)n;
-    return false;
-}
-
-bool ch_cpu_conv_bf16_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
-                              const ch_real *w, const ch_real *b, ch_real *y)
-{
-    (void)kc, (void)d, (void)n, (void)x, (void)w, (void)b, (void)y;
-    return false;
-}
-
-bool ch_cpu_conv_bf16_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int n,
-                                    const ch_real *dy, const ch_real *w, ch_real *dx)
-{
-    (void)kc, (void)d, (void)n, (void)dy, (void)w, (void)dx;
-    return false;
-}
-
-bool ch_cpu_conv_bf16_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, int n,
-                                       const ch_real *x, const ch_real *y, ch_real *dy,
-                                       ch_real *dw, ch_real *db)
-{
-    (void)kc, (void)d, (void)n, (void)x, (void)y, (void)dy, (void)dw, (void)db;
     return false;
 }
 
@@ -593,7 +571,7 @@ size_t ch_cpu_conv_bf16_workspace(const ch_kctx *kc, const ch_conv_desc *d, int 
 
 size_t ch_cpu_conv_direct_workspace(const ch_kctx *kc, const ch_conv_desc *d, int n)
 {
-    return workspace_of(DC_DIRECT, kc, d, n);
+    return max_of(workspace_of(DC_BF16, kc, d, n), workspace_of(DC_DIRECT, kc, d, n));
 }
 
 /* The next buffer of a pass in the kernel workspace, 64-byte aligned. */
@@ -753,42 +731,24 @@ bool ch_cpu_wino_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, int 
     return backward_weights(DC_WINOGRAD, kc, d, n, x, y, dy, dw, db);
 }
 
-bool ch_cpu_conv_bf16_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
-                              const ch_real *w, const ch_real *b, ch_real *y)
-{
-    return forward(DC_BF16, kc, d, n, x, w, b, y);
-}
-
-bool ch_cpu_conv_bf16_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int n,
-                                    const ch_real *dy, const ch_real *w, ch_real *dx)
-{
-    return backward_data(DC_BF16, kc, d, n, dy, w, dx);
-}
-
-bool ch_cpu_conv_bf16_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, int n,
-                                       const ch_real *x, const ch_real *y, ch_real *dy,
-                                       ch_real *dw, ch_real *db)
-{
-    return backward_weights(DC_BF16, kc, d, n, x, y, dy, dw, db);
-}
-
 bool ch_cpu_conv_direct_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
                                 const ch_real *w, const ch_real *b, ch_real *y)
 {
-    return forward(DC_DIRECT, kc, d, n, x, w, b, y);
+    return forward(DC_BF16, kc, d, n, x, w, b, y) || forward(DC_DIRECT, kc, d, n, x, w, b, y);
 }
 
 bool ch_cpu_conv_direct_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int n,
                                       const ch_real *dy, const ch_real *w, ch_real *dx)
 {
-    return backward_data(DC_DIRECT, kc, d, n, dy, w, dx);
+    return backward_data(DC_BF16, kc, d, n, dy, w, dx) || backward_data(DC_DIRECT, kc, d, n, dy, w, dx);
 }
 
 bool ch_cpu_conv_direct_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, int n,
                                          const ch_real *x, const ch_real *y, ch_real *dy,
                                          ch_real *dw, ch_real *db)
 {
-    return direct_weights_win(d) && backward_weights(DC_DIRECT, kc, d, n, x, y, dy, dw, db);
+    return backward_weights(DC_BF16, kc, d, n, x, y, dy, dw, db) ||
+           (direct_weights_win(d) && backward_weights(DC_DIRECT, kc, d, n, x, y, dy, dw, db));
 }
 
 #endif
