@@ -347,7 +347,7 @@ static void test_every_shared_setting_disagrees(void)
         CHECK(st == CH_STATUS_BAD_INPUT, "ranks given different %s: status %d, '%s'", flag, (int)st,
               st == CH_STATUS_OK ? "" : err.msg);
         const bool says = strstr(err.msg, "disagree") && strstr(err.msg, flag);
-        int both[2] = { says, !says && strstr(err.msg, "refused what this rank accepted") != NULL };
+        int both[2] = { says, !says && strstr(err.msg, "set-up: rank 1 of 2") != NULL };
         MPI_Allreduce(MPI_IN_PLACE, both, 2, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
         if (both[0]) named++;
         else alone++;

@@ -10,7 +10,8 @@
 #include <stdarg.h>
 
 /* A refused flag's line on a rank other than 0 of a job: held until ch_cli_parsed knows whether
- * every rank refused it (then rank 0's line is the one shown). One per process, like argv. */
+ * every rank refused it (then rank 0's line is the one shown) or only some (then the first of
+ * them's, sent to rank 0 to print). One per process, like argv. */
 static char held_line[1024];
 
 void ch_cli_usage(const char *fmt, ...)
@@ -27,19 +28,20 @@ int ch_cli_parsed(const char *cmd, int rc, double timeout_s)
     if (ch_world_size() == 1) return rc;
     ch_err err = { 0 };
     const ch_status mine = rc >= 0 && rc != CH_EXIT_OK ? CH_STATUS_BAD_INPUT : CH_STATUS_OK;
-    if (mine != CH_STATUS_OK) ch_fail(&err, mine, "%.*s", (int)strcspn(held_line, "\n"), held_line);
+    if (mine != CH_STATUS_OK) {
+        /* The held line without its "cohort CMD: ", which ch_exit_for puts back. */
+        char who[64];
+        snprintf(who, sizeof who, "cohort %s: ", cmd);
+        const char *line = held_line[0] ? held_line : "a flag was refused";
+        if (strncmp(line, who, strlen(who)) == 0) line += strlen(who);
+        ch_fail(&err, mine, "%.*s", (int)strcspn(line, "\n"), line);
+    }
     const ch_status st = ch_world_fail_together("start", mine, timeout_s, &err);
     if (st == CH_STATUS_OK) return rc;
-    if (err.on_every_rank) ch_world_exit(rc);   /* rank 0 said it */
-    if (mine == CH_STATUS_OK) return ch_exit_for(cmd, st, &err);
-    /* This rank alone (or with some others) refused a flag that may differ between ranks. */
-    char who[64];
-    snprintf(who, sizeof who, "cohort %s", cmd);
-    const char *line = held_line[0] ? held_line : "a flag was refused";
-    const size_t skip = strncmp(line, who, strlen(who)) == 0 && line[strlen(who)] == ':' ? strlen(who) + 2 : 0;
-    char msg[1024];
-    snprintf(msg, sizeof msg, "%.*s", (int)strcspn(line + skip, "\n"), line + skip);
-    ch_world_fatal_as(who, rc, msg);
+    /* Every rank knows the job is over. Rank 0 says why, unless it refused a flag itself: then
+     * ch_cli_usage printed its line already. */
+    if (err.on_every_rank && mine != CH_STATUS_OK) ch_world_exit(rc);
+    return ch_exit_for(cmd, st, &err);
 }
 
 /* The option table's reader, for the flags of the commands it does not cover (bench allreduce and

@@ -37,8 +37,8 @@ bool ch_arg_double(const char *cmd, const char *flag, const char *s, double lo, 
 void ch_cli_usage(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* After a subcommand parsed its flags, rc its verdict (< 0 or CH_EXIT_OK: accepted; else the exit
  * code). Collective in a job of several ranks: when every rank refused, rank 0's line is the one
- * shown and every rank exits with rc; when some did, each names itself and the job ends; when
- * none did, returns rc. Alone: returns rc. */
+ * shown and every rank exits with rc; when some did, rank 0 shows the first one's line, naming its
+ * rank and host, and every rank exits cleanly; when none did, returns rc. Alone: returns rc. */
 int ch_cli_parsed(const char *cmd, int rc, double timeout_s);
 /* "cohort CMD: left out N WHICH entries named like an image that are no regular file (the first:
  * ...)" on stderr (rank 0) and in the worker log, when the ImageFolder d left any out. */

@@ -239,10 +239,42 @@ ch_status ch_world_agree(const char *what, const char *const *names, const char 
     return st;
 }
 
+/* Some ranks failed: the first one's line, with its rank and host, reaches every rank (a second
+ * exchange, which every rank knows to make), so that rank 0 can say it and the job can end cleanly.
+ * An MPI_Abort from the failing rank raced the others': whichever came first killed the job, and
+ * the failing rank's line was lost about one time in ten. */
+static ch_status share_first_failure(const char *what, int first, int failed, ch_status st, double timeout_s,
+                                     ch_err *err)
+{
+    enum { LINE_WORDS = 64 };
+    uint64_t line[LINE_WORDS] = { 0 };
+    if (world.rank == first)
+        snprintf((char *)line, sizeof line, "rank %d of %d (%.64s): %.400s", world.rank, world.size, ch_world_host(),
+                 err->msg);
+    uint64_t *all = malloc(sizeof line * (size_t)world.size);
+    if (!all) return ch_fail(err, CH_STATUS_SYSTEM, "%s: allocation of %d ranks' lines failed", what, world.size);
+    ch_err e2;
+    const ch_status got = ch_mpi_world_allgather_u64(line, LINE_WORDS, all, timeout_s, what, &e2);
+    if (got != CH_STATUS_OK) {
+        free(all);
+        if (st == CH_STATUS_OK) *err = e2;
+        return st == CH_STATUS_OK ? got : st;
+    }
+    char *theirs = (char *)(all + (size_t)first * LINE_WORDS);
+    theirs[sizeof line - 1] = '\0';
+    char more[32] = "";
+    if (failed > 1) snprintf(more, sizeof more, " (and %d more)", failed - 1);
+    ch_fail(err, st, "%s: %s%s", what, theirs, more);
+    free(all);
+    err->on_every_rank = true;
+    err->speaks = world.rank == 0;
+    return st;
+}
+
 ch_status ch_world_fail_together(const char *what, ch_status st, double timeout_s, ch_err *err)
 {
     if (world.size == 1 || !world.mpi) return st;
-    const uint64_t mine[1] = { st != CH_STATUS_OK };
+    const uint64_t mine[1] = { (uint64_t)st };
     uint64_t *all = malloc(sizeof(uint64_t) * (size_t)world.size);
     if (!all) return ch_fail(err, CH_STATUS_SYSTEM, "%s: allocation of %d ranks' verdicts failed", what, world.size);
     ch_err e2;
@@ -253,6 +285,7 @@ ch_status ch_world_fail_together(const char *what, ch_status st, double timeout_
             failed++;
             if (first < 0) first = r;
         }
+    const ch_status theirs = first >= 0 && all[first] >= CH_STATUS_BAD_INPUT && all[first] <= CH_STATUS_NUMERIC ? (ch_status)all[first] : CH_STATUS_BAD_INPUT;
     free(all);
     if (got != CH_STATUS_OK) {
         if (st == CH_STATUS_OK) *err = e2;
@@ -263,6 +296,6 @@ ch_status ch_world_fail_together(const char *what, ch_status st, double timeout_
         err->speaks = world.rank == 0;
         return st;
     }
-    if (st != CH_STATUS_OK || failed == 0) return st;
-    return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: rank %d refused what this rank accepted", what, first);
+    if (failed == 0) return st;
+    return share_first_failure(what, first, failed, st != CH_STATUS_OK ? st : theirs, timeout_s, err);
 }

@@ -26,8 +26,10 @@ _Noreturn void ch_world_fatal_as(const char *who, int code, const char *msg);
 
 /* Collective over every rank (alone, or without MPI: returns st): each rank's verdict st on
  * something every rank checks alike (settings the ranks agreed on). Every rank failed: st with
- * err->on_every_rank, rank 0 saying it. Some failed: each keeps its own failure, and the others
- * fail naming one of them (a single rank's failure: the job ends through MPI_Abort). */
+ * err->on_every_rank, rank 0 saying it. Some failed: each keeps its own status, the others take
+ * the first failing rank's, and every rank's err holds that rank's message with its rank and host,
+ * err->on_every_rank and rank 0 the speaker, so the job ends cleanly (no MPI_Abort to race the
+ * failing rank's line). Only the exchange failing leaves err a single rank's. */
 ch_status ch_world_fail_together(const char *what, ch_status st, double timeout_s, ch_err *err);
 
 #endif
