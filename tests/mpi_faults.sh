@@ -73,6 +73,9 @@ for _ in 1 2 3 4 5; do
 done
 expect "cohort train: --threads '0': expected an integer" 15 -- \
     "${mpirun[@]}" -np 1 "$cohort" "${T[@]}" --threads 0 : -np 1 "$cohort" "${T[@]}"
+# Two of three ranks refuse: the first of them is named, and the count of the others.
+expect "start: rank 1 of 3 ($(hostname)): --threads '0': expected an integer in 1..1024 (and 1 more)" 15 -- \
+    "${mpirun[@]}" -np 1 "$cohort" "${T[@]}" : -np 2 "$cohort" "${T[@]}" --threads 0
 # A rank running another command.
 expect "disagrees with rank 0 on the command" 15 -- \
     "${mpirun[@]}" -np 1 "$cohort" "${T[@]}" : -np 1 "$cohort" eval --checkpoint "$tmp/none" --data "$data/mnist"
