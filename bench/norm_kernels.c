@@ -1,22 +1,36 @@
-/* Milliseconds of BatchNorm's per-channel kernels on resnet18's first-stage tensor (256 x 64 x
- * 28 x 28), 2 threads, the best of --reps runs (15): forward's channel_affine (fp32, and keeping
- * the input in bf16 as --precision bf16 does), backward's two kernels on the fp32 input and on the
- * kept bf16 copy. Compare two builds by linking this against each one's libcohort.a (as for
- * bench/conv_kernels.c), or read the bf16 columns against the fp32 ones. */
+/* Milliseconds of BatchNorm's per-channel kernels on one of resnet18's tensors (batch 256; its
+ * BatchNorms at 28x28, 14x14, 7x7 and 4x4), 2 threads, the best of REPS runs (15): forward's
+ * statistics and channel_affine (fp32, and keeping the input in bf16 as --precision bf16 does),
+ * backward's two kernels on the fp32 input and on the kept bf16 copy. Compare two builds by linking
+ * this against each one's libcohort.a (as for bench/conv_kernels.c), or read the bf16 columns
+ * against the fp32 ones.
+ *   norm_kernels [REPS [l1|l2|l3|l4]]   (l1: 64 x 28 x 28, the default; l4: 512 x 4 x 4) */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "core/bf16.h"
 #include "core/clock.h"
 #include "kernels/cpu/cpu.h"
 
-enum { N = 256, C = 64, HW = 28 * 28 };
+enum { N = 256, CMAX = 512 };
 
 static double best_ms(double t, double best) { return t * 1e3 < best ? t * 1e3 : best; }
 
 int main(int argc, char **argv)
 {
     const int reps = argc > 1 ? atoi(argv[1]) : 15;
+    const char *shape = argc > 2 ? argv[2] : "l1";
+    const struct { const char *name; int c, hw; } shapes[] = {
+        { "l1", 64, 28 * 28 }, { "l2", 128, 14 * 14 }, { "l3", 256, 7 * 7 }, { "l4", 512, 4 * 4 },
+    };
+    int C = 0, HW = 0;
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        if (strcmp(shape, shapes[i].name) == 0) C = shapes[i].c, HW = shapes[i].hw;
+    if (!C) {
+        fprintf(stderr, "norm_kernels: unknown shape '%s' (l1, l2, l3 or l4)\n", shape);
+        return 2;
+    }
     const size_t len = (size_t)N * C * HW;
     float *x = malloc(sizeof(float) * len), *dy = malloc(sizeof(float) * len);
     float *y = malloc(sizeof(float) * len), *dx = malloc(sizeof(float) * len);
@@ -26,15 +40,22 @@ int main(int argc, char **argv)
         return 1;
     }
     for (size_t i = 0; i < len; i++) x[i] = (float)((i * 37) % 101) / 50.0f - 1.0f, dy[i] = (float)((i * 13) % 7) / 7.0f - 0.4f;
-    float mean[C], invstd[C], gamma[C], shift[C];
-    double s1[C], s2[C];
+    for (size_t i = 0; i < len; i++) keep[i] = ch_bf16_from_float(x[i]);
+    float mean[CMAX], invstd[CMAX], gamma[CMAX], shift[CMAX];
+    double s1[CMAX], s2[CMAX];
     for (int c = 0; c < C; c++) mean[c] = 0.01f * (float)c, invstd[c] = 1.1f, gamma[c] = 0.9f, shift[c] = 0.1f;
     const ch_kctx kc = { .nthreads = 2 };
-    double t[6] = { 1e30, 1e30, 1e30, 1e30, 1e30, 1e30 };
+    double t[8] = { 1e30, 1e30, 1e30, 1e30, 1e30, 1e30, 1e30, 1e30 };
     for (int r = 0; r < reps; r++) {
         double t0 = ch_clock_s();
-        ch_cpu_channel_affine(&kc, N, C, HW, x, gamma, shift, y);
+        ch_cpu_batchnorm_stats(&kc, N, C, HW, x, s1, s2);
         double t1 = ch_clock_s();
+        t[6] = best_ms(t1 - t0, t[6]);
+        ch_cpu_batchnorm_stats_bf16(&kc, N, C, HW, keep, s1, s2);
+        t0 = ch_clock_s();
+        t[7] = best_ms(t0 - t1, t[7]);
+        ch_cpu_channel_affine(&kc, N, C, HW, x, gamma, shift, y);
+        t1 = ch_clock_s();
         t[0] = best_ms(t1 - t0, t[0]);
         ch_cpu_channel_affine_keep_bf16(&kc, N, C, HW, x, gamma, shift, y, keep);
         t0 = ch_clock_s();
@@ -51,7 +72,9 @@ int main(int argc, char **argv)
         ch_cpu_batchnorm_backward_data_bf16(&kc, N, C, HW, keep, dy, mean, invstd, gamma, s1, s2, 1e5, dx);
         t[5] = best_ms(ch_clock_s() - t1, t[5]);
     }
+    printf("%d x %d x %d, 2 threads, best of %d\n", N, C, HW, reps);
     printf("%-24s %8s %8s\n", "kernel (ms)", "fp32", "bf16");
+    printf("%-24s %8.2f %8.2f\n", "stats", t[6], t[7]);
     printf("%-24s %8.2f %8.2f\n", "channel_affine", t[0], t[1]);
     printf("%-24s %8.2f %8.2f\n", "backward_reduce", t[2], t[3]);
     printf("%-24s %8.2f %8.2f\n", "backward_data", t[4], t[5]);

@@ -694,13 +694,50 @@ static void batchnorm_variance_far_from_zero(void)
     free(x);
 }
 
+/* The float lanes are emptied into double every 64 terms, also when they carry over from one
+ * plane to the next: every term 1 + 2^-16, a lane's sum of up to 255 of them is exact in float,
+ * and so the whole sum in double; one lane left to take its 600 terms (a plane of 4x4 a sample)
+ * rounds. Both reductions' sums of dy, and of dy * (x - mean) with x - mean = 1. */
+static void batchnorm_lanes_emptied_every_64_terms(void)
+{
+    const ch_kernels *cpu = ch_kernels_cpu();
+    const struct { int n, hw; } cases[] = { { 600, 16 }, { 300, 49 }, { 4, 1100 } };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        const int n = cases[k].n, c = 2, hw = cases[k].hw;
+        const size_t len = (size_t)n * c * hw;
+        ch_real *x = malloc(sizeof *x * len), *dy = malloc(sizeof *dy * len);
+        assert_non_null(x);
+        assert_non_null(dy);
+        const ch_real term = 1.0f + 0x1p-16f;
+        for (size_t i = 0; i < len; i++) x[i] = 3, dy[i] = term;
+        const ch_real mean[2] = { 2, 2 }, invstd[2] = { 1, 0.5f };
+        double s[2], sx[2];
+        for (int t = 1; t <= 2; t++) {
+            const ch_kctx kc = { .nthreads = t };
+            cpu->batchnorm_backward_reduce(&kc, n, c, hw, x, dy, mean, invstd, s, sx);
+            const double want = (double)n * hw * (double)term;
+            for (int ch = 0; ch < c; ch++) {
+                assert_true(s[ch] == want);
+                assert_true(sx[ch] == want * invstd[ch]);
+            }
+        }
+        free(x), free(dy);
+    }
+}
+
 static void batchnorm_sums_match_reference(void **state)
 {
     (void)state;
     batchnorm_variance_far_from_zero();
+    batchnorm_lanes_emptied_every_64_terms();
     const int hws[] = { 1, 7, 16, 20, 49, 1100 };   /* 1100: a full float chunk, a part, a tail */
-    for (int t = 1; t <= 2; t++)
+    for (int t = 1; t <= 2; t++) {
         for (size_t i = 0; i < sizeof hws / sizeof hws[0]; i++) check_batchnorm_sums(3, 5, hws[i], t);
+        /* Lanes carried over planes and emptied between them (16: one vector a plane, 64 planes
+         * a lane's fill) or inside one (49: three vectors and a tail, 21 planes and a third). */
+        check_batchnorm_sums(150, 3, 16, t);
+        check_batchnorm_sums(70, 4, 49, t);
+    }
 }
 
 /* Max pooling's fast 2x2 path against the direct loops, ties included (quantised inputs), both
