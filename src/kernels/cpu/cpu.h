@@ -214,6 +214,8 @@ void ch_cpu_relu_span(size_t len, const ch_real *x, ch_real *y);
 void ch_cpu_relu_backward_span(size_t len, const ch_real *y, const ch_real *dy, ch_real *dx);
 void ch_cpu_relu_backward(const ch_kctx *kc, size_t len, const ch_real *y, const ch_real *dy,
                           ch_real *dx);
+/* Whether oneDNN dispatches to its AVX-512 kernels here (avx512_core or better). */
+bool ch_cpu_avx512(void);
 /* Whether oneDNN has native bf16 kernels here (avx512_core_bf16 or AMX); isa (len bytes) gets the
  * name of its effective ISA. */
 bool ch_cpu_bf16_native(char *isa, size_t len);

@@ -217,11 +217,6 @@ static bool bf16_geometry(const ch_conv_desc *d)
            !ch_cpu_wino5_applies(d) && ch_cpu_bf16_products(NULL, 0);
 }
 
-static bool avx512_here(void)
-{
-    return ((unsigned)dnnl_get_effective_cpu_isa() & dnnl_cpu_isa_avx512_core) == dnnl_cpu_isa_avx512_core;
-}
-
 /* oneDNN's fp32 direct kernel against im2col + GEMM on 3x3 stride-2 layers (ms of forward /
  * backward data / backward weights, 2 threads, bench/conv_kernels; an Intel family 6 model 207,
  * AVX-512): resnet18's (28x28, batch 256) 64@28x28 -> 128 29.8 / 30.6 / 32.6 against 37.8 / 36.7 /
@@ -236,7 +231,7 @@ static bool avx512_here(void)
 static bool direct_geometry(const ch_conv_desc *d)
 {
     return ch_conv_groups(d) == 1 && ch_conv_dilation(d) == 1 && d->kh == 3 && d->kw == 3 &&
-           d->stride == 2 && d->c >= 16 && d->oc >= 16 && !bf16_geometry(d) && avx512_here();
+           d->stride == 2 && d->c >= 16 && d->oc >= 16 && !bf16_geometry(d) && ch_cpu_avx512();
 }
 
 static bool direct_weights_win(const ch_conv_desc *d)

@@ -34,12 +34,28 @@ static const char *isa_name(unsigned isa)
     return "baseline";
 }
 
+#ifndef CH_REAL_DOUBLE
+/* Whether oneDNN dispatches to isa here: its effective ISA holds every bit of isa. */
+static bool isa_has(unsigned isa)
+{
+    return ((unsigned)dnnl_get_effective_cpu_isa() & isa) == isa;
+}
+#endif
+
+bool ch_cpu_avx512(void)
+{
+#ifndef CH_REAL_DOUBLE
+    return isa_has(dnnl_cpu_isa_avx512_core);
+#else
+    return false;
+#endif
+}
+
 bool ch_cpu_bf16_native(char *isa, size_t len)
 {
 #ifndef CH_REAL_DOUBLE
-    const unsigned e = (unsigned)dnnl_get_effective_cpu_isa();
-    if (isa) snprintf(isa, len, "%s", isa_name(e));
-    return (e & dnnl_cpu_isa_avx512_core_bf16) == dnnl_cpu_isa_avx512_core_bf16;
+    if (isa) snprintf(isa, len, "%s", isa_name((unsigned)dnnl_get_effective_cpu_isa()));
+    return isa_has(dnnl_cpu_isa_avx512_core_bf16);
 #else
     if (isa) snprintf(isa, len, "%s", isa_name(0));
     return false;
@@ -62,8 +78,7 @@ int ch_cpu_bf16_products_mode(const char *s)
 static bool products_pay_here(void)
 {
 #ifndef CH_REAL_DOUBLE
-    if (((unsigned)dnnl_get_effective_cpu_isa() & dnnl_cpu_isa_avx512_core_amx) == dnnl_cpu_isa_avx512_core_amx)
-        return true;
+    if (isa_has(dnnl_cpu_isa_avx512_core_amx)) return true;
 #endif
     char vendor[13];
     return !ch_cpu_vendor(vendor) || strcmp(vendor, "GenuineIntel") != 0;
