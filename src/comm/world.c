@@ -239,12 +239,28 @@ ch_status ch_world_agree(const char *what, const char *const *names, const char 
     return st;
 }
 
-/* Some ranks failed: the first one's line, with its rank and host, reaches every rank (a second
- * exchange, which every rank knows to make), so that rank 0 can say it and the job can end cleanly.
- * An MPI_Abort from the failing rank raced the others': whichever came first killed the job, and
- * the failing rank's line was lost about one time in ten. */
-static ch_status share_first_failure(const char *what, int first, int failed, ch_status st, double timeout_s,
-                                     ch_err *err)
+/* An exchange of the verdicts that did not finish: a rank that had failed keeps its own failure,
+ * the others take the exchange's. */
+static ch_status exchange_failed(ch_status st, ch_status got, const ch_err *e2, ch_err *err)
+{
+    if (st != CH_STATUS_OK) return st;
+    *err = *e2;
+    return got;
+}
+
+/* A verdict as another rank sent it; anything else than a failure status reads as bad input. */
+static ch_status failure_of(uint64_t v)
+{
+    return v >= CH_STATUS_BAD_INPUT && v <= CH_STATUS_NUMERIC ? (ch_status)v : CH_STATUS_BAD_INPUT;
+}
+
+/* Some ranks failed (st: this rank's verdict; theirs: the first failing rank's): that rank's line,
+ * with its rank and host, reaches every rank (a second exchange, which every rank knows to make),
+ * so that rank 0 can say it and the job can end cleanly. When the failing rank and an accepting one
+ * each called MPI_Abort, whichever came first killed the job, and CI once lost the failing rank's
+ * line so. */
+static ch_status share_first_failure(const char *what, int first, int failed, ch_status st, ch_status theirs,
+                                     double timeout_s, ch_err *err)
 {
     enum { LINE_WORDS = 64 };
     uint64_t line[LINE_WORDS] = { 0 };
@@ -257,18 +273,17 @@ static ch_status share_first_failure(const char *what, int first, int failed, ch
     const ch_status got = ch_mpi_world_allgather_u64(line, LINE_WORDS, all, timeout_s, what, &e2);
     if (got != CH_STATUS_OK) {
         free(all);
-        if (st == CH_STATUS_OK) *err = e2;
-        return st == CH_STATUS_OK ? got : st;
+        return exchange_failed(st, got, &e2, err);
     }
-    char *theirs = (char *)(all + (size_t)first * LINE_WORDS);
-    theirs[sizeof line - 1] = '\0';
+    char *said = (char *)(all + (size_t)first * LINE_WORDS);
+    said[sizeof line - 1] = '\0';
     char more[32] = "";
     if (failed > 1) snprintf(more, sizeof more, " (and %d more)", failed - 1);
-    ch_fail(err, st, "%s: %s%s", what, theirs, more);
+    ch_fail(err, st != CH_STATUS_OK ? st : theirs, "%s: %s%s", what, said, more);
     free(all);
     err->on_every_rank = true;
     err->speaks = world.rank == 0;
-    return st;
+    return st != CH_STATUS_OK ? st : theirs;
 }
 
 ch_status ch_world_fail_together(const char *what, ch_status st, double timeout_s, ch_err *err)
@@ -285,17 +300,14 @@ ch_status ch_world_fail_together(const char *what, ch_status st, double timeout_
             failed++;
             if (first < 0) first = r;
         }
-    const ch_status theirs = first >= 0 && all[first] >= CH_STATUS_BAD_INPUT && all[first] <= CH_STATUS_NUMERIC ? (ch_status)all[first] : CH_STATUS_BAD_INPUT;
+    const ch_status theirs = first >= 0 ? failure_of(all[first]) : CH_STATUS_OK;
     free(all);
-    if (got != CH_STATUS_OK) {
-        if (st == CH_STATUS_OK) *err = e2;
-        return st == CH_STATUS_OK ? got : st;
-    }
+    if (got != CH_STATUS_OK) return exchange_failed(st, got, &e2, err);
     if (failed == world.size) {
         err->on_every_rank = true;
         err->speaks = world.rank == 0;
         return st;
     }
     if (failed == 0) return st;
-    return share_first_failure(what, first, failed, st != CH_STATUS_OK ? st : theirs, timeout_s, err);
+    return share_first_failure(what, first, failed, st, theirs, timeout_s, err);
 }
