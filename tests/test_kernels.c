@@ -323,8 +323,7 @@ static void check_winograd_cases(const ch_conv_desc *cases, size_t count, int ma
 static void primitives_made_at_plan_time(void **state)
 {
     (void)state;
-    const bool avx512 = (dnnl_get_effective_cpu_isa() & dnnl_cpu_isa_avx512_core) ==
-                        dnnl_cpu_isa_avx512_core;
+    const bool avx512 = ch_cpu_avx512();
     const ch_kernels *cpu = ch_kernels_cpu();
     ch_conv_desc d = { .c = 16, .h = 6, .w = 6, .oc = 32, .kh = 3, .kw = 3, .stride = 1, .pad = 1,
                        .oh = 6, .ow = 6 };
@@ -355,8 +354,7 @@ static void primitives_made_at_plan_time(void **state)
 static void winograd_matches_reference(void **state)
 {
     (void)state;
-    const bool avx512 = (dnnl_get_effective_cpu_isa() & dnnl_cpu_isa_avx512_core) ==
-                        dnnl_cpu_isa_avx512_core;
+    const bool avx512 = ch_cpu_avx512();
     const ch_conv_desc cases[] = {
         { .c = 16, .h = 6, .w = 6, .oc = 32, .kh = 3, .kw = 3, .stride = 1, .pad = 1 },
         { .c = 32, .h = 7, .w = 5, .oc = 16, .kh = 3, .kw = 3, .stride = 1, .pad = 1 },
@@ -412,8 +410,7 @@ static void direct_passes(ch_conv_desc d, int taken[3])
 static void direct_stride2_matches_reference(void **state)
 {
     (void)state;
-    const bool avx512 = (dnnl_get_effective_cpu_isa() & dnnl_cpu_isa_avx512_core) ==
-                        dnnl_cpu_isa_avx512_core;
+    const bool avx512 = ch_cpu_avx512();
     const ch_conv_desc cases[] = {
         { .c = 16, .h = 14, .w = 13, .oc = 24, .kh = 3, .kw = 3, .stride = 2, .pad = 1 },   /* 7x7 out */
         { .c = 24, .h = 9, .w = 9, .oc = 16, .kh = 3, .kw = 3, .stride = 2, .pad = 1 },     /* 5x5 out */
