@@ -1,8 +1,10 @@
 /* GFLOP/s (and ms) of the CPU backend's convolution passes on the 3x3 layer shapes of
  * bench/speed_models.py's ResNet-20 (28x28 input: 16, 32 and 64 channels, and its two stride-2
- * layers) and resnet18's (its first stage at 56x56, and the stride-2 first layers of its stages 2-4
- * at reference program D's 28x28): forward, backward data, backward weights, the best of the first
- * argument's runs (5); a second argument runs that shape alone; a third sets the threads (1: OpenMP
+ * layers), resnet18's (its first stage at 56x56, its second at reference program D's 14x14, and the
+ * stride-2 first layers of its stages 2-4 at 28x28) and mnist-cnn's 5x5 second layer: forward,
+ * backward data, backward weights, the best of the first argument's runs (5), and where the layer
+ * has it the one pass that does both backward passes (a training step's, conv2d_backward) next to
+ * the two apart; a second argument runs that shape alone; a third sets the threads (1: OpenMP
  * held to one, as `--threads 1` does: oneDNN's batched GEMMs would otherwise take every core); a
  * fourth the batch (64 by default, 16 for resnet18's 56x56). A FLOP is counted as in the direct sum
  * (2 * oc * c * kh * kw * oh * ow per sample), so Winograd's figures are "effective" ones and
@@ -35,6 +37,8 @@ int main(int argc, char **argv)
         { "resnet20.s2", 64, 32, 14, 32, 3, 1, 1 },
         { "resnet20.s3", 64, 64, 7, 64, 3, 1, 1 },
         { "resnet18.l1", 16, 64, 56, 64, 3, 1, 1 },
+        { "resnet18.l2", 64, 128, 14, 128, 3, 1, 1 },   /* reference program D's second stage */
+        { "mnist-cnn.c2", 100, 20, 14, 20, 5, 2, 1 },   /* F(3x3, 5x5)'s */
         /* ResNet-20's stride-2 layers */
         { "resnet20.t2", 64, 16, 28, 32, 3, 1, 2 },
         { "resnet20.t3", 64, 32, 14, 64, 3, 1, 2 },
@@ -75,7 +79,8 @@ int main(int argc, char **argv)
         }
         fill(x, xl, 1), fill(dy, yl, 2), fill(w, wl, 3), fill(b, d.oc, 4);
         kc.ws = wsp, kc.ws_len = ws;
-        double best[3] = { 1e30, 1e30, 1e30 };
+        double best[4] = { 1e30, 1e30, 1e30, 1e30 };
+        bool both = false;
         for (int r = 0; r < reps; r++) {
             const double t0 = ch_clock_s();
             ch_cpu_conv2d_forward(&kc, &d, n, x, w, b, y);
@@ -84,14 +89,20 @@ int main(int argc, char **argv)
             const double t2 = ch_clock_s();
             ch_cpu_conv2d_backward_weights(&kc, &d, n, x, y, dy, dw, db);
             const double t3 = ch_clock_s();
-            const double t[3] = { t1 - t0, t2 - t1, t3 - t2 };
-            for (int k = 0; k < 3; k++)
+            /* Both backward passes in one, where the layer has that pass (a training step's). */
+            both = ch_cpu_conv2d_backward(&kc, &d, n, x, y, dy, w, dx, dw, db);
+            const double t4 = ch_clock_s();
+            const double t[4] = { t1 - t0, t2 - t1, t3 - t2, t4 - t3 };
+            for (int k = 0; k < 4; k++)
                 if (t[k] < best[k]) best[k] = t[k];
         }
         const double flop = 2.0 * (double)wl * d.oh * d.ow * n;
         printf("%s fwd %.1f bwd_data %.1f bwd_weights %.1f GFLOP/s (%.2f / %.2f / %.2f ms)\n",
                shapes[i].name, flop / best[0] * 1e-9, flop / best[1] * 1e-9,
                flop / best[2] * 1e-9, best[0] * 1e3, best[1] * 1e3, best[2] * 1e3);
+        if (both)
+            printf("%s both backward passes at once %.2f ms (apart %.2f): %.3fx\n", shapes[i].name,
+                   best[3] * 1e3, (best[1] + best[2]) * 1e3, (best[1] + best[2]) / best[3]);
         free(x), free(y), free(dy), free(dx), free(w), free(dw), free(b), free(db), free(wsp);
         ch_cpu_kcache_free(kc.cache);
     }

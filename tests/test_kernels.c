@@ -287,6 +287,49 @@ static void check_conv_repeats(ch_conv_desc d, int n, int threads)
     ch_cpu_kcache_free(cache);
 }
 
+/* conv2d_backward (both backward passes in one) against the two passes apart, on a workspace planned
+ * for ws_batch: where it is taken, the same bits (dy as masked by a fused ReLU, dx, dw, db); where
+ * not, nothing written. At the planned batch it is taken exactly for the layers cohort's own
+ * Winograds run (oneDNN's kernels and im2col keep the two passes); with dx over x it declines. */
+static void check_backward_together(ch_conv_desc d, int n, int threads, int ws_batch)
+{
+    const ch_kernels *cpu = ch_kernels_cpu();
+    const size_t xs = (size_t)n * d.c * d.h * d.w, ys = (size_t)n * d.oc * d.oh * d.ow;
+    const size_t wl = (size_t)d.oc * d.c * d.kh * d.kw, gl = wl + (size_t)d.oc;
+    ch_real *x = tu_uniform(xs, 4), *w = tu_uniform(wl, 5), *b = tu_uniform((size_t)d.oc, 6);
+    ch_real *dy1 = tu_uniform(ys, 7), *dy2 = tu_uniform(ys, 7), *dy0 = tu_uniform(ys, 7);
+    ch_real *y = malloc(sizeof(ch_real) * ys), *x0 = tu_uniform(xs, 4);
+    ch_real *dx1 = malloc(sizeof(ch_real) * xs), *dx2 = malloc(sizeof(ch_real) * xs);
+    ch_real *g1 = malloc(sizeof(ch_real) * gl), *g2 = malloc(sizeof(ch_real) * gl);
+    assert_true(y && dx1 && dx2 && g1 && g2);
+    memset(dx2, 0x7f, sizeof(ch_real) * xs), memset(g2, 0x7f, sizeof(ch_real) * gl);
+    ch_kctx kc = { .nthreads = threads, .cache = ch_cpu_kcache_create() };
+    const size_t wsz = cpu->conv2d_workspace(&kc, &d, ws_batch);
+    kc.ws = malloc(sizeof(ch_real) * (wsz ? wsz : 1)), kc.ws_len = wsz;
+    cpu->conv2d_forward(&kc, &d, n, x, w, b, y);
+    cpu->conv2d_backward_weights(&kc, &d, n, x, y, dy1, g1, g1 + wl);
+    cpu->conv2d_backward_data(&kc, &d, n, dy1, w, dx1);
+    /* dx over x: declined before anything is touched (the fused ReLU's mask included). */
+    assert_false(cpu->conv2d_backward(&kc, &d, n, x, y, dy2, w, x, g2, g2 + wl));
+    const bool taken = cpu->conv2d_backward(&kc, &d, n, x, y, dy2, w, dx2, g2, g2 + wl);
+    const bool ours = (ch_cpu_wino3_applies(&d) || ch_cpu_wino5_applies(&d)) &&
+                      !ch_cpu_dnnl_conv_takes(&d, n);
+    if (ws_batch == n) assert_true(taken == ours);
+    if (taken) {
+        assert_memory_equal(dy1, dy2, sizeof(ch_real) * ys);
+        assert_memory_equal(dx1, dx2, sizeof(ch_real) * xs);
+        assert_memory_equal(g1, g2, sizeof(ch_real) * gl);
+    } else {
+        assert_memory_equal(dy0, dy2, sizeof(ch_real) * ys);
+        for (size_t i = 0; i < xs; i++) assert_true(((const unsigned char *)dx2)[sizeof(ch_real) * i] == 0x7f);
+        for (size_t i = 0; i < gl; i++) assert_true(((const unsigned char *)g2)[sizeof(ch_real) * i] == 0x7f);
+    }
+    assert_memory_equal(x, x0, sizeof(ch_real) * xs);
+    free(x), free(w), free(b), free(dy0), free(dy1), free(dy2), free(y), free(x0);
+    free(dx1), free(dx2), free(g1), free(g2), free(kc.ws);
+    ch_cpu_kcache_free(kc.cache);
+}
+
 /* oneDNN's Winograd's workspace query in the shape of the others' (no cache: made for the call). */
 static size_t dnnl_wino_taken(const ch_conv_desc *d, int n, int nthreads)
 {
@@ -313,7 +356,11 @@ static void check_winograd_cases(const ch_conv_desc *cases, size_t count, int ma
                     if (taken) assert_true(taken(&d, n, t) > 0);
                     check_conv_tol(d, n, t, n, tol, dw_bound);
                     check_conv_repeats(d, n, t);
-                    if (n >= 9) check_conv_tol(d, n, t, 1, tol, dw_bound);
+                    check_backward_together(d, n, t, n);
+                    if (n >= 9) {
+                        check_conv_tol(d, n, t, 1, tol, dw_bound);
+                        check_backward_together(d, n, t, 1);
+                    }
                 }
 }
 

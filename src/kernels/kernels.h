@@ -154,6 +154,12 @@ typedef struct ch_kernels {
     void (*conv2d_backward_weights)(const ch_kctx *kc, const ch_conv_desc *d, int n,
                                     const ch_real *x, const ch_real *y, ch_real *dy, ch_real *dw,
                                     ch_real *db);
+    /* Both of the above at once, with their bits, where the backend has a pass that does both
+     * for d at batch n (the CPU's own Winograds transform dy once for the two): false, with
+     * nothing written, where it has none. NULL: never. */
+    bool (*conv2d_backward)(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
+                            const ch_real *y, ch_real *dy, const ch_real *w, ch_real *dx,
+                            ch_real *dw, ch_real *db);
 
     /* Max pooling; argmax[n, c, i, j] = flat index into the (h, w) plane of the winner. */
     void (*maxpool2d_forward)(const ch_kctx *kc, const ch_pool_desc *d, int n, const ch_real *x,

@@ -36,14 +36,20 @@ static void conv_forward(ch_layer *l, const ch_run *r, int n, const ch_real *x)
 }
 
 /* With a fused ReLU, backward weights masks dy in place first (the ReLU's backward), and backward
- * data then reads the masked dy. */
+ * data then reads the masked dy. Where the backend does both in one pass (conv2d_backward), the
+ * gradients are reported ready after both, a data pass later than apart. */
 static void conv_backward(ch_layer *l, const ch_run *r, int n, const ch_real *x, const ch_real *dy,
                           ch_real *dx)
 {
     conv_impl *c = l->impl;
     CH_ASSERT(!c->d.relu || dy != l->y);
-    r->k->conv2d_backward_weights(&r->kc, &c->d, n, x, l->y, (ch_real *)dy, l->g[0],
-                                  c->bias ? l->g[1] : NULL);
+    ch_real *db = c->bias ? l->g[1] : NULL;
+    if (dx && r->k->conv2d_backward &&
+        r->k->conv2d_backward(&r->kc, &c->d, n, x, l->y, (ch_real *)dy, l->p[0], dx, l->g[0], db)) {
+        ch_run_grads_ready(r, l);
+        return;
+    }
+    r->k->conv2d_backward_weights(&r->kc, &c->d, n, x, l->y, (ch_real *)dy, l->g[0], db);
     ch_run_grads_ready(r, l);
     if (dx) r->k->conv2d_backward_data(&r->kc, &c->d, n, dy, l->p[0], dx);
 }

@@ -72,6 +72,11 @@ void ch_cpu_conv2d_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int n
 void ch_cpu_conv2d_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, int n,
                                     const ch_real *x, const ch_real *y, ch_real *dy, ch_real *dw,
                                     ch_real *db);
+/* Both backward passes at once where one of cohort's own Winograds takes the layer (the kernel
+ * table's conv2d_backward): false, with nothing written, elsewhere. */
+bool ch_cpu_conv2d_backward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
+                            const ch_real *y, ch_real *dy, const ch_real *w, ch_real *dx,
+                            ch_real *dw, ch_real *db);
 
 /* oneDNN's direct convolutions (cpu_dnnl_conv.c), in two uses, a layer taking at most one:
  *  - bf16 operands and fp32 sums, for d->bf16 layers where that is the faster (no Winograd
@@ -124,6 +129,11 @@ bool ch_cpu_wino5_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int n,
 bool ch_cpu_wino5_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, int n,
                                    const ch_real *x, const ch_real *y, ch_real *dy, ch_real *dw,
                                    ch_real *db);
+/* backward_weights and backward_data in one pass (dy packed and transformed once); false where
+ * either would be, or where dx overlaps x or dy. The two passes' bits. */
+bool ch_cpu_wino5_backward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
+                          const ch_real *y, ch_real *dy, const ch_real *w, ch_real *dx,
+                          ch_real *dw, ch_real *db);
 
 /* Winograd F(4x4, 3x3) (cpu_wino3.c), all three passes, for 3x3 stride-1 layers with at least
  * 8 channels in and 16 out that cpu_dnnl_conv.c does not take; the same contract. */
@@ -137,6 +147,11 @@ bool ch_cpu_wino3_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int n,
 bool ch_cpu_wino3_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, int n,
                                    const ch_real *x, const ch_real *y, ch_real *dy, ch_real *dw,
                                    ch_real *db);
+/* backward_weights and backward_data in one pass (dy packed and transformed once); false where
+ * either would be, or where dx overlaps x or dy. The two passes' bits. */
+bool ch_cpu_wino3_backward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
+                          const ch_real *y, ch_real *dy, const ch_real *w, ch_real *dx,
+                          ch_real *dw, ch_real *db);
 /* forward with y rounded to bf16 (the bits of forward's y, rounded to nearest even). */
 bool ch_cpu_wino3_forward_bf16(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
                                const ch_real *w, const ch_real *b, uint16_t *y);

@@ -615,6 +615,17 @@ static void backward_weights_group(const ch_kctx *kc, const ch_conv_desc *d, int
     }
 }
 
+/* Only where neither oneDNN's passes nor a grouped kernel come first in the two chains above, so
+ * that a layer gets the kernels the two passes apart would give it. */
+bool ch_cpu_conv2d_backward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
+                            const ch_real *y, ch_real *dy, const ch_real *w, ch_real *dx,
+                            ch_real *dw, ch_real *db)
+{
+    if (ch_cpu_conv_is_grouped(d) || ch_cpu_dnnl_conv_takes(d, n)) return false;
+    return ch_cpu_wino5_backward(kc, d, n, x, y, dy, w, dx, dw, db) ||
+           ch_cpu_wino3_backward(kc, d, n, x, y, dy, w, dx, dw, db);
+}
+
 void ch_cpu_conv2d_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, int n,
                                     const ch_real *x, const ch_real *y, ch_real *dy, ch_real *dw,
                                     ch_real *db)

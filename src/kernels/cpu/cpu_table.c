@@ -11,6 +11,7 @@ const ch_kernels ch_cpu_kernel_table = {
     .conv2d_forward = ch_cpu_conv2d_forward,
     .conv2d_backward_data = ch_cpu_conv2d_backward_data,
     .conv2d_backward_weights = ch_cpu_conv2d_backward_weights,
+    .conv2d_backward = ch_cpu_conv2d_backward,
     .maxpool2d_forward = ch_cpu_maxpool2d_forward,
     .maxpool2d_backward = ch_cpu_maxpool2d_backward,
     .avgpool2d_forward = ch_cpu_avgpool2d_forward,

@@ -341,7 +341,7 @@ static size_t chunk_len(int rows) { return (size_t)NP * ((size_t)rows * WINO_COL
 static size_t thread_len(const wgeo *g)
 {
     const ch_conv_desc *d = g->d;
-    return (group_len(x_layout(g)) + group_len(y_layout(g))) * (size_t)g->G +
+    return (2 * group_len(x_layout(g)) + group_len(y_layout(g))) * (size_t)g->G +
            chunk_len(d->c) + chunk_len(d->oc) + shared_len(d) + (size_t)d->oc +
            g->scratch;
 }
@@ -362,6 +362,7 @@ typedef struct wscratch {
     ch_real *v, *e;     /* V or dV chunk (c rows), M or E chunk (oc rows): chunk_len each */
     ch_real *du, *db;   /* backward weights: the thread's dU (NP x oc x c) and db */
     ch_real *gemm;      /* the GEMMs' scratch */
+    ch_real *dxg;       /* both backward passes at once: the group's dx planes (xg holds x) */
 } wscratch;
 
 static wscratch scratch_of(const ch_kctx *kc, const wgeo *g, int t)
@@ -375,6 +376,7 @@ static wscratch scratch_of(const ch_kctx *kc, const wgeo *g, int t)
     s.du = s.e + chunk_len(d->oc);
     s.db = s.du + shared_len(d);
     s.gemm = s.db + d->oc;
+    s.dxg = s.gemm + g->scratch;
     return s;
 }
 
@@ -486,19 +488,26 @@ static void forward_group(const ch_kctx *kc, const wgeo *g, const wpass *p, cons
     unpack_run(y_layout(g), s->yg, live, ys, dest_at(p->out, (size_t)s0 * ys));
 }
 
-/* dX for chunk i of the group's dY in s->yg: E, then dV[p] (c x cols) = U[p]^T E[p], then
- * BT^T dV BT added into the windows in s->xg. */
-static void backward_data_chunk(const ch_kctx *kc, const wgeo *g, const ch_real *u,
-                                const wscratch *s, int ng, int i)
+/* dV[p] (c x cols) = U[p]^T E[p] for the chunk's E in s->e, into s->v, then BT^T dV BT added into
+ * the windows of the dx planes dxg. */
+static void data_products_add(const ch_kctx *kc, const wgeo *g, const ch_real *u,
+                              const wscratch *s, wspan k, ch_real *dxg)
 {
     const ch_conv_desc *d = g->d;
-    const wspan k = chunk_span(g, ng, i);
-    transform_chunk(g, k, s, true);
     point_products(kc, g, PASS_DATA, k, u, s->e, s->v, s);
     for (int c = 0; c < d->c; c++)
         for (int q = k.p0; q < k.p1; q++)   /* windows overlap: added in position order */
             adjoint_in_add(chunk_lanes(s->v, c, k, q), point_stride(d->c, k),
-                           x_window(g, s->xg, c, q), x_rs(g));
+                           x_window(g, dxg, c, q), x_rs(g));
+}
+
+/* dX for chunk i of the group's dY in s->yg: E, then its products added into s->xg. */
+static void backward_data_chunk(const ch_kctx *kc, const wgeo *g, const ch_real *u,
+                                const wscratch *s, int ng, int i)
+{
+    const wspan k = chunk_span(g, ng, i);
+    transform_chunk(g, k, s, true);
+    data_products_add(kc, g, u, s, k, s->xg);
 }
 
 static void backward_data_group(const ch_kctx *kc, const wgeo *g, const wpass *p,
@@ -563,22 +572,28 @@ bool WINO_FN(backward_data)(const ch_kctx *kc, const ch_conv_desc *d, int n, con
     return true;
 }
 
-/* dU for chunk i of the group (x in s->xg, dY in s->yg): V and E, then per point
- * dU[p] (oc x c) += E[p] (oc x cols) V[p]^T, or = where `first` (the thread's dU is not cleared
- * beforehand: a memset and a read of it were a fifth of the pass on the 512-channel layers;
- * team_size gives every thread a group, so every thread's dU is set). */
-static void weights_chunk(const ch_kctx *kc, const wgeo *g, const wscratch *s, int ng, int i,
-                          bool first)
+/* Per point dU[p] (oc x c) += E[p] (oc x cols) V[p]^T for the chunk's V and E, or = where `first`
+ * (the thread's dU is not cleared beforehand: a memset and a read of it were a fifth of the pass
+ * on the 512-channel layers; team_size gives every thread a group, so every thread's dU is set). */
+static void weights_products(const ch_kctx *kc, const wgeo *g, const wscratch *s, wspan k,
+                             bool first)
 {
-    const wspan k = chunk_span(g, ng, i);
-    transform_chunk(g, k, s, false);
-    transform_chunk(g, k, s, true);
     ch_gemm_batch gb = point_gemms(g->d, PASS_WEIGHTS, k);
     gb.bf16 = g->bf16, gb.accumulate = !first;
     if (g->bf16)
         ch_cpu_gemm_batch_bf16(kc, &gb, (const uint16_t *)s->e, (const uint16_t *)s->v, s->du, s->gemm);
     else
         ch_cpu_gemm_batch(kc, &gb, s->e, s->v, s->du, s->gemm);
+}
+
+/* dU for chunk i of the group (x in s->xg, dY in s->yg): V and E, then their products. */
+static void weights_chunk(const ch_kctx *kc, const wgeo *g, const wscratch *s, int ng, int i,
+                          bool first)
+{
+    const wspan k = chunk_span(g, ng, i);
+    transform_chunk(g, k, s, false);
+    transform_chunk(g, k, s, true);
+    weights_products(kc, g, s, k, first);
 }
 
 /* dg = G^T dU G for TB pairs from their points dl[p][lane] (nl of them live), into dw. */
@@ -676,6 +691,16 @@ static void weights_groups(const ch_kctx *kc, const wgeo *g, const wscratch *s, 
     }
 }
 
+/* db: the T threads' partials added in thread order. */
+static void sum_db(const ch_kctx *kc, const wgeo *g, int T, ch_real *db)
+{
+    for (int o = 0; o < g->d->oc; o++) {
+        ch_real acc = 0;
+        for (int t = 0; t < T; t++) acc += scratch_of(kc, g, t).db[o];
+        db[o] = acc;
+    }
+}
+
 bool WINO_FN(backward_weights)(const ch_kctx *kc, const ch_conv_desc *d, int n,
                                    const ch_real *x, const ch_real *y, ch_real *dy, ch_real *dw,
                                    ch_real *db)
@@ -692,10 +717,76 @@ bool WINO_FN(backward_weights)(const ch_kctx *kc, const ch_conv_desc *d, int n,
 #pragma omp barrier
         untransform_weights(d, parts, thread_len(&g), T, pairs * t / T, pairs * (t + 1) / T, dw);
     }
-    for (int o = 0; db && o < d->oc; o++) {
-        ch_real acc = 0;
-        for (int t = 0; t < T; t++) acc += scratch_of(kc, &g, t).db[o];
-        db[o] = acc;
+    if (db) sum_db(kc, &g, T, db);
+    return true;
+}
+
+/* Both backward passes at once (WINO_FN(backward)): per run of groups, x and dy packed once, and
+ * per chunk V and E transformed once for the weights' products and the data's. Apart, the two
+ * passes each pack dy and transform E; together the second packing, transform and read of dy are
+ * gone. The same sums in the same order as the two passes: the same bits. */
+static void both_chunk(const ch_kctx *kc, const wgeo *g, const ch_real *u, const wscratch *s,
+                       int ng, int i, bool first)
+{
+    const wspan k = chunk_span(g, ng, i);
+    transform_chunk(g, k, s, false);
+    transform_chunk(g, k, s, true);
+    weights_products(kc, g, s, k, first);
+    data_products_add(kc, g, u, s, k, s->dxg);   /* V's buffer takes dV: V is used */
+}
+
+typedef struct wgrads {
+    const ch_real *x, *y;
+    ch_real *dy, *dx;
+    bool bias;
+} wgrads;
+
+static void both_groups(const ch_kctx *kc, const wgeo *g, const ch_real *u, const wscratch *s,
+                        int n, int lo, int hi, const wgrads *a)
+{
+    const ch_conv_desc *d = g->d;
+    const size_t xs = (size_t)d->c * d->h * d->w, ys = (size_t)d->oc * d->oh * d->ow;
+    prepare_dy(g, s, n, lo, hi, a->y, a->dy, a->bias);
+    for (int q = lo; q < hi; q += g->G) {
+        const int r0 = q * TB, live = run_live(g, n, q, hi), ng = groups_of(live);
+        pack_run(x_layout(g), a->x + (size_t)r0 * xs, xs, live, s->xg);
+        pack_run(y_layout(g), a->dy + (size_t)r0 * ys, ys, live, s->yg);
+        memset(s->dxg, 0, sizeof(ch_real) * group_len(x_layout(g)) * (size_t)ng);
+        for (int i = 0; i < run_chunks(g, ng); i++) both_chunk(kc, g, u, s, ng, i, q == lo && i == 0);
+        unpack_run(x_layout(g), s->dxg, live, xs, (wdest){ a->dx + (size_t)r0 * xs, NULL });
     }
+}
+
+static bool overlaps(const ch_real *a, size_t na, const ch_real *b, size_t nb)
+{
+    return (uintptr_t)a < (uintptr_t)(b + nb) && (uintptr_t)b < (uintptr_t)(a + na);
+}
+
+/* backward_weights then backward_data, in one pass over the batch. dx must not overlap x or dy
+ * (a thread writes its samples' dx while another still reads its own x and dy): false where it
+ * does, as where the layer is not one this Winograd takes, and nothing is written. */
+bool WINO_FN(backward)(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
+                       const ch_real *y, ch_real *dy, const ch_real *w, ch_real *dx, ch_real *dw,
+                       ch_real *db)
+{
+    wgeo g;
+    if (!wino_usable(kc, d, n, &g)) return false;
+    const size_t xl = (size_t)n * d->c * d->h * d->w, yl = (size_t)n * d->oc * d->oh * d->ow;
+    if (overlaps(dx, xl, x, xl) || overlaps(dx, xl, dy, yl)) return false;
+    const int T = team_size(n, kc->nthreads), pairs = d->oc * d->c, groups = groups_of(n);
+    const ch_real *parts = scratch_of(kc, &g, 0).du;
+    ch_real *u = kc->ws;
+    const wgrads a = { x, y, dy, dx, db != NULL };
+#pragma omp parallel num_threads(T) if (T > 1)
+    {
+        const int t = ch_omp_thread();
+        transform_weights(d, w, pairs * t / T, pairs * (t + 1) / T, u, g.bf16);
+        const wscratch s = scratch_of(kc, &g, t);
+#pragma omp barrier
+        both_groups(kc, &g, u, &s, n, groups * t / T, groups * (t + 1) / T, &a);
+#pragma omp barrier
+        untransform_weights(d, parts, thread_len(&g), T, pairs * t / T, pairs * (t + 1) / T, dw);
+    }
+    if (db) sum_db(kc, &g, T, db);
     return true;
 }
