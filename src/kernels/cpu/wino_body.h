@@ -586,16 +586,6 @@ static void weights_products(const ch_kctx *kc, const wgeo *g, const wscratch *s
         ch_cpu_gemm_batch(kc, &gb, s->e, s->v, s->du, s->gemm);
 }
 
-/* dU for chunk i of the group (x in s->xg, dY in s->yg): V and E, then their products. */
-static void weights_chunk(const ch_kctx *kc, const wgeo *g, const wscratch *s, int ng, int i,
-                          bool first)
-{
-    const wspan k = chunk_span(g, ng, i);
-    transform_chunk(g, k, s, false);
-    transform_chunk(g, k, s, true);
-    weights_products(kc, g, s, k, first);
-}
-
 /* dg = G^T dU G for TB pairs from their points dl[p][lane] (nl of them live), into dw. */
 static void untransform_lanes(const ch_real dl[NP][TB], int nl, ch_real *restrict dw)
 {
@@ -676,27 +666,71 @@ static void prepare_dy(const wgeo *g, const wscratch *s, int n, int lo, int hi, 
 }
 
 
-/* The thread's groups [lo, hi): dy prepared, then its dU (and db). */
-static void weights_groups(const ch_kctx *kc, const wgeo *g, const wscratch *s, int n, int lo,
-                           int hi, const ch_real *x, const ch_real *y, ch_real *dy, bool bias)
+/* What a backward pass writes: dU (and db) always; dx too where dx is not NULL, the two passes at
+ * once (WINO_FN(backward)). Apart, backward weights and backward data each packed dy and
+ * transformed E; together the second packing, transform and read of dy are gone. The same sums in
+ * the same order as the two passes apart: the same bits. */
+typedef struct wgrads {
+    const ch_real *x, *y;
+    ch_real *dy, *dx;
+    bool bias;
+} wgrads;
+
+/* Chunk i of the run (x in s->xg, dY in s->yg): V and E, the weights' products, then where dx is
+ * made the data's, into s->dxg (V's buffer takes dV: V is used by then). */
+static void grads_chunk(const ch_kctx *kc, const wgeo *g, const ch_real *u, const wscratch *s,
+                        int ng, int i, bool first, bool data)
+{
+    const wspan k = chunk_span(g, ng, i);
+    transform_chunk(g, k, s, false);
+    transform_chunk(g, k, s, true);
+    weights_products(kc, g, s, k, first);
+    if (data) data_products_add(kc, g, u, s, k, s->dxg);
+}
+
+/* The thread's groups [lo, hi): dy prepared, then its dU (and db), and its samples' dx. */
+static void grads_groups(const ch_kctx *kc, const wgeo *g, const ch_real *u, const wscratch *s,
+                         int n, int lo, int hi, const wgrads *a)
 {
     const ch_conv_desc *d = g->d;
     const size_t xs = (size_t)d->c * d->h * d->w, ys = (size_t)d->oc * d->oh * d->ow;
-    prepare_dy(g, s, n, lo, hi, y, dy, bias);
+    prepare_dy(g, s, n, lo, hi, a->y, a->dy, a->bias);
     for (int q = lo; q < hi; q += g->G) {
         const int r0 = q * TB, live = run_live(g, n, q, hi), ng = groups_of(live);
-        pack_run(x_layout(g), x + (size_t)r0 * xs, xs, live, s->xg);
-        pack_run(y_layout(g), dy + (size_t)r0 * ys, ys, live, s->yg);
-        for (int i = 0; i < run_chunks(g, ng); i++) weights_chunk(kc, g, s, ng, i, q == lo && i == 0);
+        pack_run(x_layout(g), a->x + (size_t)r0 * xs, xs, live, s->xg);
+        pack_run(y_layout(g), a->dy + (size_t)r0 * ys, ys, live, s->yg);
+        if (a->dx) memset(s->dxg, 0, sizeof(ch_real) * group_len(x_layout(g)) * (size_t)ng);
+        for (int i = 0; i < run_chunks(g, ng); i++)
+            grads_chunk(kc, g, u, s, ng, i, q == lo && i == 0, a->dx != NULL);
+        if (a->dx) unpack_run(x_layout(g), s->dxg, live, xs, (wdest){ a->dx + (size_t)r0 * xs, NULL });
     }
 }
 
-/* db: the T threads' partials added in thread order. */
-static void sum_db(const ch_kctx *kc, const wgeo *g, int T, ch_real *db)
+/* The pass over the batch: U from w where dx is made, each thread's groups, then dw from the
+ * threads' partial dU and db from theirs, added in thread order. */
+static void grads_pass(const ch_kctx *kc, const wgeo *gp, int n, const ch_real *w, const wgrads *a,
+                       ch_real *dw, ch_real *db)
 {
-    for (int o = 0; o < g->d->oc; o++) {
+    const wgeo g = *gp;
+    const ch_conv_desc *d = g.d;
+    const int T = team_size(n, kc->nthreads), pairs = d->oc * d->c, groups = groups_of(n);
+    const ch_real *parts = scratch_of(kc, &g, 0).du;
+    ch_real *u = kc->ws;
+#pragma omp parallel num_threads(T) if (T > 1)
+    {
+        const int t = ch_omp_thread();
+        if (a->dx) {   /* the same branch in every thread */
+            transform_weights(d, w, pairs * t / T, pairs * (t + 1) / T, u, g.bf16);
+#pragma omp barrier
+        }
+        const wscratch s = scratch_of(kc, &g, t);
+        grads_groups(kc, &g, u, &s, n, groups * t / T, groups * (t + 1) / T, a);
+#pragma omp barrier
+        untransform_weights(d, parts, thread_len(&g), T, pairs * t / T, pairs * (t + 1) / T, dw);
+    }
+    for (int o = 0; db && o < d->oc; o++) {
         ch_real acc = 0;
-        for (int t = 0; t < T; t++) acc += scratch_of(kc, g, t).db[o];
+        for (int t = 0; t < T; t++) acc += scratch_of(kc, &g, t).db[o];
         db[o] = acc;
     }
 }
@@ -707,54 +741,8 @@ bool WINO_FN(backward_weights)(const ch_kctx *kc, const ch_conv_desc *d, int n,
 {
     wgeo g;
     if (!wino_usable(kc, d, n, &g)) return false;
-    const int T = team_size(n, kc->nthreads), pairs = d->oc * d->c, groups = groups_of(n);
-    const ch_real *parts = scratch_of(kc, &g, 0).du;
-#pragma omp parallel num_threads(T) if (T > 1)
-    {
-        const int t = ch_omp_thread();
-        const wscratch s = scratch_of(kc, &g, t);
-        weights_groups(kc, &g, &s, n, groups * t / T, groups * (t + 1) / T, x, y, dy, db != NULL);
-#pragma omp barrier
-        untransform_weights(d, parts, thread_len(&g), T, pairs * t / T, pairs * (t + 1) / T, dw);
-    }
-    if (db) sum_db(kc, &g, T, db);
+    grads_pass(kc, &g, n, NULL, &(wgrads){ x, y, dy, NULL, db != NULL }, dw, db);
     return true;
-}
-
-/* Both backward passes at once (WINO_FN(backward)): per run of groups, x and dy packed once, and
- * per chunk V and E transformed once for the weights' products and the data's. Apart, the two
- * passes each pack dy and transform E; together the second packing, transform and read of dy are
- * gone. The same sums in the same order as the two passes: the same bits. */
-static void both_chunk(const ch_kctx *kc, const wgeo *g, const ch_real *u, const wscratch *s,
-                       int ng, int i, bool first)
-{
-    const wspan k = chunk_span(g, ng, i);
-    transform_chunk(g, k, s, false);
-    transform_chunk(g, k, s, true);
-    weights_products(kc, g, s, k, first);
-    data_products_add(kc, g, u, s, k, s->dxg);   /* V's buffer takes dV: V is used */
-}
-
-typedef struct wgrads {
-    const ch_real *x, *y;
-    ch_real *dy, *dx;
-    bool bias;
-} wgrads;
-
-static void both_groups(const ch_kctx *kc, const wgeo *g, const ch_real *u, const wscratch *s,
-                        int n, int lo, int hi, const wgrads *a)
-{
-    const ch_conv_desc *d = g->d;
-    const size_t xs = (size_t)d->c * d->h * d->w, ys = (size_t)d->oc * d->oh * d->ow;
-    prepare_dy(g, s, n, lo, hi, a->y, a->dy, a->bias);
-    for (int q = lo; q < hi; q += g->G) {
-        const int r0 = q * TB, live = run_live(g, n, q, hi), ng = groups_of(live);
-        pack_run(x_layout(g), a->x + (size_t)r0 * xs, xs, live, s->xg);
-        pack_run(y_layout(g), a->dy + (size_t)r0 * ys, ys, live, s->yg);
-        memset(s->dxg, 0, sizeof(ch_real) * group_len(x_layout(g)) * (size_t)ng);
-        for (int i = 0; i < run_chunks(g, ng); i++) both_chunk(kc, g, u, s, ng, i, q == lo && i == 0);
-        unpack_run(x_layout(g), s->dxg, live, xs, (wdest){ a->dx + (size_t)r0 * xs, NULL });
-    }
 }
 
 static bool overlaps(const ch_real *a, size_t na, const ch_real *b, size_t nb)
@@ -762,9 +750,9 @@ static bool overlaps(const ch_real *a, size_t na, const ch_real *b, size_t nb)
     return (uintptr_t)a < (uintptr_t)(b + nb) && (uintptr_t)b < (uintptr_t)(a + na);
 }
 
-/* backward_weights then backward_data, in one pass over the batch. dx must not overlap x or dy
- * (a thread writes its samples' dx while another still reads its own x and dy): false where it
- * does, as where the layer is not one this Winograd takes, and nothing is written. */
+/* backward_weights and backward_data in one pass over the batch. dx must not overlap x or dy (a
+ * thread writes its samples' dx while another still reads its own x and dy): false where it does,
+ * as where the layer is not one this Winograd takes, and nothing is written. */
 bool WINO_FN(backward)(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
                        const ch_real *y, ch_real *dy, const ch_real *w, ch_real *dx, ch_real *dw,
                        ch_real *db)
@@ -773,20 +761,6 @@ bool WINO_FN(backward)(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch
     if (!wino_usable(kc, d, n, &g)) return false;
     const size_t xl = (size_t)n * d->c * d->h * d->w, yl = (size_t)n * d->oc * d->oh * d->ow;
     if (overlaps(dx, xl, x, xl) || overlaps(dx, xl, dy, yl)) return false;
-    const int T = team_size(n, kc->nthreads), pairs = d->oc * d->c, groups = groups_of(n);
-    const ch_real *parts = scratch_of(kc, &g, 0).du;
-    ch_real *u = kc->ws;
-    const wgrads a = { x, y, dy, dx, db != NULL };
-#pragma omp parallel num_threads(T) if (T > 1)
-    {
-        const int t = ch_omp_thread();
-        transform_weights(d, w, pairs * t / T, pairs * (t + 1) / T, u, g.bf16);
-        const wscratch s = scratch_of(kc, &g, t);
-#pragma omp barrier
-        both_groups(kc, &g, u, &s, n, groups * t / T, groups * (t + 1) / T, &a);
-#pragma omp barrier
-        untransform_weights(d, parts, thread_len(&g), T, pairs * t / T, pairs * (t + 1) / T, dw);
-    }
-    if (db) sum_db(kc, &g, T, db);
+    grads_pass(kc, &g, n, w, &(wgrads){ x, y, dy, dx, db != NULL }, dw, db);
     return true;
 }
