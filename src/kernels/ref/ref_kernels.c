@@ -38,12 +38,38 @@ static size_t ref_conv_workspace(const ch_kctx *kc, const ch_conv_desc *d, int n
 #define W_AT(w, d, o, ci, p, q) \
     (w)[(((size_t)(o) * ((d)->c / ch_conv_groups(d)) + (ci)) * (d)->kh + (p)) * (d)->kw + (q)]
 
-/* Input position of tap (p, q) of output (i, j); false when it falls in the padding. */
-static bool tap(const ch_conv_desc *d, int i, int j, int p, int q, int *ih, int *iw)
+/* The indices i in [*lo, *hi) of 0..n-1 whose position i*step - off lies in [0, size). Both the
+ * taps of one output that fall inside the input (step: the dilation, off: minus the output's
+ * first input position) and the outputs one tap reaches (step: the stride, off: the pad less the
+ * tap's offset). The sums below run over exactly the taps inside the input, in (ci, p, q) or
+ * (s, i, j) order, as a test of every tap against the padding would: found once per row instead
+ * of tested per element, which made these loops the bulk of the kernel tests' time under the
+ * sanitizers. */
+static void span(int off, int step, int size, int n, int *lo, int *hi)
 {
-    *ih = i * d->stride - d->pad + p * ch_conv_dilation(d);
-    *iw = j * d->stride - d->pad + q * ch_conv_dilation(d);
-    return *ih >= 0 && *ih < d->h && *iw >= 0 && *iw < d->w;
+    int l = off > 0 ? (off + step - 1) / step : 0;   /* i*step >= off */
+    int h = size - 1 + off >= 0 ? (size - 1 + off) / step + 1 : 0;   /* i*step <= size - 1 + off */
+    if (h > n) h = n;
+    if (l > h) l = h;
+    *lo = l;
+    *hi = h;
+}
+
+/* The taps (p, q) of output (i, j) inside the input: p in [p0, p1), q in [q0, q1); (ih, iw) is
+ * tap (0, 0)'s position, perhaps in the padding. */
+typedef struct taps {
+    int p0, p1, q0, q1, ih, iw;
+} taps;
+
+static taps taps_of(const ch_conv_desc *d, int i, int j)
+{
+    taps t;
+    const int dl = ch_conv_dilation(d);
+    t.ih = i * d->stride - d->pad;
+    t.iw = j * d->stride - d->pad;
+    span(-t.ih, dl, d->h, d->kh, &t.p0, &t.p1);
+    span(-t.iw, dl, d->w, d->kw, &t.q0, &t.q1);
+    return t;
 }
 
 /* The input channels output channel o sees: [*c0, *c0 + *cg). */
@@ -54,48 +80,71 @@ static void group_channels(const ch_conv_desc *d, int o, int *c0, int *cg)
     *c0 = o / (d->oc / G) * *cg;
 }
 
+/* Channel ci of sample s's plane in x (c channels of h x w), and output channel o's filter for
+ * its input channel ci: where the loops below index from. */
+static const ch_real *x_plane(const ch_conv_desc *d, const ch_real *x, int s, int ci)
+{
+    return &X_AT(x, d, s, ci, 0, 0);
+}
+
+static const ch_real *w_filter(const ch_conv_desc *d, const ch_real *w, int o, int ci)
+{
+    return &W_AT(w, d, o, ci, 0, 0);
+}
+
 static void ref_conv_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
                              const ch_real *w, const ch_real *b, ch_real *y)
 {
     (void)kc;
+    const int dl = ch_conv_dilation(d);
     for (int s = 0; s < n; s++)
-        for (int o = 0; o < d->oc; o++)
+        for (int o = 0; o < d->oc; o++) {
+            int c0, cg;
+            group_channels(d, o, &c0, &cg);
             for (int i = 0; i < d->oh; i++)
                 for (int j = 0; j < d->ow; j++) {
+                    const taps t = taps_of(d, i, j);
                     double acc = b ? b[o] : 0;
-                    int c0, cg;
-                    group_channels(d, o, &c0, &cg);
-                    for (int ci = 0; ci < cg; ci++)
-                        for (int p = 0; p < d->kh; p++)
-                            for (int q = 0; q < d->kw; q++) {
-                                int ih, iw;
-                                if (tap(d, i, j, p, q, &ih, &iw))
-                                    acc += (double)W_AT(w, d, o, ci, p, q) * X_AT(x, d, s, c0 + ci, ih, iw);
-                            }
+                    for (int ci = 0; ci < cg && t.q0 < t.q1; ci++) {
+                        const ch_real *xc = x_plane(d, x, s, c0 + ci), *wc = w_filter(d, w, o, ci);
+                        for (int p = t.p0; p < t.p1; p++) {
+                            /* Input row ih + p dl from its first tap inside, q0. */
+                            const ch_real *xr = xc + (size_t)(t.ih + p * dl) * d->w + (t.iw + t.q0 * dl);
+                            const ch_real *wr = wc + (size_t)p * d->kw;
+                            for (int q = t.q0; q < t.q1; q++)
+                                acc += (double)wr[q] * xr[(q - t.q0) * dl];
+                        }
+                    }
                     Y_AT(y, d, s, o, i, j) = d->relu && acc < 0 ? 0 : (ch_real)acc;
                 }
+        }
 }
 
 static void ref_conv_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int n,
                                    const ch_real *dy, const ch_real *w, ch_real *dx)
 {
     (void)kc;
+    const int dl = ch_conv_dilation(d);
     memset(dx, 0, sizeof(ch_real) * (size_t)n * d->c * d->h * d->w);
     for (int s = 0; s < n; s++)
-        for (int o = 0; o < d->oc; o++)
+        for (int o = 0; o < d->oc; o++) {
+            int c0, cg;
+            group_channels(d, o, &c0, &cg);
             for (int i = 0; i < d->oh; i++)
                 for (int j = 0; j < d->ow; j++) {
-                    int c0, cg;
-                    group_channels(d, o, &c0, &cg);
-                    for (int ci = 0; ci < cg; ci++)
-                        for (int p = 0; p < d->kh; p++)
-                            for (int q = 0; q < d->kw; q++) {
-                                int ih, iw;
-                                if (tap(d, i, j, p, q, &ih, &iw))
-                                    X_AT(dx, d, s, c0 + ci, ih, iw) +=
-                                        W_AT(w, d, o, ci, p, q) * Y_AT(dy, d, s, o, i, j);
-                            }
+                    const taps t = taps_of(d, i, j);
+                    const ch_real g = Y_AT(dy, d, s, o, i, j);
+                    for (int ci = 0; ci < cg && t.q0 < t.q1; ci++) {
+                        ch_real *xc = &X_AT(dx, d, s, c0 + ci, 0, 0);
+                        const ch_real *wc = w_filter(d, w, o, ci);
+                        for (int p = t.p0; p < t.p1; p++) {
+                            ch_real *xr = xc + (size_t)(t.ih + p * dl) * d->w + (t.iw + t.q0 * dl);
+                            const ch_real *wr = wc + (size_t)p * d->kw;
+                            for (int q = t.q0; q < t.q1; q++) xr[(q - t.q0) * dl] += wr[q] * g;
+                        }
+                    }
                 }
+        }
 }
 
 static void ref_conv_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, int n,
@@ -103,6 +152,7 @@ static void ref_conv_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, 
                                       ch_real *dw, ch_real *db)
 {
     (void)kc;
+    const int dl = ch_conv_dilation(d), st = d->stride;
     if (d->relu)
         for (size_t i = 0; i < (size_t)n * d->oc * d->oh * d->ow; i++)
             if (!(y[i] > 0)) dy[i] = 0;
@@ -112,14 +162,22 @@ static void ref_conv_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, 
         for (int ci = 0; ci < cg; ci++)
             for (int p = 0; p < d->kh; p++)
                 for (int q = 0; q < d->kw; q++) {
+                    /* The outputs (i, j) whose tap (p, q) lies inside the input. */
+                    int i0, i1, j0, j1;
+                    span(d->pad - p * dl, st, d->h, d->oh, &i0, &i1);
+                    span(d->pad - q * dl, st, d->w, d->ow, &j0, &j1);
                     double acc = 0;
-                    for (int s = 0; s < n; s++)
-                        for (int i = 0; i < d->oh; i++)
-                            for (int j = 0; j < d->ow; j++) {
-                                int ih, iw;
-                                if (tap(d, i, j, p, q, &ih, &iw))
-                                    acc += (double)Y_AT(dy, d, s, o, i, j) * X_AT(x, d, s, c0 + ci, ih, iw);
-                            }
+                    for (int s = 0; s < n && j0 < j1; s++) {
+                        const ch_real *xc = x_plane(d, x, s, c0 + ci), *gy = &Y_AT(dy, d, s, o, 0, 0);
+                        for (int i = i0; i < i1; i++) {
+                            /* Input row i st - pad + p dl from output j0's tap. */
+                            const ch_real *xr = xc + (size_t)(i * st - d->pad + p * dl) * d->w +
+                                                (j0 * st - d->pad + q * dl);
+                            const ch_real *gr = gy + (size_t)i * d->ow;
+                            for (int j = j0; j < j1; j++)
+                                acc += (double)gr[j] * xr[(j - j0) * st];
+                        }
+                    }
                     W_AT(dw, d, o, ci, p, q) = (ch_real)acc;
                 }
         if (db) {
