@@ -71,6 +71,12 @@ if "$cohort" info | grep -q '^bf16: *native'; then
 else
     expect 2 "--precision bf16 needs a CPU with native bf16" -- "$cohort" train --model lenet --data "$tmp/ok" --precision bf16
 fi
+# COHORT_BF16=emulate (for tests): oneDNN's emulation of bf16 stands in where the CPU has AVX-512
+# and no bf16, and it trains; any other value is refused, on every CPU.
+expect 2 "COHORT_BF16='later': expected emulate (or unset)" -- env COHORT_BF16=later "$cohort" "${T[@]}" --data "$tmp/ok" --precision bf16
+if "$cohort" info | grep -q "^bf16: *not native.*effective ISA: avx512"; then
+    expect 0 "" -- env COHORT_BF16=emulate "$cohort" "${T[@]}" --data "$tmp/ok" --precision bf16
+fi
 
 # A file name with a newline in it: still one line (escaped).
 mkdir -p "$tmp/new

@@ -56,8 +56,11 @@ int ch_cmd_info(int argc, char **argv)
     printf("oneDNN cpu: %s\n", v->cpu_runtime == DNNL_RUNTIME_OMP ? "OpenMP runtime" : "other runtime");
     printf("cpu:        %s\n", cpu);
     char isa[32];
-    const bool bf16 = ch_cpu_bf16_native(isa, sizeof isa);
-    printf("bf16:       %s (oneDNN's effective ISA: %s)\n", bf16 ? "native" : "not native: --precision bf16 is refused", isa);
+    const bool bf16 = ch_cpu_bf16_runs(isa, sizeof isa);
+    printf("bf16:       %s (oneDNN's effective ISA: %s)\n",
+           !bf16 ? "not native: --precision bf16 is refused"
+           : ch_cpu_bf16_emulated() ? "emulated (COHORT_BF16=emulate: oneDNN's AVX-512 emulation, for tests; slower than fp32)"
+                                    : "native", isa);
     char why[160];
     if (bf16)
         printf("            --precision bf16 multiplies in %s: %s\n", ch_cpu_bf16_products(why, sizeof why) ? "bf16" : "fp32, keeping BatchNorm inputs in bf16", why);

@@ -15,14 +15,17 @@
 #include "train/options.h"
 #include "train/ps.h"
 
-/* fp32, or bf16 where the CPU has it natively. */
+/* fp32, or bf16 where the CPU has it natively (or emulated, for tests: COHORT_BF16=emulate). */
 static ch_status check_precision(const char *p, ch_err *err)
 {
     if (!p || strcmp(p, "fp32") == 0) return CH_STATUS_OK;
     if (strcmp(p, "bf16") != 0)
         return ch_fail(err, CH_STATUS_BAD_INPUT, "--precision '%s': expected fp32 or bf16", p);
+    const char *emulate = getenv("COHORT_BF16");
+    if (ch_cpu_bf16_emulate_mode(emulate) < 0)
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "COHORT_BF16='%s': expected emulate (or unset)", emulate);
     char isa[32];
-    if (!ch_cpu_bf16_native(isa, sizeof isa))
+    if (!ch_cpu_bf16_runs(isa, sizeof isa))
         return ch_fail(err, CH_STATUS_BAD_INPUT, "--precision bf16 needs a CPU with native bf16 (AVX512-BF16 or "
                        "AMX); this one offers %s, where bf16 would run slower than fp32: use fp32", isa);
     const char *products = getenv("COHORT_BF16_PRODUCTS");

@@ -234,6 +234,13 @@ bool ch_cpu_avx512(void);
 /* Whether oneDNN has native bf16 kernels here (avx512_core_bf16 or AMX); isa (len bytes) gets the
  * name of its effective ISA. */
 bool ch_cpu_bf16_native(char *isa, size_t len);
+/* COHORT_BF16=emulate on a CPU with AVX-512 and no native bf16: oneDNN's emulation of the bf16
+ * instructions stands in for them (for the bf16 tests on machines that lack them: slower than
+ * fp32, never a user's choice). 0 unset or empty, 1 emulate, -1 another value. */
+int ch_cpu_bf16_emulate_mode(const char *s);
+bool ch_cpu_bf16_emulated(void);
+/* Whether the bf16 kernels run here: native, or emulated as above. */
+bool ch_cpu_bf16_runs(char *isa, size_t len);
 /* Whether --precision bf16 layers multiply in bf16 here (the convolutions' and Linear layers' bf16
  * kernels), or keep fp32 products and store only their kept activations in bf16: where the CPU's
  * bf16 products are the faster, native bf16 first. COHORT_BF16_PRODUCTS=on|off|auto overrides the

@@ -62,6 +62,27 @@ bool ch_cpu_bf16_native(char *isa, size_t len)
 #endif
 }
 
+int ch_cpu_bf16_emulate_mode(const char *s)
+{
+    if (!s || !*s) return 0;
+    return strcmp(s, "emulate") == 0 ? 1 : -1;
+}
+
+/* oneDNN runs its bf16 convolutions and matmuls on avx512_core by emulating the bf16 conversion
+ * and dot product with AVX-512 sequences (jit_bf16:avx512_core, brg:avx512_core in
+ * ONEDNN_VERBOSE); below AVX-512 it has no bf16 kernels at all. */
+bool ch_cpu_bf16_emulated(void)
+{
+    if (ch_cpu_bf16_emulate_mode(getenv("COHORT_BF16")) != 1 || ch_cpu_bf16_native(NULL, 0))
+        return false;
+    return ch_cpu_avx512();
+}
+
+bool ch_cpu_bf16_runs(char *isa, size_t len)
+{
+    return ch_cpu_bf16_native(isa, len) || ch_cpu_bf16_emulated();
+}
+
 int ch_cpu_bf16_products_mode(const char *s)
 {
     if (!s || !*s || strcmp(s, "auto") == 0) return -1;
@@ -87,7 +108,7 @@ static bool products_pay_here(void)
 bool ch_cpu_bf16_products(char *why, size_t len)
 {
     static _Atomic int pays = -1;   /* the CPU's answer, found once: the same every call */
-    if (!ch_cpu_bf16_native(NULL, 0)) {
+    if (!ch_cpu_bf16_runs(NULL, 0)) {
         if (why) snprintf(why, len, "no native bf16");
         return false;
     }
