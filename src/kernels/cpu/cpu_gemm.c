@@ -93,35 +93,37 @@ static const double *gf_rows(bool trans, int rows, int k, const double *x, int l
     return p;
 }
 
-static void gemm_f64(int threads, bool ta, bool tb, int m, int n, int k, double alpha,
-                     const double *a, int lda, const double *b, int ldb, double beta, double *c,
-                     int ldc)
+/* C = alpha op(A) op(B) + beta C, element (i, j) the dot of x + i xr and y + j yc (k elements,
+ * xs and ys apart), threaded over elements outside a parallel region. */
+static void gf_elements(int threads, int m, int n, int k, double alpha, const double *x, size_t xr,
+                        size_t xs, const double *y, size_t yc, size_t ys, double beta, double *c,
+                        int ldc)
 {
-    double *own_a, *own_b;
-    int ar_ld, bc_ld;
-    const double *ar = gf_rows(ta, m, k, a, lda, &ar_ld, &own_a);   /* op(A): m rows of k */
-    const double *bc = gf_rows(!tb, n, k, b, ldb, &bc_ld, &own_b);  /* op(B)^T: n rows of k */
-    gf_touch_spans(a, m, ta ? 1 : (size_t)lda, ta ? (size_t)lda : 1, k);
-    gf_touch_spans(b, n, tb ? (size_t)ldb : 1, tb ? 1 : (size_t)ldb, k);
-    if (!ar || !bc) {
-        free(own_a);
-        free(own_b);
-        /* No memory for the packed copies: the same sums, in the same order, read strided. */
-        for (int i = 0; i < m; i++)
-            for (int j = 0; j < n; j++) {
-                const double *x = ta ? a + i : a + (size_t)i * lda;
-                const double *y = tb ? b + (size_t)j * ldb : b + j;
-                gf_store(&c[(size_t)i * ldc + j], alpha,
-                         gf_dot(x, ta ? (size_t)lda : 1, y, tb ? 1 : (size_t)ldb, k), beta);
-            }
-        return;
-    }
     const bool par = threads > 1 && !omp_in_parallel() && (double)m * n * k > GF_PAR_WORK;
 #pragma omp parallel for collapse(2) schedule(static) num_threads(threads) if (par)
     for (int i = 0; i < m; i++)
         for (int j = 0; j < n; j++)
             gf_store(&c[(size_t)i * ldc + j], alpha,
-                     gf_dot(ar + (size_t)i * ar_ld, 1, bc + (size_t)j * bc_ld, 1, k), beta);
+                     gf_dot(x + (size_t)i * xr, xs, y + (size_t)j * yc, ys, k), beta);
+}
+
+static void gemm_f64(int threads, bool ta, bool tb, int m, int n, int k, double alpha,
+                     const double *a, int lda, const double *b, int ldb, double beta, double *c,
+                     int ldc)
+{
+    /* op(A)'s rows and op(B)'s columns as laid out: where each starts, how far apart its elements. */
+    const size_t a_row = ta ? 1 : (size_t)lda, a_step = ta ? (size_t)lda : 1;
+    const size_t b_col = tb ? (size_t)ldb : 1, b_step = tb ? 1 : (size_t)ldb;
+    gf_touch_spans(a, m, a_row, a_step, k);
+    gf_touch_spans(b, n, b_col, b_step, k);
+    double *own_a, *own_b;
+    int ar_ld, bc_ld;
+    const double *ar = gf_rows(ta, m, k, a, lda, &ar_ld, &own_a);   /* op(A): m rows of k */
+    const double *bc = gf_rows(!tb, n, k, b, ldb, &bc_ld, &own_b);  /* op(B)^T: n rows of k */
+    if (ar && bc)
+        gf_elements(threads, m, n, k, alpha, ar, (size_t)ar_ld, 1, bc, (size_t)bc_ld, 1, beta, c, ldc);
+    else   /* no memory for a packed copy: the same sums in the same order, read strided */
+        gf_elements(threads, m, n, k, alpha, a, a_row, a_step, b, b_col, b_step, beta, c, ldc);
     free(own_a);
     free(own_b);
 }

@@ -73,9 +73,8 @@ int ch_cpu_bf16_emulate_mode(const char *s)
  * ONEDNN_VERBOSE); below AVX-512 it has no bf16 kernels at all. */
 bool ch_cpu_bf16_emulated(void)
 {
-    if (ch_cpu_bf16_emulate_mode(getenv("COHORT_BF16")) != 1 || ch_cpu_bf16_native(NULL, 0))
-        return false;
-    return ch_cpu_avx512();
+    return ch_cpu_bf16_emulate_mode(getenv("COHORT_BF16")) == 1 && !ch_cpu_bf16_native(NULL, 0) &&
+           ch_cpu_avx512();
 }
 
 bool ch_cpu_bf16_runs(char *isa, size_t len)
