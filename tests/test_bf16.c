@@ -725,16 +725,10 @@ static void mlp_linear_in_bf16(void **state)
 
 int main(void)
 {
-    char isa[32];
     /* Without native bf16, oneDNN's AVX-512 emulation of it runs the same kernels (slower): so
      * these checks hold on CI's AVX-512 machines that lack bf16 too. Below AVX-512, skipped. */
-    if (!ch_cpu_bf16_native(isa, sizeof isa)) setenv("COHORT_BF16", "emulate", 1);
-    if (!ch_cpu_bf16_runs(isa, sizeof isa)) {
-        printf("skipped: this CPU has neither native bf16 nor AVX-512 to emulate it (oneDNN's effective ISA: %s)\n",
-               isa);
-        return 77;
-    }
-    if (ch_cpu_bf16_emulated()) printf("bf16 emulated by oneDNN on %s (no native bf16 here)\n", isa);
+    const int here = tu_bf16_here(false, NULL);
+    if (here) return here;
     /* The bf16 kernels are what this program checks, also on a CPU whose --precision bf16 keeps
      * fp32 products (ch_cpu_bf16_products). */
     setenv("COHORT_BF16_PRODUCTS", "on", 1);

@@ -129,25 +129,13 @@ static void lazy_devices_give_the_cpu_bits(void **state)
 
 int main(void)
 {
-    char isa[32];
     /* Without native bf16, oneDNN's AVX-512 emulation of it (COHORT_BF16=emulate) runs the same
      * paths, in the release pass (46 s on a 2-core Cascade Lake VM): under the sanitizers
      * (COHORT_SANITIZED=1) the emulated kernels made it 284 s there, and test_bf16 runs those
      * kernels under them. */
-    if (!ch_cpu_bf16_native(isa, sizeof isa)) {
-        const char *san = getenv("COHORT_SANITIZED");
-        if (san && strcmp(san, "1") == 0) {
-            printf("skipped: no native bf16 here (%s), and emulated bf16 is left to the release pass\n", isa);
-            return 77;
-        }
-        setenv("COHORT_BF16", "emulate", 1);
-    }
-    if (!ch_cpu_bf16_runs(isa, sizeof isa)) {
-        printf("skipped: this CPU has neither native bf16 nor AVX-512 to emulate it (oneDNN's effective ISA: %s)\n",
-               isa);
-        return 77;
-    }
-    if (ch_cpu_bf16_emulated()) printf("bf16 emulated by oneDNN on %s (no native bf16 here)\n", isa);
+    const char *san = getenv("COHORT_SANITIZED");
+    const int here = tu_bf16_here(san && strcmp(san, "1") == 0, "emulated bf16 is left to the release pass");
+    if (here) return here;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(per_replica_bn_matches_the_bf16_slices),
         cmocka_unit_test(lazy_devices_give_the_cpu_bits),

@@ -10,6 +10,7 @@
 #include "core/rng.h"
 #include "data/augment.h"
 #include "kernels/backend.h"
+#include "kernels/cpu/cpu.h"
 #include "models/zoo.h"
 #include "nn/model.h"
 #include "data/dataset.h"
@@ -446,4 +447,26 @@ bool tu_cpuinfo_vendor(char *buf, size_t len)
     }
     fclose(f);
     return found;
+}
+
+int tu_bf16_here(bool skip_emulated, const char *why_skip)
+{
+    char isa[32];
+    if (ch_cpu_bf16_native(isa, sizeof isa)) return 0;
+    if (!ch_cpu_avx512()) {
+        printf("skipped: this CPU has neither native bf16 nor AVX-512 to emulate it (oneDNN's effective ISA: %s)\n",
+               isa);
+        return 77;
+    }
+    if (skip_emulated) {
+        printf("skipped: no native bf16 here (%s), and %s\n", isa, why_skip);
+        return 77;
+    }
+    setenv("COHORT_BF16", "emulate", 1);
+    if (!ch_cpu_bf16_runs(NULL, 0) || !ch_cpu_bf16_emulated()) {
+        printf("FAIL: COHORT_BF16=emulate on %s (AVX-512) left bf16 off\n", isa);
+        return 1;
+    }
+    printf("bf16 emulated by oneDNN on %s (no native bf16 here)\n", isa);
+    return 0;
 }

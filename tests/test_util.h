@@ -104,6 +104,12 @@ const char *tu_devices(const char *cpu_list);
  * a reading apart from CPUID, to hold ch_cpu_vendor and what rests on it to. False where there is
  * no such line. */
 bool tu_cpuinfo_vendor(char *buf, size_t len);
+/* Whether a bf16 test program runs here, and how: 0 to run, 77 (skipped, said why) or 1 (failed,
+ * said why) to exit with. Without native bf16 it sets COHORT_BF16=emulate, oneDNN's emulation of
+ * bf16 on AVX-512; a CPU with AVX-512 where that still leaves bf16 off is a failure, not a skip (a
+ * broken gate must not turn the bf16 tests into skips on CI). skip_emulated: skip rather than
+ * emulate (a program too slow under emulation for the pass it is in). */
+int tu_bf16_here(bool skip_emulated, const char *why_skip);
 /* A scratch directory for the test's files (removed by tu_rmdir). */
 void tu_mkdtemp(char *buf, size_t len);
 void tu_rmdir(const char *dir);
