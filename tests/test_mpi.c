@@ -243,10 +243,14 @@ static void test_shares(void)
         CHECK(e <= 1e-5, "--shares %s, %d ranks x [%s]: parameters %.3g from one device", given, size, devices[i], e);
         CHECK(strcmp(after, given) == 0, "--shares %s: the trainer reports %s", given, after);
     }
-    /* 4 ms per sample: rank 1 is several times slower than any rank's compute, also on the scramble
-     * backend, under ASan, and with other tests sharing the two cores (at 0.4 ms a CI run under
-     * such load once measured the ranks within 5% and kept 1000,1000). */
-    setenv("COHORT_INJECT_FAULT", "slow:1:4000", 1);
+    /* 25 ms per sample: rank 1 is several times slower than any rank's compute, also on the scramble
+     * backend, under ASan, and with other tests sharing the two cores. Lenet's compute is ~4 ms a
+     * sample under ASan alone, and a sleeper gets the cores back first when it wakes, so under load
+     * the rank that only computes is the one held up: at 0.4 ms, and again at 4 ms, a CI run under
+     * such load measured the ranks within 5% and kept 1000,1000 (under ASan beside four spinning
+     * processes, 4 ms gave 1167,833; 25 ms gave 1611,389). The sleep leaves the cores to the other
+     * tests, so it costs CI seconds of wall time only (~8 s at 2 ranks). */
+    setenv("COHORT_INJECT_FAULT", "slow:1:25000", 1);
     const double e = tu_shares_error("lenet", d, "cpu:0", 64, "auto", 2, after, sizeof after, NULL);
     unsetenv("COHORT_INJECT_FAULT");
     long w[2] = { 0, 0 };
