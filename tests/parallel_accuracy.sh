@@ -1,23 +1,24 @@
 #!/usr/bin/env bash
-# Two devices learn what one device learns: lenet on the whole of Fashion-MNIST, 3 epochs, same
+# Two devices learn what one device learns: lenet on the whole of Fashion-MNIST, 2 epochs, same
 # seed and global batch (reference program A's batch; lr 0.05 with momentum 0.9, whose test accuracy settles instead of swinging by points from epoch to epoch as lr 0.2 without momentum does), on 1 device x 2 threads and on
 # 2 devices x 1 thread. The 2-device test accuracy must be within 1 point of the 1-device one, and
 # the first epoch's mean training loss within 1% of it: accuracy alone was inside the noise and
 # passed with the gradient sync switched off. Measured here: the two runs' first-epoch losses part
 # by 3.5e-4 relative (rounding, amplified over 235 steps of momentum SGD); with the sync off the
-# 2-device loss is 14% higher (0.988 against 0.869).
+# 2-device loss is 14% higher (0.988 against 0.869). At 2 epochs (3 until CI's budget asked for the
+# time) one device reaches 0.836 and two 0.833; at 3, 0.856 and 0.855.
 set -euo pipefail
 cohort=$1 data=$2
 [ -s "$data/fashion-mnist/train-images-idx3-ubyte.gz" ] || { echo "parallel_accuracy: no data in $data/fashion-mnist"; exit 1; }
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 
 run() { # name devices
-    "$cohort" train --model lenet --data "$data/fashion-mnist" --epochs 3 --batch-size 256 --lr 0.05 \
+    "$cohort" train --model lenet --data "$data/fashion-mnist" --epochs 2 --batch-size 256 --lr 0.05 \
         --momentum 0.9 --seed 1 --threads 2 --devices "$2" --no-progress --metrics "$tmp/$1.jsonl" | tee "$tmp/$1.out"
 }
 run one cpu:0
 run two cpu:0,cpu:1
-grep -Eq '^epoch 3, loss [0-9.]+, train acc [0-9.]+, test acc [0-9.]+, time [0-9.]+ sec, [0-9]+ img/s on \[cpu:0, cpu:1\]$' "$tmp/two.out" \
+grep -Eq '^epoch 2, loss [0-9.]+, train acc [0-9.]+, test acc [0-9.]+, time [0-9.]+ sec, [0-9]+ img/s on \[cpu:0, cpu:1\]$' "$tmp/two.out" \
     || { echo "FAIL: epoch line of the 2-device run"; exit 1; }
 loss1() { head -n 1 "$1" | sed -n 's/.*"loss": \([0-9.]*\).*/\1/p'; }
 l1=$(loss1 "$tmp/one.jsonl") l2=$(loss1 "$tmp/two.jsonl")
