@@ -281,9 +281,11 @@ typedef struct run {
     size_t n;
 } run;
 
-/* Four epochs of lenet on 12000 MNIST samples over the ranks (each with `devices`), the rate
+/* Four epochs of lenet on 8000 MNIST samples over the ranks (each with `devices`), the rate
  * annealed to zero (cosine): the final accuracy then varies by about 0.2 points between runs that
- * differ only in rounding, where a constant rate left 1-1.5 points of noise from the last steps. */
+ * differ only in rounding, where a constant rate left 1-1.5 points of noise from the last steps.
+ * (12000 samples and 5000 test images until CI's budget: 0.9662 fp32 against 0.9650-0.9670; now
+ * 0.9575 against 0.9565-0.9580.) */
 static run train(ch_dataset *tr, ch_dataset *te, const char *compress, const char *devices)
 {
     ch_train_config cfg = ch_train_config_default();
@@ -322,8 +324,8 @@ static void test_training(const char *root)
     ch_err err;
     CHECK(ch_dataset_load_idx(dir, CH_SPLIT_TRAIN, &tr, &err) == CH_STATUS_OK, "%s", err.msg);
     CHECK(ch_dataset_load_idx(dir, CH_SPLIT_TEST, &te, &err) == CH_STATUS_OK, "%s", err.msg);
-    ch_dataset_truncate(tr, 12000);
-    ch_dataset_truncate(te, 5000);
+    ch_dataset_truncate(tr, 8000);
+    ch_dataset_truncate(te, 2000);
     static const struct { const char *compress, *devices; } cases[] = {
         { "none", "cpu:0" }, { "bf16", "cpu:0" }, { "bf16-ef", "cpu:0" }, { "bf16", "cpu:0,cpu:1" },
     };
@@ -331,7 +333,7 @@ static void test_training(const char *root)
     for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
         run r = train(tr, te, cases[k].compress, cases[k].devices);
         if (rank == 0)
-            printf("lenet, 4 epochs of 12000 MNIST samples, %d ranks x [%s], --grad-compress %s: test acc %.4f\n", size,
+            printf("lenet, 4 epochs of 8000 MNIST samples, %d ranks x [%s], --grad-compress %s: test acc %.4f\n", size,
                    cases[k].devices, cases[k].compress, r.acc);
         if (k == 0) {
             base = r;
