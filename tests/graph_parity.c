@@ -160,7 +160,7 @@ static int learn(const char *data, const char *model, double threshold)
     if (ch_dataset_load_idx(path, CH_SPLIT_TRAIN, &train, &err) != CH_STATUS_OK ||
         ch_dataset_load_idx(path, CH_SPLIT_TEST, &test, &err) != CH_STATUS_OK)
         return die(&err);
-    ch_dataset_truncate(train, 12000);
+    ch_dataset_truncate(train, 8000);
     ch_dataset_truncate(test, 2000);
     ch_graph *g;
     const bool onnx = strncmp(model, "onnx:", 5) == 0;
