@@ -603,9 +603,16 @@ int main(int argc, char **argv)
         cmocka_unit_test(every_epoch_reshuffles),
         cmocka_unit_test(shuffle_off_trains_in_file_order),
         cmocka_unit_test(device_kind_picks_the_backend),
-        cmocka_unit_test(lazy_backend_gives_the_cpu_bits),
         cmocka_unit_test(failing_replica_stops_everyone),
+        cmocka_unit_test(lazy_backend_gives_the_cpu_bits),   /* last: see below */
     };
 #endif
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    size_t n = sizeof tests / sizeof *tests;
+#ifndef CH_REAL_DOUBLE
+    /* lazy_backend_gives_the_cpu_bits names its devices (cpu*D against lazy*D), so under
+     * --backend=lazy (parallel_lazy) it would repeat this program's own run bit for bit: 21 s of
+     * CI's release pass. That run leaves it out. */
+    if (strcmp(tu_backend, "lazy") == 0) n--;
+#endif
+    return _cmocka_run_group_tests("test_parallel", tests, n, NULL, NULL);
 }
