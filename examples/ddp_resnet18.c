@@ -46,8 +46,14 @@ int main(int argc, char **argv)
     if (ch_dataset_load_idx(argv[1], CH_SPLIT_TRAIN, &train, &err) != CH_STATUS_OK ||
         ch_dataset_load_idx(argv[1], CH_SPLIT_TEST, &test, &err) != CH_STATUS_OK)
         return fail("data", &err);
-    if (argc > 3) ch_dataset_truncate(train, (size_t)atol(argv[3]));
-    ch_dataset_truncate(test, 2000);
+    /* A small TRAIN_LIMIT (a quick try) evaluates on as many test images, up to 2000. */
+    size_t test_n = 2000;
+    if (argc > 3) {
+        const size_t n = (size_t)atol(argv[3]);
+        ch_dataset_truncate(train, n);
+        if (n > 0 && n < test_n) test_n = n;
+    }
+    ch_dataset_truncate(test, test_n);
     ch_train_config cfg = ch_train_config_default();
     cfg.model = "resnet18";
     cfg.epochs = argc > 2 ? atoi(argv[2]) : 90;
