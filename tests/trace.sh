@@ -16,7 +16,7 @@ run() { # name ranks devices steps -- command...
         ! ls "$tmp/$name.json".* 2>/dev/null
     [ $? -eq 0 ] || { echo "FAIL: $name"; fails=$((fails + 1)); }
 }
-L=(train --model lenet --data "$data" --train-limit 4096 --test-limit 64 -b 512 --epochs 1 --bucket-mb 0.1)
+L=(train --model lenet --data "$data" --train-limit 3072 --test-limit 64 -b 512 --epochs 1 --bucket-mb 0.1)
 run lenet-1x2 1 2 3 -- "$cohort" "${L[@]}" --devices cpu:0,cpu:1
 if [ ${#mpirun[@]} -gt 0 ]; then
     R=(train --model resnet18 --data "$data" --train-limit 160 --test-limit 32 -b 32 --epochs 1)
