@@ -10,7 +10,7 @@
  *       1e-4 of each tensor's largest value (at least 0.05), num_batches_tracked exactly. Rank 0 exports the state_dict to
  *       DIR/MODEL.cohort.safetensors and prints "correct N": the test images it classifies right.
  *   graph_parity learn DATA MODEL THRESHOLD
- *       3 epochs on 12000 Fashion-MNIST images (DATA/fashion-mnist); test accuracy on 2000 must
+ *       3 epochs on 8000 Fashion-MNIST images (DATA/fashion-mnist); test accuracy on 2000 must
  *       reach THRESHOLD. MODEL: a model of graph_models.c, or onnx:FILE, an exported one from its
  *       file's weights. */
 #include <math.h>

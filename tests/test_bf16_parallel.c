@@ -134,8 +134,7 @@ int main(void)
      * paths, in the release pass (46 s on a 2-core Cascade Lake VM): under the sanitizers
      * (COHORT_SANITIZED=1) the emulated kernels made it 284 s there, and test_bf16 runs those
      * kernels under them. */
-    const char *san = getenv("COHORT_SANITIZED");
-    const int here = tu_bf16_here(san && strcmp(san, "1") == 0, "emulated bf16 is left to the release pass");
+    const int here = tu_bf16_here(tu_sanitized(), "emulated bf16 is left to the release pass");
     if (here) return here;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(per_replica_bn_matches_the_bf16_slices),

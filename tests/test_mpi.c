@@ -203,21 +203,20 @@ static void test_accumulation(void)
 {
     /* The batch of 10 (micro-batches of 0 to 2 samples on a rank) on 200 samples: its 60 steps of
      * 8 micro-batches on 600 took 25 s of the sanitizer pass. */
-    ch_dataset *d = tu_synthetic(600, 28, 9), *small = tu_synthetic(200, 28, 9);
-    static const struct { const char *devices; int batch, accum; } cases[] = {
-        { "cpu:0", 256, 4 }, { "cpu:0,cpu:1", 100, 3 }, { "cpu:0", 10, 8 },
+    static const struct { const char *devices; int batch, accum, samples; } cases[] = {
+        { "cpu:0", 256, 4, 600 }, { "cpu:0,cpu:1", 100, 3, 600 }, { "cpu:0", 10, 8, 200 },
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        const double e = tu_accum_error("lenet", cases[i].batch < 64 ? small : d, cases[i].devices, cases[i].batch,
-                                        cases[i].accum, 0.05, false, false);
+        ch_dataset *d = tu_synthetic((size_t)cases[i].samples, 28, 9);
+        const double e = tu_accum_error("lenet", d, cases[i].devices, cases[i].batch, cases[i].accum, 0.05, false,
+                                        false);
+        ch_dataset_free(d);
         if (rank == 0)
             printf("accumulation lenet %d ranks x [%s], batch %d in %d micro-batches: parameters %.3g from "
                    "whole batches on one device\n", size, cases[i].devices, cases[i].batch, cases[i].accum, e);
         CHECK(e <= 1e-5, "--accum-steps %d, batch %d, %d ranks x [%s]: parameters %.3g from whole batches",
               cases[i].accum, cases[i].batch, size, cases[i].devices, e);
     }
-    ch_dataset_free(small);
-    ch_dataset_free(d);
 }
 
 /* --shares: rank r takes a part of every batch in proportion to its share, each slice still weighted

@@ -239,8 +239,7 @@ static void lazy_backend_gives_the_cpu_bits(void **state)
     };
     /* Under the sanitizers (COHORT_SANITIZED=1) the plain resnet18 case is left to the release pass:
      * 30 s there, and the sync-BN case runs the same layers and more. */
-    const char *san = getenv("COHORT_SANITIZED");
-    const bool sanitized = san && strcmp(san, "1") == 0;
+    const bool sanitized = tu_sanitized();
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
         if (sanitized && strcmp(cases[c].model, "resnet18") == 0 && !cases[c].sync_bn) continue;
         ch_dataset *d = tu_synthetic(26, cases[c].size, 9);
@@ -315,25 +314,24 @@ static void every_job_shape_gives_one_device_parameters(void **state)
 static void accumulation_equals_whole_batches(void **state)
 {
     (void)state;
-    /* The batch of 10 over 3 devices (micro-batches of 0 to 2 samples) on 200 samples: 60 steps of
-     * 8 micro-batches took most of this test's 48 s under the sanitizers. */
-    ch_dataset *d = tu_synthetic(600, 28, 9), *small = tu_synthetic(200, 28, 9);
-    static const struct { const char *devices; int batch, accum; } cases[] = {
-        { "cpu:0", 256, 4 }, { "cpu:0,cpu:1", 256, 4 }, { "cpu:0,cpu:1", 100, 3 }, { "cpu*3", 10, 8 },
+    /* The batch of 10 over 3 devices (micro-batches of 0 to 2 samples) on 200 samples: its 60 steps
+     * of 8 micro-batches on 600 took most of this test's 48 s under the sanitizers. */
+    static const struct { const char *devices; int batch, accum, samples; } cases[] = {
+        { "cpu:0", 256, 4, 600 }, { "cpu:0,cpu:1", 256, 4, 600 }, { "cpu:0,cpu:1", 100, 3, 600 },
+        { "cpu*3", 10, 8, 200 },
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        const ch_dataset *di = cases[i].batch < 64 ? small : d;
-        const tu_gaps g = tu_accum_gaps("lenet", di, cases[i].devices, cases[i].batch, cases[i].accum, 0.05, false,
+        ch_dataset *d = tu_synthetic((size_t)cases[i].samples, 28, 9);
+        const tu_gaps g = tu_accum_gaps("lenet", d, cases[i].devices, cases[i].batch, cases[i].accum, 0.05, false,
                                         true);
         print_message("lenet [%s] batch %d in %d micro-batches: parameters %.2e, loss %.2e, accuracy %.2e from whole "
                       "batches\n", cases[i].devices, cases[i].batch, cases[i].accum, g.params, g.loss, g.acc);
-        if (!(g.params <= 1e-5 && g.loss <= 1e-5 && g.acc <= 1.0 / (double)di->n))
+        if (!(g.params <= 1e-5 && g.loss <= 1e-5 && g.acc <= 1.0 / cases[i].samples))
             fail_msg("--accum-steps %d, batch %d on [%s]: parameters %.3g (> 1e-5), loss %.3g (> 1e-5) or accuracy "
                      "%.3g (> one sample) from whole batches", cases[i].accum, cases[i].batch, cases[i].devices,
                      g.params, g.loss, g.acc);
+        ch_dataset_free(d);
     }
-    ch_dataset_free(small);
-    ch_dataset_free(d);
 }
 
 /* --sync-bn --accum-steps K on a BatchNorm model: each micro-step's statistics are over that

@@ -449,6 +449,12 @@ bool tu_cpuinfo_vendor(char *buf, size_t len)
     return found;
 }
 
+bool tu_sanitized(void)
+{
+    const char *s = getenv("COHORT_SANITIZED");
+    return s && strcmp(s, "1") == 0;
+}
+
 int tu_bf16_here(bool skip_emulated, const char *why_skip)
 {
     char isa[32];

@@ -110,6 +110,8 @@ bool tu_cpuinfo_vendor(char *buf, size_t len);
  * broken gate must not turn the bf16 tests into skips on CI). skip_emulated: skip rather than
  * emulate (a program too slow under emulation for the pass it is in). */
 int tu_bf16_here(bool skip_emulated, const char *why_skip);
+/* Whether this run is CI's sanitizer pass (COHORT_SANITIZED=1), where some tests run fewer cases. */
+bool tu_sanitized(void);
 /* A scratch directory for the test's files (removed by tu_rmdir). */
 void tu_mkdtemp(char *buf, size_t len);
 void tu_rmdir(const char *dir);
