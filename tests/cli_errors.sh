@@ -52,6 +52,9 @@ expect 2 "--accum-steps '1e9'" -- "$cohort" train --model lenet --data "$tmp/ok"
 expect 2 "--precision 'fp16': expected fp32 or bf16" -- "$cohort" train --model lenet --data "$tmp/ok" --precision fp16
 expect 2 "--grad-compress 'fp8': expected none, bf16 or bf16-ef" -- "$cohort" train --model lenet --data "$tmp/ok" --grad-compress fp8
 expect 2 "--zero '2': expected an integer in 0..1" -- "$cohort" train --model lenet --data "$tmp/ok" --zero 2
+# The largest bound printed as the largest long, not as the double it is kept in (2^63).
+expect 2 "--seed '9223372036854775808': expected an integer in 0..9223372036854775807" -- "$cohort" train --model lenet --data "$tmp/ok" --seed 9223372036854775808
+expect 2 "--train-limit '0': expected an integer in 1..9223372036854775807" -- "$cohort" train --model lenet --data "$tmp/ok" --train-limit 0
 expect 2 "--progress 'fancy': expected auto, bar, lines or none" -- "$cohort" train --model lenet --data "$tmp/ok" --progress fancy
 expect 2 "--shares '0': expected auto or one whole number" -- "$cohort" train --model lenet --data "$tmp/ok" --shares 0
 expect 2 "--shares '3,x'" -- "$cohort" train --model lenet --data "$tmp/ok" --shares 3,x

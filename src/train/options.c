@@ -350,12 +350,18 @@ bool ch_opt_read_number(const char *s, bool whole, double lo, double hi, double 
     return true;
 }
 
+/* An integer option's bound as printed: (double)LONG_MAX is 2^63, one past the largest long. */
+static long long whole_bound(double b)
+{
+    return b >= 0x1p63 ? LLONG_MAX : b <= -0x1p63 ? LLONG_MIN : (long long)b;
+}
+
 static bool set_number(const ch_opt *o, const char *arg, void *f, char *why, size_t len)
 {
     const bool whole = o->type != CH_OPT_DOUBLE;
     double v;
     if (!ch_opt_read_number(arg, whole, o->lo, o->hi, &v)) {
-        if (whole) snprintf(why, len, "expected an integer in %.0f..%.0f", o->lo, o->hi);
+        if (whole) snprintf(why, len, "expected an integer in %lld..%lld", whole_bound(o->lo), whole_bound(o->hi));
         else snprintf(why, len, "expected a number in [%g, %g]", o->lo, o->hi);
         return false;
     }
@@ -531,8 +537,8 @@ ch_status ch_opt_check_config(const ch_train_config *c, ch_err *err)
         if (o->type == CH_OPT_DOUBLE)
             return ch_fail(err, CH_STATUS_BAD_INPUT, "--%s %g: expected a number in [%g, %g]", o->name, v, o->lo,
                            o->hi);
-        return ch_fail(err, CH_STATUS_BAD_INPUT, "--%s %.0f: expected an integer in %.0f..%.0f", o->name, v, o->lo,
-                       o->hi);
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "--%s %.0f: expected an integer in %lld..%lld", o->name, v,
+                       whole_bound(o->lo), whole_bound(o->hi));
     }
     return CH_STATUS_OK;
 }
