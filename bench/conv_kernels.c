@@ -1,7 +1,7 @@
 /* GFLOP/s (and ms) of the CPU backend's convolution passes on the 3x3 layer shapes of
  * bench/speed_models.py's ResNet-20 (28x28 input: 16, 32 and 64 channels, and its two stride-2
- * layers), resnet18's (its first stage at 56x56, its second at reference program D's 14x14, and the
- * stride-2 first layers of its stages 2-4 at 28x28) and mnist-cnn's 5x5 second layer: forward,
+ * layers), resnet18's (its first stage at 56x56 and at reference program D's 28x28, its second at
+ * 14x14, and the stride-2 first layers of its stages 2-4 at 28x28) and mnist-cnn's 5x5 second layer: forward,
  * backward data, backward weights, the best of the first argument's runs (5), and where the layer
  * has it the one pass that does both backward passes (a training step's, conv2d_backward) next to
  * the two apart; a second argument runs that shape alone; a third sets the threads (1: OpenMP
@@ -37,6 +37,7 @@ int main(int argc, char **argv)
         { "resnet20.s2", 64, 32, 14, 32, 3, 1, 1 },
         { "resnet20.s3", 64, 64, 7, 64, 3, 1, 1 },
         { "resnet18.l1", 16, 64, 56, 64, 3, 1, 1 },
+        { "resnet18.d1", 64, 64, 28, 64, 3, 1, 1 },     /* reference program D's first stage */
         { "resnet18.l2", 64, 128, 14, 128, 3, 1, 1 },   /* reference program D's second stage */
         { "mnist-cnn.c2", 100, 20, 14, 20, 5, 2, 1 },   /* F(3x3, 5x5)'s */
         /* ResNet-20's stride-2 layers */
