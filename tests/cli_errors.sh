@@ -35,10 +35,12 @@ expect 2 "are required" -- "$cohort" train --model lenet
 expect 2 "unknown model 'vgg'" -- "$cohort" train --model vgg --data "$tmp/ok"
 expect 2 "--init 'uniform'" -- "$cohort" train --model lenet --data "$tmp/ok" --init uniform
 expect 2 "nowhere: no such directory" -- "$cohort" train --model lenet --data "$tmp/nowhere"
-# A link loop says so (it was "no such directory"); a file is not taken for the folder.
+# A link loop says so (it was "no such directory"), for --data and --checkpoint-dir alike (one check,
+# ch_file_check_dir); a file is not taken for the folder.
 ln -s loop "$tmp/loop"
 expect 2 "loop: cannot read (Too many levels of symbolic links)" -- "$cohort" train --model lenet --data "$tmp/loop"
-expect 2 "train-images-idx3-ubyte.gz: not a directory (the data set is the folder" -- "$cohort" train --model lenet --data "$tmp/ok/train-images-idx3-ubyte.gz"
+expect 2 "train-images-idx3-ubyte.gz: not a directory (a file)" -- "$cohort" train --model lenet --data "$tmp/ok/train-images-idx3-ubyte.gz"
+expect 2 "--checkpoint-dir $tmp/loop: cannot read (Too many levels of symbolic links)" -- "$cohort" train --model lenet --data "$tmp/ok" --checkpoint-dir "$tmp/loop"
 expect 2 "cpu:0 is listed twice" -- "$cohort" train --model lenet --data "$tmp/ok" --devices cpu:0,cpu:0
 # A GPU asked for where there is none (no driver, or none visible): one line, exit 2; the plugin
 # missing or broken: the same, with dlopen's reason; mixed kinds and the wrong name, before anything loads.

@@ -14,8 +14,25 @@
 
 static const char *kind_of(mode_t m)
 {
-    return S_ISDIR(m) ? "a directory" : S_ISFIFO(m) ? "a FIFO" : S_ISCHR(m) ? "a character device"
-         : S_ISBLK(m) ? "a block device" : S_ISSOCK(m) ? "a socket" : "not a regular file";
+    return S_ISREG(m) ? "a file" : S_ISDIR(m) ? "a directory" : S_ISFIFO(m) ? "a FIFO"
+         : S_ISCHR(m) ? "a character device" : S_ISBLK(m) ? "a block device" : S_ISSOCK(m) ? "a socket"
+         : "not a regular file";
+}
+
+ch_status ch_file_check_dir(const char *path, const char *flag, ch_err *err)
+{
+    const char *sp = flag ? " " : "";
+    if (!flag) flag = "";
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        if (errno == ENOENT || errno == ENOTDIR)
+            return ch_fail(err, CH_STATUS_BAD_INPUT, "%s%s%s: no such directory", flag, sp, path);
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "%s%s%s: cannot read (%s)", flag, sp, path, strerror(errno));
+    }
+    if (!S_ISDIR(st.st_mode))
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "%s%s%s: not a directory (%s)", flag, sp, path,
+                       kind_of(st.st_mode));
+    return CH_STATUS_OK;
 }
 
 int ch_file_open_input(const char *path, uint64_t *size, ch_err *err)

@@ -21,6 +21,11 @@ ch_status ch_file_read(const char *path, size_t limit, uint8_t **data, size_t *l
  * *size (may be NULL) receives its size. The caller closes it. */
 int ch_file_open_input(const char *path, uint64_t *size, ch_err *err);
 
+/* path must be a directory that exists: BAD_INPUT "no such directory" where nothing is there, "not
+ * a directory (a file)" where something else is, or stat's reason otherwise (a loop of links).
+ * flag (like "--checkpoint-dir") leads the message, or NULL for the path alone (library calls). */
+ch_status ch_file_check_dir(const char *path, const char *flag, ch_err *err);
+
 /* An output file written as a whole: a new or regular file is written to a temporary file beside
  * it and renamed over it when committed (readers see the old or the new file, never half of
  * one); a character device (/dev/null, a terminal) is written straight; anything else (a

@@ -1,13 +1,12 @@
 /* Data set accessors and batch assembly. */
 #include "data/dataset.h"
 
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/file.h"
 #include "core/status.h"
 #include "data/folder.h"
 
@@ -41,15 +40,7 @@ ch_status ch_dataset_from_memory(size_t n, int c, int h, int w, int classes, con
 ch_status ch_dataset_load(const char *dir, const char *kind, ch_split split, const ch_folder_options *o,
                           ch_dataset **out, ch_err *err)
 {
-    struct stat sb;
-    if (stat(dir, &sb) != 0) {   /* the reason where it is not plain absence: a loop of links, a mode */
-        if (errno == ENOENT || errno == ENOTDIR)
-            return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: no such directory", dir);
-        return ch_fail(err, CH_STATUS_BAD_INPUT, "%s: cannot read (%s)", dir, strerror(errno));
-    }
-    if (!S_ISDIR(sb.st_mode))
-        return ch_fail(err, CH_STATUS_BAD_INPUT,
-                       "%s: not a directory (the data set is the folder that holds its files)", dir);
+    CH_TRY(ch_file_check_dir(dir, NULL, err));
     if (!kind || strcmp(kind, "auto") == 0) {
         char probe[4200];
         snprintf(probe, sizeof probe, "%s/t10k-labels-idx1-ubyte", dir);

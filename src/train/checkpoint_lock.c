@@ -10,7 +10,6 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/file.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "core/file.h"
@@ -40,9 +39,7 @@ ch_status ch_checkpoint_prepare(const char *dir, ch_err *err)
 {
     CH_TRY(ch_checkpoint_check_path(dir, err));
     CH_TRY(ch_file_make_dirs(dir, "--checkpoint-dir", err));
-    struct stat st;
-    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
-        return ch_fail(err, CH_STATUS_BAD_INPUT, "--checkpoint-dir %s: not a directory", dir);
+    CH_TRY(ch_file_check_dir(dir, "--checkpoint-dir", err));
     if (access(dir, W_OK) != 0)
         return ch_fail(err, CH_STATUS_BAD_INPUT, "--checkpoint-dir %s: not writable (%s)", dir, strerror(errno));
     return CH_STATUS_OK;
