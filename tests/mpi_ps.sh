@@ -67,11 +67,13 @@ run ar 2 "${SGD[@]}" && run ps 3 "${SGD[@]}" --ps-servers 1 && same ar ps epoch-
 grep -q "x 2 workers + 1 parameter server (sync)" "$tmp/ps.out" && ok || { bad "the epoch line does not name the servers"; cat "$tmp/ps.out"; }
 # Under the sanitizers the Adam pair and the 4 + 2 pair train one epoch (two in the release pass):
 # the same server paths, half the steps.
-pair=() pair_end=epoch-0002
-if [ "${COHORT_SANITIZED:-0}" = 1 ]; then pair=(--epochs 1) pair_end=epoch-0001; fi
-run ar_adam 2 "${ADAM[@]}" "${pair[@]}" && run ps_adam 3 "${ADAM[@]}" "${pair[@]}" --ps-servers 1 &&
-    same ar_adam ps_adam $pair_end
-run ar4 4 "${SGD[@]}" "${pair[@]}" && run ps42 6 "${SGD[@]}" "${pair[@]}" --ps-servers 2 && close ar4 ps42 $pair_end 1e-5
+pair=2
+[ "${COHORT_SANITIZED:-0}" = 1 ] && pair=1
+pair_end=$(printf 'epoch-%04d' $pair)
+run ar_adam 2 "${ADAM[@]}" --epochs $pair && run ps_adam 3 "${ADAM[@]}" --epochs $pair --ps-servers 1 &&
+    same ar_adam ps_adam "$pair_end"
+run ar4 4 "${SGD[@]}" --epochs $pair && run ps42 6 "${SGD[@]}" --epochs $pair --ps-servers 2 &&
+    close ar4 ps42 "$pair_end" 1e-5
 # 2 devices per worker (a local sum, then local member 0 pushes and hands the pull to the other), on
 # the lazy backend (memory only the backend may touch: the pull goes through its staging): the
 # bits of 2 ranks x 2 devices on the CPU backend.
