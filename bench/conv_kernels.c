@@ -1,15 +1,15 @@
 /* GFLOP/s (and ms) of the CPU backend's convolution passes on the 3x3 layer shapes of
  * bench/speed_models.py's ResNet-20 (28x28 input: 16, 32 and 64 channels, and its two stride-2
  * layers), resnet18's (its first stage at 56x56 and at reference program D's 28x28, its second at
- * 14x14, and the stride-2 first layers of its stages 2-4 at 28x28) and mnist-cnn's 5x5 second layer: forward,
- * backward data, backward weights, the best of the first argument's runs (5), and where the layer
- * has it the one pass that does both backward passes (a training step's, conv2d_backward) next to
- * the two apart; a second argument runs that shape alone; a third sets the threads (1: OpenMP
- * held to one, as `--threads 1` does: oneDNN's batched GEMMs would otherwise take every core); a
- * fourth the batch (64 by default, 16 for resnet18's 56x56). A FLOP is counted as in the direct sum
- * (2 * oc * c * kh * kw * oh * ow per sample), so Winograd's figures are "effective" ones and
- * padding or garbage columns gain nothing. Compare two builds by linking this against each one's
- * libcohort.a. */
+ * 14x14, and the stride-2 first layers of its stages 2-4 at 28x28) and mnist-cnn's 5x5 second
+ * layer: forward, backward data, backward weights, the best of the first argument's runs (5), and
+ * where the layer has it the one pass that does both backward passes (a training step's,
+ * conv2d_backward) next to the two apart; a second argument runs that shape alone; a third sets
+ * the threads (1: OpenMP held to one, as `--threads 1` does: oneDNN's batched GEMMs would
+ * otherwise take every core); a fourth the batch (64 by default, 16 for resnet18's 56x56). A FLOP
+ * is counted as in the direct sum (2 * oc * c * kh * kw * oh * ow per sample), so Winograd's
+ * figures are "effective" ones and padding or garbage columns gain nothing. Compare two builds by
+ * linking this against each one's libcohort.a. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
