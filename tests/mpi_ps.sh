@@ -113,12 +113,17 @@ if [ -d "$tmp/ar_e1/epoch-0001" ]; then
     resume_refused "--resume auto, latest naming a missing folder" "epoch-0009" "$tmp/rr_auto" --resume auto
 else bad "no checkpoint to resume from"; fi
 
-# Async: the accuracy of allreduce within 3 points, on a subset where lenet gets past 0.9. The
+# Async: the accuracy of allreduce within 3 points, on a subset where lenet gets past 0.9, at lr
+# 0.02. At 0.05, stale pushes under momentum 0.9 spread async over 0.89-0.94 against allreduce's
+# 0.930 (24 runs alone, and 0.89 beside another job): a false failure about one run in twenty. At
+# 0.02 it ends at 0.901-0.921 against 0.902, alone and beside another job with leads of up to 28
+# pushes, and the bound keeps its teeth: a server that drops worker 1's pushes ends at 0.81-0.83,
+# one that steps with lr/W at 0.85-0.87, one that answers pulls with old parameters at 0.16. The
 # sanitizer pass (COHORT_SANITIZED=1) leaves these three 3-epoch runs, the longest part of this test
 # (about 250 s under ASan in all), to the release pass; the async paths run below under the
 # sanitizers too (the update rule, the staleness bound).
 if [ "${COHORT_SANITIZED:-0}" != 1 ]; then
-A=(--train-limit 4000 --test-limit 1000 --epochs 3 --lr 0.05 --momentum 0.9)
+A=(--train-limit 4000 --test-limit 1000 --epochs 3 --lr 0.02 --momentum 0.9)
 run acc_ar 2 "${A[@]}" && run acc_async 3 "${A[@]}" --ps-servers 1 --ps-mode async --log-dir "$tmp/alogs" &&
     run acc_stale 3 "${A[@]}" --ps-servers 1 --ps-mode async --staleness 2 --log-dir "$tmp/slogs"
 for run_name in acc_async acc_stale; do
