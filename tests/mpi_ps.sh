@@ -128,6 +128,7 @@ run acc_ar 2 "${A[@]}" && run acc_async 3 "${A[@]}" --ps-servers 1 --ps-mode asy
     run acc_stale 3 "${A[@]}" --ps-servers 1 --ps-mode async --staleness 2 --log-dir "$tmp/slogs"
 for run_name in acc_async acc_stale; do
     a=$(acc acc_ar) b=$(acc $run_name)
+    echo "$run_name: test accuracy $b, allreduce $a"   # kept in the log either way, for the spread
     if [ -n "$a" ] && [ -n "$b" ] && awk -v a="$a" -v b="$b" 'BEGIN { exit !(b >= a - 0.03) }'; then ok
     else bad "$run_name: test accuracy $b, allreduce $a (more than 3 points below)"; fi
 done
