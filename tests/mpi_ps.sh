@@ -114,7 +114,7 @@ else bad "no checkpoint to resume from"; fi
 # 0.02. At 0.05, stale pushes under momentum 0.9 spread async over 0.89-0.94 against allreduce's
 # 0.930 (24 runs alone, and 0.89 beside another job): a false failure about one run in twenty. At
 # 0.02 it ends at 0.901-0.921 against 0.902, alone and beside another job with leads of up to 28
-# pushes, and the bound keeps its teeth: a server that drops worker 1's pushes ends at 0.81-0.83,
+# pushes, and the bound keeps its teeth: a server that drops worker 1's pushes ends at 0.81-0.86,
 # one that steps with lr/W at 0.85-0.87, one that answers pulls with old parameters at 0.16. The
 # sanitizer pass (COHORT_SANITIZED=1) leaves these three 3-epoch runs, the longest part of this test
 # (about 250 s under ASan in all), to the release pass; the async paths run below under the
