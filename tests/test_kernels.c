@@ -616,6 +616,89 @@ static void bf16_storage_kernels_match_plain_c(void **state)
     free(x), free(y), free(back), free(h), free(dy), free(dx), free(dxh);
 }
 
+/* A BatchNorm with the ReLU after it fused (kernels.h, bn_relu_*; graph/exec.c) gives the bits of
+ * the separate kernels: forward of fp32, of fp32 keeping bf16, and of bf16 inputs against
+ * channel_affine's three forms and relu_forward; backward against relu_backward of forward's y,
+ * then BatchNorm's two backward kernels, in fp32 and bf16, and with dx written over x and over dy.
+ * 2 threads over 3 x 7 planes of 197 values (lanes and a tail). Fixtures: in channel 1 every 5th
+ * value's pre-ReLU value is exactly 0 (x = 1/2, shift = -scale/2: masked, as y > 0 masks it), in
+ * channel 0 some are -0 (x = -0, shift -0); forward also has NaN and infinities (NaN passes). */
+/* x: the values in fp32 (xh's widened where xh is not NULL, and the fused kernels read xh). */
+static void bn_relu_case(const ch_kernels *k, const ch_kctx *kc, const float *x, const uint16_t *xh, const float *dy,
+                         const float *mean, const float *invstd, const float *gamma, const float *scale,
+                         const float *shift, int n, int c, int hw)
+{
+    const size_t len = (size_t)n * c * hw;
+    const double count = 0.7 * (double)len / c;
+    float *y = malloc(sizeof(float) * len), *dr = malloc(sizeof(float) * len), *want = malloc(sizeof(float) * len);
+    float *got = malloc(sizeof(float) * len), *xw = malloc(sizeof(float) * len);
+    double *s1 = calloc(2 * (size_t)c, sizeof(double)), *s2 = calloc(2 * (size_t)c, sizeof(double));
+    assert_true(y && dr && want && got && xw && s1 && s2);
+    /* Apart: y, dy masked by y, the sums and dx of the masked dy. */
+    if (xh) k->channel_affine_of_bf16(kc, n, c, hw, xh, scale, shift, y);
+    else k->channel_affine(kc, n, c, hw, x, scale, shift, y);
+    k->relu_forward(kc, len, y, y);
+    k->relu_backward(kc, len, y, dy, dr);
+    memcpy(xw, x, sizeof(float) * len);
+    k->batchnorm_backward_reduce(kc, n, c, hw, xw, dr, mean, invstd, s1, s1 + c);
+    k->batchnorm_backward_data(kc, n, c, hw, xw, dr, mean, invstd, gamma, s1, s1 + c, count, want);
+    /* Fused. */
+    k->bn_relu_forward(kc, n, c, hw, xh ? NULL : x, xh, scale, shift, got, NULL);
+    assert_memory_equal(got, y, sizeof(float) * len);
+    k->bn_relu_backward_reduce(kc, n, c, hw, xh ? NULL : x, xh, dy, mean, invstd, scale, shift, s2, s2 + c);
+    assert_memory_equal(s1, s2, sizeof(double) * 2 * (size_t)c);
+    k->bn_relu_backward_data(kc, n, c, hw, xh ? NULL : x, xh, dy, mean, invstd, gamma, scale, shift, s2, s2 + c,
+                             count, got);
+    assert_memory_equal(got, want, sizeof(float) * len);
+    /* dx over dy, and (fp32) over x. */
+    memcpy(got, dy, sizeof(float) * len);
+    k->bn_relu_backward_data(kc, n, c, hw, xh ? NULL : x, xh, got, mean, invstd, gamma, scale, shift, s2, s2 + c,
+                             count, got);
+    assert_memory_equal(got, want, sizeof(float) * len);
+    if (!xh) {
+        k->bn_relu_backward_data(kc, n, c, hw, xw, NULL, dy, mean, invstd, gamma, scale, shift, s2, s2 + c, count, xw);
+        assert_memory_equal(xw, want, sizeof(float) * len);
+    }
+    free(y), free(dr), free(want), free(got), free(xw), free(s1), free(s2);
+}
+
+static void bn_relu_kernels_give_the_separate_kernels_bits(void **state)
+{
+    (void)state;
+    enum { B = 3, C = 7, HW = 197, N = B * C * HW };
+    const ch_kernels *k = ch_kernels_cpu();
+    const ch_kctx two = { .nthreads = 2 };
+    float *x = tu_uniform(N, 31), *dy = tu_uniform(N, 32), *y = malloc(sizeof(float) * N);
+    float *want = malloc(sizeof(float) * N);
+    uint16_t *h = malloc(sizeof(uint16_t) * N), *hw = malloc(sizeof(uint16_t) * N);
+    assert_true(x && dy && y && want && h && hw);
+    float scale[C], shift[C], mean[C], invstd[C], gamma[C];
+    for (int c = 0; c < C; c++) {
+        scale[c] = 0.75f + 0.125f * (float)c, shift[c] = -0.3f + 0.1f * (float)c;
+        mean[c] = 0.01f * (float)c, invstd[c] = 1.5f - 0.1f * (float)c, gamma[c] = 0.5f + 0.25f * (float)c;
+    }
+    shift[0] = -0.0f, shift[1] = -0.5f * scale[1];
+    int zeros = 0;
+    for (int s = 0; s < B; s++)
+        for (int j = 0; j < HW; j += 5) {
+            x[((size_t)s * C + 1) * HW + j] = 0.5f, zeros++;
+            x[((size_t)s * C) * HW + j] = -0.0f;
+        }
+    assert_true(0.5f * scale[1] + shift[1] == 0 && zeros > 100);
+    for (int i = 0; i < N; i++) h[i] = ch_bf16_from_float(x[i]), y[i] = ch_bf16_to_float(h[i]);
+    bn_relu_case(k, &two, x, NULL, dy, mean, invstd, gamma, scale, shift, B, C, HW);
+    bn_relu_case(k, &two, y, h, dy, mean, invstd, gamma, scale, shift, B, C, HW);
+    /* Forward with non-finite inputs, and keeping bf16. */
+    x[3] = NAN, x[HW + 4] = INFINITY, x[2 * HW + 5] = -INFINITY, x[6] = -NAN;
+    k->channel_affine_keep_bf16(&two, B, C, HW, x, scale, shift, want, hw);
+    k->relu_forward(&two, N, want, want);
+    k->bn_relu_forward(&two, B, C, HW, x, NULL, scale, shift, y, h);
+    assert_memory_equal(y, want, sizeof(float) * N);
+    assert_memory_equal(h, hw, sizeof(uint16_t) * N);
+    assert_true(isnan(y[3]) && isnan(y[6]) && y[2 * HW + 5] == 0);
+    free(x), free(dy), free(y), free(want), free(h), free(hw);
+}
+
 /* Winograd F(3x3, 5x5) (cpu_wino5.c), written here: 5x5, stride 1, at least 8 channels in and 16
  * out, all three passes. Its transforms round more than a direct sum (points up to 2 and 1/2,
  * weights scaled by up to 32/45): y and dx stay within tol; dw, whose adjoint transform of the
@@ -1119,6 +1202,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(direct_stride2_matches_reference),
         cmocka_unit_test(bf16_reorder_rounds_as_plain_c),
         cmocka_unit_test(bf16_storage_kernels_match_plain_c),
+        cmocka_unit_test(bn_relu_kernels_give_the_separate_kernels_bits),
         cmocka_unit_test(gemm_batch_matches_reference),
         cmocka_unit_test(winograd5_matches_reference),
         cmocka_unit_test(winograd3_matches_reference),

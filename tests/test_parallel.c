@@ -251,6 +251,28 @@ static void lazy_backend_gives_the_cpu_bits(void **state)
     }
 }
 
+/* A BatchNorm's fused ReLU whose output is the model's (graph/exec.c): its dy is the loss's, not a
+ * block the BatchNorm could read, so the ReLU's backward runs apart, its forward in the BatchNorm.
+ * The lazy backend (no fused kernels) gives the same bits. */
+static void fused_relu_at_the_output_gives_the_cpu_bits(void **state)
+{
+    (void)state;
+    ch_graph *g;
+    ch_err err;
+    assert_int_equal(ch_graph_create("relu-out", &g, &err), CH_STATUS_OK);
+    const ch_batchnorm_args bn = { .eps = 1e-3, .momentum = 0.3 };
+    int x = ch_graph_flatten(g, "flat", ch_graph_input(g, "x", 1, 12, 12));
+    x = ch_graph_relu(g, "relu", ch_graph_batchnorm1d(g, "bn", ch_graph_linear(g, "fc", x, 10, true), &bn));
+    assert_int_equal(ch_graph_output(g, x), CH_STATUS_OK);
+    ch_dataset *d = tu_synthetic(26, 12, 9);
+    ch_train_config cfg = tu_lazy_job(NULL, false, 1, 1);
+    cfg.graph = g;
+    const double loss = tu_lazy_gives_cpu_bits(&cfg, d, 2, NULL);
+    print_message("BatchNorm1d + ReLU as the output: 2 epochs on cpu*2 and lazy*2, the same bits (loss %.6f)\n", loss);
+    ch_dataset_free(d);
+    ch_graph_free(g);
+}
+
 /* Data sizes for batch B: whole batches only, and a last batch of 1, 2 or 3 samples. */
 static int shape_sizes(int B, int out[4])
 {
@@ -602,6 +624,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(shuffle_off_trains_in_file_order),
         cmocka_unit_test(device_kind_picks_the_backend),
         cmocka_unit_test(failing_replica_stops_everyone),
+        cmocka_unit_test(fused_relu_at_the_output_gives_the_cpu_bits),
         cmocka_unit_test(lazy_backend_gives_the_cpu_bits),   /* last: see below */
     };
 #endif

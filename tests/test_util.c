@@ -417,8 +417,9 @@ double tu_lazy_gives_cpu_bits(const ch_train_config *cfg, const ch_dataset *d, i
     assert_string_equal(cpu->replicas[0].be->ops->name, "cpu");
     for (int e = 0; e < 2; e++)
         if (sc[e].loss != sl[e].loss || sc[e].train_acc != sl[e].train_acc || sc[e].test_acc != sl[e].test_acc)
-            fail_msg("%s epoch %d: cpu loss %.9g acc %.4f/%.4f, lazy loss %.9g acc %.4f/%.4f", cfg->model, e + 1,
-                     sc[e].loss, sc[e].train_acc, sc[e].test_acc, sl[e].loss, sl[e].train_acc, sl[e].test_acc);
+            fail_msg("%s epoch %d: cpu loss %.9g acc %.4f/%.4f, lazy loss %.9g acc %.4f/%.4f",
+                     cfg->model ? cfg->model : "graph", e + 1, sc[e].loss, sc[e].train_acc, sc[e].test_acc,
+                     sl[e].loss, sl[e].train_acc, sl[e].test_acc);
     for (int r = 0; r < D; r++) {
         const ch_replica *a = &cpu->replicas[r], *b = &lazy->replicas[r];
         if (a->model->bf16_kept != b->model->bf16_kept) fail_msg("bf16 kept values differ between cpu and lazy");

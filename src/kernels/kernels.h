@@ -289,6 +289,23 @@ typedef struct ch_kernels {
                                 const ch_real *w, const ch_real *b, uint16_t *y);
     void (*batchnorm_stats_bf16)(const ch_kctx *kc, int n, int c, int hw, const uint16_t *x,
                                  double *mean, double *var);
+    /* A BatchNorm and the in-place ReLU after it as one layer (graph/exec.c), the ReLU's two passes
+     * folded into the BatchNorm's: each reads x in fp32, or in bf16 from xh where x is NULL (the
+     * kept input). bn_relu_forward: y = channel_affine's value v = x * scale + shift, or 0 where
+     * v < 0 (a NaN passes), keep as in channel_affine_keep_bf16 unless NULL. The backward pair:
+     * batchnorm_backward_reduce and batchnorm_backward_data of dy masked as ReLU's backward masks it
+     * (0 where not v > 0), v recomputed from x, scale and shift in forward's arithmetic, so that
+     * no ReLU output need be read. Bit for bit the separate kernels' results. Any NULL: the ReLU
+     * runs apart. */
+    void (*bn_relu_forward)(const ch_kctx *kc, int n, int c, int hw, const ch_real *x, const uint16_t *xh,
+                            const ch_real *scale, const ch_real *shift, ch_real *y, uint16_t *keep);
+    void (*bn_relu_backward_reduce)(const ch_kctx *kc, int n, int c, int hw, const ch_real *x, const uint16_t *xh,
+                                    const ch_real *dy, const ch_real *mean, const ch_real *invstd,
+                                    const ch_real *scale, const ch_real *shift, double *sum_dy, double *sum_dy_xhat);
+    void (*bn_relu_backward_data)(const ch_kctx *kc, int n, int c, int hw, const ch_real *x, const uint16_t *xh,
+                                  const ch_real *dy, const ch_real *mean, const ch_real *invstd, const ch_real *gamma,
+                                  const ch_real *scale, const ch_real *shift, const double *sum_dy,
+                                  const double *sum_dy_xhat, double count, ch_real *dx);
     /* y[j] = sum over i < rows of x[i * len + j], in the order of i (a Linear layer's bias
      * gradient); rows may be 0. */
     void (*col_sum)(const ch_kctx *kc, int rows, size_t len, const ch_real *x, ch_real *y);

@@ -26,6 +26,8 @@ typedef struct bn_impl {
     uint16_t *keep;   /* NULL, or where training's forward stores its input in bf16 and backward
                        * reads it (a parent's) */
     bool keep_made;   /* keep is the input itself, written there by its maker (every forward) */
+    bool relu_fwd;    /* forward (and reapply) also does the ReLU after it: y is the ReLU's output */
+    bool relu_bwd;    /* backward also does that ReLU's backward: dy is the ReLU's dy */
 } bn_impl;
 
 static ch_status bn_plan(ch_layer *l, ch_plan *pl, ch_err *err)
@@ -110,7 +112,10 @@ static void bn_forward(ch_layer *l, const ch_run *r, int n, const ch_real *x)
     }
     r->k->batchnorm_finalize(&r->kc, c, mean, var, cnt, b->eps, b->momentum, l->p[BN_WEIGHT], l->p[BN_BIAS],
                              l->b[BN_RMEAN], l->b[BN_RVAR], b->mean);
-    if (b->keep_made)
+    if (b->relu_fwd)
+        r->k->bn_relu_forward(&r->kc, n, c, hw, b->keep_made ? NULL : x, b->keep_made ? b->keep : NULL, b->scale,
+                              b->shift, l->y, r->training && b->keep && !b->keep_made ? b->keep : NULL);
+    else if (b->keep_made)
         r->k->channel_affine_of_bf16(&r->kc, n, c, hw, b->keep, b->scale, b->shift, l->y);
     else if (r->training && b->keep)
         r->k->channel_affine_keep_bf16(&r->kc, n, c, hw, x, b->scale, b->shift, l->y, b->keep);
@@ -125,18 +130,60 @@ void ch_batchnorm2d_keep_input(ch_layer *l, uint16_t *keep, bool made_there)
     ((bn_impl *)l->impl)->keep_made = made_there;
 }
 
+void ch_batchnorm2d_fuse_relu(ch_layer *l, bool forward, bool backward)
+{
+    CH_ASSERT(ch_layer_is_batchnorm(l) && (forward || !backward));
+    ((bn_impl *)l->impl)->relu_fwd = forward;
+    ((bn_impl *)l->impl)->relu_bwd = backward;
+}
+
 void ch_batchnorm2d_reapply_bf16(const ch_layer *l, const ch_run *r, int n, const uint16_t *x, ch_real *y)
 {
     const bn_impl *b = l->impl;
     CH_ASSERT(ch_layer_is_batchnorm(l));
-    r->k->channel_affine_of_bf16(&r->kc, n, l->in.c, l->in.h * l->in.w, x, b->scale, b->shift, y);
+    const int c = l->in.c, hw = l->in.h * l->in.w;
+    if (b->relu_fwd) r->k->bn_relu_forward(&r->kc, n, c, hw, NULL, x, b->scale, b->shift, y, NULL);
+    else r->k->channel_affine_of_bf16(&r->kc, n, c, hw, x, b->scale, b->shift, y);
 }
 
 void ch_batchnorm2d_reapply(const ch_layer *l, const ch_run *r, int n, const ch_real *x, ch_real *y)
 {
     const bn_impl *b = l->impl;
     CH_ASSERT(ch_layer_is_batchnorm(l));
-    r->k->channel_affine(&r->kc, n, l->in.c, l->in.h * l->in.w, x, b->scale, b->shift, y);
+    const int c = l->in.c, hw = l->in.h * l->in.w;
+    if (b->relu_fwd) r->k->bn_relu_forward(&r->kc, n, c, hw, x, NULL, b->scale, b->shift, y, NULL);
+    else r->k->channel_affine(&r->kc, n, c, hw, x, b->scale, b->shift, y);
+}
+
+/* The backward reduction, of dy masked by the fused ReLU where there is one. */
+static void bn_backward_sums(const bn_impl *b, const ch_run *r, int n, int c, int hw, const ch_real *x,
+                             const ch_real *dy)
+{
+    if (b->relu_bwd)
+        r->k->bn_relu_backward_reduce(&r->kc, n, c, hw, b->keep ? NULL : x, b->keep, dy, b->mean, b->invstd, b->scale,
+                                      b->shift, b->sum_dy, b->sum_dy_xhat);
+    else if (b->keep)
+        r->k->batchnorm_backward_reduce_bf16(&r->kc, n, c, hw, b->keep, dy, b->mean, b->invstd, b->sum_dy,
+                                             b->sum_dy_xhat);
+    else
+        r->k->batchnorm_backward_reduce(&r->kc, n, c, hw, x, dy, b->mean, b->invstd, b->sum_dy, b->sum_dy_xhat);
+}
+
+/* dx from the (summed) reductions, likewise. */
+static void bn_backward_dx(const bn_impl *b, const ch_layer *l, const ch_run *r, int n, const ch_real *x,
+                           const ch_real *dy, double count, ch_real *dx)
+{
+    const int c = l->in.c, hw = l->in.h * l->in.w;
+    const ch_real *gamma = l->p[BN_WEIGHT];
+    if (b->relu_bwd)
+        r->k->bn_relu_backward_data(&r->kc, n, c, hw, b->keep ? NULL : x, b->keep, dy, b->mean, b->invstd, gamma,
+                                    b->scale, b->shift, b->sum_dy, b->sum_dy_xhat, count, dx);
+    else if (b->keep)
+        r->k->batchnorm_backward_data_bf16(&r->kc, n, c, hw, b->keep, dy, b->mean, b->invstd, gamma, b->sum_dy,
+                                           b->sum_dy_xhat, count, dx);
+    else
+        r->k->batchnorm_backward_data(&r->kc, n, c, hw, x, dy, b->mean, b->invstd, gamma, b->sum_dy, b->sum_dy_xhat,
+                                      count, dx);
 }
 
 /* Backward of the training-mode forward (the batch statistics depend on x); x is the kept bf16
@@ -146,11 +193,7 @@ static void bn_backward(ch_layer *l, const ch_run *r, int n, const ch_real *x, c
 {
     bn_impl *b = l->impl;
     const int c = l->in.c, hw = l->in.h * l->in.w;
-    if (b->keep)
-        r->k->batchnorm_backward_reduce_bf16(&r->kc, n, c, hw, b->keep, dy, b->mean, b->invstd, b->sum_dy,
-                                             b->sum_dy_xhat);
-    else
-        r->k->batchnorm_backward_reduce(&r->kc, n, c, hw, x, dy, b->mean, b->invstd, b->sum_dy, b->sum_dy_xhat);
+    bn_backward_sums(b, r, n, c, hw, x, dy);
     /* The parameter gradients are this slice's sums: the gradient sync adds the slices up. */
     r->k->to_real(&r->kc, (size_t)c, b->sum_dy_xhat, l->g[BN_WEIGHT]);
     r->k->to_real(&r->kc, (size_t)c, b->sum_dy, l->g[BN_BIAS]);
@@ -162,12 +205,7 @@ static void bn_backward(ch_layer *l, const ch_run *r, int n, const ch_real *x, c
         bn_allreduce(r, b->sum_dy, c);
         count = (double)r->global_n * hw;
     }
-    if (dx && b->keep)
-        r->k->batchnorm_backward_data_bf16(&r->kc, n, c, hw, b->keep, dy, b->mean, b->invstd, l->p[BN_WEIGHT],
-                                           b->sum_dy, b->sum_dy_xhat, count, dx);
-    else if (dx)
-        r->k->batchnorm_backward_data(&r->kc, n, c, hw, x, dy, b->mean, b->invstd, l->p[BN_WEIGHT],
-                                      b->sum_dy, b->sum_dy_xhat, count, dx);
+    if (dx) bn_backward_dx(b, l, r, n, x, dy, count, dx);
 }
 
 static const ch_layer_ops bn_ops = {

@@ -271,6 +271,12 @@ ch_status ch_batchnorm2d_create_opts(const char *name, ch_shape3 in, double eps,
 /* BatchNorm1d: the same layer over (features) tensors, labelled as PyTorch labels it. */
 ch_status ch_batchnorm1d_create_opts(const char *name, int features, double eps, double momentum, ch_layer **out,
                                      ch_err *err);
+/* Make a BatchNorm also do the ReLU that reads its output in place (the kernel table's bn_relu_*
+ * entries must exist): forward, its output is then the ReLU's; backward too (only with forward),
+ * its dy is then the ReLU's, masked from its input as forward computed it. For a parent that then
+ * runs neither pass of that ReLU, and only where the values backward reads are those forward
+ * normalised (not an input forward read in fp32 and backward from its bf16 copy). */
+void ch_batchnorm2d_fuse_relu(ch_layer *l, bool forward, bool backward);
 /* A BatchNorm2d's last forward again: y = its output for input x, from the scale and shift that
  * forward saved (the same bits), for a parent that recomputes the output instead of keeping it. */
 void ch_batchnorm2d_reapply(const ch_layer *l, const ch_run *r, int n, const ch_real *x, ch_real *y);

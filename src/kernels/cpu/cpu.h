@@ -203,6 +203,16 @@ void ch_cpu_batchnorm_backward_data_bf16(const ch_kctx *kc, int n, int c, int hw
                                          double count, ch_real *dx);
 void ch_cpu_channel_affine(const ch_kctx *kc, int n, int c, int hw, const ch_real *x,
                            const ch_real *scale, const ch_real *shift, ch_real *y);
+/* A BatchNorm and the ReLU after it (kernels.h, bn_relu_*). */
+void ch_cpu_bn_relu_forward(const ch_kctx *kc, int n, int c, int hw, const ch_real *x, const uint16_t *xh,
+                            const ch_real *scale, const ch_real *shift, ch_real *y, uint16_t *keep);
+void ch_cpu_bn_relu_backward_reduce(const ch_kctx *kc, int n, int c, int hw, const ch_real *x, const uint16_t *xh,
+                                    const ch_real *dy, const ch_real *mean, const ch_real *invstd,
+                                    const ch_real *scale, const ch_real *shift, double *sum_dy, double *sum_dy_xhat);
+void ch_cpu_bn_relu_backward_data(const ch_kctx *kc, int n, int c, int hw, const ch_real *x, const uint16_t *xh,
+                                  const ch_real *dy, const ch_real *mean, const ch_real *invstd, const ch_real *gamma,
+                                  const ch_real *scale, const ch_real *shift, const double *sum_dy,
+                                  const double *sum_dy_xhat, double count, ch_real *dx);
 void ch_cpu_batchnorm_backward_reduce(const ch_kctx *kc, int n, int c, int hw, const ch_real *x,
                                       const ch_real *dy, const ch_real *mean,
                                       const ch_real *invstd, double *sum_dy,

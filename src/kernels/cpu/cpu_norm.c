@@ -20,11 +20,13 @@ enum { LANES = CH_CPU_LANES, CHUNK = 1024, LANE_TERMS = CHUNK / LANES };
  * vector) paid 32 scalar additions for 16 values read, and the statistics of its 8 MiB took longer
  * than those of the first stage's 51. A and B are the element types and WA(v), WIDE(v) their
  * values: --precision bf16's kept BatchNorm inputs are bf16, and widened they sum as the same
- * values in fp32 would, bit for bit. */
-#define LANE_SUMS(NAME, A, WA, B, WIDE)                                                                     \
+ * values in fp32 would, bit for bit. MASK(a, b) is the a term taken: a itself, or for a fused ReLU
+ * (bn_relu_backward_reduce) 0 where b * ms + mt, forward's value before its ReLU, is not > 0. */
+#define LANE_SUMS(NAME, A, WA, B, WIDE, MASK)                                                               \
     static void NAME(const A *a, ch_real ka, const B *b, ch_real kb, int n, size_t hw, size_t stride,       \
-                     double *s1, double *s2)                                                               \
+                     ch_real ms, ch_real mt, double *s1, double *s2)                                       \
     {                                                                                                      \
+        (void)ms, (void)mt;                                                                                \
         const size_t full = hw - hw % LANES;                                                               \
         double u = 0, w = 0;                                                                               \
         ch_real la[LANES] = { 0 }, lb[LANES] = { 0 };                                                      \
@@ -42,7 +44,7 @@ enum { LANES = CH_CPU_LANES, CHUNK = 1024, LANE_TERMS = CHUNK / LANES };
                 for (size_t i = i0; i < end; i += LANES) {                                                 \
                     _Pragma("omp simd") for (int j = 0; j < LANES; j++)                                    \
                     {                                                                                      \
-                        const ch_real v = WA(ap[i + j]) - ka;                                              \
+                        const ch_real v = MASK(WA(ap[i + j]), WIDE(bp[i + j])) - ka;                       \
                         la[j] += v;                                                                        \
                         lb[j] += v * (WIDE(bp[i + j]) - kb);                                               \
                     }                                                                                      \
@@ -51,7 +53,7 @@ enum { LANES = CH_CPU_LANES, CHUNK = 1024, LANE_TERMS = CHUNK / LANES };
                 i0 = end;                                                                                  \
             }                                                                                              \
             for (size_t i = full; i < hw; i++) {                                                           \
-                const double v = (double)WA(ap[i]) - ka;                                                   \
+                const double v = (double)MASK(WA(ap[i]), WIDE(bp[i])) - ka;                                \
                 u += v;                                                                                    \
                 w += v * ((double)WIDE(bp[i]) - kb);                                                       \
             }                                                                                              \
@@ -61,10 +63,14 @@ enum { LANES = CH_CPU_LANES, CHUNK = 1024, LANE_TERMS = CHUNK / LANES };
         *s2 = w;                                                                                           \
     }
 #define AS_IS(v) (v)
-LANE_SUMS(lane_sums, ch_real, AS_IS, ch_real, AS_IS)
+#define ALL(a, b) (a)
+#define RELU_MASK(a, b) ((b) * ms + mt > 0 ? (a) : 0)
+LANE_SUMS(lane_sums, ch_real, AS_IS, ch_real, AS_IS, ALL)
+LANE_SUMS(lane_sums_relu, ch_real, AS_IS, ch_real, AS_IS, RELU_MASK)
 #define WIDEN(v) ((ch_real)ch_bf16_to_float(v))
-LANE_SUMS(lane_sums_bf16, ch_real, AS_IS, uint16_t, WIDEN)
-LANE_SUMS(lane_sums_of_bf16, uint16_t, WIDEN, uint16_t, WIDEN)
+LANE_SUMS(lane_sums_bf16, ch_real, AS_IS, uint16_t, WIDEN, ALL)
+LANE_SUMS(lane_sums_bf16_relu, ch_real, AS_IS, uint16_t, WIDEN, RELU_MASK)
+LANE_SUMS(lane_sums_of_bf16, uint16_t, WIDEN, uint16_t, WIDEN, ALL)
 
 /* One pass over x: sums shifted by the channel's first value, which lies within a few standard
  * deviations of the mean, so that E[v^2] - E[v]^2 loses no digit that matters in double (the
@@ -80,8 +86,8 @@ static void stats(const ch_kctx *kc, int n, int c, int hw, const ch_real *xf, co
         const ch_real k = cnt <= 0 ? 0 : xh ? (ch_real)ch_bf16_to_float(xh[first]) : xf[first];
         const size_t stride = (size_t)c * hw;
         double s1, s2;
-        if (xh) lane_sums_of_bf16(xh + first, k, xh + first, k, n, (size_t)hw, stride, &s1, &s2);
-        else lane_sums(xf + first, k, xf + first, k, n, (size_t)hw, stride, &s1, &s2);
+        if (xh) lane_sums_of_bf16(xh + first, k, xh + first, k, n, (size_t)hw, stride, 0, 0, &s1, &s2);
+        else lane_sums(xf + first, k, xf + first, k, n, (size_t)hw, stride, 0, 0, &s1, &s2);
         const double d = cnt > 0 ? s1 / cnt : 0, v = cnt > 0 ? s2 / cnt - d * d : 0;
         mean[ch] = k + d;
         var[ch] = v > 0 ? v : 0;
@@ -118,30 +124,41 @@ void ch_cpu_to_real(const ch_kctx *kc, size_t len, const double *x, ch_real *y)
     for (size_t i = 0; i < len; i++) y[i] = (ch_real)x[i];
 }
 
-/* One plane of channel_affine: y = x * a + b from fp32 x (xf) or bf16 x (xh); keep, when not NULL,
- * gets xf rounded to bf16 in a second loop over the plane while it is in cache (the pass that
- * reads x anyway keeps it: --precision bf16's BatchNorm inputs). */
-static void affine_plane(int hw, const ch_real *xf, const uint16_t *xh, ch_real a, ch_real b, ch_real *y,
+/* One plane of channel_affine: y = x * a + b from fp32 x (xf) or bf16 x (xh), or with relu that value
+ * where it is not below 0 (NaN passes, as in ch_cpu_relu_span); keep, when not NULL, gets xf
+ * rounded to bf16 in a second loop over the plane while it is in cache (the pass that reads x
+ * anyway keeps it: --precision bf16's BatchNorm inputs). */
+static void affine_plane(int hw, const ch_real *xf, const uint16_t *xh, ch_real a, ch_real b, bool relu, ch_real *y,
                          uint16_t *keep)
 {
-    if (xh) {
+    if (xh && relu) {
+        for (int j = 0; j < hw; j++) {
+            const ch_real v = (ch_real)ch_bf16_to_float(xh[j]) * a + b;
+            y[j] = v < 0 ? 0 : v;
+        }
+    } else if (xh) {
         for (int j = 0; j < hw; j++) y[j] = (ch_real)ch_bf16_to_float(xh[j]) * a + b;
-        return;
+    } else if (relu) {
+        for (int j = 0; j < hw; j++) {
+            const ch_real v = xf[j] * a + b;
+            y[j] = v < 0 ? 0 : v;
+        }
+    } else {
+        for (int j = 0; j < hw; j++) y[j] = xf[j] * a + b;
     }
-    for (int j = 0; j < hw; j++) y[j] = xf[j] * a + b;
-    if (keep)
+    if (keep && xf)
         for (int j = 0; j < hw; j++) keep[j] = ch_bf16_from_float((float)xf[j]);
 }
 
 static void affine_planes(const ch_kctx *kc, int n, int c, int hw, const ch_real *xf, const uint16_t *xh,
-                          const ch_real *scale, const ch_real *shift, ch_real *y, uint16_t *keep)
+                          const ch_real *scale, const ch_real *shift, bool relu, ch_real *y, uint16_t *keep)
 {
     const long planes = (long)n * c;
 #pragma omp parallel for num_threads(kc->nthreads) schedule(static)
     for (long pl = 0; pl < planes; pl++) {
         const int ch = (int)(pl % c);
         const size_t at = (size_t)pl * (size_t)hw;
-        affine_plane(hw, xf ? xf + at : NULL, xh ? xh + at : NULL, scale[ch], shift[ch], y + at,
+        affine_plane(hw, xf ? xf + at : NULL, xh ? xh + at : NULL, scale[ch], shift[ch], relu, y + at,
                      keep ? keep + at : NULL);
     }
 }
@@ -149,33 +166,42 @@ static void affine_planes(const ch_kctx *kc, int n, int c, int hw, const ch_real
 void ch_cpu_channel_affine(const ch_kctx *kc, int n, int c, int hw, const ch_real *x,
                            const ch_real *scale, const ch_real *shift, ch_real *y)
 {
-    affine_planes(kc, n, c, hw, x, NULL, scale, shift, y, NULL);
+    affine_planes(kc, n, c, hw, x, NULL, scale, shift, false, y, NULL);
 }
 
 void ch_cpu_channel_affine_keep_bf16(const ch_kctx *kc, int n, int c, int hw, const ch_real *x,
                                      const ch_real *scale, const ch_real *shift, ch_real *y, uint16_t *keep)
 {
-    affine_planes(kc, n, c, hw, x, NULL, scale, shift, y, keep);
+    affine_planes(kc, n, c, hw, x, NULL, scale, shift, false, y, keep);
 }
 
 void ch_cpu_channel_affine_of_bf16(const ch_kctx *kc, int n, int c, int hw, const uint16_t *x,
                                    const ch_real *scale, const ch_real *shift, ch_real *y)
 {
-    affine_planes(kc, n, c, hw, NULL, x, scale, shift, y, NULL);
+    affine_planes(kc, n, c, hw, NULL, x, scale, shift, false, y, NULL);
 }
 
-/* BatchNorm's backward sums over x in fp32 (x) or bf16 (xh), per channel. */
+void ch_cpu_bn_relu_forward(const ch_kctx *kc, int n, int c, int hw, const ch_real *x, const uint16_t *xh,
+                            const ch_real *scale, const ch_real *shift, ch_real *y, uint16_t *keep)
+{
+    affine_planes(kc, n, c, hw, x, x ? NULL : xh, scale, shift, true, y, keep);
+}
+
+/* BatchNorm's backward sums over x in fp32 (x) or bf16 (xh), per channel; with scale (a fused
+ * ReLU), of dy masked where x * scale + shift is not > 0. */
 static void bn_backward_reduce(const ch_kctx *kc, int n, int c, int hw, const ch_real *x, const uint16_t *xh,
-                               const ch_real *dy, const ch_real *mean, const ch_real *invstd, double *sum_dy,
-                               double *sum_dy_xhat)
+                               const ch_real *dy, const ch_real *mean, const ch_real *invstd, const ch_real *scale,
+                               const ch_real *shift, double *sum_dy, double *sum_dy_xhat)
 {
 #pragma omp parallel for num_threads(kc->nthreads) schedule(static)
     for (int ch = 0; ch < c; ch++) {
-        const ch_real m = mean[ch];
-        const size_t first = (size_t)ch * hw, stride = (size_t)c * hw;
+        const ch_real m = mean[ch], ms = scale ? scale[ch] : 0, mt = scale ? shift[ch] : 0;
+        const size_t first = (size_t)ch * hw, stride = (size_t)c * hw, len = (size_t)hw;
         double s, sx;
-        if (xh) lane_sums_bf16(dy + first, 0, xh + first, m, n, (size_t)hw, stride, &s, &sx);
-        else lane_sums(dy + first, 0, x + first, m, n, (size_t)hw, stride, &s, &sx);
+        if (xh && scale) lane_sums_bf16_relu(dy + first, 0, xh + first, m, n, len, stride, ms, mt, &s, &sx);
+        else if (xh) lane_sums_bf16(dy + first, 0, xh + first, m, n, len, stride, 0, 0, &s, &sx);
+        else if (scale) lane_sums_relu(dy + first, 0, x + first, m, n, len, stride, ms, mt, &s, &sx);
+        else lane_sums(dy + first, 0, x + first, m, n, len, stride, 0, 0, &s, &sx);
         sum_dy[ch] = s;
         sum_dy_xhat[ch] = sx * invstd[ch];
     }
@@ -186,38 +212,69 @@ void ch_cpu_batchnorm_backward_reduce(const ch_kctx *kc, int n, int c, int hw, c
                                       const ch_real *invstd, double *sum_dy,
                                       double *sum_dy_xhat)
 {
-    bn_backward_reduce(kc, n, c, hw, x, NULL, dy, mean, invstd, sum_dy, sum_dy_xhat);
+    bn_backward_reduce(kc, n, c, hw, x, NULL, dy, mean, invstd, NULL, NULL, sum_dy, sum_dy_xhat);
 }
 
 void ch_cpu_batchnorm_backward_reduce_bf16(const ch_kctx *kc, int n, int c, int hw, const uint16_t *x,
                                            const ch_real *dy, const ch_real *mean, const ch_real *invstd,
                                            double *sum_dy, double *sum_dy_xhat)
 {
-    bn_backward_reduce(kc, n, c, hw, NULL, x, dy, mean, invstd, sum_dy, sum_dy_xhat);
+    bn_backward_reduce(kc, n, c, hw, NULL, x, dy, mean, invstd, NULL, NULL, sum_dy, sum_dy_xhat);
 }
 
-/* dx of one plane from fp32 x (xf) or bf16 x (xh). */
-static void bn_data_plane(int hw, const ch_real *xf, const uint16_t *xh, const ch_real *dy, ch_real g, ch_real m,
-                          ch_real is, ch_real mdy, ch_real mdx, ch_real *dx)
+void ch_cpu_bn_relu_backward_reduce(const ch_kctx *kc, int n, int c, int hw, const ch_real *x, const uint16_t *xh,
+                                    const ch_real *dy, const ch_real *mean, const ch_real *invstd,
+                                    const ch_real *scale, const ch_real *shift, double *sum_dy, double *sum_dy_xhat)
 {
-    if (xh)
+    bn_backward_reduce(kc, n, c, hw, x, x ? NULL : xh, dy, mean, invstd, scale, shift, sum_dy, sum_dy_xhat);
+}
+
+/* The per-channel values of one plane's dx: gamma * invstd, mean, invstd, the two means of the
+ * sums, and with a fused ReLU the scale and shift whose value masks dy. */
+typedef struct bn_plane {
+    ch_real g, m, is, mdy, mdx;
+    bool relu;
+    ch_real ms, mt;
+} bn_plane;
+
+/* dx of one plane from fp32 x (xf) or bf16 x (xh). dx may alias x or dy: each element is read
+ * before it is written. */
+static void bn_data_plane(int hw, const ch_real *xf, const uint16_t *xh, const ch_real *dy, const bn_plane *p,
+                          ch_real *dx)
+{
+    const ch_real g = p->g, m = p->m, is = p->is, mdy = p->mdy, mdx = p->mdx, ms = p->ms, mt = p->mt;
+    if (xh && p->relu) {
+        for (int j = 0; j < hw; j++) {
+            const ch_real xv = (ch_real)ch_bf16_to_float(xh[j]), d = xv * ms + mt > 0 ? dy[j] : 0;
+            dx[j] = g * (d - mdy - (xv - m) * is * mdx);
+        }
+    } else if (xh) {
         for (int j = 0; j < hw; j++) dx[j] = g * (dy[j] - mdy - ((ch_real)ch_bf16_to_float(xh[j]) - m) * is * mdx);
-    else
+    } else if (p->relu) {
+        for (int j = 0; j < hw; j++) {
+            const ch_real xv = xf[j], d = xv * ms + mt > 0 ? dy[j] : 0;
+            dx[j] = g * (d - mdy - (xv - m) * is * mdx);
+        }
+    } else {
         for (int j = 0; j < hw; j++) dx[j] = g * (dy[j] - mdy - (xf[j] - m) * is * mdx);
+    }
 }
 
 static void bn_backward_data(const ch_kctx *kc, int n, int c, int hw, const ch_real *x, const uint16_t *xh,
                              const ch_real *dy, const ch_real *mean, const ch_real *invstd, const ch_real *gamma,
-                             const double *sum_dy, const double *sum_dy_xhat, double count, ch_real *dx)
+                             const ch_real *scale, const ch_real *shift, const double *sum_dy,
+                             const double *sum_dy_xhat, double count, ch_real *dx)
 {
     const long planes = (long)n * c;
 #pragma omp parallel for num_threads(kc->nthreads) schedule(static)
     for (long pl = 0; pl < planes; pl++) {
         const int ch = (int)(pl % c);
-        const ch_real is = invstd[ch], g = gamma[ch] * is;
-        const ch_real mdy = (ch_real)(sum_dy[ch] / count), mdx = (ch_real)(sum_dy_xhat[ch] / count);
+        const ch_real is = invstd[ch];
+        const bn_plane p = { .g = gamma[ch] * is, .m = mean[ch], .is = is, .mdy = (ch_real)(sum_dy[ch] / count),
+                             .mdx = (ch_real)(sum_dy_xhat[ch] / count), .relu = scale != NULL,
+                             .ms = scale ? scale[ch] : 0, .mt = scale ? shift[ch] : 0 };
         const size_t at = (size_t)pl * (size_t)hw;
-        bn_data_plane(hw, x ? x + at : NULL, xh ? xh + at : NULL, dy + at, g, mean[ch], is, mdy, mdx, dx + at);
+        bn_data_plane(hw, x ? x + at : NULL, xh ? xh + at : NULL, dy + at, &p, dx + at);
     }
 }
 
@@ -227,7 +284,7 @@ void ch_cpu_batchnorm_backward_data(const ch_kctx *kc, int n, int c, int hw, con
                                     const double *sum_dy, const double *sum_dy_xhat,
                                     double count, ch_real *dx)
 {
-    bn_backward_data(kc, n, c, hw, x, NULL, dy, mean, invstd, gamma, sum_dy, sum_dy_xhat, count, dx);
+    bn_backward_data(kc, n, c, hw, x, NULL, dy, mean, invstd, gamma, NULL, NULL, sum_dy, sum_dy_xhat, count, dx);
 }
 
 void ch_cpu_batchnorm_backward_data_bf16(const ch_kctx *kc, int n, int c, int hw, const uint16_t *x,
@@ -235,7 +292,16 @@ void ch_cpu_batchnorm_backward_data_bf16(const ch_kctx *kc, int n, int c, int hw
                                          const ch_real *gamma, const double *sum_dy, const double *sum_dy_xhat,
                                          double count, ch_real *dx)
 {
-    bn_backward_data(kc, n, c, hw, NULL, x, dy, mean, invstd, gamma, sum_dy, sum_dy_xhat, count, dx);
+    bn_backward_data(kc, n, c, hw, NULL, x, dy, mean, invstd, gamma, NULL, NULL, sum_dy, sum_dy_xhat, count, dx);
+}
+
+void ch_cpu_bn_relu_backward_data(const ch_kctx *kc, int n, int c, int hw, const ch_real *x, const uint16_t *xh,
+                                  const ch_real *dy, const ch_real *mean, const ch_real *invstd, const ch_real *gamma,
+                                  const ch_real *scale, const ch_real *shift, const double *sum_dy,
+                                  const double *sum_dy_xhat, double count, ch_real *dx)
+{
+    bn_backward_data(kc, n, c, hw, x, x ? NULL : xh, dy, mean, invstd, gamma, scale, shift, sum_dy, sum_dy_xhat,
+                     count, dx);
 }
 
 void ch_cpu_layernorm_forward(const ch_kctx *kc, int outer, int len, int inner, const ch_real *x,
