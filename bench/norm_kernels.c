@@ -3,7 +3,8 @@
  * statistics and channel_affine (fp32, and keeping the input in bf16 as --precision bf16 does),
  * backward's two kernels on the fp32 input and on the kept bf16 copy. Compare two builds by linking
  * this against each one's libcohort.a (as for bench/conv_kernels.c), or read the bf16 columns
- * against the fp32 ones.
+ * against the fp32 ones. Then a BatchNorm and the ReLU after it (fp32), apart (channel_affine then
+ * relu_forward; relu_backward then backward's two kernels) against fused (bn_relu_*, graph/exec.c).
  *   norm_kernels [REPS [l1|l2|l3|l4]]   (l1: 64 x 28 x 28, the default; l4: 512 x 4 x 4) */
 #include <stdio.h>
 #include <stdlib.h>
@@ -72,12 +73,43 @@ int main(int argc, char **argv)
         ch_cpu_batchnorm_backward_data_bf16(&kc, N, C, HW, keep, dy, mean, invstd, gamma, s1, s2, 1e5, dx);
         t[5] = best_ms(ch_clock_s() - t1, t[5]);
     }
+    /* BatchNorm + ReLU as a graph runs them: the ReLU's backward in place over dy, dx written over
+     * the BatchNorm's input (both restored before each variant, untimed). */
+    float *xa = malloc(sizeof(float) * len), *da = malloc(sizeof(float) * len);
+    if (!xa || !da) {
+        fprintf(stderr, "norm_kernels: out of memory\n");
+        return 1;
+    }
+    double f[4] = { 1e30, 1e30, 1e30, 1e30 };   /* forward apart, fused; backward apart, fused */
+    for (int r = 0; r < reps; r++) {
+        double t0 = ch_clock_s();
+        ch_cpu_channel_affine(&kc, N, C, HW, x, gamma, shift, y);
+        ch_cpu_relu_forward(&kc, len, y, y);
+        double t1 = ch_clock_s();
+        f[0] = best_ms(t1 - t0, f[0]);
+        ch_cpu_bn_relu_forward(&kc, N, C, HW, x, NULL, gamma, shift, y, NULL);
+        f[1] = best_ms(ch_clock_s() - t1, f[1]);
+        memcpy(xa, x, sizeof(float) * len), memcpy(da, dy, sizeof(float) * len);
+        t0 = ch_clock_s();
+        ch_cpu_relu_backward(&kc, len, y, da, da);
+        ch_cpu_batchnorm_backward_reduce(&kc, N, C, HW, xa, da, mean, invstd, s1, s2);
+        ch_cpu_batchnorm_backward_data(&kc, N, C, HW, xa, da, mean, invstd, gamma, s1, s2, 1e5, xa);
+        f[2] = best_ms(ch_clock_s() - t0, f[2]);
+        memcpy(xa, x, sizeof(float) * len), memcpy(da, dy, sizeof(float) * len);
+        t0 = ch_clock_s();
+        ch_cpu_bn_relu_backward_reduce(&kc, N, C, HW, xa, NULL, da, mean, invstd, gamma, shift, s1, s2);
+        ch_cpu_bn_relu_backward_data(&kc, N, C, HW, xa, NULL, da, mean, invstd, gamma, gamma, shift, s1, s2, 1e5, xa);
+        f[3] = best_ms(ch_clock_s() - t0, f[3]);
+    }
     printf("%d x %d x %d, 2 threads, best of %d\n", N, C, HW, reps);
     printf("%-24s %8s %8s\n", "kernel (ms)", "fp32", "bf16");
     printf("%-24s %8.2f %8.2f\n", "stats", t[6], t[7]);
     printf("%-24s %8.2f %8.2f\n", "channel_affine", t[0], t[1]);
     printf("%-24s %8.2f %8.2f\n", "backward_reduce", t[2], t[3]);
     printf("%-24s %8.2f %8.2f\n", "backward_data", t[4], t[5]);
-    free(x), free(dy), free(y), free(dx), free(keep);
+    printf("%-24s %8s %8s %8s\n", "BatchNorm + ReLU (ms)", "apart", "fused", "ratio");
+    printf("%-24s %8.2f %8.2f %7.2fx\n", "forward", f[0], f[1], f[0] / f[1]);
+    printf("%-24s %8.2f %8.2f %7.2fx\n", "backward", f[2], f[3], f[2] / f[3]);
+    free(x), free(dy), free(y), free(dx), free(keep), free(xa), free(da);
     return 0;
 }
