@@ -855,11 +855,80 @@ static void batchnorm_lanes_emptied_every_64_terms(void)
     }
 }
 
+/* The lane order, written plainly for one channel: planes in sample order, each plane's whole
+ * 16-value vectors into 16 float lanes that carry over from plane to plane and are emptied into
+ * double every 64 terms, the plane's rest into double at once; s1 = sum (a - ka), s2 = sum (a - ka) *
+ * (b - kb), the lanes added last. */
+static void lane_order(const float *a, float ka, const float *b, float kb, int n, int c, int ch, int hw,
+                       double *s1, double *s2)
+{
+    enum { L = 16, TERMS = 64 };
+    float la[L] = { 0 }, lb[L] = { 0 };
+    double u = 0, w = 0;
+    int terms = 0;
+    const int full = hw - hw % L;
+    for (int p = 0; p < n; p++) {
+        const float *ap = a + ((size_t)p * c + ch) * hw, *bp = b + ((size_t)p * c + ch) * hw;
+        for (int i = 0; i < full; i += L) {
+            if (terms == TERMS) {
+                for (int j = 0; j < L; j++) u += la[j], w += lb[j], la[j] = lb[j] = 0;
+                terms = 0;
+            }
+            for (int j = 0; j < L; j++) {
+                const float v = ap[i + j] - ka;
+                la[j] += v;
+                lb[j] += v * (bp[i + j] - kb);
+            }
+            terms++;
+        }
+        for (int i = full; i < hw; i++) {
+            const double v = (double)ap[i] - ka;
+            u += v;
+            w += v * ((double)bp[i] - kb);
+        }
+    }
+    for (int j = 0; j < L; j++) u += la[j], w += lb[j];
+    *s1 = u, *s2 = w;
+}
+
+/* BatchNorm's statistics and backward sums are, bit for bit, the lane order above for every
+ * channel, whichever way the kernel walks memory (CB channels at a time, sample by sample) and at 1
+ * and 2 threads: 130 channels (two blocks of 64 and a rest, split between threads mid-block),
+ * planes of 1, 16, 49 and 197 values, 70 samples (lanes emptied inside planes and between them). */
+static void batchnorm_sums_follow_the_lane_order(void)
+{
+    const int hws[] = { 1, 16, 49, 197 }, n = 70, c = 130;
+    for (size_t k = 0; k < sizeof hws / sizeof hws[0]; k++) {
+        const int hw = hws[k];
+        const size_t len = (size_t)n * c * hw;
+        float *x = tu_uniform(len, 40 + k), *dy = tu_uniform(len, 50 + k), mean[130], invstd[130];
+        double m[130], v[130], s[130], sx[130];
+        assert_true(x && dy);
+        for (int ch = 0; ch < c; ch++) mean[ch] = 0.01f * (float)ch - 0.3f, invstd[ch] = 1.25f;
+        for (int t = 1; t <= 2; t++) {
+            const ch_kctx kc = { .nthreads = t };
+            ch_kernels_cpu()->batchnorm_stats(&kc, n, c, hw, x, m, v);
+            ch_kernels_cpu()->batchnorm_backward_reduce(&kc, n, c, hw, x, dy, mean, invstd, s, sx);
+            for (int ch = 0; ch < c; ch++) {
+                const float k0 = x[(size_t)ch * hw];
+                double a1, a2, b1, b2;
+                lane_order(x, k0, x, k0, n, c, ch, hw, &a1, &a2);
+                lane_order(dy, 0, x, mean[ch], n, c, ch, hw, &b1, &b2);
+                const double cnt = (double)n * hw, d = a1 / cnt, var = a2 / cnt - d * d;
+                if (m[ch] != k0 + d || v[ch] != (var > 0 ? var : 0) || s[ch] != b1 || sx[ch] != b2 * invstd[ch])
+                    fail_msg("hw %d, %d threads, channel %d: not the lane order's sums", hw, t, ch);
+            }
+        }
+        free(x), free(dy);
+    }
+}
+
 static void batchnorm_sums_match_reference(void **state)
 {
     (void)state;
     batchnorm_variance_far_from_zero();
     batchnorm_lanes_emptied_every_64_terms();
+    batchnorm_sums_follow_the_lane_order();
     const int hws[] = { 1, 7, 16, 20, 49, 1100 };   /* 1100: a full float chunk, a part, a tail */
     for (int t = 1; t <= 2; t++) {
         for (size_t i = 0; i < sizeof hws / sizeof hws[0]; i++) check_batchnorm_sums(3, 5, hws[i], t);

@@ -4,6 +4,9 @@
  * variance needs, and all-double sums cost MobileNetV2 a fifth of its step (float vectors hold twice
  * the numbers and need no conversion). */
 #include "kernels/cpu/cpu.h"
+
+#include <omp.h>
+#include <string.h>
 #include "core/bf16.h"
 #include "kernels/norm_body.h"
 
@@ -12,55 +15,88 @@
  * that BatchNorm's float tensors keep. */
 enum { LANES = CH_CPU_LANES, CHUNK = 1024, LANE_TERMS = CHUNK / LANES };
 
-/* One channel's sums over n planes of hw values, stride apart (one per sample):
- * *s1 = sum (a[i] - ka), *s2 = sum (a[i] - ka) * (b[i] - kb), the statistics' shifted sums
- * (a = b = x) and backward's sums of dy and dy * (x - mean) (ka = 0). The lanes take each plane's
- * whole vectors and carry over from one plane to the next; the rest of a plane goes into double at
- * once. Emptied into double after each plane instead, a 4x4 plane (resnet18's last stage: one
- * vector) paid 32 scalar additions for 16 values read, and the statistics of its 8 MiB took longer
- * than those of the first stage's 51. A and B are the element types and WA(v), WIDE(v) their
- * values: --precision bf16's kept BatchNorm inputs are bf16, and widened they sum as the same
+/* Per-channel sums over n planes of hw values, one plane per sample, stride apart:
+ * s1 = sum (a[i] - ka), s2 = sum (a[i] - ka) * (b[i] - kb), the statistics' shifted sums
+ * (a = b = x) and backward's sums of dy and dy * (x - mean) (ka = 0). A channel's lanes take each
+ * plane's whole vectors and carry over from one plane to the next; the rest of a plane goes into
+ * double at once. Emptied into double after each plane instead, a 4x4 plane (resnet18's last
+ * stage: one vector) paid 32 scalar additions for 16 values read, and the statistics of its 8 MiB
+ * took longer than those of the first stage's 51. A and B are the element types and WA(v), WIDE(v)
+ * their values: --precision bf16's kept BatchNorm inputs are bf16, and widened they sum as the same
  * values in fp32 would, bit for bit. MASK(a, b) is the a term taken: a itself, or for a fused ReLU
- * (bn_relu_backward_reduce) 0 where b * ms + mt, forward's value before its ReLU, is not > 0. */
+ * (bn_relu_backward_reduce) 0 where b * ms + mt, forward's value before its ReLU, is not > 0.
+ * A thread walks its channels CB at a time sample by sample (each sample's planes of those channels
+ * lie side by side: one run of memory), holding each channel's lanes between planes: one channel
+ * over all samples at a time read hw values then jumped c * hw, which at 7x7 made the sums take
+ * twice the time of a pass that streams the same bytes. Each channel sees the same terms in the same
+ * order either way: the same bits. */
+typedef struct lanes {
+    ch_real la[LANES], lb[LANES];
+    double u, w;
+    int terms; /* in each lane since the lanes were last emptied */
+} lanes;
+
+enum { CB = 64 };
+
 #define LANE_SUMS(NAME, A, WA, B, WIDE, MASK)                                                               \
-    static void NAME(const A *a, ch_real ka, const B *b, ch_real kb, int n, size_t hw, size_t stride,       \
-                     ch_real ms, ch_real mt, double *s1, double *s2)                                       \
+    static void NAME##_plane(lanes *s, const A *ap, ch_real ka, const B *bp, ch_real kb, size_t hw,          \
+                             ch_real ms, ch_real mt)                                                       \
     {                                                                                                      \
         (void)ms, (void)mt;                                                                                \
         const size_t full = hw - hw % LANES;                                                               \
-        double u = 0, w = 0;                                                                               \
-        ch_real la[LANES] = { 0 }, lb[LANES] = { 0 };                                                      \
-        int terms = 0; /* in each lane since the lanes were last emptied */                               \
-        for (int p = 0; p < n; p++) {                                                                      \
-            const A *ap = a + (size_t)p * stride;                                                          \
-            const B *bp = b + (size_t)p * stride;                                                          \
-            for (size_t i0 = 0; i0 < full;) {                                                              \
-                if (terms == LANE_TERMS) {                                                                 \
-                    for (int j = 0; j < LANES; j++) u += la[j], w += lb[j], la[j] = lb[j] = 0;             \
-                    terms = 0;                                                                             \
-                }                                                                                          \
-                const size_t room = (size_t)(LANE_TERMS - terms) * LANES;                                  \
-                const size_t end = full - i0 < room ? full : i0 + room;                                    \
-                for (size_t i = i0; i < end; i += LANES) {                                                 \
-                    _Pragma("omp simd") for (int j = 0; j < LANES; j++)                                    \
-                    {                                                                                      \
-                        const ch_real v = MASK(WA(ap[i + j]), WIDE(bp[i + j])) - ka;                       \
-                        la[j] += v;                                                                        \
-                        lb[j] += v * (WIDE(bp[i + j]) - kb);                                               \
-                    }                                                                                      \
-                }                                                                                          \
-                terms += (int)((end - i0) / LANES);                                                        \
-                i0 = end;                                                                                  \
+        double u = s->u, w = s->w;                                                                         \
+        ch_real la[LANES], lb[LANES];                                                                      \
+        memcpy(la, s->la, sizeof la), memcpy(lb, s->lb, sizeof lb);                                        \
+        int terms = s->terms;                                                                              \
+        for (size_t i0 = 0; i0 < full;) {                                                                  \
+            if (terms == LANE_TERMS) {                                                                     \
+                for (int j = 0; j < LANES; j++) u += la[j], w += lb[j], la[j] = lb[j] = 0;                 \
+                terms = 0;                                                                                 \
             }                                                                                              \
-            for (size_t i = full; i < hw; i++) {                                                           \
-                const double v = (double)MASK(WA(ap[i]), WIDE(bp[i])) - ka;                                \
-                u += v;                                                                                    \
-                w += v * ((double)WIDE(bp[i]) - kb);                                                       \
+            const size_t room = (size_t)(LANE_TERMS - terms) * LANES;                                      \
+            const size_t end = full - i0 < room ? full : i0 + room;                                        \
+            for (size_t i = i0; i < end; i += LANES) {                                                     \
+                _Pragma("omp simd") for (int j = 0; j < LANES; j++)                                        \
+                {                                                                                          \
+                    const ch_real v = MASK(WA(ap[i + j]), WIDE(bp[i + j])) - ka;                           \
+                    la[j] += v;                                                                            \
+                    lb[j] += v * (WIDE(bp[i + j]) - kb);                                                   \
+                }                                                                                          \
+            }                                                                                              \
+            terms += (int)((end - i0) / LANES);                                                            \
+            i0 = end;                                                                                      \
+        }                                                                                                  \
+        for (size_t i = full; i < hw; i++) {                                                               \
+            const double v = (double)MASK(WA(ap[i]), WIDE(bp[i])) - ka;                                    \
+            u += v;                                                                                        \
+            w += v * ((double)WIDE(bp[i]) - kb);                                                           \
+        }                                                                                                  \
+        memcpy(s->la, la, sizeof la), memcpy(s->lb, lb, sizeof lb);                                        \
+        s->u = u, s->w = w, s->terms = terms;                                                              \
+    }                                                                                                      \
+    /* Channels [c0, c1) of c; kb, ms, mt per channel (NULL: 0); ka 0, or with shift (the statistics,  \
+     * a = b, n * hw > 0) ka = kb = the channel's first value. */                                          \
+    static void NAME(const A *a, const B *b, int c0, int c1, int n, int c, size_t hw, bool shift,          \
+                     const ch_real *kb, const ch_real *ms, const ch_real *mt, double *s1, double *s2)      \
+    {                                                                                                      \
+        lanes st[CB];                                                                                      \
+        for (int b0 = c0; b0 < c1; b0 += CB) {                                                             \
+            const int b1 = c1 - b0 < CB ? c1 : b0 + CB;                                                    \
+            memset(st, 0, sizeof st);                                                                      \
+            for (int p = 0; p < n; p++)                                                                    \
+                for (int ch = b0; ch < b1; ch++) {                                                         \
+                    const size_t at = ((size_t)p * c + ch) * hw;                                           \
+                    const ch_real k0 = shift ? WA(a[(size_t)ch * hw]) : 0;                                 \
+                    NAME##_plane(&st[ch - b0], a + at, k0, b + at, shift ? k0 : kb ? kb[ch] : 0, hw,       \
+                                 ms ? ms[ch] : 0, mt ? mt[ch] : 0);                                        \
+                }                                                                                          \
+            for (int ch = b0; ch < b1; ch++) {                                                             \
+                const lanes *q = &st[ch - b0];                                                             \
+                double u = q->u, w = q->w;                                                                 \
+                for (int j = 0; j < LANES; j++) u += q->la[j], w += q->lb[j];                              \
+                s1[ch] = u, s2[ch] = w;                                                                    \
             }                                                                                              \
         }                                                                                                  \
-        for (int j = 0; j < LANES; j++) u += la[j], w += lb[j];                                            \
-        *s1 = u;                                                                                           \
-        *s2 = w;                                                                                           \
     }
 #define AS_IS(v) (v)
 #define ALL(a, b) (a)
@@ -72,6 +108,13 @@ LANE_SUMS(lane_sums_bf16, ch_real, AS_IS, uint16_t, WIDEN, ALL)
 LANE_SUMS(lane_sums_bf16_relu, ch_real, AS_IS, uint16_t, WIDEN, RELU_MASK)
 LANE_SUMS(lane_sums_of_bf16, uint16_t, WIDEN, uint16_t, WIDEN, ALL)
 
+/* This thread's share of c channels (the same split as a static schedule's). */
+static void my_channels(int c, int *c0, int *c1)
+{
+    const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+    *c0 = (int)((long)c * t / nt), *c1 = (int)((long)c * (t + 1) / nt);
+}
+
 /* One pass over x: sums shifted by the channel's first value, which lies within a few standard
  * deviations of the mean, so that E[v^2] - E[v]^2 loses no digit that matters in double (the
  * unshifted form would, for data far from zero). Two passes (mean, then squared deviations) cost
@@ -80,17 +123,20 @@ static void stats(const ch_kctx *kc, int n, int c, int hw, const ch_real *xf, co
                   double *mean, double *var)
 {
     const double cnt = (double)n * hw;
-#pragma omp parallel for num_threads(kc->nthreads) schedule(static)
-    for (int ch = 0; ch < c; ch++) {
-        const size_t first = (size_t)ch * hw;
-        const ch_real k = cnt <= 0 ? 0 : xh ? (ch_real)ch_bf16_to_float(xh[first]) : xf[first];
-        const size_t stride = (size_t)c * hw;
-        double s1, s2;
-        if (xh) lane_sums_of_bf16(xh + first, k, xh + first, k, n, (size_t)hw, stride, 0, 0, &s1, &s2);
-        else lane_sums(xf + first, k, xf + first, k, n, (size_t)hw, stride, 0, 0, &s1, &s2);
-        const double d = cnt > 0 ? s1 / cnt : 0, v = cnt > 0 ? s2 / cnt - d * d : 0;
-        mean[ch] = k + d;
-        var[ch] = v > 0 ? v : 0;
+    const bool shift = cnt > 0;
+#pragma omp parallel num_threads(kc->nthreads)
+    {
+        int c0, c1;
+        my_channels(c, &c0, &c1);
+        if (xh) lane_sums_of_bf16(xh, xh, c0, c1, n, c, (size_t)hw, shift, NULL, NULL, NULL, mean, var);
+        else lane_sums(xf, xf, c0, c1, n, c, (size_t)hw, shift, NULL, NULL, NULL, mean, var);
+        for (int ch = c0; ch < c1; ch++) {
+            const size_t first = (size_t)ch * hw;
+            const ch_real k = !shift ? 0 : xh ? (ch_real)ch_bf16_to_float(xh[first]) : xf[first];
+            const double d = shift ? mean[ch] / cnt : 0, v = shift ? var[ch] / cnt - d * d : 0;
+            mean[ch] = k + d;
+            var[ch] = v > 0 ? v : 0;
+        }
     }
 }
 
@@ -193,17 +239,16 @@ static void bn_backward_reduce(const ch_kctx *kc, int n, int c, int hw, const ch
                                const ch_real *dy, const ch_real *mean, const ch_real *invstd, const ch_real *scale,
                                const ch_real *shift, double *sum_dy, double *sum_dy_xhat)
 {
-#pragma omp parallel for num_threads(kc->nthreads) schedule(static)
-    for (int ch = 0; ch < c; ch++) {
-        const ch_real m = mean[ch], ms = scale ? scale[ch] : 0, mt = scale ? shift[ch] : 0;
-        const size_t first = (size_t)ch * hw, stride = (size_t)c * hw, len = (size_t)hw;
-        double s, sx;
-        if (xh && scale) lane_sums_bf16_relu(dy + first, 0, xh + first, m, n, len, stride, ms, mt, &s, &sx);
-        else if (xh) lane_sums_bf16(dy + first, 0, xh + first, m, n, len, stride, 0, 0, &s, &sx);
-        else if (scale) lane_sums_relu(dy + first, 0, x + first, m, n, len, stride, ms, mt, &s, &sx);
-        else lane_sums(dy + first, 0, x + first, m, n, len, stride, 0, 0, &s, &sx);
-        sum_dy[ch] = s;
-        sum_dy_xhat[ch] = sx * invstd[ch];
+#pragma omp parallel num_threads(kc->nthreads)
+    {
+        int c0, c1;
+        my_channels(c, &c0, &c1);
+        const size_t len = (size_t)hw;
+        if (xh && scale) lane_sums_bf16_relu(dy, xh, c0, c1, n, c, len, false, mean, scale, shift, sum_dy, sum_dy_xhat);
+        else if (xh) lane_sums_bf16(dy, xh, c0, c1, n, c, len, false, mean, NULL, NULL, sum_dy, sum_dy_xhat);
+        else if (scale) lane_sums_relu(dy, x, c0, c1, n, c, len, false, mean, scale, shift, sum_dy, sum_dy_xhat);
+        else lane_sums(dy, x, c0, c1, n, c, len, false, mean, NULL, NULL, sum_dy, sum_dy_xhat);
+        for (int ch = c0; ch < c1; ch++) sum_dy_xhat[ch] *= invstd[ch];
     }
 }
 
