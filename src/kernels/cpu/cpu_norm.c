@@ -15,7 +15,7 @@
  * that BatchNorm's float tensors keep. */
 enum { LANES = CH_CPU_LANES, CHUNK = 1024, LANE_TERMS = CHUNK / LANES };
 
-/* Per-channel sums over n planes of hw values, one plane per sample, stride apart:
+/* Per-channel sums over n planes of hw values, one plane per sample (c * hw apart):
  * s1 = sum (a[i] - ka), s2 = sum (a[i] - ka) * (b[i] - kb), the statistics' shifted sums
  * (a = b = x) and backward's sums of dy and dy * (x - mean) (ka = 0). A channel's lanes take each
  * plane's whole vectors and carry over from one plane to the next; the rest of a plane goes into
