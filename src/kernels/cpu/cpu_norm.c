@@ -33,48 +33,52 @@ enum { LANES = CH_CPU_LANES, CHUNK = 1024, LANE_TERMS = CHUNK / LANES };
 typedef struct lanes {
     ch_real la[LANES], lb[LANES];
     double u, w;
-    int terms; /* in each lane since the lanes were last emptied */
+    int terms;                 /* in each lane since the lanes were last emptied */
+    ch_real ka, kb, ms, mt;    /* the channel's shifts and (a fused ReLU's) scale and shift */
 } lanes;
 
 enum { CB = 64 };
 
-#define LANE_SUMS(NAME, A, WA, B, WIDE, MASK)                                                               \
-    static void NAME##_plane(lanes *s, const A *ap, ch_real ka, const B *bp, ch_real kb, size_t hw,          \
-                             ch_real ms, ch_real mt)                                                       \
+#define LANE_SUMS(NAME, A, WA, B, WIDE, MASK)                                                              \
+    static void NAME##_plane(lanes *s, const A *ap, const B *bp, size_t hw)                                \
     {                                                                                                      \
+        const ch_real ka = s->ka, kb = s->kb, ms = s->ms, mt = s->mt;                                      \
         (void)ms, (void)mt;                                                                                \
         const size_t full = hw - hw % LANES;                                                               \
         double u = s->u, w = s->w;                                                                         \
-        ch_real la[LANES], lb[LANES];                                                                      \
-        memcpy(la, s->la, sizeof la), memcpy(lb, s->lb, sizeof lb);                                        \
-        int terms = s->terms;                                                                              \
-        for (size_t i0 = 0; i0 < full;) {                                                                  \
-            if (terms == LANE_TERMS) {                                                                     \
-                for (int j = 0; j < LANES; j++) u += la[j], w += lb[j], la[j] = lb[j] = 0;                 \
-                terms = 0;                                                                                 \
-            }                                                                                              \
-            const size_t room = (size_t)(LANE_TERMS - terms) * LANES;                                      \
-            const size_t end = full - i0 < room ? full : i0 + room;                                        \
-            for (size_t i = i0; i < end; i += LANES) {                                                     \
-                _Pragma("omp simd") for (int j = 0; j < LANES; j++)                                        \
-                {                                                                                          \
-                    const ch_real v = MASK(WA(ap[i + j]), WIDE(bp[i + j])) - ka;                           \
-                    la[j] += v;                                                                            \
-                    lb[j] += v * (WIDE(bp[i + j]) - kb);                                                   \
+        if (full > 0) { /* a plane of fewer values (BatchNorm1d's one) leaves the lanes be */              \
+            ch_real la[LANES], lb[LANES];                                                                  \
+            memcpy(la, s->la, sizeof la), memcpy(lb, s->lb, sizeof lb);                                    \
+            int terms = s->terms;                                                                          \
+            for (size_t i0 = 0; i0 < full;) {                                                              \
+                if (terms == LANE_TERMS) {                                                                 \
+                    for (int j = 0; j < LANES; j++) u += la[j], w += lb[j], la[j] = lb[j] = 0;             \
+                    terms = 0;                                                                             \
                 }                                                                                          \
+                const size_t room = (size_t)(LANE_TERMS - terms) * LANES;                                  \
+                const size_t end = full - i0 < room ? full : i0 + room;                                    \
+                for (size_t i = i0; i < end; i += LANES) {                                                 \
+                    _Pragma("omp simd") for (int j = 0; j < LANES; j++)                                    \
+                    {                                                                                      \
+                        const ch_real v = MASK(WA(ap[i + j]), WIDE(bp[i + j])) - ka;                       \
+                        la[j] += v;                                                                        \
+                        lb[j] += v * (WIDE(bp[i + j]) - kb);                                               \
+                    }                                                                                      \
+                }                                                                                          \
+                terms += (int)((end - i0) / LANES);                                                        \
+                i0 = end;                                                                                  \
             }                                                                                              \
-            terms += (int)((end - i0) / LANES);                                                            \
-            i0 = end;                                                                                      \
+            memcpy(s->la, la, sizeof la), memcpy(s->lb, lb, sizeof lb);                                    \
+            s->terms = terms;                                                                              \
         }                                                                                                  \
         for (size_t i = full; i < hw; i++) {                                                               \
             const double v = (double)MASK(WA(ap[i]), WIDE(bp[i])) - ka;                                    \
             u += v;                                                                                        \
             w += v * ((double)WIDE(bp[i]) - kb);                                                           \
         }                                                                                                  \
-        memcpy(s->la, la, sizeof la), memcpy(s->lb, lb, sizeof lb);                                        \
-        s->u = u, s->w = w, s->terms = terms;                                                              \
+        s->u = u, s->w = w;                                                                                \
     }                                                                                                      \
-    /* Channels [c0, c1) of c; kb, ms, mt per channel (NULL: 0); ka 0, or with shift (the statistics,  \
+    /* Channels [c0, c1) of c; kb, ms, mt per channel (NULL: 0); ka 0, or with shift (the statistics,      \
      * a = b, n * hw > 0) ka = kb = the channel's first value. */                                          \
     static void NAME(const A *a, const B *b, int c0, int c1, int n, int c, size_t hw, bool shift,          \
                      const ch_real *kb, const ch_real *ms, const ch_real *mt, double *s1, double *s2)      \
@@ -83,12 +87,16 @@ enum { CB = 64 };
         for (int b0 = c0; b0 < c1; b0 += CB) {                                                             \
             const int b1 = c1 - b0 < CB ? c1 : b0 + CB;                                                    \
             memset(st, 0, sizeof st);                                                                      \
+            for (int ch = b0; ch < b1; ch++) {                                                             \
+                lanes *q = &st[ch - b0];                                                                   \
+                q->ka = shift ? WA(a[(size_t)ch * hw]) : 0;                                                \
+                q->kb = shift ? q->ka : kb ? kb[ch] : 0;                                                   \
+                q->ms = ms ? ms[ch] : 0, q->mt = mt ? mt[ch] : 0;                                          \
+            }                                                                                              \
             for (int p = 0; p < n; p++)                                                                    \
                 for (int ch = b0; ch < b1; ch++) {                                                         \
                     const size_t at = ((size_t)p * c + ch) * hw;                                           \
-                    const ch_real k0 = shift ? WA(a[(size_t)ch * hw]) : 0;                                 \
-                    NAME##_plane(&st[ch - b0], a + at, k0, b + at, shift ? k0 : kb ? kb[ch] : 0, hw,       \
-                                 ms ? ms[ch] : 0, mt ? mt[ch] : 0);                                        \
+                    NAME##_plane(&st[ch - b0], a + at, b + at, hw);                                        \
                 }                                                                                          \
             for (int ch = b0; ch < b1; ch++) {                                                             \
                 const lanes *q = &st[ch - b0];                                                             \
