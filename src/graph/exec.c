@@ -547,15 +547,14 @@ static bool find_recompute(const graph_impl *gi, const bool *remade, int b, reco
 {
     const xnode *bn = &gi->nodes[b];
     if (bn->l->absorbed || !ch_layer_is_batchnorm(bn->l) || remade[gi->alias[bn->in[0]]]) return false;
-    int t = gi->alias[bn->out], relu = -1;
+    int t = gi->alias[bn->out];
     if (t == gi->output || gi->readers[t] != 1) return false;
-    int reader = only_reader(gi, t);
-    if (ch_layer_is_relu(gi->nodes[reader].l) && gi->nodes[reader].l->y == bn->l->y) {
-        relu = reader;
+    const int relu = relu_over_bn(gi, b);
+    if (relu >= 0) {
         t = gi->alias[gi->nodes[relu].out];
         if (t == gi->output || gi->readers[t] != 1) return false;
-        reader = only_reader(gi, t);
     }
+    const int reader = only_reader(gi, t);
     /* A reader that writes over the values would leave nothing to remake them over. */
     if (gi->nodes[reader].l->y == bn->l->y) return false;
     *rc = (recompute){ .bn = b, .relu = relu, .reader = reader, .tensor = t };
