@@ -4,7 +4,9 @@
  * backward's two kernels on the fp32 input and on the kept bf16 copy. Compare two builds by linking
  * this against each one's libcohort.a (as for bench/conv_kernels.c), or read the bf16 columns
  * against the fp32 ones. Then a BatchNorm and the ReLU after it (fp32), apart (channel_affine then
- * relu_forward; relu_backward then backward's two kernels) against fused (bn_relu_*, graph/exec.c).
+ * relu_forward; relu_backward then backward's two kernels) against fused (bn_relu_*, graph/exec.c),
+ * and a residual block's end, BatchNorm + sum + ReLU forward, apart (channel_affine, add in place,
+ * relu_forward in place) against fused (bn_add_forward).
  *   norm_kernels [REPS [l1|l2|l3|l4]]   (l1: 64 x 28 x 28, the default; l4: 512 x 4 x 4) */
 #include <stdio.h>
 #include <stdlib.h>
@@ -80,7 +82,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "norm_kernels: out of memory\n");
         return 1;
     }
-    double f[4] = { 1e30, 1e30, 1e30, 1e30 };   /* forward apart, fused; backward apart, fused */
+    double f[6] = { 1e30, 1e30, 1e30, 1e30, 1e30, 1e30 };   /* forward apart, fused; backward apart,
+                                                            * fused; block end apart, fused */
     for (int r = 0; r < reps; r++) {
         double t0 = ch_clock_s();
         ch_cpu_channel_affine(&kc, N, C, HW, x, gamma, shift, y);
@@ -100,6 +103,14 @@ int main(int argc, char **argv)
         ch_cpu_bn_relu_backward_reduce(&kc, N, C, HW, xa, NULL, da, mean, invstd, gamma, shift, s1, s2);
         ch_cpu_bn_relu_backward_data(&kc, N, C, HW, xa, NULL, da, mean, invstd, gamma, gamma, shift, s1, s2, 1e5, xa);
         f[3] = best_ms(ch_clock_s() - t0, f[3]);
+        t0 = ch_clock_s();   /* dy stands for the residual */
+        ch_cpu_channel_affine(&kc, N, C, HW, x, gamma, shift, y);
+        ch_cpu_add(&kc, len, y, dy, y);
+        ch_cpu_relu_forward(&kc, len, y, y);
+        t1 = ch_clock_s();
+        f[4] = best_ms(t1 - t0, f[4]);
+        ch_cpu_bn_add_forward(&kc, N, C, HW, x, NULL, gamma, shift, dy, true, y, NULL);
+        f[5] = best_ms(ch_clock_s() - t1, f[5]);
     }
     printf("%d x %d x %d, 2 threads, best of %d\n", N, C, HW, reps);
     printf("%-24s %8s %8s\n", "kernel (ms)", "fp32", "bf16");
@@ -110,6 +121,7 @@ int main(int argc, char **argv)
     printf("%-24s %8s %8s %8s\n", "BatchNorm + ReLU (ms)", "apart", "fused", "ratio");
     printf("%-24s %8.2f %8.2f %7.2fx\n", "forward", f[0], f[1], f[0] / f[1]);
     printf("%-24s %8.2f %8.2f %7.2fx\n", "backward", f[2], f[3], f[2] / f[3]);
+    printf("%-24s %8.2f %8.2f %7.2fx\n", "BN + sum + ReLU forward", f[4], f[5], f[4] / f[5]);
     free(x), free(dy), free(y), free(dx), free(keep), free(xa), free(da);
     return 0;
 }

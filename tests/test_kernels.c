@@ -699,6 +699,72 @@ static void bn_relu_kernels_give_the_separate_kernels_bits(void **state)
     free(x), free(dy), free(y), free(want), free(h), free(hw);
 }
 
+/* A BatchNorm with the same-shaped sum over its output, and the ReLU over that, in one pass
+ * (kernels.h, bn_add_forward; graph/exec.c) gives the bits of channel_affine (of fp32, keeping bf16,
+ * of bf16), add and relu_forward apart, with and without the ReLU, where the residual is either
+ * operand of add; where the normalised value and the residual are both NaN, a NaN (which one C
+ * leaves to the compiler). 2 threads over 3 x 7 planes of 197. Fixtures: in channel 1 every 5th
+ * sum is exactly 0 (the residual is minus the normalised value), in channel 0 some are -0 + -0;
+ * NaNs of both signs in x and in the residual, one place where both are, and infinities. */
+static void bn_add_case(const ch_kernels *k, const ch_kctx *kc, const float *x, const uint16_t *xh, const float *res,
+                        const float *scale, const float *shift, bool res_first, bool relu, int n, int c, int hw)
+{
+    const size_t len = (size_t)n * c * hw;
+    float *want = malloc(sizeof(float) * len), *got = malloc(sizeof(float) * len);
+    uint16_t *kw = malloc(sizeof(uint16_t) * len), *kg = malloc(sizeof(uint16_t) * len);
+    assert_true(want && got && kw && kg);
+    if (xh) k->channel_affine_of_bf16(kc, n, c, hw, xh, scale, shift, want);
+    else k->channel_affine_keep_bf16(kc, n, c, hw, x, scale, shift, want, kw);
+    int both_nan = 0;
+    for (size_t i = 0; i < len; i++) both_nan += isnan(want[i]) && isnan(res[i]);
+    if (res_first) k->add(kc, len, res, want, want);
+    else k->add(kc, len, want, res, want);
+    if (relu) k->relu_forward(kc, len, want, want);
+    memset(kg, 0xff, sizeof(uint16_t) * len);
+    k->bn_add_forward(kc, n, c, hw, xh ? NULL : x, xh, scale, shift, res, relu, got, xh ? NULL : kg);
+    for (size_t i = 0; i < len; i++) {
+        const bool nans = isnan(got[i]) && isnan(want[i]);
+        if (!nans && memcmp(&got[i], &want[i], sizeof(float)) != 0)
+            fail_msg("bn_add_forward (%s input, residual %s, %s) at %zu: %a against %a apart", xh ? "bf16" : "fp32",
+                     res_first ? "first" : "second", relu ? "ReLU" : "no ReLU", i, (double)got[i], (double)want[i]);
+    }
+    assert_int_equal(both_nan, 1);
+    if (!xh) assert_memory_equal(kg, kw, sizeof(uint16_t) * len);
+    free(want), free(got), free(kw), free(kg);
+}
+
+static void bn_add_kernel_gives_the_separate_kernels_bits(void **state)
+{
+    (void)state;
+    enum { B = 3, C = 7, HW = 197, N = B * C * HW };
+    const ch_kernels *k = ch_kernels_cpu();
+    const ch_kctx two = { .nthreads = 2 };
+    float *x = tu_uniform(N, 41), *res = tu_uniform(N, 42), *xw = malloc(sizeof(float) * N);
+    uint16_t *h = malloc(sizeof(uint16_t) * N);
+    assert_true(x && res && xw && h);
+    float scale[C], shift[C];
+    for (int c = 0; c < C; c++) scale[c] = 0.75f + 0.125f * (float)c, shift[c] = -0.3f + 0.1f * (float)c;
+    shift[0] = -0.0f;
+    x[3] = NAN, res[3] = -NAN, x[9] = -NAN, res[HW + 7] = NAN, x[2 * HW + 5] = INFINITY, res[2 * HW + 6] = -INFINITY;
+    for (int i = 0; i < N; i++) h[i] = ch_bf16_from_float(x[i]), xw[i] = ch_bf16_to_float(h[i]);
+    int zeros = 0;
+    for (int s = 0; s < B; s++)
+        for (int j = 0; j < HW; j += 5) {
+            const size_t at = ((size_t)s * C + 1) * HW + j;
+            res[at] = -(xw[at] * scale[1] + shift[1]), zeros++;   /* exact for x and its bf16 */
+            x[at] = xw[at];
+            x[((size_t)s * C) * HW + j] = xw[((size_t)s * C) * HW + j] = -0.0f;
+            res[((size_t)s * C) * HW + j] = -0.0f, h[((size_t)s * C) * HW + j] = 0x8000;
+        }
+    assert_true(x[HW + 5] * scale[1] + shift[1] + res[HW + 5] == 0 && zeros > 100);
+    for (int rf = 0; rf < 2; rf++)
+        for (int relu = 0; relu < 2; relu++) {
+            bn_add_case(k, &two, x, NULL, res, scale, shift, rf, relu, B, C, HW);
+            bn_add_case(k, &two, xw, h, res, scale, shift, rf, relu, B, C, HW);
+        }
+    free(x), free(res), free(xw), free(h);
+}
+
 /* Winograd F(3x3, 5x5) (cpu_wino5.c), written here: 5x5, stride 1, at least 8 channels in and 16
  * out, all three passes. Its transforms round more than a direct sum (points up to 2 and 1/2,
  * weights scaled by up to 32/45): y and dx stay within tol; dw, whose adjoint transform of the
@@ -1272,6 +1338,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(bf16_reorder_rounds_as_plain_c),
         cmocka_unit_test(bf16_storage_kernels_match_plain_c),
         cmocka_unit_test(bn_relu_kernels_give_the_separate_kernels_bits),
+        cmocka_unit_test(bn_add_kernel_gives_the_separate_kernels_bits),
         cmocka_unit_test(gemm_batch_matches_reference),
         cmocka_unit_test(winograd5_matches_reference),
         cmocka_unit_test(winograd3_matches_reference),

@@ -306,6 +306,15 @@ typedef struct ch_kernels {
                                   const ch_real *dy, const ch_real *mean, const ch_real *invstd, const ch_real *gamma,
                                   const ch_real *scale, const ch_real *shift, const double *sum_dy,
                                   const double *sum_dy_xhat, double count, ch_real *dx);
+    /* A BatchNorm's normalising pass and the same-shaped sum that writes over its output in place
+     * (and the in-place ReLU after that) as one pass (graph/exec.c): y = v + res, v channel_affine's
+     * value from x, or from xh where x is NULL; with relu, 0 where that sum is < 0 (a NaN passes);
+     * keep as in bn_relu_forward. Bit for bit channel_affine, add and relu_forward apart, save which
+     * NaN comes out where v and res are both NaN (C leaves the operand order of a sum to the
+     * compiler, add's own loop included). res does not alias y. NULL: they run apart. */
+    void (*bn_add_forward)(const ch_kctx *kc, int n, int c, int hw, const ch_real *x, const uint16_t *xh,
+                           const ch_real *scale, const ch_real *shift, const ch_real *res, bool relu, ch_real *y,
+                           uint16_t *keep);
     /* y[j] = sum over i < rows of x[i * len + j], in the order of i (a Linear layer's bias
      * gradient); rows may be 0. */
     void (*col_sum)(const ch_kctx *kc, int rows, size_t len, const ch_real *x, ch_real *y);

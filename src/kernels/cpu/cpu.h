@@ -206,6 +206,10 @@ void ch_cpu_channel_affine(const ch_kctx *kc, int n, int c, int hw, const ch_rea
 /* A BatchNorm and the ReLU after it (kernels.h, bn_relu_*). */
 void ch_cpu_bn_relu_forward(const ch_kctx *kc, int n, int c, int hw, const ch_real *x, const uint16_t *xh,
                             const ch_real *scale, const ch_real *shift, ch_real *y, uint16_t *keep);
+/* A BatchNorm and the sum (and ReLU) over its output (kernels.h, bn_add_forward). */
+void ch_cpu_bn_add_forward(const ch_kctx *kc, int n, int c, int hw, const ch_real *x, const uint16_t *xh,
+                           const ch_real *scale, const ch_real *shift, const ch_real *res, bool relu, ch_real *y,
+                           uint16_t *keep);
 void ch_cpu_bn_relu_backward_reduce(const ch_kctx *kc, int n, int c, int hw, const ch_real *x, const uint16_t *xh,
                                     const ch_real *dy, const ch_real *mean, const ch_real *invstd,
                                     const ch_real *scale, const ch_real *shift, double *sum_dy, double *sum_dy_xhat);

@@ -241,6 +241,40 @@ void ch_cpu_bn_relu_forward(const ch_kctx *kc, int n, int c, int hw, const ch_re
     affine_planes(kc, n, c, hw, x, x ? NULL : xh, scale, shift, true, y, keep);
 }
 
+/* v = x * a + b plus r, clamped at 0 with relu as ch_cpu_relu_span clamps. */
+static inline ch_real sum_act(ch_real v, ch_real r, bool relu)
+{
+    const ch_real s = v + r;
+    return relu && s < 0 ? 0 : s;
+}
+
+/* One plane of bn_add_forward; keep as in affine_plane. relu is the same for the whole loop, which
+ * the compiler takes out of it. */
+static void affine_add_plane(int hw, const ch_real *xf, const uint16_t *xh, ch_real a, ch_real b, const ch_real *res,
+                             bool relu, ch_real *y, uint16_t *keep)
+{
+    if (xh)
+        for (int j = 0; j < hw; j++) y[j] = sum_act((ch_real)ch_bf16_to_float(xh[j]) * a + b, res[j], relu);
+    else
+        for (int j = 0; j < hw; j++) y[j] = sum_act(xf[j] * a + b, res[j], relu);
+    if (keep && xf)
+        for (int j = 0; j < hw; j++) keep[j] = ch_bf16_from_float((float)xf[j]);
+}
+
+void ch_cpu_bn_add_forward(const ch_kctx *kc, int n, int c, int hw, const ch_real *x, const uint16_t *xh,
+                           const ch_real *scale, const ch_real *shift, const ch_real *res, bool relu, ch_real *y,
+                           uint16_t *keep)
+{
+    const long planes = (long)n * c;
+#pragma omp parallel for num_threads(kc->nthreads) schedule(static)
+    for (long pl = 0; pl < planes; pl++) {
+        const int ch = (int)(pl % c);
+        const size_t at = (size_t)pl * (size_t)hw;
+        affine_add_plane(hw, x ? x + at : NULL, x ? NULL : xh + at, scale[ch], shift[ch], res + at, relu,
+                         y + at, keep ? keep + at : NULL);
+    }
+}
+
 /* BatchNorm's backward sums over x in fp32 (x) or bf16 (xh), per channel; with scale (a fused
  * ReLU), of dy masked where x * scale + shift is not > 0. */
 static void bn_backward_reduce(const ch_kctx *kc, int n, int c, int hw, const ch_real *x, const uint16_t *xh,

@@ -48,6 +48,7 @@ const ch_kernels ch_cpu_kernel_table = {
     .bn_relu_forward = ch_cpu_bn_relu_forward,
     .bn_relu_backward_reduce = ch_cpu_bn_relu_backward_reduce,
     .bn_relu_backward_data = ch_cpu_bn_relu_backward_data,
+    .bn_add_forward = ch_cpu_bn_add_forward,
     .col_sum = ch_cpu_col_sum,
     .optim_update = ch_cpu_optim_update,
     .softmax_xent = ch_cpu_softmax_xent,
