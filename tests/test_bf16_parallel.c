@@ -163,6 +163,42 @@ static void fused_relu_backward_only_where_exact(void **state)
     ch_dataset_free(d);
 }
 
+/* A sum that does its BatchNorm's normalising pass (graph/exec.c) reads that BatchNorm's input
+ * at the sum's place in forward, not the BatchNorm's: here that input is a Linear layer's output
+ * kept in bf16 for backward, whose fp32 block in forward must live until the sum. Between the two
+ * a second Linear layer and BatchNorm take blocks of their own (fc2's output, bn_b's remade one),
+ * which must not be that one. The lazy backend runs the sum apart; the CPU's must give its bits. */
+static ch_graph *late_sum(void)
+{
+    ch_graph *g;
+    ch_err err;
+    if (ch_graph_create("late-sum", &g, &err) != CH_STATUS_OK) fail_msg("%s", err.msg);
+    const ch_batchnorm_args bn = { .eps = 1e-3, .momentum = 0.3 };
+    const int x = ch_graph_flatten(g, "flat", ch_graph_input(g, "x", 1, 12, 12));
+    const int a = ch_graph_batchnorm1d(g, "bn_a", ch_graph_linear(g, "fc1", x, 96, true), &bn);
+    const int b = ch_graph_batchnorm1d(g, "bn_b", ch_graph_linear(g, "fc2", x, 96, false), &bn);
+    const int h = ch_graph_relu(g, "relu", ch_graph_add(g, "sum", a, b));
+    if (ch_graph_output(g, ch_graph_linear(g, "fc3", h, 10, true)) != CH_STATUS_OK) fail_msg("late-sum");
+    return g;
+}
+
+static void late_sum_reads_a_live_input(void **state)
+{
+    (void)state;
+    ch_dataset *d = tu_synthetic(26, 12, 9);
+    ch_graph *g = late_sum();
+    ch_train_config cfg = tu_lazy_job(NULL, false, 1, 2);
+    cfg.graph = g;
+    cfg.precision = "bf16";
+    size_t kept;
+    const double loss = tu_lazy_gives_cpu_bits(&cfg, d, 2, &kept);
+    if (!(kept > 0)) fail_msg("no BatchNorm input kept in bf16");
+    print_message("a sum over two bf16-kept BatchNorm1d: 2 epochs on cpu*2 and lazy*2, the same bits (loss %.6f)\n",
+                  loss);
+    ch_graph_free(g);
+    ch_dataset_free(d);
+}
+
 int main(void)
 {
     /* Without native bf16, oneDNN's AVX-512 emulation of it (COHORT_BF16=emulate) runs the same
@@ -175,6 +211,7 @@ int main(void)
         cmocka_unit_test(per_replica_bn_matches_the_bf16_slices),
         cmocka_unit_test(lazy_devices_give_the_cpu_bits),
         cmocka_unit_test(fused_relu_backward_only_where_exact),
+        cmocka_unit_test(late_sum_reads_a_live_input),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -117,9 +117,10 @@ static void resnet18_bf16_keeps_batchnorm_inputs_in_bf16(void **state)
     ch_kernels fp32_storage = *cpu->k, emulated = *cpu->k;   /* without the conversions */
     fp32_storage.channel_affine_keep_bf16 = emulated.channel_affine_keep_bf16 = NULL;
     fp32_storage.conv2d_out_bf16 = emulated.conv2d_out_bf16 = NULL;
-    /* The ReLUs after BatchNorms apart, so that every BatchNorm normalises through channel_affine
-     * (the cpu backend's fused ones give the same bits: kernels.h). */
+    /* The ReLUs after BatchNorms and the sums over them apart, so that every BatchNorm normalises
+     * through channel_affine (the cpu backend's fused ones give the same bits: kernels.h). */
     fp32_storage.bn_relu_forward = emulated.bn_relu_forward = NULL;
+    fp32_storage.bn_add_forward = emulated.bn_add_forward = NULL;
     emulated.channel_affine = affine_then_round_input;
     emulated.conv2d_forward = conv_then_round_output;
     plain->k = &fp32_storage;

@@ -273,6 +273,68 @@ static void fused_relu_at_the_output_gives_the_cpu_bits(void **state)
     ch_graph_free(g);
 }
 
+/* Same-shaped sums over a BatchNorm's output in place (graph/exec.c, bn_add_forward): the sum does
+ * the BatchNorm's normalising pass with the other operand, and the in-place ReLU after it where
+ * there is one. Here: a downsampling block whose shortcut's BatchNorm comes after bn2 (bn2's pass
+ * waits for the sum, past the shortcut), the shortcut's output remade for the sum; a sum with the
+ * BatchNorm as its second operand and no ReLU after it (MobileNetV2's); eps and momentum not
+ * PyTorch's. The lazy backend (no fused kernel) runs them apart and must give the CPU's bits. */
+static ch_graph *bn_sums_graph(void)
+{
+    ch_graph *g;
+    ch_err err;
+    if (ch_graph_create("bn-sums", &g, &err) != CH_STATUS_OK) fail_msg("%s", err.msg);
+    const ch_batchnorm_args bn = { .eps = 1e-3, .momentum = 0.3 };
+    const int x = ch_graph_input(g, "x", 1, 12, 12);
+    int y = ch_graph_conv2d(g, "conv1", x, &(ch_conv2d_args){ .out_channels = 8, .kernel = 3, .padding = 1 });
+    y = ch_graph_relu(g, "relu1", ch_graph_batchnorm2d(g, "bn1", y, &bn));
+    y = ch_graph_batchnorm2d(g, "bn2", ch_graph_conv2d(g, "conv2", y, &(ch_conv2d_args){ .out_channels = 8, .kernel = 3,
+                                                                                        .padding = 1, .no_bias = true }), &bn);
+    int s = ch_graph_conv2d(g, "down", x, &(ch_conv2d_args){ .out_channels = 8, .kernel = 1, .no_bias = true });
+    s = ch_graph_batchnorm2d(g, "down_bn", s, &bn);
+    const int h = ch_graph_relu(g, "relu2", ch_graph_add(g, "add1", y, s));
+    y = ch_graph_conv2d(g, "conv3", h, &(ch_conv2d_args){ .out_channels = 8, .kernel = 3, .padding = 1 });
+    y = ch_graph_add(g, "add2", h, ch_graph_batchnorm2d(g, "bn3", y, &bn));
+    y = ch_graph_linear(g, "fc", ch_graph_flatten(g, "flat", y), 10, true);
+    if (ch_graph_output(g, y) != CH_STATUS_OK) fail_msg("bn-sums");
+    return g;
+}
+
+/* The sum's BatchNorm reads, at the sum's place, a BatchNorm output that is not kept (remade in
+ * backward): its block in forward must live until the sum, past bn_b's own remade output. */
+static ch_graph *bn_chain_sum_graph(void)
+{
+    ch_graph *g;
+    ch_err err;
+    if (ch_graph_create("bn-chain-sum", &g, &err) != CH_STATUS_OK) fail_msg("%s", err.msg);
+    const ch_batchnorm_args bn = { .eps = 1e-3, .momentum = 0.3 };
+    const int x = ch_graph_flatten(g, "flat", ch_graph_input(g, "x", 1, 12, 12));
+    int a = ch_graph_batchnorm1d(g, "bn_a0", ch_graph_linear(g, "fc1", x, 96, true), &bn);
+    a = ch_graph_batchnorm1d(g, "bn_a", a, &bn);
+    const int b = ch_graph_batchnorm1d(g, "bn_b", ch_graph_linear(g, "fc2", x, 96, false), &bn);
+    const int h = ch_graph_relu(g, "relu", ch_graph_add(g, "sum", a, b));
+    if (ch_graph_output(g, ch_graph_linear(g, "fc3", h, 10, true)) != CH_STATUS_OK) fail_msg("bn-chain-sum");
+    return g;
+}
+
+static void bn_sums_give_the_cpu_bits(void **state)
+{
+    (void)state;
+    ch_graph *(*const make[])(void) = { bn_sums_graph, bn_chain_sum_graph };
+    const char *what[] = { "two blocks", "a remade input" };
+    ch_dataset *d = tu_synthetic(26, 12, 9);
+    for (int i = 0; i < 2; i++) {
+        ch_graph *g = make[i]();
+        ch_train_config cfg = tu_lazy_job(NULL, false, 1, 1);
+        cfg.graph = g;
+        const double loss = tu_lazy_gives_cpu_bits(&cfg, d, 2, NULL);
+        print_message("BatchNorm + sum (+ ReLU), %s: 2 epochs on cpu*2 and lazy*2, the same bits (loss %.6f)\n",
+                      what[i], loss);
+        ch_graph_free(g);
+    }
+    ch_dataset_free(d);
+}
+
 /* Data sizes for batch B: whole batches only, and a last batch of 1, 2 or 3 samples. */
 static int shape_sizes(int B, int out[4])
 {
@@ -625,6 +687,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(device_kind_picks_the_backend),
         cmocka_unit_test(failing_replica_stops_everyone),
         cmocka_unit_test(fused_relu_at_the_output_gives_the_cpu_bits),
+        cmocka_unit_test(bn_sums_give_the_cpu_bits),
         cmocka_unit_test(lazy_backend_gives_the_cpu_bits),   /* last: see below */
     };
 #endif

@@ -28,6 +28,7 @@ typedef struct bn_impl {
     bool keep_made;   /* keep is the input itself, written there by its maker (every forward) */
     bool relu_fwd;    /* forward (and reapply) also does the ReLU after it: y is the ReLU's output */
     bool relu_bwd;    /* backward also does that ReLU's backward: dy is the ReLU's dy */
+    bool apply_later; /* forward stops before normalising: a parent's sum does it (apply_sum) */
 } bn_impl;
 
 static ch_status bn_plan(ch_layer *l, ch_plan *pl, ch_err *err)
@@ -112,6 +113,7 @@ static void bn_forward(ch_layer *l, const ch_run *r, int n, const ch_real *x)
     }
     r->k->batchnorm_finalize(&r->kc, c, mean, var, cnt, b->eps, b->momentum, l->p[BN_WEIGHT], l->p[BN_BIAS],
                              l->b[BN_RMEAN], l->b[BN_RVAR], b->mean);
+    if (b->apply_later) return;
     if (b->relu_fwd)
         r->k->bn_relu_forward(&r->kc, n, c, hw, b->keep_made ? NULL : x, b->keep_made ? b->keep : NULL, b->scale,
                               b->shift, l->y, r->training && b->keep && !b->keep_made ? b->keep : NULL);
@@ -135,6 +137,22 @@ void ch_batchnorm2d_fuse_relu(ch_layer *l, bool forward, bool backward)
     CH_ASSERT(ch_layer_is_batchnorm(l) && (forward || !backward));
     ((bn_impl *)l->impl)->relu_fwd = forward;
     ((bn_impl *)l->impl)->relu_bwd = backward;
+}
+
+void ch_batchnorm2d_apply_later(ch_layer *l)
+{
+    CH_ASSERT(ch_layer_is_batchnorm(l));
+    ((bn_impl *)l->impl)->apply_later = true;
+}
+
+void ch_batchnorm2d_apply_sum(const ch_layer *l, const ch_run *r, int n, const ch_real *x, const ch_real *res,
+                              bool relu)
+{
+    const bn_impl *b = l->impl;
+    CH_ASSERT(ch_layer_is_batchnorm(l) && b->apply_later);
+    const int c = l->in.c, hw = l->in.h * l->in.w;
+    r->k->bn_add_forward(&r->kc, n, c, hw, b->keep_made ? NULL : x, b->keep_made ? b->keep : NULL, b->scale,
+                         b->shift, res, relu, l->y, r->training && b->keep && !b->keep_made ? b->keep : NULL);
 }
 
 void ch_batchnorm2d_reapply_bf16(const ch_layer *l, const ch_run *r, int n, const uint16_t *x, ch_real *y)

@@ -277,6 +277,14 @@ ch_status ch_batchnorm1d_create_opts(const char *name, int features, double eps,
  * runs neither pass of that ReLU, and only where the values backward reads are those forward
  * normalised (not an input forward read in fp32 and backward from its bf16 copy). */
 void ch_batchnorm2d_fuse_relu(ch_layer *l, bool forward, bool backward);
+/* Make a BatchNorm's forward stop after its statistics and scale and shift, for a parent that
+ * then calls ch_batchnorm2d_apply_sum: the same-shaped sum that writes over its output in place
+ * (and the ReLU over that) in the normalising pass (the kernel table's bn_add_forward must exist). */
+void ch_batchnorm2d_apply_later(ch_layer *l);
+/* That pass, for x (the BatchNorm's forward input, still live): relu(v + res) (no clamp without
+ * relu), v its normalised output, into its own output. */
+void ch_batchnorm2d_apply_sum(const ch_layer *l, const ch_run *r, int n, const ch_real *x, const ch_real *res,
+                              bool relu);
 /* A BatchNorm2d's last forward again: y = its output for input x, from the scale and shift that
  * forward saved (the same bits), for a parent that recomputes the output instead of keeping it. */
 void ch_batchnorm2d_reapply(const ch_layer *l, const ch_run *r, int n, const ch_real *x, ch_real *y);
