@@ -615,12 +615,51 @@ static void build_residual_identity(ch_graph *g) { build_residual(g, 4, 4, 1, fa
 static void build_residual_projected(ch_graph *g) { build_residual(g, 3, 5, 2, false); }
 static void build_basicblock_downsample(ch_graph *g) { build_residual(g, 3, 5, 2, true); }
 
+/* A sum's two operand gradients share its dy's block where nothing writes that block before both
+ * operands' makers have read it (graph/exec.c, shares_dy: the two projected residual graphs above
+ * and resnet18's blocks; the input's gradient, the caller's, never shares). Three
+ * graphs where they must not: the second operand's maker comes after the first's and masks its
+ * dy in place (a convolution with a fused ReLU); the second operand has a reader after the first's
+ * maker (its gradient added into the block before that maker reads it); the first operand has a
+ * second reader (likewise). */
+static void build_sum_late_masking(ch_graph *g)
+{
+    int x = ch_graph_input(g, "x", 3, 6, 6);
+    int y = ch_graph_batchnorm2d(g, "bn", conv(g, "conv", x, 4, 3, 1, 1), NULL);
+    int s = ch_graph_relu(g, "short.relu", conv(g, "short", x, 4, 1, 0, 1));
+    y = ch_graph_relu(g, "relu", ch_graph_add(g, "add", y, s));
+    ch_graph_output(g, ch_graph_linear(g, "fc", ch_graph_flatten(g, "flat", y), 3, true));
+}
+
+static void build_sum_second_read_late(ch_graph *g)
+{
+    int x = ch_graph_input(g, "x", 3, 6, 6);
+    int s = ch_graph_relu(g, "a.relu", conv(g, "a", x, 4, 3, 1, 1));
+    int y = ch_graph_batchnorm2d(g, "bn", conv(g, "b", s, 4, 3, 1, 1), NULL);
+    int w = conv(g, "c", s, 4, 1, 0, 1);
+    int z = ch_graph_add(g, "add", y, s);
+    ch_graph_output(g, ch_graph_linear(g, "fc", ch_graph_flatten(g, "flat", ch_graph_add(g, "add2", z, w)), 3, true));
+}
+
+static void build_sum_first_read_twice(ch_graph *g)
+{
+    int x = ch_graph_input(g, "x", 3, 6, 6);
+    int s = conv(g, "short", x, 4, 1, 0, 1);
+    int y = ch_graph_batchnorm2d(g, "bn", conv(g, "a", x, 4, 3, 1, 1), NULL);
+    int w = conv(g, "c", y, 4, 3, 1, 1);
+    int z = ch_graph_add(g, "add", y, s);
+    ch_graph_output(g, ch_graph_linear(g, "fc", ch_graph_flatten(g, "flat", ch_graph_add(g, "add2", z, w)), 3, true));
+}
+
 static void residual_gradients(void **state)
 {
     (void)state;
     check_graph("residual identity", build_residual_identity, 2, false);
     check_graph("residual 1x1 s2", build_residual_projected, 2, false);
     check_graph("basicblock downsample", build_basicblock_downsample, 2, false);
+    check_graph("sum, second maker late and masking", build_sum_late_masking, 2, false);
+    check_graph("sum, second operand read late", build_sum_second_read_late, 2, false);
+    check_graph("sum, first operand read twice", build_sum_first_read_twice, 2, false);
 }
 
 static void check_model(const char *arch, ch_shape3 in, int n, int per_tensor, int inputs)

@@ -38,6 +38,42 @@ static void resnet18_backward_scratch_is_three_largest_activations(void **state)
     ch_model_free(m);
 }
 
+/* The CPU's copy_rows, counted where a row is more than the 10 logits (whose gradient the model
+ * copies once a step): a same-shaped sum's backward copies its dy to an operand's gradient with
+ * it, where that gradient is not its dy's block. */
+static int rows_copied;
+
+static void counted_copy_rows(const ch_kctx *kc, int rows, size_t len, const ch_real *src, size_t src_stride,
+                              ch_real *dst, size_t dst_stride)
+{
+    rows_copied += len > 10;
+    ch_kernels_cpu()->copy_rows(kc, rows, len, src, src_stride, dst, dst_stride);
+}
+
+/* resnet18's 8 residual sums copy nothing in backward: both operands' gradients are the sum's dy
+ * block (graph/exec.c, shares_dy), the ReLU over each sum writing its input gradient into a block
+ * of its own so that the stack packs as well as with the copies (the three-activation scratch
+ * above, the same plan). Without the sharing, or where it would cost scratch and the plan keeps
+ * the copies, there are 8. */
+static void resnet18_sums_copy_nothing_in_backward(void **state)
+{
+    (void)state;
+    enum { P = 11175818 };
+    ch_backend *be;
+    ch_err err;
+    if (ch_backend_create("cpu", 0, 2, &be, &err) != CH_STATUS_OK) fail_msg("%s", err.msg);
+    ch_kernels counted = *be->k;
+    counted.copy_rows = counted_copy_rows;
+    be->k = &counted;
+    float *g = malloc(sizeof(float) * P);
+    assert_non_null(g);
+    rows_copied = 0;
+    ch_model_free(tu_zoo_step(be, "resnet18", (ch_shape3){ 1, 28, 28 }, 4, false, 8, g));
+    assert_int_equal(rows_copied, 0);
+    free(g);
+    ch_backend_free(be);
+}
+
 /* resnet18's logits for n samples of x, planned and run on backend be. */
 static void resnet18_logits(ch_backend *be, int n, const float *x, float *out)
 {
@@ -408,6 +444,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(state_dict_matches_pytorch),
         cmocka_unit_test(resnet18_backward_scratch_is_three_largest_activations),
+        cmocka_unit_test(resnet18_sums_copy_nothing_in_backward),
         cmocka_unit_test(models_on_one_backend_share_its_workspace),
         cmocka_unit_test(resnet18_bf16_keeps_batchnorm_inputs_in_bf16),
         cmocka_unit_test(default_init_is_pytorchs_and_seeded),
