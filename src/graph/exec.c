@@ -47,11 +47,14 @@
  * gradients are both its dy: the first's is its dy's block (takes_dy), and the second's is too
  * where nothing writes that block before both operands' makers have read it (shares_dy; the maker
  * that reads last gives it back, twin_holds), so the sum's backward copies nothing (resnet18: its
- * 8 block ends, ~50 M values a step, and a block of scratch). The graph's input gets dx (the
- * caller's) or nothing. Forward's recomputed outputs take blocks of the same stack, planned the
- * same way over forward's order (forward and backward never run at once). */
+ * 8 block ends, ~50 M values a step). The graph's input gets dx (the caller's) or nothing.
+ * Forward's recomputed outputs take blocks of the same stack, planned the same way over forward's
+ * order (forward and backward never run at once). The walk records each block's span; the blocks
+ * get their offsets after it, the largest first (blocks_place). */
 #include "graph/graph.h"
 
+#include <limits.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -101,7 +104,6 @@ typedef struct graph_impl {
     size_t *grad_off;     /* tensor -> its gradient's scratch offset (planned) */
     unsigned char *grad_where;   /* tensor -> GRAD_BLOCK (at grad_off) or GRAD_OVER_VALUES */
     int *grad_twin;       /* tensor -> the other operand of a sum whose gradient shares its block (-1) */
-    bool share_sums;      /* the backward plan being made lets sums' operands share (shares_dy) */
     const ch_real **act;  /* tensor -> its values in the current forward */
     ch_real **dxs;        /* scratch for one node's input gradients */
     const ch_real **xs;   /* one node's inputs */
@@ -117,82 +119,102 @@ static const ch_layer_ops graph_ops;
 
 static size_t tsize(const graph_impl *gi, int t) { return ch_shape3_size(gi->shape[t]); }
 
-/* ---- blocks of the scratch stack: best fit, split and merged, in offset order ---- */
+/* ---- blocks of the scratch stack: each one's span of a plan's walk recorded, then all placed ---- */
 
+/* A block: its size, and the walk's clock when it was taken and given back (never: LONG_MAX). */
 typedef struct span {
-    size_t off, len;
-    bool busy;
+    size_t len, off;
+    long from, to;
 } span;
 
 typedef struct blocks {
-    span *s;              /* covering [0, top) in offset order */
+    span *s;              /* in the order taken: a block's id is its index */
     int n, cap;
-    size_t top;           /* the arena's size so far */
+    long clock;
 } blocks;
 
-/* Make room for one more span at index i. */
-static ch_status span_insert(blocks *b, int i, span v, ch_err *err)
+/* A block of len for the walk from now; *id names it until blocks_place gives it an offset. */
+static ch_status block_take(blocks *b, size_t len, size_t *id, ch_err *err)
 {
     if (b->n == b->cap) {
-        const int cap = b->cap ? 2 * b->cap : 16;
+        const int cap = b->cap ? 2 * b->cap : 64;
         span *s = realloc(b->s, sizeof *s * (size_t)cap);
         if (!s) return CH_SYS_FAIL(err, "realloc of scratch blocks");
         b->s = s;
         b->cap = cap;
     }
-    memmove(b->s + i + 1, b->s + i, sizeof *b->s * (size_t)(b->n - i));
-    b->s[i] = v;
-    b->n++;
+    b->s[b->n] = (span){ .len = len, .from = b->clock++, .to = LONG_MAX };
+    *id = (size_t)b->n++;
     return CH_STATUS_OK;
 }
 
-static void span_remove(blocks *b, int i)
+static void block_give(blocks *b, size_t id)
 {
-    memmove(b->s + i, b->s + i + 1, sizeof *b->s * (size_t)(b->n - i - 1));
-    b->n--;
+    CH_ASSERT(id < (size_t)b->n && b->s[id].to == LONG_MAX);
+    b->s[id].to = b->clock++;
 }
 
-/* The smallest free span that fits, split to len; else the free span at the top, grown; else a new
- * one on top. Without the merging and growing, blocks of small tensors (a network's late stages,
- * planned first in backward) would never be reused by the large ones of its early stages. */
-static ch_status block_take(blocks *b, size_t len, size_t *off, ch_err *err)
+/* Block ids, the largest first, then in the order taken (an insertion sort: a few hundred). */
+static void larger_first(const blocks *b, int *order)
 {
-    int best = -1;
-    for (int i = 0; i < b->n; i++)
-        if (!b->s[i].busy && b->s[i].len >= len && (best < 0 || b->s[i].len < b->s[best].len)) best = i;
-    if (best >= 0 && b->s[best].len > len) {
-        const span rest = { b->s[best].off + len, b->s[best].len - len, false };
-        CH_TRY(span_insert(b, best + 1, rest, err));
-        b->s[best].len = len;
-    } else if (best < 0 && b->n > 0 && !b->s[b->n - 1].busy) {
-        best = b->n - 1;
-        b->top += len - b->s[best].len;
-        b->s[best].len = len;
-    } else if (best < 0) {
-        CH_TRY(span_insert(b, b->n, (span){ b->top, len, false }, err));
-        best = b->n - 1;
-        b->top += len;
+    for (int i = 0; i < b->n; i++) {
+        int k = i;
+        while (k > 0 && b->s[order[k - 1]].len < b->s[i].len) {
+            order[k] = order[k - 1];
+            k--;
+        }
+        order[k] = i;
     }
-    b->s[best].busy = true;
-    *off = b->s[best].off;
+}
+
+/* The lowest offset where block i fits beside the placed blocks that are live with it. */
+static size_t lowest_fit(const blocks *b, const bool *placed, int i)
+{
+    size_t off = 0;
+    for (bool moved = true; moved;) {
+        moved = false;
+        for (int j = 0; j < b->n; j++) {
+            const span *o = &b->s[j];
+            if (!placed[j] || o->to <= b->s[i].from || b->s[i].to <= o->from) continue;
+            if (off < o->off + o->len && o->off < off + b->s[i].len) {
+                off = o->off + o->len;
+                moved = true;
+            }
+        }
+    }
+    return off;
+}
+
+/* Offsets for every block, the largest placed first, each at the lowest offset free of the blocks
+ * live at the same time (greedy by size, as arena planners for inference do); the stack's size to
+ * *top. Placing as the walk goes (best fit, in the order taken) left holes: a block handed on
+ * from one residual block's end to the next keeps its first, late-stage place, and the early
+ * stages' larger blocks go above it (resnet18 in bf16: 4.5 of its largest activations where 4
+ * do; lenet's backward 1.45 M floats at batch 64 against 1.08 M placed this way). */
+static ch_status blocks_place(blocks *b, size_t *top, ch_err *err)
+{
+    int *order = malloc(sizeof *order * (size_t)(b->n ? b->n : 1));
+    bool *placed = calloc((size_t)(b->n ? b->n : 1), sizeof *placed);
+    if (!order || !placed) {
+        free(order);
+        free(placed);
+        return CH_SYS_FAIL(err, "allocation of the scratch plan");
+    }
+    larger_first(b, order);
+    *top = 0;
+    for (int k = 0; k < b->n; k++) {
+        span *s = &b->s[order[k]];
+        s->off = lowest_fit(b, placed, order[k]);
+        placed[order[k]] = true;
+        if (s->off + s->len > *top) *top = s->off + s->len;
+    }
+    free(order);
+    free(placed);
     return CH_STATUS_OK;
 }
 
-static void block_give(blocks *b, size_t off)
-{
-    int i = 0;
-    while (i < b->n && b->s[i].off != off) i++;
-    CH_ASSERT(i < b->n && b->s[i].busy);
-    b->s[i].busy = false;
-    if (i + 1 < b->n && !b->s[i + 1].busy) {
-        b->s[i].len += b->s[i + 1].len;
-        span_remove(b, i + 1);
-    }
-    if (i > 0 && !b->s[i - 1].busy) {
-        b->s[i - 1].len += b->s[i].len;
-        span_remove(b, i);
-    }
-}
+/* The offset that block *id was given. */
+static void block_offset(const blocks *b, size_t *id) { *id = b->s[*id].off; }
 
 /* Readers of each tensor by alias (a fused ReLU reads nothing: its output is its input's), counted
  * into cnt (ntensors, zeroed here). */
@@ -243,7 +265,7 @@ static bool keeps_dy(const xnode *x)
 static bool shares_dy(const graph_impl *gi, const xnode *x, int j, int t)
 {
     const int t0 = gi->alias[x->in[0]];
-    if (!gi->share_sums || j != 1 || !ch_layer_is_plain_add(x->l) || t == gi->input || t == t0 || gi->readers[t0] != 1) return false;
+    if (j != 1 || !ch_layer_is_plain_add(x->l) || t == gi->input || t == t0 || gi->readers[t0] != 1) return false;
     const int p0 = gi->producer[t0], p1 = gi->producer[t], self = (int)(x - gi->nodes);
     for (int i = 0; i < gi->nnodes; i++)
         if (i != self && !gi->nodes[i].l->absorbed)
@@ -263,10 +285,10 @@ static bool sum_shares(const graph_impl *gi, const xnode *a)
 /* Does node x write input j's gradient over its output's (dy), when that is a block of ours?
  * A ReLU may (dx may alias dy), and a same-shaped sum's first input's gradient is dy itself. Not a
  * ReLU over a sum whose operands will share its gradient's block: it writes into a block of its
- * own, so that a block is taken afresh at every residual block's end, as when the sum's second
- * operand took one. A gradient carried in place from block to block keeps the place it was first
- * given, in a late stage, and the early stages' larger ones must go above it (resnet18 at batch
- * 8: 3.93 of its largest activations against 3). */
+ * own, so that each residual block's end starts a block afresh. Written over its dy, one block
+ * would carry the gradient from the network's last block end to its first, live the whole walk
+ * long, and pin that much of the stack under everything else (resnet18 at batch 8: 4 of its
+ * largest activations of scratch against 3). */
 static bool takes_dy(const graph_impl *gi, const xnode *x, int j)
 {
     const int out = gi->alias[x->out];
@@ -309,6 +331,20 @@ static ch_status place_first_grad(graph_impl *gi, blocks *b, xnode *x, int j, in
     return block_take(b, tsize(gi, t) * (size_t)max_batch, &gi->grad_off[t], err);
 }
 
+/* The placed blocks' offsets for the ids the backward walk stored (SIZE_MAX: a gradient with no
+ * block). */
+static void place_backward(graph_impl *gi, const blocks *b)
+{
+    for (int t = 0; t < gi->ntensors; t++) {
+        if (gi->grad_off[t] == SIZE_MAX) gi->grad_off[t] = 0;
+        else block_offset(b, &gi->grad_off[t]);
+    }
+    for (int i = 0; i < gi->nnodes; i++)
+        for (int j = 0; j < gi->nodes[i].nin; j++)
+            if (gi->nodes[i].dx_add[j]) block_offset(b, &gi->nodes[i].dx_off[j]);
+    for (int k = 0; k < gi->nrc; k++) block_offset(b, &gi->rc[k].bwd_off);
+}
+
 /* The backward plan: walk the nodes in reverse; a node's output gradient is released after it,
  * its inputs' gradients are placed when first written. held[t]: t's gradient has a place. The
  * stack's size to *top. */
@@ -317,7 +353,7 @@ static ch_status plan_backward_walk(graph_impl *gi, int max_batch, size_t *top, 
     blocks b = { 0 };
     bool *held = calloc((size_t)gi->ntensors, sizeof *held);
     CH_CHECK_ALLOC(err, held);
-    for (int t = 0; t < gi->ntensors; t++) gi->grad_where[t] = GRAD_BLOCK, gi->grad_twin[t] = -1;
+    for (int t = 0; t < gi->ntensors; t++) gi->grad_where[t] = GRAD_BLOCK, gi->grad_twin[t] = -1, gi->grad_off[t] = SIZE_MAX;
     ch_status st = CH_STATUS_OK;
     for (int i = gi->nnodes - 1; i >= 0 && st == CH_STATUS_OK; i--) {
         xnode *x = &gi->nodes[i];
@@ -346,28 +382,17 @@ static ch_status plan_backward_walk(graph_impl *gi, int max_batch, size_t *top, 
         for (int k = 0; k < gi->nrc; k++)
             if ((gi->rc[k].relu >= 0 ? gi->rc[k].relu : gi->rc[k].reader) == i) block_give(&b, gi->rc[k].bwd_off);
     }
-    *top = b.top;
+    if (st == CH_STATUS_OK) st = blocks_place(&b, top, err);
+    if (st == CH_STATUS_OK) place_backward(gi, &b);
     free(b.s);
     free(held);
     return st;
 }
 
-/* The backward plan, where sums' operands share their dy's block (shares_dy) only if that costs no
- * scratch: the shared blocks live longer, and the best-fit stack may then pack worse (resnet18 in
- * bf16, 12x12 inputs, batch 5: 4.5 of its largest activations against 4). */
 static ch_status plan_backward(ch_layer *l, int max_batch, ch_err *err)
 {
-    graph_impl *gi = l->impl;
-    size_t shared, apart;
-    gi->share_sums = true;
-    CH_TRY(plan_backward_walk(gi, max_batch, &shared, err));
-    gi->share_sums = false;
-    CH_TRY(plan_backward_walk(gi, max_batch, &apart, err));
-    if (shared <= apart) {
-        gi->share_sums = true;
-        CH_TRY(plan_backward_walk(gi, max_batch, &shared, err));
-    }
-    const size_t top = gi->share_sums ? shared : apart;
+    size_t top;
+    CH_TRY(plan_backward_walk(l->impl, max_batch, &top, err));
     if (top > l->scratch_own) l->scratch_own = top;
     return CH_STATUS_OK;
 }
@@ -400,7 +425,10 @@ static ch_status plan_forward(ch_layer *l, int max_batch, ch_err *err)
         for (int k = 0; k < gi->nhv; k++)
             if (last_forward_read(gi, gi->hv[k].bn) == i && !gi->hv[k].direct) block_give(&b, gi->hv[k].fwd_off);
     }
-    l->scratch_own = b.top;
+    if (st == CH_STATUS_OK) st = blocks_place(&b, &l->scratch_own, err);
+    for (int k = 0; k < gi->nrc && st == CH_STATUS_OK; k++) block_offset(&b, &gi->rc[k].fwd_off);
+    for (int k = 0; k < gi->nhv && st == CH_STATUS_OK; k++)
+        if (!gi->hv[k].direct) block_offset(&b, &gi->hv[k].fwd_off);
     free(b.s);
     return st;
 }
