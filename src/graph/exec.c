@@ -1,65 +1,47 @@
 /* A compiled graph: one layer whose children are the nodes' layers, run in node order forward and
- * in reverse backward.
- * Activations: each node's layer owns its output (backward reads them), except
- * where a pass at plan time finds it need not:
+ * in reverse backward. docs/ARCHITECTURE.md (memory rules) gives each pass below its reasons and
+ * figures.
+ * Activations: each node's layer owns its output (backward reads them), except where a pass at
+ * plan time finds it need not:
  *  - a ReLU that is the only reader of a convolution's output is done by the convolution
- *    (absorb_relu); the ReLU node then runs neither pass and its output is the convolution's;
+ *    (absorb_relu, fuse_relus); the ReLU node then runs neither pass;
  *  - a ReLU, or a sum of two same-shaped tensors, writes over an input that nothing else reads when
- *    that input's maker does not read its own output in backward (BatchNorm, a sum, a linear
- *    layer): a residual block's bn2, sum and last ReLU share one buffer;
- *  - such a ReLU after a BatchNorm (bn1's in a residual block) is done by the BatchNorm's passes
- *    where the backend has the fused kernels (bn_relu_*): its forward (and remake, below) in the
- *    normalising pass, its backward in the BatchNorm's, which masks dy where its input, scaled and
- *    shifted as forward did, was not above 0; the ReLU node then runs neither pass. Backward is
- *    fused only where the mask so recomputed is the ReLU's own (bn_relu_backward_exact); the bits
- *    are those of the two layers apart. Three passes over the tensor fewer a step: forward's, the
- *    remake's and backward's ReLU (resnet18 batch 256: 9 such pairs, ~62 M values);
- *  - a same-shaped sum that writes over a BatchNorm's output in place (a residual block's bn2, or
- *    its shortcut's BatchNorm, whichever the sum overwrites; MobileNetV2's last BatchNorm of a block)
- *    does that BatchNorm's normalising pass where the backend has the fused kernel (bn_add_forward):
- *    the BatchNorm's forward stops after its statistics, and the sum's writes v + the other operand,
- *    clamped for the in-place ReLU over the sum if there is one (that ReLU's forward is then done).
- *    At the sum's place, not the BatchNorm's: a downsampling block's shortcut may be made between
- *    them. So the BatchNorm's input, where it lives in a forward block, lives until the sum
- *    (last_forward_read). Backward is unchanged (the ReLU reads its output, which is kept). Two
- *    passes over the block's output fewer in forward, and a read of the residual; the bits are
- *    those of the three apart (resnet18 batch 256: 8 block ends, ~50 M values);
+ *    that input's maker does not read its own output in backward (run_in_place): a residual
+ *    block's bn2, sum and last ReLU share one buffer;
+ *  - such a ReLU after a BatchNorm is done by the BatchNorm's passes where the backend has the
+ *    fused kernels (bn_relu_*, fuse_bn_relu_forward): forward and remake clamp as they normalise,
+ *    and backward masks dy by the pre-ReLU value recomputed from the input, only where that mask
+ *    is the ReLU's own (bn_relu_backward_exact); the bits are those of the two apart;
+ *  - such a sum over a BatchNorm's output does the BatchNorm's normalising pass, adding the other
+ *    operand and clamping for an in-place ReLU over the sum (bn_add_forward, fuse_bn_sums), at
+ *    the sum's place: a downsampling block may make its shortcut in between, so the BatchNorm's
+ *    input lives until the sum (last_forward_read); the bits are those of the three apart;
  *  - a BatchNorm output (or the in-place ReLU after it) read by one node only is not kept: forward
- *    writes it into a block of the scratch stack that is dead once its reader has run, and backward
- *    makes it again from the BatchNorm's input with the scale and shift forward saved (the same
- *    bits) just before its reader's backward needs it. One elementwise pass against a GEMM-bound
- *    step buys a residual block's inner activation (resnet18 batch 256: ~190 MiB);
- *  - with --precision bf16, an output that only a BatchNorm reads (a convolution's, mostly) is kept
- *    in bf16, half the bytes: its maker writes it into a block of the scratch stack, the BatchNorm
- *    stores it rounded in the pass that normalises it, and its backward (and the remake above,
- *    where its output is remade) reads the bf16 copy. Both then work on the rounded inputs with
- *    the statistics of the exact ones, as under PyTorch's autocast, which keeps convolution
- *    outputs in bf16. Their gradient, which lived over the maker's output, takes a block: resnet18
- *    batch 256 keeps 212 MiB of bf16 for 424 MiB of fp32 outputs, with ~50 MiB more scratch.
- *    Where the maker is a convolution whose kernel rounds as it writes (conv2d_out_bf16: on the
- *    CPU cohort's bf16 Winograd layers and the im2col ones), it writes the bf16 copy itself, there
- *    is no fp32 output, and the BatchNorm's statistics and normalisation read the copy.
+ *    writes it into a block of the scratch stack dead once its reader has run, and backward makes
+ *    it again from the BatchNorm's input just before its reader's backward (plan_recompute);
+ *  - with --precision bf16, an output that only a BatchNorm reads is kept in bf16: its maker
+ *    writes it into a scratch block (or, where its kernel rounds as it writes, conv2d_out_bf16,
+ *    the bf16 copy itself), the BatchNorm stores it rounded as it normalises, and its backward and
+ *    remake read the copy (plan_halves); its gradient then takes a block.
  * Gradients: a tensor's gradient lives from the backward of its last consumer, which writes it,
  * to the backward of its producer, which reads it as dy. The plan walks backward once, before any
- * step, and gives every gradient a block of the run's scratch stack for that span, reusing blocks
- * whose tensors are done; a tensor read by several nodes gets the first writer's values in place
- * and every later one's through a temporary block, added on. A same-shaped sum's two operands'
- * gradients are both its dy: the first's is its dy's block (takes_dy), and the second's is too
- * where nothing writes that block before both operands' makers have read it (shares_dy; the maker
- * that reads last gives it back, twin_holds), so the sum's backward copies nothing (resnet18: its
- * 8 block ends, ~50 M values a step). The graph's input gets dx (the caller's) or nothing.
- * Forward's recomputed outputs take blocks of the same stack, planned the same way over forward's
- * order (forward and backward never run at once). The walk records each block's span; the blocks
- * get their offsets after it, the largest first (blocks_place). */
+ * step, and gives every gradient a block of the run's scratch stack for that span; a tensor read
+ * by several nodes gets the first writer's values in place and every later one's through a
+ * temporary block, added on. A same-shaped sum's two operands' gradients are both its dy: the
+ * first's takes its dy's block (takes_dy), the second's too where nothing writes that block before
+ * both makers have read it (shares_dy, twin_holds), and the sum's backward copies nothing. The
+ * graph's input gets dx (the caller's) or nothing. Forward's recomputed outputs take blocks of the
+ * same stack, planned the same way over forward's order (forward and backward never run at once).
+ * Blocks get their offsets after each walk (graph/blocks.h). */
 #include "graph/graph.h"
 
-#include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/trace.h"
+#include "graph/blocks.h"
 
 typedef struct xnode {
     ch_layer *l;          /* borrowed: a child of the graph layer */
@@ -119,103 +101,6 @@ static const ch_layer_ops graph_ops;
 
 static size_t tsize(const graph_impl *gi, int t) { return ch_shape3_size(gi->shape[t]); }
 
-/* ---- blocks of the scratch stack: each one's span of a plan's walk recorded, then all placed ---- */
-
-/* A block: its size, and the walk's clock when it was taken and given back (never: LONG_MAX). */
-typedef struct span {
-    size_t len, off;
-    long from, to;
-} span;
-
-typedef struct blocks {
-    span *s;              /* in the order taken: a block's id is its index */
-    int n, cap;
-    long clock;
-} blocks;
-
-/* A block of len for the walk from now; *id names it until blocks_place gives it an offset. */
-static ch_status block_take(blocks *b, size_t len, size_t *id, ch_err *err)
-{
-    if (b->n == b->cap) {
-        const int cap = b->cap ? 2 * b->cap : 64;
-        span *s = realloc(b->s, sizeof *s * (size_t)cap);
-        if (!s) return CH_SYS_FAIL(err, "realloc of scratch blocks");
-        b->s = s;
-        b->cap = cap;
-    }
-    b->s[b->n] = (span){ .len = len, .from = b->clock++, .to = LONG_MAX };
-    *id = (size_t)b->n++;
-    return CH_STATUS_OK;
-}
-
-static void block_give(blocks *b, size_t id)
-{
-    CH_ASSERT(id < (size_t)b->n && b->s[id].to == LONG_MAX);
-    b->s[id].to = b->clock++;
-}
-
-/* Block ids, the largest first, then in the order taken (an insertion sort: a few hundred). */
-static void larger_first(const blocks *b, int *order)
-{
-    for (int i = 0; i < b->n; i++) {
-        int k = i;
-        while (k > 0 && b->s[order[k - 1]].len < b->s[i].len) {
-            order[k] = order[k - 1];
-            k--;
-        }
-        order[k] = i;
-    }
-}
-
-/* The lowest offset where block i fits beside the placed blocks that are live with it. */
-static size_t lowest_fit(const blocks *b, const bool *placed, int i)
-{
-    size_t off = 0;
-    for (bool moved = true; moved;) {
-        moved = false;
-        for (int j = 0; j < b->n; j++) {
-            const span *o = &b->s[j];
-            if (!placed[j] || o->to <= b->s[i].from || b->s[i].to <= o->from) continue;
-            if (off < o->off + o->len && o->off < off + b->s[i].len) {
-                off = o->off + o->len;
-                moved = true;
-            }
-        }
-    }
-    return off;
-}
-
-/* Offsets for every block, the largest placed first, each at the lowest offset free of the blocks
- * live at the same time (greedy by size, as arena planners for inference do); the stack's size to
- * *top. Placing as the walk goes (best fit, in the order taken) left holes: a block handed on
- * from one residual block's end to the next keeps its first, late-stage place, and the early
- * stages' larger blocks go above it (resnet18 in bf16: 4.5 of its largest activations where 4
- * do; lenet's backward 1.45 M floats at batch 64 against 1.08 M placed this way). */
-static ch_status blocks_place(blocks *b, size_t *top, ch_err *err)
-{
-    int *order = malloc(sizeof *order * (size_t)(b->n ? b->n : 1));
-    bool *placed = calloc((size_t)(b->n ? b->n : 1), sizeof *placed);
-    if (!order || !placed) {
-        free(order);
-        free(placed);
-        return CH_SYS_FAIL(err, "allocation of the scratch plan");
-    }
-    larger_first(b, order);
-    *top = 0;
-    for (int k = 0; k < b->n; k++) {
-        span *s = &b->s[order[k]];
-        s->off = lowest_fit(b, placed, order[k]);
-        placed[order[k]] = true;
-        if (s->off + s->len > *top) *top = s->off + s->len;
-    }
-    free(order);
-    free(placed);
-    return CH_STATUS_OK;
-}
-
-/* The offset that block *id was given. */
-static void block_offset(const blocks *b, size_t *id) { *id = b->s[*id].off; }
-
 /* Readers of each tensor by alias (a fused ReLU reads nothing: its output is its input's), counted
  * into cnt (ntensors, zeroed here). */
 static void count_readers(const graph_impl *gi, int *cnt)
@@ -256,12 +141,10 @@ static bool keeps_dy(const xnode *x)
     return !l->ops->overwrites_dy || (l->ops->absorb_relu && !x->relu_fused);
 }
 
-/* May the second operand t of a same-shaped sum x, whose first operand's gradient took x's dy block
- * (takes_dy), have its gradient there too? Both are dy, so the sum's backward copies nothing; but
- * the block then holds both until both makers have read it, so nothing may write it before that:
- * the first operand has no other reader, the second's other readers come before the first's maker
- * in forward (their backward adds in after it has read), and the maker whose backward runs first
- * leaves its dy alone. */
+/* May the second operand t of sum x, whose first took x's dy block, have its gradient there too?
+ * Only where nothing writes the block before both makers have read it: the first operand has no
+ * other reader, the second's others come before the first's maker, and the maker whose backward
+ * runs first leaves its dy alone. */
 static bool shares_dy(const graph_impl *gi, const xnode *x, int j, int t)
 {
     const int t0 = gi->alias[x->in[0]];
@@ -284,11 +167,8 @@ static bool sum_shares(const graph_impl *gi, const xnode *a)
 
 /* Does node x write input j's gradient over its output's (dy), when that is a block of ours?
  * A ReLU may (dx may alias dy), and a same-shaped sum's first input's gradient is dy itself. Not a
- * ReLU over a sum whose operands will share its gradient's block: it writes into a block of its
- * own, so that each residual block's end starts a block afresh. Written over its dy, one block
- * would carry the gradient from the network's last block end to its first, live the whole walk
- * long, and pin that much of the stack under everything else (resnet18 at batch 8: 4 of its
- * largest activations of scratch against 3). */
+ * ReLU over a sum whose operands will share that block: one block would then carry the gradient
+ * through every block end and pin the stack (resnet18: 4 largest activations against 3). */
 static bool takes_dy(const graph_impl *gi, const xnode *x, int j)
 {
     const int out = gi->alias[x->out];
@@ -308,7 +188,7 @@ static bool twin_holds(const graph_impl *gi, int t, int i)
 }
 
 /* Where the first gradient written for input j of node x goes; true when it takes x's dy block. */
-static ch_status place_first_grad(graph_impl *gi, blocks *b, xnode *x, int j, int max_batch,
+static ch_status place_first_grad(graph_impl *gi, ch_blocks *b, xnode *x, int j, int max_batch,
                                   bool *took_dy, ch_err *err)
 {
     const int t = gi->alias[x->in[j]];
@@ -328,32 +208,32 @@ static ch_status place_first_grad(graph_impl *gi, blocks *b, xnode *x, int j, in
         gi->grad_twin[gi->alias[x->in[0]]] = t;
         return CH_STATUS_OK;
     }
-    return block_take(b, tsize(gi, t) * (size_t)max_batch, &gi->grad_off[t], err);
+    return ch_block_take(b, tsize(gi, t) * (size_t)max_batch, &gi->grad_off[t], err);
 }
 
 /* The placed blocks' offsets for the ids the backward walk stored (SIZE_MAX: a gradient with no
  * block). */
-static void place_backward(graph_impl *gi, const blocks *b)
+static void place_backward(graph_impl *gi, const ch_blocks *b)
 {
     for (int t = 0; t < gi->ntensors; t++) {
         if (gi->grad_off[t] == SIZE_MAX) gi->grad_off[t] = 0;
-        else block_offset(b, &gi->grad_off[t]);
+        else ch_block_offset(b, &gi->grad_off[t]);
     }
     for (int i = 0; i < gi->nnodes; i++)
         for (int j = 0; j < gi->nodes[i].nin; j++)
-            if (gi->nodes[i].dx_add[j]) block_offset(b, &gi->nodes[i].dx_off[j]);
-    for (int k = 0; k < gi->nrc; k++) block_offset(b, &gi->rc[k].bwd_off);
+            if (gi->nodes[i].dx_add[j]) ch_block_offset(b, &gi->nodes[i].dx_off[j]);
+    for (int k = 0; k < gi->nrc; k++) ch_block_offset(b, &gi->rc[k].bwd_off);
 }
 
 /* The backward plan: walk the nodes in reverse; a node's output gradient is released after it,
- * its inputs' gradients are placed when first written. held[t]: t's gradient has a place. The
- * stack's size to *top. */
-static ch_status plan_backward_walk(graph_impl *gi, int max_batch, size_t *top, ch_err *err)
+ * its inputs' gradients are placed when first written. held[t]: t's gradient has a place. */
+static ch_status plan_backward(ch_layer *l, int max_batch, ch_err *err)
 {
-    blocks b = { 0 };
+    graph_impl *gi = l->impl;
+    ch_blocks b = { 0 };
     bool *held = calloc((size_t)gi->ntensors, sizeof *held);
     CH_CHECK_ALLOC(err, held);
-    for (int t = 0; t < gi->ntensors; t++) gi->grad_where[t] = GRAD_BLOCK, gi->grad_twin[t] = -1, gi->grad_off[t] = SIZE_MAX;
+    for (int t = 0; t < gi->ntensors; t++) gi->grad_off[t] = SIZE_MAX;   /* no block yet */
     ch_status st = CH_STATUS_OK;
     for (int i = gi->nnodes - 1; i >= 0 && st == CH_STATUS_OK; i--) {
         xnode *x = &gi->nodes[i];
@@ -362,39 +242,33 @@ static ch_status plan_backward_walk(graph_impl *gi, int max_batch, size_t *top, 
          * reads its own output, else this node) is done. */
         for (int k = 0; k < gi->nrc && st == CH_STATUS_OK; k++)
             if (gi->rc[k].reader == i)
-                st = block_take(&b, tsize(gi, gi->rc[k].tensor) * (size_t)max_batch, &gi->rc[k].bwd_off, err);
+                st = ch_block_take(&b, tsize(gi, gi->rc[k].tensor) * (size_t)max_batch, &gi->rc[k].bwd_off, err);
         bool took_dy = false;
         for (int j = 0; j < x->nin && st == CH_STATUS_OK; j++) {
             const int t = gi->alias[x->in[j]];
             x->dx_add[j] = held[t];
             /* Written already by a later node: a temporary, added on after this node. */
-            if (held[t]) st = block_take(&b, tsize(gi, t) * (size_t)max_batch, &x->dx_off[j], err);
+            if (held[t]) st = ch_block_take(&b, tsize(gi, t) * (size_t)max_batch, &x->dx_off[j], err);
             else st = place_first_grad(gi, &b, x, j, max_batch, &took_dy, err);
             held[t] = true;
         }
         /* This node's temporaries, then its output's gradient (the caller's for the output), are
          * free once it has run; its temporaries were all taken at once, so none share a block. */
         for (int j = 0; j < x->nin; j++)
-            if (x->dx_add[j]) block_give(&b, x->dx_off[j]);
+            if (x->dx_add[j]) ch_block_give(&b, x->dx_off[j]);
         const int out = gi->alias[x->out];
         if (out != gi->output && gi->grad_where[out] == GRAD_BLOCK && !took_dy && !twin_holds(gi, out, i))
-            block_give(&b, gi->grad_off[out]);
+            ch_block_give(&b, gi->grad_off[out]);
         for (int k = 0; k < gi->nrc; k++)
-            if ((gi->rc[k].relu >= 0 ? gi->rc[k].relu : gi->rc[k].reader) == i) block_give(&b, gi->rc[k].bwd_off);
+            if ((gi->rc[k].relu >= 0 ? gi->rc[k].relu : gi->rc[k].reader) == i) ch_block_give(&b, gi->rc[k].bwd_off);
     }
-    if (st == CH_STATUS_OK) st = blocks_place(&b, top, err);
+    size_t top = 0;
+    if (st == CH_STATUS_OK) st = ch_blocks_place(&b, &top, err);
+    if (top > l->scratch_own) l->scratch_own = top;
     if (st == CH_STATUS_OK) place_backward(gi, &b);
     free(b.s);
     free(held);
     return st;
-}
-
-static ch_status plan_backward(ch_layer *l, int max_batch, ch_err *err)
-{
-    size_t top;
-    CH_TRY(plan_backward_walk(l->impl, max_batch, &top, err));
-    if (top > l->scratch_own) l->scratch_own = top;
-    return CH_STATUS_OK;
 }
 
 /* The last node whose forward reads node i's inputs: the sum that normalises for it, or i. */
@@ -411,24 +285,24 @@ static int last_forward_read(const graph_impl *gi, int i)
 static ch_status plan_forward(ch_layer *l, int max_batch, ch_err *err)
 {
     graph_impl *gi = l->impl;
-    blocks b = { 0 };
+    ch_blocks b = { 0 };
     ch_status st = CH_STATUS_OK;
     for (int i = 0; i < gi->nnodes && st == CH_STATUS_OK; i++) {
         for (int k = 0; k < gi->nrc && st == CH_STATUS_OK; k++)
             if (gi->rc[k].bn == i)
-                st = block_take(&b, tsize(gi, gi->rc[k].tensor) * (size_t)max_batch, &gi->rc[k].fwd_off, err);
+                st = ch_block_take(&b, tsize(gi, gi->rc[k].tensor) * (size_t)max_batch, &gi->rc[k].fwd_off, err);
         for (int k = 0; k < gi->nhv && st == CH_STATUS_OK; k++)
             if (gi->hv[k].producer == i && !gi->hv[k].direct)
-                st = block_take(&b, tsize(gi, gi->hv[k].tensor) * (size_t)max_batch, &gi->hv[k].fwd_off, err);
+                st = ch_block_take(&b, tsize(gi, gi->hv[k].tensor) * (size_t)max_batch, &gi->hv[k].fwd_off, err);
         for (int k = 0; k < gi->nrc; k++)
-            if (last_forward_read(gi, gi->rc[k].reader) == i) block_give(&b, gi->rc[k].fwd_off);
+            if (last_forward_read(gi, gi->rc[k].reader) == i) ch_block_give(&b, gi->rc[k].fwd_off);
         for (int k = 0; k < gi->nhv; k++)
-            if (last_forward_read(gi, gi->hv[k].bn) == i && !gi->hv[k].direct) block_give(&b, gi->hv[k].fwd_off);
+            if (last_forward_read(gi, gi->hv[k].bn) == i && !gi->hv[k].direct) ch_block_give(&b, gi->hv[k].fwd_off);
     }
-    if (st == CH_STATUS_OK) st = blocks_place(&b, &l->scratch_own, err);
-    for (int k = 0; k < gi->nrc && st == CH_STATUS_OK; k++) block_offset(&b, &gi->rc[k].fwd_off);
+    if (st == CH_STATUS_OK) st = ch_blocks_place(&b, &l->scratch_own, err);
+    for (int k = 0; k < gi->nrc && st == CH_STATUS_OK; k++) ch_block_offset(&b, &gi->rc[k].fwd_off);
     for (int k = 0; k < gi->nhv && st == CH_STATUS_OK; k++)
-        if (!gi->hv[k].direct) block_offset(&b, &gi->hv[k].fwd_off);
+        if (!gi->hv[k].direct) ch_block_offset(&b, &gi->hv[k].fwd_off);
     free(b.s);
     return st;
 }
@@ -639,9 +513,7 @@ static int relu_over_bn(const graph_impl *gi, int b)
     return r >= 0 && ch_layer_is_relu(gi->nodes[r].l) ? r : -1;
 }
 
-/* BatchNorm + sum (+ ReLU) forward (see the top of the file): each same-shaped sum that writes over
- * a BatchNorm's output in place does that BatchNorm's normalising pass, and the ReLU's that writes
- * over the sum in place, where the backend has the fused kernel. */
+/* BatchNorm + sum (+ ReLU) forward (see the top of the file), where the backend has the kernel. */
 static void fuse_bn_sums(graph_impl *gi, const ch_kernels *k)
 {
     if (!k->bn_add_forward) return;
