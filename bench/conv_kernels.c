@@ -2,7 +2,7 @@
  * bench/speed_models.py's ResNet-20 (28x28 input: 16, 32 and 64 channels, and its two stride-2
  * layers), resnet18's (its first stage at 56x56 and at reference program D's 28x28, its second at
  * 14x14, and the stride-2 first layers of its stages 2-4 at 28x28) and mnist-cnn's 5x5 second
- * layer: forward, backward data, backward weights, the best of the first argument's runs (5), and
+ * layer and MobileNetV2's depthwise layers (mbv2.*): forward, backward data, backward weights, the best of the first argument's runs (5), and
  * where the layer has it the one pass that does both backward passes (a training step's,
  * conv2d_backward) next to the two apart; a second argument runs that shape alone; a third sets
  * the threads (1: OpenMP held to one, as `--threads 1` does: oneDNN's batched GEMMs would
@@ -32,21 +32,31 @@ int main(int argc, char **argv)
     const int reps = argc > 1 ? atoi(argv[1]) : 5;
     const char *only = argc > 2 ? argv[2] : NULL;   /* a shape's name: that one alone */
     const int threads = argc > 3 ? atoi(argv[3]) : 1, batch = argc > 4 ? atoi(argv[4]) : 0;
-    const struct { const char *name; int n, c, hw, oc, k, pad, stride; } shapes[] = {
-        { "resnet20.s1", 64, 16, 28, 16, 3, 1, 1 },
-        { "resnet20.s2", 64, 32, 14, 32, 3, 1, 1 },
-        { "resnet20.s3", 64, 64, 7, 64, 3, 1, 1 },
-        { "resnet18.l1", 16, 64, 56, 64, 3, 1, 1 },
-        { "resnet18.d1", 64, 64, 28, 64, 3, 1, 1 },     /* reference program D's first stage */
-        { "resnet18.l2", 64, 128, 14, 128, 3, 1, 1 },   /* reference program D's second stage */
-        { "mnist-cnn.c2", 100, 20, 14, 20, 5, 2, 1 },   /* F(3x3, 5x5)'s */
+    const struct { const char *name; int n, c, hw, oc, k, pad, stride, groups; } shapes[] = {
+        { "resnet20.s1", 64, 16, 28, 16, 3, 1, 1, 1 },
+        { "resnet20.s2", 64, 32, 14, 32, 3, 1, 1, 1 },
+        { "resnet20.s3", 64, 64, 7, 64, 3, 1, 1, 1 },
+        { "resnet18.l1", 16, 64, 56, 64, 3, 1, 1, 1 },
+        { "resnet18.d1", 64, 64, 28, 64, 3, 1, 1, 1 },     /* reference program D's first stage */
+        { "resnet18.l2", 64, 128, 14, 128, 3, 1, 1, 1 },   /* reference program D's second stage */
+        { "mnist-cnn.c2", 100, 20, 14, 20, 5, 2, 1, 1 },   /* F(3x3, 5x5)'s */
         /* ResNet-20's stride-2 layers */
-        { "resnet20.t2", 64, 16, 28, 32, 3, 1, 2 },
-        { "resnet20.t3", 64, 32, 14, 64, 3, 1, 2 },
+        { "resnet20.t2", 64, 16, 28, 32, 3, 1, 2, 1 },
+        { "resnet20.t3", 64, 32, 14, 64, 3, 1, 2, 1 },
         /* resnet18's (reference program D, 28x28) first layer of stages 2-4, stride 2 */
-        { "resnet18.s2", 64, 64, 28, 128, 3, 1, 2 },
-        { "resnet18.s3", 64, 128, 14, 256, 3, 1, 2 },
-        { "resnet18.s4", 64, 256, 7, 512, 3, 1, 2 },
+        { "resnet18.s2", 64, 64, 28, 128, 3, 1, 2, 1 },
+        { "resnet18.s3", 64, 128, 14, 256, 3, 1, 2, 1 },
+        { "resnet18.s4", 64, 256, 7, 512, 3, 1, 2, 1 },
+        /* MobileNetV2's depthwise layers at a 28x28 input (bench/speed_models.py, batch 64) */
+        { "mbv2.dw28", 64, 32, 28, 32, 3, 1, 1, 32 },
+        { "mbv2.dw28s2", 64, 96, 28, 96, 3, 1, 2, 96 },
+        { "mbv2.dw14", 64, 144, 14, 144, 3, 1, 1, 144 },
+        { "mbv2.dw14s2", 64, 144, 14, 144, 3, 1, 2, 144 },
+        { "mbv2.dw7", 64, 192, 7, 192, 3, 1, 1, 192 },
+        { "mbv2.dw7s2", 64, 192, 7, 192, 3, 1, 2, 192 },
+        { "mbv2.dw4", 64, 576, 4, 576, 3, 1, 1, 576 },
+        { "mbv2.dw4s2", 64, 576, 4, 576, 3, 1, 2, 576 },
+        { "mbv2.dw2", 64, 960, 2, 960, 3, 1, 1, 960 },
     };
     if (reps < 1 || threads < 1) {
         fprintf(stderr, "conv_kernels: bad reps or threads\n");
@@ -58,10 +68,11 @@ int main(int argc, char **argv)
         const int st = shapes[i].stride, ohw = (shapes[i].hw + 2 * shapes[i].pad - shapes[i].k) / st + 1;
         const ch_conv_desc d = { .c = shapes[i].c, .h = shapes[i].hw, .w = shapes[i].hw,
                                  .oc = shapes[i].oc, .kh = shapes[i].k, .kw = shapes[i].k,
-                                 .stride = st, .pad = shapes[i].pad, .oh = ohw, .ow = ohw };
+                                 .stride = st, .pad = shapes[i].pad, .oh = ohw, .ow = ohw,
+                                 .groups = shapes[i].groups };
         const int n = batch > 0 ? batch : shapes[i].n;
         const size_t xl = (size_t)n * d.c * d.h * d.w, yl = (size_t)n * d.oc * d.oh * d.ow;
-        const size_t wl = (size_t)d.oc * d.c * d.kh * d.kw;
+        const size_t wl = (size_t)d.oc * (d.c / d.groups) * d.kh * d.kw;
         /* A replica's kernel cache, as the trainer's: primitives made once, here. */
         ch_kctx kc = { .nthreads = threads, .cache = ch_cpu_kcache_create() };
         if (!kc.cache) {

@@ -192,67 +192,115 @@ static void conv_matches_reference(void **state)
                 }
 }
 
-/* Depthwise convolutions (cpu_conv_dw.c's direct kernel): strides 1 to 3 (one, four and nine
- * input phases), dilation, 1x1 to 7x7 and non-square kernels, padding wider than the kernel,
- * planes down to 2x2 and odd widths, with and without the fused ReLU, 1 and 2 threads. */
-static void depthwise_matches_reference(void **state)
+/* Depthwise convolutions (cpu_conv_dw.c's direct kernels) against the reference, each case run
+ * as given, with the fused ReLU, on 1 and 2 threads, at batches 1, 3 and 9. `lanes`: whether it
+ * must take the small planes' channel-lanes path (ch_cpu_conv_dw_lanes), so that a change of that
+ * rule cannot leave either path untested. */
+static void check_depthwise_cases(const ch_conv_desc *cases, size_t count, bool lanes)
 {
-    (void)state;
-    const ch_conv_desc cases[] = {
-        { .c = 5, .h = 7, .w = 7, .kh = 3, .kw = 3, .stride = 1, .pad = 1 },
-        { .c = 6, .h = 9, .w = 8, .kh = 3, .kw = 3, .stride = 2, .pad = 1 },
-        { .c = 4, .h = 4, .w = 4, .kh = 3, .kw = 3, .stride = 2, .pad = 1 },
-        { .c = 3, .h = 6, .w = 6, .kh = 5, .kw = 5, .stride = 1, .pad = 2 },
-        { .c = 3, .h = 7, .w = 9, .kh = 3, .kw = 3, .stride = 1, .pad = 2, .dilation = 2 },
-        { .c = 2, .h = 11, .w = 10, .kh = 3, .kw = 3, .stride = 2, .pad = 2, .dilation = 2 },
-        { .c = 3, .h = 10, .w = 10, .kh = 3, .kw = 3, .stride = 3, .pad = 1 },
-        { .c = 2, .h = 7, .w = 7, .kh = 7, .kw = 7, .stride = 1, .pad = 3 },
-        { .c = 4, .h = 5, .w = 6, .kh = 1, .kw = 1, .stride = 1, .pad = 0 },
-        { .c = 3, .h = 5, .w = 7, .kh = 1, .kw = 3, .stride = 1, .pad = 0 },
-        { .c = 2, .h = 5, .w = 5, .kh = 3, .kw = 3, .stride = 1, .pad = 3 },
-        { .c = 4, .h = 6, .w = 5, .kh = 3, .kw = 3, .stride = 1, .pad = 0 },
-    };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+    for (size_t i = 0; i < count; i++)
         for (int relu = 0; relu < 2; relu++)
             for (int t = 1; t <= 2; t++)
                 for (int n = 1; n <= 9; n += n == 1 ? 2 : 6) {
                     ch_conv_desc d = cases[i];
                     d.oc = d.groups = d.c;
                     d.relu = relu;
+                    const int D = ch_conv_dilation(&d);
+                    d.oh = ch_window_out(d.h, D * (d.kh - 1) + 1, d.stride, d.pad);
+                    d.ow = ch_window_out(d.w, D * (d.kw - 1) + 1, d.stride, d.pad);
+                    assert_int_equal(ch_cpu_conv_dw_lanes(&d), lanes);
                     check_conv(d, n, t);
                 }
 }
 
-/* The depthwise kernel splits planes and channels, never a sum: its bits are the same at 1 and
- * 2 threads (data parallelism relies on it no more than on any kernel, but it costs nothing). */
-static void depthwise_bits_do_not_depend_on_threads(void **state)
+/* The wide layout: strides 1 to 3 (one, four and nine input phases), dilation, 1x1 to 7x7 and
+ * non-square kernels, padding wider than the kernel, odd widths. */
+static void depthwise_matches_reference(void **state)
 {
     (void)state;
-    ch_conv_desc d = { .c = 6, .h = 9, .w = 9, .oc = 6, .kh = 3, .kw = 3, .stride = 2, .pad = 1, .groups = 6 };
-    d.oh = d.ow = ch_window_out(9, 3, 2, 1);
+    const ch_conv_desc cases[] = {
+        { .c = 5, .h = 9, .w = 9, .kh = 3, .kw = 3, .stride = 1, .pad = 1 },
+        { .c = 3, .h = 30, .w = 29, .kh = 3, .kw = 3, .stride = 2, .pad = 1 },
+        { .c = 3, .h = 12, .w = 12, .kh = 5, .kw = 5, .stride = 1, .pad = 2 },
+        { .c = 3, .h = 7, .w = 9, .kh = 3, .kw = 3, .stride = 1, .pad = 2, .dilation = 2 },
+        { .c = 2, .h = 32, .w = 31, .kh = 3, .kw = 3, .stride = 2, .pad = 2, .dilation = 2 },
+        { .c = 3, .h = 45, .w = 44, .kh = 3, .kw = 3, .stride = 3, .pad = 1 },
+        { .c = 2, .h = 10, .w = 10, .kh = 7, .kw = 7, .stride = 1, .pad = 3 },
+        { .c = 4, .h = 9, .w = 10, .kh = 1, .kw = 1, .stride = 1, .pad = 0 },
+        { .c = 3, .h = 9, .w = 11, .kh = 1, .kw = 3, .stride = 1, .pad = 0 },
+        { .c = 2, .h = 5, .w = 5, .kh = 3, .kw = 3, .stride = 1, .pad = 3 },
+        { .c = 4, .h = 12, .w = 10, .kh = 3, .kw = 3, .stride = 1, .pad = 0 },
+    };
+    check_depthwise_cases(cases, sizeof cases / sizeof cases[0], false);
+}
+
+/* Small planes, channels in the lanes: blocks of 16 channels with a short last one (20, 37, 17,
+ * 18 channels), MobileNetV2's 2x2, 4x4 and 7x7 planes at stride 1 and 2 (7x7 and, strided, 14x14
+ * outputs: the rule's bounds), and the wide layout's odd cases at small sizes. */
+static void depthwise_small_planes_match_reference(void **state)
+{
+    (void)state;
+    const ch_conv_desc cases[] = {
+        { .c = 20, .h = 2, .w = 2, .kh = 3, .kw = 3, .stride = 1, .pad = 1 },
+        { .c = 37, .h = 4, .w = 4, .kh = 3, .kw = 3, .stride = 1, .pad = 1 },
+        { .c = 17, .h = 7, .w = 7, .kh = 3, .kw = 3, .stride = 1, .pad = 1 },
+        { .c = 18, .h = 4, .w = 4, .kh = 3, .kw = 3, .stride = 2, .pad = 1 },
+        { .c = 5, .h = 28, .w = 27, .kh = 3, .kw = 3, .stride = 2, .pad = 1 },
+        { .c = 6, .h = 9, .w = 8, .kh = 3, .kw = 3, .stride = 2, .pad = 1 },
+        { .c = 3, .h = 6, .w = 6, .kh = 5, .kw = 5, .stride = 1, .pad = 2 },
+        { .c = 2, .h = 11, .w = 10, .kh = 3, .kw = 3, .stride = 2, .pad = 2, .dilation = 2 },
+        { .c = 3, .h = 10, .w = 10, .kh = 3, .kw = 3, .stride = 3, .pad = 1 },
+        { .c = 2, .h = 7, .w = 7, .kh = 7, .kw = 7, .stride = 1, .pad = 3 },
+        { .c = 4, .h = 5, .w = 6, .kh = 1, .kw = 1, .stride = 1, .pad = 0 },
+        { .c = 3, .h = 5, .w = 7, .kh = 1, .kw = 3, .stride = 1, .pad = 0 },
+        { .c = 2, .h = 2, .w = 2, .kh = 3, .kw = 3, .stride = 1, .pad = 3 },
+        { .c = 4, .h = 6, .w = 5, .kh = 3, .kw = 3, .stride = 1, .pad = 0 },
+    };
+    check_depthwise_cases(cases, sizeof cases / sizeof cases[0], true);
+}
+
+/* The three passes of depthwise layer d at 1 and at 2 threads give the same bits. */
+static void check_depthwise_bits(ch_conv_desc d, bool lanes)
+{
+    d.oh = ch_window_out(d.h, d.kh, d.stride, d.pad), d.ow = ch_window_out(d.w, d.kw, d.stride, d.pad);
+    assert_int_equal(ch_cpu_conv_dw_lanes(&d), lanes);
     const ch_kernels *cpu = ch_kernels_cpu();
     const int n = 5;
-    const size_t xs = (size_t)n * d.c * d.h * d.w, ys = (size_t)n * d.oc * d.oh * d.ow, wl = 6 * 9;
-    ch_real *x = tu_uniform(xs, 4), *w = tu_uniform(wl, 5), *b = tu_uniform(6, 6);
+    const size_t xs = (size_t)n * d.c * d.h * d.w, ys = (size_t)n * d.oc * d.oh * d.ow;
+    const size_t wl = (size_t)d.c * d.kh * d.kw, nb = (size_t)d.c;
+    ch_real *x = tu_uniform(xs, 4), *w = tu_uniform(wl, 5), *b = tu_uniform(nb, 6);
     ch_real *out[2][3];
     for (int t = 1; t <= 2; t++) {
         ch_kctx kc = { .nthreads = t };
         const size_t wsz = cpu->conv2d_workspace(&kc, &d, n);
         kc.ws = malloc(sizeof(ch_real) * wsz), kc.ws_len = wsz;
         ch_real *y = malloc(sizeof(ch_real) * ys), *dy = tu_uniform(ys, 7);
-        ch_real *dx = malloc(sizeof(ch_real) * xs), *dw = malloc(sizeof(ch_real) * (wl + 6));
+        ch_real *dx = malloc(sizeof(ch_real) * xs), *dw = malloc(sizeof(ch_real) * (wl + nb));
         cpu->conv2d_forward(&kc, &d, n, x, w, b, y);
         cpu->conv2d_backward_weights(&kc, &d, n, x, y, dy, dw, dw + wl);
         cpu->conv2d_backward_data(&kc, &d, n, dy, w, dx);
         out[t - 1][0] = y, out[t - 1][1] = dx, out[t - 1][2] = dw;
         free(dy), free(kc.ws);
     }
-    const size_t len[3] = { ys, xs, wl + 6 };
+    const size_t len[3] = { ys, xs, wl + nb };
     for (int i = 0; i < 3; i++) {
         assert_memory_equal(out[0][i], out[1][i], sizeof(ch_real) * len[i]);
         free(out[0][i]), free(out[1][i]);
     }
     free(x), free(w), free(b);
+}
+
+/* The depthwise kernels split planes (or blocks of 16 channels) and channels, never a sum: their
+ * bits are the same at 1 and 2 threads (data parallelism relies on it no more than on any kernel,
+ * but it costs nothing): the wide layout at stride 2, and the lanes at 40 channels (three blocks,
+ * the last short) on 4x4 planes. */
+static void depthwise_bits_do_not_depend_on_threads(void **state)
+{
+    (void)state;
+    check_depthwise_bits((ch_conv_desc){ .c = 6, .h = 30, .w = 30, .oc = 6, .kh = 3, .kw = 3, .stride = 2,
+                                         .pad = 1, .groups = 6 }, false);
+    check_depthwise_bits((ch_conv_desc){ .c = 40, .h = 4, .w = 4, .oc = 40, .kh = 3, .kw = 3, .stride = 1,
+                                         .pad = 1, .groups = 40 }, true);
 }
 
 /* Two runs of all three passes give the same bits: the first on a replica's kernel cache, the
@@ -1331,6 +1379,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(gemm_with_empty_sum_writes_beta_c),
         cmocka_unit_test(conv_matches_reference),
         cmocka_unit_test(depthwise_matches_reference),
+        cmocka_unit_test(depthwise_small_planes_match_reference),
         cmocka_unit_test(depthwise_bits_do_not_depend_on_threads),
         cmocka_unit_test(primitives_made_at_plan_time),
         cmocka_unit_test(winograd_matches_reference),

@@ -277,8 +277,10 @@ void ch_cpu_bcast_backward(const ch_kctx *kc, const ch_bcast_desc *d, int n, con
 void ch_cpu_permute(const ch_kctx *kc, const ch_permute_desc *d, int n, const ch_real *x, ch_real *y);
 void ch_cpu_copy_rows(const ch_kctx *kc, int rows, size_t len, const ch_real *src,
                       size_t src_stride, ch_real *dst, size_t dst_stride);
-/* Depthwise convolutions (cpu_conv_dw.c), which the grouped ones hand over to: direct, per plane. */
+/* Depthwise convolutions (cpu_conv_dw.c), which the grouped ones hand over to: direct, per plane,
+ * or on small planes (ch_cpu_conv_dw_lanes) with 16 channels in the vector lanes. */
 bool ch_cpu_conv_is_depthwise(const ch_conv_desc *d);
+bool ch_cpu_conv_dw_lanes(const ch_conv_desc *d);
 size_t ch_cpu_conv_dw_workspace(const ch_conv_desc *d, int nthreads);
 void ch_cpu_conv_dw_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
                             const ch_real *w, const ch_real *b, ch_real *y);

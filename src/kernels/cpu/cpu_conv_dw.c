@@ -4,6 +4,8 @@
  * and the planes are small (7x7, 4x4), so row-by-row loops are all overhead. Instead each tap is
  * one long contiguous loop over the whole plane (see dw_geom), which the compiler vectorises
  * (AVX2 or AVX-512, whatever -march gives).
+ * Small planes (MobileNetV2's 7x7 to 2x2 ones) take another layout: channels in the vector lanes
+ * (ch_cpu_conv_dw_lanes).
  * Forward and backward data split the (sample, channel) planes among the threads; the weight
  * gradient splits the channels, and each thread sums its channels' samples in sample order, so
  * the bits do not depend on the thread count. */
@@ -188,9 +190,13 @@ static bool transposed(const ch_conv_desc *d, ch_conv_desc *t)
     return true;
 }
 
+static bool lanes_pay(const ch_conv_desc *d);
+static size_t lanes_len(const ch_conv_desc *d);
+
 /* Floats of workspace per thread: the larger of the two geometries a pass may use. */
 static size_t thread_len(const ch_conv_desc *d)
 {
+    if (lanes_pay(d)) return lanes_len(d);
     ch_conv_desc t;
     const size_t own = geom_of(d).per_thread;
     if (!transposed(d, &t)) return own;
@@ -275,9 +281,178 @@ static void plane_weight_sums(const ch_conv_desc *d, const dw_geom *g, const ch_
         }
 }
 
+/* Small planes: channels in the lanes. At 2x2 a plane's wide layout (its phases zeroed and
+ * filled, nine taps over 8 floats, the copy out) cost ~110 ns a plane for 16 multiply-adds:
+ * MobileNetV2's last depthwise layers (960 channels at 2x2, batch 64) took 7 ms forward and 21 ms
+ * backward each, half of its step in all. Here DW_CB consecutive channels of one sample, whose
+ * planes lie one after another, are turned into positions of DW_CB lanes (lanes_in), each output
+ * sums the taps that fall inside the input, in tap order from the bias as wide_taps does (without
+ * its products of padding zeros), and the block is turned back (lanes_out). The weight gradient
+ * sums each channel's products over samples, then positions, in double. */
+enum { DW_CB = 16, DW_LANES_IN = 4096 };
+
+/* Where the lanes are the faster (bench/conv_kernels' mbv2.* shapes, batch 64, 2 threads, a
+ * Cascade Lake: docs/PERFORMANCE.md): planes of up to 7x7 outputs, and strided layers up to 14x14
+ * outputs, whose phases cost the wide layout most; at 14x14 and stride 1 the wide layout wins. */
+bool ch_cpu_conv_dw_lanes(const ch_conv_desc *d)
+{
+    const long out = (long)d->oh * d->ow;
+    return (out <= 49 || (d->stride > 1 && out <= 196)) && (long)d->h * d->w <= DW_LANES_IN;
+}
+
+static bool lanes_pay(const ch_conv_desc *d) { return ch_cpu_conv_dw_lanes(d); }
+
+/* A thread's input and output positions of one block. */
+static size_t lanes_len(const ch_conv_desc *d)
+{
+    return ((size_t)d->h * d->w + (size_t)d->oh * d->ow) * DW_CB;
+}
+
+/* to[k*DW_CB + l] = from[l*len + k] for the block's cb channels; lanes past cb zero. */
+static void lanes_in(const ch_real *restrict from, int len, int cb, ch_real *restrict to)
+{
+    for (int k = 0; k < len; k++) {
+        for (int l = 0; l < cb; l++) to[(size_t)k * DW_CB + l] = from[(size_t)l * len + k];
+        for (int l = cb; l < DW_CB; l++) to[(size_t)k * DW_CB + l] = 0;
+    }
+}
+
+static void lanes_out(const ch_real *restrict from, int len, int cb, ch_real *restrict to)
+{
+    for (int l = 0; l < cb; l++)
+        for (int k = 0; k < len; k++) to[(size_t)l * len + k] = from[(size_t)k * DW_CB + l];
+}
+
+/* Tap (p, q) of output o: the input position it reads, or -1 where that is padding. */
+static int tap_input(const ch_conv_desc *d, int o, int p, int q)
+{
+    const int D = ch_conv_dilation(d);
+    const int ih = o / d->ow * d->stride - d->pad + p * D, iw = o % d->ow * d->stride - d->pad + q * D;
+    return ih < 0 || ih >= d->h || iw < 0 || iw >= d->w ? -1 : ih * d->w + iw;
+}
+
+/* The block's filters as taps of DW_CB lanes (and its bias, when asked), lanes past cb zero. */
+static void lanes_weights(const ch_conv_desc *d, const ch_real *w, const ch_real *b, int c0, int cb,
+                          ch_real *wt, ch_real *bt)
+{
+    const int taps = d->kh * d->kw;
+    lanes_in(w + (size_t)c0 * taps, taps, cb, wt);
+    for (int l = 0; l < DW_CB; l++) bt[l] = b && l < cb ? b[c0 + l] : 0;
+}
+
+static int blocks_of(const ch_conv_desc *d) { return (d->c + DW_CB - 1) / DW_CB; }
+static int block_size(const ch_conv_desc *d, int c0) { return d->c - c0 < DW_CB ? d->c - c0 : DW_CB; }
+
+static void lanes_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
+                          const ch_real *w, const ch_real *b, ch_real *y)
+{
+    const int P = d->h * d->w, O = d->oh * d->ow, nb = blocks_of(d);
+    const long jobs = (long)n * nb;
+#pragma omp parallel for num_threads(kc->nthreads) schedule(static)
+    for (long job = 0; job < jobs; job++) {
+        ch_real *xt = kc->ws + lanes_len(d) * (size_t)ch_omp_thread(), *yt = xt + (size_t)P * DW_CB;
+        const int c0 = (int)(job % nb) * DW_CB, cb = block_size(d, c0);
+        const size_t pc0 = (size_t)(job / nb) * d->c + (size_t)c0;
+        ch_real wt[DW_MAX_TAPS * DW_CB], bt[DW_CB];
+        lanes_weights(d, w, b, c0, cb, wt, bt);
+        lanes_in(x + pc0 * P, P, cb, xt);
+        for (int o = 0; o < O; o++) {
+            ch_real acc[DW_CB];
+            memcpy(acc, bt, sizeof acc);
+            for (int p = 0; p < d->kh; p++)
+                for (int q = 0; q < d->kw; q++) {
+                    const int ip = tap_input(d, o, p, q);
+                    if (ip < 0) continue;
+                    const ch_real *wv = wt + (size_t)(p * d->kw + q) * DW_CB, *xv = xt + (size_t)ip * DW_CB;
+#pragma omp simd
+                    for (int l = 0; l < DW_CB; l++) acc[l] += wv[l] * xv[l];
+                }
+#pragma omp simd
+            for (int l = 0; l < DW_CB; l++) yt[(size_t)o * DW_CB + l] = d->relu && acc[l] < 0 ? 0 : acc[l];
+        }
+        lanes_out(yt, O, cb, y + pc0 * O);
+    }
+}
+
+static void lanes_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *dy,
+                                const ch_real *w, ch_real *dx)
+{
+    const int P = d->h * d->w, O = d->oh * d->ow, nb = blocks_of(d);
+    const long jobs = (long)n * nb;
+#pragma omp parallel for num_threads(kc->nthreads) schedule(static)
+    for (long job = 0; job < jobs; job++) {
+        ch_real *dxt = kc->ws + lanes_len(d) * (size_t)ch_omp_thread(), *dyt = dxt + (size_t)P * DW_CB;
+        const int c0 = (int)(job % nb) * DW_CB, cb = block_size(d, c0);
+        const size_t pc0 = (size_t)(job / nb) * d->c + (size_t)c0;
+        ch_real wt[DW_MAX_TAPS * DW_CB], bt[DW_CB];
+        lanes_weights(d, w, NULL, c0, cb, wt, bt);
+        lanes_in(dy + pc0 * O, O, cb, dyt);
+        memset(dxt, 0, sizeof(ch_real) * (size_t)P * DW_CB);
+        for (int o = 0; o < O; o++)
+            for (int p = 0; p < d->kh; p++)
+                for (int q = 0; q < d->kw; q++) {
+                    const int ip = tap_input(d, o, p, q);
+                    if (ip < 0) continue;
+                    const ch_real *wv = wt + (size_t)(p * d->kw + q) * DW_CB, *gv = dyt + (size_t)o * DW_CB;
+                    ch_real *to = dxt + (size_t)ip * DW_CB;
+#pragma omp simd
+                    for (int l = 0; l < DW_CB; l++) to[l] += wv[l] * gv[l];
+                }
+        lanes_out(dxt, P, cb, dx + pc0 * P);
+    }
+}
+
+/* One sample's part of a block's weight gradient: acc[t][l] and bias[l] take its products. */
+static void lanes_weight_sums(const ch_conv_desc *d, const ch_real *xt, const ch_real *dyt,
+                              double (*acc)[DW_CB], double bias[DW_CB])
+{
+    for (int o = 0; o < d->oh * d->ow; o++) {
+        const ch_real *gv = dyt + (size_t)o * DW_CB;
+#pragma omp simd
+        for (int l = 0; l < DW_CB; l++) bias[l] += gv[l];
+        for (int p = 0; p < d->kh; p++)
+            for (int q = 0; q < d->kw; q++) {
+                const int ip = tap_input(d, o, p, q);
+                if (ip < 0) continue;
+                const ch_real *xv = xt + (size_t)ip * DW_CB;
+                double *a = acc[p * d->kw + q];
+#pragma omp simd
+                for (int l = 0; l < DW_CB; l++) a[l] += (double)gv[l] * xv[l];
+            }
+    }
+}
+
+static void lanes_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
+                                   const ch_real *y, ch_real *dy, ch_real *dw, ch_real *db)
+{
+    const int P = d->h * d->w, O = d->oh * d->ow, nb = blocks_of(d), taps = d->kh * d->kw;
+#pragma omp parallel for num_threads(kc->nthreads) schedule(static)
+    for (int blk = 0; blk < nb; blk++) {
+        ch_real *xt = kc->ws + lanes_len(d) * (size_t)ch_omp_thread(), *dyt = xt + (size_t)P * DW_CB;
+        const int c0 = blk * DW_CB, cb = block_size(d, c0);
+        double acc[DW_MAX_TAPS][DW_CB] = { { 0 } }, bias[DW_CB] = { 0 };
+        for (int s = 0; s < n; s++) {
+            const size_t pc0 = (size_t)s * d->c + (size_t)c0;
+            /* The fused ReLU's backward: dy is an output too (see kernels.h). */
+            if (d->relu) ch_cpu_relu_backward_span((size_t)cb * O, y + pc0 * O, dy + pc0 * O, dy + pc0 * O);
+            lanes_in(x + pc0 * P, P, cb, xt);
+            lanes_in(dy + pc0 * O, O, cb, dyt);
+            lanes_weight_sums(d, xt, dyt, acc, bias);
+        }
+        for (int l = 0; l < cb; l++) {
+            for (int t = 0; t < taps; t++) dw[(size_t)(c0 + l) * taps + t] = (ch_real)acc[t][l];
+            if (db) db[c0 + l] = (ch_real)bias[l];
+        }
+    }
+}
+
 void ch_cpu_conv_dw_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
                             const ch_real *w, const ch_real *b, ch_real *y)
 {
+    if (lanes_pay(d)) {
+        lanes_forward(kc, d, n, x, w, b, y);
+        return;
+    }
     const dw_geom g = geom_of(d);
     const size_t per = thread_len(d);
     const size_t xp = (size_t)d->h * d->w, yp = (size_t)d->oh * d->ow, taps = (size_t)d->kh * d->kw;
@@ -294,6 +469,10 @@ void ch_cpu_conv_dw_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, con
 void ch_cpu_conv_dw_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *dy,
                                   const ch_real *w, ch_real *dx)
 {
+    if (lanes_pay(d)) {
+        lanes_backward_data(kc, d, n, dy, w, dx);
+        return;
+    }
     /* Which way, and its geometry, once per call rather than per plane. */
     ch_conv_desc t;
     const bool turn = transposed(d, &t);
@@ -315,6 +494,10 @@ void ch_cpu_conv_dw_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int 
 void ch_cpu_conv_dw_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
                                      const ch_real *y, ch_real *dy, ch_real *dw, ch_real *db)
 {
+    if (lanes_pay(d)) {
+        lanes_backward_weights(kc, d, n, x, y, dy, dw, db);
+        return;
+    }
     const dw_geom g = geom_of(d);
     const size_t per = thread_len(d);
     const size_t xp = (size_t)d->h * d->w, yp = (size_t)d->oh * d->ow, taps = (size_t)d->kh * d->kw;
