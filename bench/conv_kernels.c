@@ -57,6 +57,9 @@ int main(int argc, char **argv)
         { "mbv2.dw4", 64, 576, 4, 576, 3, 1, 1, 576 },
         { "mbv2.dw4s2", 64, 576, 4, 576, 3, 1, 2, 576 },
         { "mbv2.dw2", 64, 960, 2, 960, 3, 1, 1, 960 },
+        /* ConvNeXt-style 7x7 depthwise layers at 14x14 and 7x7 */
+        { "convnext.dw14", 64, 96, 14, 96, 7, 3, 1, 96 },
+        { "convnext.dw7", 64, 192, 7, 192, 7, 3, 1, 192 },
     };
     if (reps < 1 || threads < 1) {
         fprintf(stderr, "conv_kernels: bad reps or threads\n");
