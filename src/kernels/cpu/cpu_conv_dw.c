@@ -343,18 +343,38 @@ static void lanes_weights(const ch_conv_desc *d, const ch_real *w, const ch_real
 static int blocks_of(const ch_conv_desc *d) { return (d->c + DW_CB - 1) / DW_CB; }
 static int block_size(const ch_conv_desc *d, int c0) { return d->c - c0 < DW_CB ? d->c - c0 : DW_CB; }
 
+/* Job i of the forward's and backward data's n * blocks_of(d): its sample's block of cb channels
+ * from c0, whose planes start at plane pc0, and the calling thread's input positions (P of them)
+ * and output positions (O). */
+typedef struct dw_job {
+    int c0, cb;
+    size_t pc0;
+    ch_real *in, *out;
+} dw_job;
+
+static dw_job job_of(const ch_kctx *kc, const ch_conv_desc *d, long i)
+{
+    dw_job j;
+    const int nb = blocks_of(d);
+    j.c0 = (int)(i % nb) * DW_CB, j.cb = block_size(d, j.c0);
+    j.pc0 = (size_t)(i / nb) * d->c + (size_t)j.c0;
+    j.in = kc->ws + lanes_len(d) * (size_t)ch_omp_thread();
+    j.out = j.in + (size_t)d->h * d->w * DW_CB;
+    return j;
+}
+
 static void lanes_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
                           const ch_real *w, const ch_real *b, ch_real *y)
 {
-    const int P = d->h * d->w, O = d->oh * d->ow, nb = blocks_of(d);
-    const long jobs = (long)n * nb;
+    const int P = d->h * d->w, O = d->oh * d->ow;
+    const long jobs = (long)n * blocks_of(d);
 #pragma omp parallel for num_threads(kc->nthreads) schedule(static)
-    for (long job = 0; job < jobs; job++) {
-        ch_real *xt = kc->ws + lanes_len(d) * (size_t)ch_omp_thread(), *yt = xt + (size_t)P * DW_CB;
-        const int c0 = (int)(job % nb) * DW_CB, cb = block_size(d, c0);
-        const size_t pc0 = (size_t)(job / nb) * d->c + (size_t)c0;
-        ch_real wt[DW_MAX_TAPS * DW_CB], bt[DW_CB];
-        lanes_weights(d, w, b, c0, cb, wt, bt);
+    for (long i = 0; i < jobs; i++) {
+        const dw_job j = job_of(kc, d, i);
+        const int cb = j.cb;
+        const size_t pc0 = j.pc0;
+        ch_real *xt = j.in, *yt = j.out, wt[DW_MAX_TAPS * DW_CB], bt[DW_CB];
+        lanes_weights(d, w, b, j.c0, cb, wt, bt);
         lanes_in(x + pc0 * P, P, cb, xt);
         for (int o = 0; o < O; o++) {
             ch_real acc[DW_CB];
@@ -377,15 +397,15 @@ static void lanes_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const
 static void lanes_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *dy,
                                 const ch_real *w, ch_real *dx)
 {
-    const int P = d->h * d->w, O = d->oh * d->ow, nb = blocks_of(d);
-    const long jobs = (long)n * nb;
+    const int P = d->h * d->w, O = d->oh * d->ow;
+    const long jobs = (long)n * blocks_of(d);
 #pragma omp parallel for num_threads(kc->nthreads) schedule(static)
-    for (long job = 0; job < jobs; job++) {
-        ch_real *dxt = kc->ws + lanes_len(d) * (size_t)ch_omp_thread(), *dyt = dxt + (size_t)P * DW_CB;
-        const int c0 = (int)(job % nb) * DW_CB, cb = block_size(d, c0);
-        const size_t pc0 = (size_t)(job / nb) * d->c + (size_t)c0;
-        ch_real wt[DW_MAX_TAPS * DW_CB], bt[DW_CB];
-        lanes_weights(d, w, NULL, c0, cb, wt, bt);
+    for (long i = 0; i < jobs; i++) {
+        const dw_job j = job_of(kc, d, i);
+        const int cb = j.cb;
+        const size_t pc0 = j.pc0;
+        ch_real *dxt = j.in, *dyt = j.out, wt[DW_MAX_TAPS * DW_CB], bt[DW_CB];
+        lanes_weights(d, w, NULL, j.c0, cb, wt, bt);
         lanes_in(dy + pc0 * O, O, cb, dyt);
         memset(dxt, 0, sizeof(ch_real) * (size_t)P * DW_CB);
         for (int o = 0; o < O; o++)
