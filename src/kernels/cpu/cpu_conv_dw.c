@@ -284,7 +284,7 @@ static void plane_weight_sums(const ch_conv_desc *d, const dw_geom *g, const ch_
 /* Small planes: channels in the lanes. At 2x2 a plane's wide layout (its phases zeroed and
  * filled, nine taps over 8 floats, the copy out) cost ~110 ns a plane for 16 multiply-adds:
  * MobileNetV2's last depthwise layers (960 channels at 2x2, batch 64) took 7 ms forward and 21 ms
- * backward each, half of its step in all. Here DW_CB consecutive channels of one sample, whose
+ * backward each, and its depthwise layers together half its step. Here DW_CB consecutive channels of one sample, whose
  * planes lie one after another, are turned into positions of DW_CB lanes (lanes_in), each output
  * sums the taps that fall inside the input, in tap order from the bias as wide_taps does (without
  * its products of padding zeros), and the block is turned back (lanes_out). The weight gradient
