@@ -21,36 +21,37 @@ static ch_model *make(const char *arch, ch_shape3 in)
     return m;
 }
 
+/* The scratch (floats) that zoo model arch on 1x28x28 inputs plans for batches of `batch`. */
+static size_t planned_scratch(const char *arch, int batch)
+{
+    ch_model *m = make(arch, (ch_shape3){ 1, 28, 28 });
+    ch_err err;
+    if (ch_model_plan(m, batch, 1, &err) != CH_STATUS_OK) fail_msg("%s", err.msg);
+    const size_t len = m->scratch_len;
+    ch_model_free(m);
+    return len;
+}
+
 /* resnet18's backward scratch is three of its largest activations: the gradient carried past a
  * residual block, the gradient inside it and its inner activation remade for conv2's backward.
- * The blocks of the late stages' small gradients are merged and reused by the early stages', the
- * gradients of BatchNorm inputs are written over the convolution outputs they replace, a ReLU's
- * and a sum's input gradients take over their output gradient, and no inner activation is kept
- * between forward and backward (graph/exec.c). */
+ * The late stages' small blocks share the early stages' places (the stack's blocks are placed
+ * after the walk, the largest first: graph/blocks.c), the gradients of BatchNorm inputs are
+ * written over the convolution outputs they replace, a ReLU's and a sum's input gradients take
+ * over their output gradient, and no inner activation is kept between forward and backward
+ * (graph/exec.c). */
 static void resnet18_backward_scratch_is_three_largest_activations(void **state)
 {
     (void)state;
-    ch_model *m = make("resnet18", (ch_shape3){ 1, 28, 28 });
-    ch_err err;
-    enum { B = 8 };
-    assert_int_equal(ch_model_plan(m, B, 1, &err), CH_STATUS_OK);
-    assert_int_equal(m->scratch_len, (size_t)3 * 64 * 28 * 28 * B);
-    ch_model_free(m);
+    assert_int_equal(planned_scratch("resnet18", 8), (size_t)3 * 64 * 28 * 28 * 8);
 }
 
 /* mnist-cnn's backward scratch is the least it can be: the gradients either side of its first max
- * pool, live together in that pool's backward (20 x 28 x 28 and 20 x 14 x 14 a sample). Blocks
- * are placed after the walk, the largest first (graph/exec.c, blocks_place); placed as the walk
- * took them (best fit) they needed 1.3 times that. */
+ * pool, live together in that pool's backward (20 x 28 x 28 and 20 x 14 x 14 a sample). Placed as
+ * the walk took them (best fit, before ch_blocks_place) its blocks needed 1.3 times that. */
 static void mnist_cnn_backward_scratch_is_its_first_pools_gradients(void **state)
 {
     (void)state;
-    ch_model *m = make("mnist-cnn", (ch_shape3){ 1, 28, 28 });
-    ch_err err;
-    enum { B = 64 };
-    assert_int_equal(ch_model_plan(m, B, 1, &err), CH_STATUS_OK);
-    assert_int_equal(m->scratch_len, (size_t)(20 * 28 * 28 + 20 * 14 * 14) * B);
-    ch_model_free(m);
+    assert_int_equal(planned_scratch("mnist-cnn", 64), (size_t)(20 * 28 * 28 + 20 * 14 * 14) * 64);
 }
 
 /* The CPU's copy_rows, counted where a row is more than the 10 logits (whose gradient the model

@@ -2,9 +2,9 @@
 #include "graph/blocks.h"
 
 #include <limits.h>
+#include <stdbool.h>
 #include <stdlib.h>
 
-/* A block: its size, and the walk's clock when it was taken and given back (never: LONG_MAX). */
 /* A block of len for the walk from now; *id names it until blocks_place gives it an offset. */
 ch_status ch_block_take(ch_blocks *b, size_t len, size_t *id, ch_err *err)
 {
@@ -87,4 +87,3 @@ ch_status ch_blocks_place(ch_blocks *b, size_t *top, ch_err *err)
 
 /* The offset that block *id was given. */
 void ch_block_offset(const ch_blocks *b, size_t *id) { *id = b->s[*id].off; }
-

@@ -3,7 +3,6 @@
 #ifndef CH_GRAPH_BLOCKS_H
 #define CH_GRAPH_BLOCKS_H
 
-#include <stdbool.h>
 #include <stddef.h>
 
 #include "core/status.h"

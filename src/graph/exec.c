@@ -233,7 +233,8 @@ static ch_status plan_backward(ch_layer *l, int max_batch, ch_err *err)
     ch_blocks b = { 0 };
     bool *held = calloc((size_t)gi->ntensors, sizeof *held);
     CH_CHECK_ALLOC(err, held);
-    for (int t = 0; t < gi->ntensors; t++) gi->grad_off[t] = SIZE_MAX;   /* no block yet */
+    for (int t = 0; t < gi->ntensors; t++)   /* no block yet, none shared, none over values */
+        gi->grad_off[t] = SIZE_MAX, gi->grad_twin[t] = -1, gi->grad_where[t] = GRAD_BLOCK;
     ch_status st = CH_STATUS_OK;
     for (int i = gi->nnodes - 1; i >= 0 && st == CH_STATUS_OK; i--) {
         xnode *x = &gi->nodes[i];
@@ -375,7 +376,6 @@ static ch_status impl_alloc(graph_impl *gi, const ch_graph *g, ch_err *err)
     }
     for (int t = 0; t < g->ntensors; t++) {
         gi->alias[t] = t;
-        gi->grad_twin[t] = -1;
         gi->producer[t] = g->tensors[t].producer;
         gi->shape[t] = ch_graph_shape(g, t);
     }
