@@ -5,7 +5,7 @@
 #include <stdbool.h>
 #include <stdlib.h>
 
-/* A block of len for the walk from now; *id names it until blocks_place gives it an offset. */
+/* A block of len for the walk from now; *id names it until ch_blocks_place gives it an offset. */
 ch_status ch_block_take(ch_blocks *b, size_t len, size_t *id, ch_err *err)
 {
     if (b->n == b->cap) {
