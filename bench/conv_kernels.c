@@ -6,7 +6,9 @@
  * where the layer has it the one pass that does both backward passes (a training step's,
  * conv2d_backward) next to the two apart; a second argument runs that shape alone; a third sets
  * the threads (1: OpenMP held to one, as `--threads 1` does: oneDNN's batched GEMMs would
- * otherwise take every core); a fourth the batch (64 by default, 16 for resnet18's 56x56). A FLOP
+ * otherwise take every core); a fourth the batch (64 by default, 16 for resnet18's 56x56); a fifth,
+ * "bf16", runs the passes as `--precision bf16` does (bf16 products where the layer takes them, on a
+ * CPU with native bf16; the same fp32 passes elsewhere). A FLOP
  * is counted as in the direct sum (2 * oc * c * kh * kw * oh * ow per sample), so Winograd's
  * figures are "effective" ones and padding or garbage columns gain nothing. Compare two builds by
  * linking this against each one's libcohort.a. */
@@ -32,6 +34,11 @@ int main(int argc, char **argv)
     const int reps = argc > 1 ? atoi(argv[1]) : 5;
     const char *only = argc > 2 ? argv[2] : NULL;   /* a shape's name: that one alone */
     const int threads = argc > 3 ? atoi(argv[3]) : 1, batch = argc > 4 ? atoi(argv[4]) : 0;
+    const bool bf16 = argc > 5 && strcmp(argv[5], "bf16") == 0;
+    if (argc > 5 && !bf16) {
+        fprintf(stderr, "conv_kernels: the fifth argument is bf16 or nothing, not %s\n", argv[5]);
+        return 1;
+    }
     const struct { const char *name; int n, c, hw, oc, k, pad, stride, groups; } shapes[] = {
         { "resnet20.s1", 64, 16, 28, 16, 3, 1, 1, 1 },
         { "resnet20.s2", 64, 32, 14, 32, 3, 1, 1, 1 },
@@ -39,6 +46,8 @@ int main(int argc, char **argv)
         { "resnet18.l1", 16, 64, 56, 64, 3, 1, 1, 1 },
         { "resnet18.d1", 64, 64, 28, 64, 3, 1, 1, 1 },     /* reference program D's first stage */
         { "resnet18.l2", 64, 128, 14, 128, 3, 1, 1, 1 },   /* reference program D's second stage */
+        { "resnet18.l3", 64, 256, 7, 256, 3, 1, 1, 1 },    /* its third and fourth */
+        { "resnet18.l4", 64, 512, 4, 512, 3, 1, 1, 1 },
         { "mnist-cnn.c2", 100, 20, 14, 20, 5, 2, 1, 1 },   /* F(3x3, 5x5)'s */
         /* ResNet-20's stride-2 layers */
         { "resnet20.t2", 64, 16, 28, 32, 3, 1, 2, 1 },
@@ -72,7 +81,7 @@ int main(int argc, char **argv)
         const ch_conv_desc d = { .c = shapes[i].c, .h = shapes[i].hw, .w = shapes[i].hw,
                                  .oc = shapes[i].oc, .kh = shapes[i].k, .kw = shapes[i].k,
                                  .stride = st, .pad = shapes[i].pad, .oh = ohw, .ow = ohw,
-                                 .groups = shapes[i].groups };
+                                 .groups = shapes[i].groups, .bf16 = bf16 };
         const int n = batch > 0 ? batch : shapes[i].n;
         const size_t xl = (size_t)n * d.c * d.h * d.w, yl = (size_t)n * d.oc * d.oh * d.ow;
         const size_t wl = (size_t)d.oc * (d.c / d.groups) * d.kh * d.kw;
