@@ -15,9 +15,15 @@ void ch_cpu_relu_span(size_t len, const ch_real *x, ch_real *y)
     for (size_t i = 0; i < len; i++) y[i] = x[i] < 0 ? 0 : x[i];
 }
 
+/* dy is read whether or not the mask passes it, here and in act_backward_span: read only where it
+ * does, these loops vectorised into masked loads, which a Zen 5 runs several times slower than
+ * plain ones (cpu_norm.c's fused ReLU backward: 8.6 against 2.5 ms on 64 x 28 x 28, batch 256). */
 void ch_cpu_relu_backward_span(size_t len, const ch_real *y, const ch_real *dy, ch_real *dx)
 {
-    for (size_t i = 0; i < len; i++) dx[i] = y[i] > 0 ? dy[i] : 0;
+    for (size_t i = 0; i < len; i++) {
+        const ch_real g = dy[i];
+        dx[i] = y[i] > 0 ? g : 0;
+    }
 }
 
 /* [*lo, *hi): thread t's contiguous share of len elements among T. */
@@ -177,7 +183,10 @@ static void act_backward_span(const ch_act *a, size_t len, const ch_real *x, con
         for (size_t i = 0; i < len; i++) dx[i] = x[i] > 0 ? dy[i] : dy[i] * alpha;
         return;
     case CH_ACT_CLIP:
-        for (size_t i = 0; i < len; i++) dx[i] = x[i] < lo || x[i] > hi ? 0 : dy[i];
+        for (size_t i = 0; i < len; i++) {
+            const ch_real g = dy[i], v = x[i];
+            dx[i] = v < lo || v > hi ? 0 : g;
+        }
         return;
     case CH_ACT_SIGMOID:
         for (size_t i = 0; i < len; i++) dx[i] = dy[i] * (y[i] * (1 - y[i]));
@@ -187,11 +196,16 @@ static void act_backward_span(const ch_act *a, size_t len, const ch_real *x, con
         return;
     /* PyTorch's: open interval for hardsigmoid, (-3, 3] for hardswish's middle piece. */
     case CH_ACT_HARDSIGMOID:
-        for (size_t i = 0; i < len; i++) dx[i] = x[i] > -3 && x[i] < 3 ? dy[i] * (ch_real)(1.0 / 6) : 0;
+        for (size_t i = 0; i < len; i++) {
+            const ch_real g = dy[i], v = x[i];
+            dx[i] = v > -3 && v < 3 ? g * (ch_real)(1.0 / 6) : 0;
+        }
         return;
     case CH_ACT_HARDSWISH:
-        for (size_t i = 0; i < len; i++)
-            dx[i] = x[i] < -3 ? 0 : x[i] <= 3 ? dy[i] * (x[i] / 3 + (ch_real)0.5) : dy[i];
+        for (size_t i = 0; i < len; i++) {
+            const ch_real g = dy[i], v = x[i];
+            dx[i] = v < -3 ? 0 : v <= 3 ? g * (v / 3 + (ch_real)0.5) : g;
+        }
         return;
     case CH_ACT_AFFINE:
         for (size_t i = 0; i < len; i++) dx[i] = dy[i] * alpha;
