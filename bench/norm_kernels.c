@@ -1,5 +1,5 @@
 /* Milliseconds of BatchNorm's per-channel kernels on one of resnet18's tensors (batch 256; its
- * BatchNorms at 28x28, 14x14, 7x7 and 4x4), 2 threads, the best of REPS runs (15): forward's
+ * BatchNorms at 28x28, 14x14, 7x7 and 4x4) or MobileNetV2's two smallest planes, 2 threads, the best of REPS runs (15): forward's
  * statistics and channel_affine (fp32, and keeping the input in bf16 as --precision bf16 does),
  * backward's two kernels on the fp32 input and on the kept bf16 copy. Compare two builds by linking
  * this against each one's libcohort.a (as for bench/conv_kernels.c), or read the bf16 columns
@@ -7,7 +7,8 @@
  * relu_forward; relu_backward then backward's two kernels) against fused (bn_relu_*, graph/exec.c),
  * and a residual block's end, BatchNorm + sum + ReLU forward, apart (channel_affine, add in place,
  * relu_forward in place) against fused (bn_add_forward).
- *   norm_kernels [REPS [l1|l2|l3|l4]]   (l1: 64 x 28 x 28, the default; l4: 512 x 4 x 4) */
+ *   norm_kernels [REPS [l1|l2|l3|l4|m4|m2]]   (l1: 64 x 28 x 28, the default; l4: 512 x 4 x 4;
+ *   m4 and m2: MobileNetV2's 576 x 4 x 4 and 960 x 2 x 2, whose cost is per plane, not per value) */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,7 +17,7 @@
 #include "core/clock.h"
 #include "kernels/cpu/cpu.h"
 
-enum { N = 256, CMAX = 512 };
+enum { N = 256, CMAX = 960 };
 
 static double best_ms(double t, double best) { return t * 1e3 < best ? t * 1e3 : best; }
 
@@ -26,12 +27,13 @@ int main(int argc, char **argv)
     const char *shape = argc > 2 ? argv[2] : "l1";
     const struct { const char *name; int c, hw; } shapes[] = {
         { "l1", 64, 28 * 28 }, { "l2", 128, 14 * 14 }, { "l3", 256, 7 * 7 }, { "l4", 512, 4 * 4 },
+        { "m4", 576, 4 * 4 }, { "m2", 960, 2 * 2 },   /* MobileNetV2's (bench/speed_models.py) last stages */
     };
     int C = 0, HW = 0;
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         if (strcmp(shape, shapes[i].name) == 0) C = shapes[i].c, HW = shapes[i].hw;
     if (!C) {
-        fprintf(stderr, "norm_kernels: unknown shape '%s' (l1, l2, l3 or l4)\n", shape);
+        fprintf(stderr, "norm_kernels: unknown shape '%s' (l1, l2, l3, l4, m4 or m2)\n", shape);
         return 2;
     }
     const size_t len = (size_t)N * C * HW;
