@@ -1005,13 +1005,47 @@ static void lane_order(const float *a, float ka, const float *b, float kb, int n
     *s1 = u, *s2 = w;
 }
 
+/* The lane order of planes of hw < 16 values, hw dividing 16, for the channels whose planes share a
+ * vector (16 / hw channels of one sample, counted from channel 0): each of the channel's hw lanes
+ * sums its position over the samples in float, emptied into double every 64 samples, the channel's
+ * lanes in position order. */
+static void lane_order_small(const float *a, float ka, const float *b, float kb, int n, int c, int ch, int hw,
+                             double *s1, double *s2)
+{
+    double u = 0, w = 0;
+    for (int p0 = 0; p0 < n; p0 += 64) {
+        float la[16] = { 0 }, lb[16] = { 0 };
+        for (int p = p0; p < n && p < p0 + 64; p++)
+            for (int i = 0; i < hw; i++) {
+                const size_t at = ((size_t)p * c + ch) * hw + (size_t)i;
+                const float v = a[at] - ka;
+                la[i] += v;
+                lb[i] += v * (b[at] - kb);
+            }
+        for (int i = 0; i < hw; i++) u += la[i], w += lb[i];
+    }
+    *s1 = u, *s2 = w;
+}
+
+/* Which order channel ch of c, with planes of hw values, is summed in. */
+static void channel_order(const float *a, float ka, const float *b, float kb, int n, int c, int ch, int hw,
+                          double *s1, double *s2)
+{
+    const int per = hw < 16 && 16 % hw == 0 ? 16 / hw : 0;
+    if (per && ch < c / per * per)
+        lane_order_small(a, ka, b, kb, n, c, ch, hw, s1, s2);
+    else
+        lane_order(a, ka, b, kb, n, c, ch, hw, s1, s2);
+}
+
 /* BatchNorm's statistics and backward sums are, bit for bit, the lane order above for every
  * channel, whichever way the kernel walks memory (CB channels at a time, sample by sample) and at 1
- * and 2 threads: 130 channels (two blocks of 64 and a rest, split between threads mid-block),
- * planes of 1, 16, 49 and 197 values, 70 samples (lanes emptied inside planes and between them). */
+ * and 2 threads: 130 channels (two blocks of 64 and a rest, split between threads mid-block; at
+ * planes of 1 and 4 values the last 2 channels do not fill a vector and go the plane-by-plane way),
+ * planes of 1, 4, 16, 49 and 197 values, 70 samples (lanes emptied inside planes and between them). */
 static void batchnorm_sums_follow_the_lane_order(void)
 {
-    const int hws[] = { 1, 16, 49, 197 }, n = 70, c = 130;
+    const int hws[] = { 1, 4, 16, 49, 197 }, n = 70, c = 130;
     for (size_t k = 0; k < sizeof hws / sizeof hws[0]; k++) {
         const int hw = hws[k];
         const size_t len = (size_t)n * c * hw;
@@ -1026,8 +1060,8 @@ static void batchnorm_sums_follow_the_lane_order(void)
             for (int ch = 0; ch < c; ch++) {
                 const float k0 = x[(size_t)ch * hw];
                 double a1, a2, b1, b2;
-                lane_order(x, k0, x, k0, n, c, ch, hw, &a1, &a2);
-                lane_order(dy, 0, x, mean[ch], n, c, ch, hw, &b1, &b2);
+                channel_order(x, k0, x, k0, n, c, ch, hw, &a1, &a2);
+                channel_order(dy, 0, x, mean[ch], n, c, ch, hw, &b1, &b2);
                 const double cnt = (double)n * hw, d = a1 / cnt, var = a2 / cnt - d * d;
                 if (m[ch] != k0 + d || v[ch] != (var > 0 ? var : 0) || s[ch] != b1 || sx[ch] != b2 * invstd[ch])
                     fail_msg("hw %d, %d threads, channel %d: not the lane order's sums", hw, t, ch);

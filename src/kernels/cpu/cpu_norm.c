@@ -79,12 +79,64 @@ enum { CB = 64 };
         }                                                                                                  \
         s->u = u, s->w = w;                                                                                \
     }                                                                                                      \
+    /* Planes of hw values where hw divides LANES (4x4, MobileNetV2's 2x2, BatchNorm1d's 1): a vector holds \
+     * LANES / hw whole planes of one sample, consecutive channels, so each lane sums one position of one  \
+     * channel over the samples, emptied into double every LANE_TERMS samples, a channel's lanes in       \
+     * order. Plane by plane, planes below LANES values went scalar in double, a call each                 \
+     * (bench/norm_kernels m2). A thread walks its channels CB at a time sample by sample, as the          \
+     * plane-by-plane path does; c0 is a multiple of LANES / hw (my_sum_channels). Returns the channel     \
+     * where it stopped: the last channels, fewer than a vector's, go plane by plane. */                   \
+    static int NAME##_small(const A *a, const B *b, int c0, int c1, int n, int c, size_t hw, bool shift,   \
+                            const ch_real *kbp, const ch_real *msp, const ch_real *mtp, double *s1, double *s2) \
+    {                                                                                                      \
+        if (hw > LANES || LANES % hw != 0) return c0;                                                      \
+        const int per = LANES / (int)hw, end = c0 + (c1 - c0) / per * per;                                \
+        for (int b0 = c0; b0 < end; b0 += CB) {                                                            \
+            const int nv = ((end - b0 < CB ? end - b0 : CB) / per);                                        \
+            ch_real ka[CB][LANES], kb[CB][LANES], ml[CB][LANES], tl[CB][LANES];                    \
+            ch_real la[CB][LANES] = { { 0 } }, lb[CB][LANES] = { { 0 } };                                  \
+            double u[CB] = { 0 }, w[CB] = { 0 };                                                           \
+            for (int v = 0; v < nv; v++)                                                                   \
+                for (int j = 0; j < LANES; j++) {                                                          \
+                    const int q = b0 + v * per + j / (int)hw;                                              \
+                    ka[v][j] = shift ? WA(a[(size_t)q * hw]) : 0;                                          \
+                    kb[v][j] = shift ? ka[v][j] : kbp ? kbp[q] : 0;                                        \
+                    ml[v][j] = msp ? msp[q] : 0, tl[v][j] = mtp ? mtp[q] : 0;                              \
+                }                                                                                          \
+            for (int p0 = 0; p0 < n; p0 += LANE_TERMS) {                                                   \
+                const int p1 = n - p0 < LANE_TERMS ? n : p0 + LANE_TERMS;                                  \
+                for (int p = p0; p < p1; p++)                                                              \
+                    for (int v = 0; v < nv; v++) {                                                         \
+                        const size_t at = ((size_t)p * c + b0) * hw + (size_t)v * LANES;                   \
+                        _Pragma("omp simd") for (int j = 0; j < LANES; j++)                                \
+                        {                                                                                  \
+                            const ch_real ms = ml[v][j], mt = tl[v][j];                                    \
+                            const ch_real av = WA(a[at + j]), bv = WIDE(b[at + j]);                        \
+                            (void)ms, (void)mt;                                                            \
+                            const ch_real t = MASK(av, bv) - ka[v][j];                                     \
+                            la[v][j] += t;                                                                 \
+                            lb[v][j] += t * (bv - kb[v][j]);                                               \
+                        }                                                                                  \
+                    }                                                                                      \
+                /* A channel's lanes in order, as the plane-by-plane path empties them: at 4x4 (one       \
+                 * vector a plane) the same sums in the same order, so the same bits. */                   \
+                for (int v = 0; v < nv; v++)                                                               \
+                    for (int j = 0; j < LANES; j++) {                                                      \
+                        const int k = v * per + j / (int)hw;                                               \
+                        u[k] += la[v][j], w[k] += lb[v][j], la[v][j] = lb[v][j] = 0;                       \
+                    }                                                                                      \
+            }                                                                                              \
+            for (int k = 0; k < nv * per; k++) s1[b0 + k] = u[k], s2[b0 + k] = w[k];                       \
+        }                                                                                                  \
+        return end;                                                                                        \
+    }                                                                                                      \
     /* Channels [c0, c1) of c; kb, ms, mt per channel (NULL: 0); ka 0, or with shift (the statistics,      \
      * a = b, n * hw > 0) ka = kb = the channel's first value. */                                          \
     static void NAME(const A *a, const B *b, int c0, int c1, int n, int c, size_t hw, bool shift,          \
                      const ch_real *kb, const ch_real *ms, const ch_real *mt, double *s1, double *s2)      \
     {                                                                                                      \
         lanes st[CB];                                                                                      \
+        c0 = NAME##_small(a, b, c0, c1, n, c, hw, shift, kb, ms, mt, s1, s2);                              \
         for (int b0 = c0; b0 < c1; b0 += CB) {                                                             \
             const int b1 = c1 - b0 < CB ? c1 : b0 + CB;                                                    \
             memset(st, 0, sizeof st);                                                                      \
@@ -117,11 +169,38 @@ LANE_SUMS(lane_sums_bf16, ch_real, AS_IS, uint16_t, WIDEN, ALL)
 LANE_SUMS(lane_sums_bf16_relu, ch_real, AS_IS, uint16_t, WIDEN, RELU_MASK)
 LANE_SUMS(lane_sums_of_bf16, uint16_t, WIDEN, uint16_t, WIDEN, ALL)
 
-/* This thread's share of c channels (the same split as a static schedule's). */
-static void my_channels(int c, int *c0, int *c1)
+/* This thread's share of count channels or samples (the same split as a static schedule's). */
+static void my_share(int count, int *lo, int *hi)
 {
     const int t = omp_get_thread_num(), nt = omp_get_num_threads();
-    *c0 = (int)((long)c * t / nt), *c1 = (int)((long)c * (t + 1) / nt);
+    *lo = (int)((long)count * t / nt), *hi = (int)((long)count * (t + 1) / nt);
+}
+
+/* This thread's channels for the per-channel sums (LANE_SUMS): whole groups of the channels whose
+ * planes share a vector, so that which channels go through those vectors, and so the bits, do not
+ * depend on the thread count. */
+static void my_sum_channels(int c, int hw, int *c0, int *c1)
+{
+    const int per = hw > 0 && hw < LANES && LANES % hw == 0 ? LANES / hw : 1;
+    int g0, g1;
+    my_share((c + per - 1) / per, &g0, &g1);
+    *c0 = g0 * per < c ? g0 * per : c, *c1 = g1 * per < c ? g1 * per : c;
+}
+
+/* Small planes (fewer than SMALL_HW values: MobileNetV2's 2x2 and 1x1, BatchNorm1d's one value):
+ * a pass plane by plane cost a call and its channel's constants per handful of values, ten times
+ * the time per byte of a 28x28 plane (bench/norm_kernels m2). There a thread walks its samples a
+ * block of channels at a time, each channel's constants spread over its hw values once per block
+ * (at most SPREAD values), and runs one loop over the block's values of each sample: the same
+ * operations on each value, so the same bits. */
+enum { SMALL_HW = 16, SPREAD = 512 };
+
+/* Channels [c0, c0 + *nc) of c as one block of small planes: *nc of them, *len values. */
+static void spread_block(int c, int hw, int c0, int *nc, int *len)
+{
+    const int cb = SPREAD / hw;
+    *nc = c - c0 < cb ? c - c0 : cb;
+    *len = *nc * hw;
 }
 
 /* One pass over x: sums shifted by the channel's first value, which lies within a few standard
@@ -136,7 +215,7 @@ static void stats(const ch_kctx *kc, int n, int c, int hw, const ch_real *xf, co
 #pragma omp parallel num_threads(kc->nthreads)
     {
         int c0, c1;
-        my_channels(c, &c0, &c1);
+        my_sum_channels(c, hw, &c0, &c1);
         if (xh) lane_sums_of_bf16(xh, xh, c0, c1, n, c, (size_t)hw, shift, NULL, NULL, NULL, mean, var);
         else lane_sums(xf, xf, c0, c1, n, c, (size_t)hw, shift, NULL, NULL, NULL, mean, var);
         for (int ch = c0; ch < c1; ch++) {
@@ -205,9 +284,55 @@ static void affine_plane(int hw, const ch_real *xf, const uint16_t *xh, ch_real 
         for (int j = 0; j < hw; j++) keep[j] = ch_bf16_from_float((float)xf[j]);
 }
 
+/* affine_plane over a block of small planes: a and b per value (spread_block). */
+static void affine_run(int len, const ch_real *xf, const uint16_t *xh, const ch_real *a, const ch_real *b, bool relu,
+                       ch_real *y, uint16_t *keep)
+{
+    if (xh && relu) {
+        for (int j = 0; j < len; j++) {
+            const ch_real v = (ch_real)ch_bf16_to_float(xh[j]) * a[j] + b[j];
+            y[j] = v < 0 ? 0 : v;
+        }
+    } else if (xh) {
+        for (int j = 0; j < len; j++) y[j] = (ch_real)ch_bf16_to_float(xh[j]) * a[j] + b[j];
+    } else if (relu) {
+        for (int j = 0; j < len; j++) {
+            const ch_real v = xf[j] * a[j] + b[j];
+            y[j] = v < 0 ? 0 : v;
+        }
+    } else {
+        for (int j = 0; j < len; j++) y[j] = xf[j] * a[j] + b[j];
+    }
+    if (keep && xf)
+        for (int j = 0; j < len; j++) keep[j] = ch_bf16_from_float((float)xf[j]);
+}
+
+static void affine_small(const ch_kctx *kc, int n, int c, int hw, const ch_real *xf, const uint16_t *xh,
+                         const ch_real *scale, const ch_real *shift, bool relu, ch_real *y, uint16_t *keep)
+{
+#pragma omp parallel num_threads(kc->nthreads)
+    {
+        int p0, p1;
+        my_share(n, &p0, &p1);
+        ch_real a[SPREAD], b[SPREAD];
+        for (int c0 = 0, nc, len; c0 < c; c0 += nc) {
+            spread_block(c, hw, c0, &nc, &len);
+            for (int k = 0; k < len; k++) a[k] = scale[c0 + k / hw], b[k] = shift[c0 + k / hw];
+            for (int p = p0; p < p1; p++) {
+                const size_t at = ((size_t)p * c + c0) * hw;
+                affine_run(len, xf ? xf + at : NULL, xh ? xh + at : NULL, a, b, relu, y + at, keep ? keep + at : NULL);
+            }
+        }
+    }
+}
+
 static void affine_planes(const ch_kctx *kc, int n, int c, int hw, const ch_real *xf, const uint16_t *xh,
                           const ch_real *scale, const ch_real *shift, bool relu, ch_real *y, uint16_t *keep)
 {
+    if (hw < SMALL_HW) {
+        affine_small(kc, n, c, hw, xf, xh, scale, shift, relu, y, keep);
+        return;
+    }
     const long planes = (long)n * c;
 #pragma omp parallel for num_threads(kc->nthreads) schedule(static)
     for (long pl = 0; pl < planes; pl++) {
@@ -285,7 +410,7 @@ static void bn_backward_reduce(const ch_kctx *kc, int n, int c, int hw, const ch
 #pragma omp parallel num_threads(kc->nthreads)
     {
         int c0, c1;
-        my_channels(c, &c0, &c1);
+        my_sum_channels(c, hw, &c0, &c1);
         const size_t len = (size_t)hw;
         if (xh && scale) lane_sums_bf16_relu(dy, xh, c0, c1, n, c, len, false, mean, scale, shift, sum_dy, sum_dy_xhat);
         else if (xh) lane_sums_bf16(dy, xh, c0, c1, n, c, len, false, mean, NULL, NULL, sum_dy, sum_dy_xhat);
@@ -325,6 +450,24 @@ typedef struct bn_plane {
     ch_real ms, mt;
 } bn_plane;
 
+static bn_plane plane_consts(int ch, const ch_real *mean, const ch_real *invstd, const ch_real *gamma,
+                             const ch_real *scale, const ch_real *shift, const double *sum_dy,
+                             const double *sum_dy_xhat, double count)
+{
+    const ch_real is = invstd[ch];
+    return (bn_plane){ .g = gamma[ch] * is, .m = mean[ch], .is = is, .mdy = (ch_real)(sum_dy[ch] / count),
+                       .mdx = (ch_real)(sum_dy_xhat[ch] / count), .relu = scale != NULL,
+                       .ms = scale ? scale[ch] : 0, .mt = scale ? shift[ch] : 0 };
+}
+
+/* One value of dx, and dy as a fused ReLU passes it. */
+static inline ch_real bn_dx(ch_real xv, ch_real d, ch_real g, ch_real m, ch_real is, ch_real mdy, ch_real mdx)
+{
+    return g * (d - mdy - (xv - m) * is * mdx);
+}
+
+static inline ch_real relu_gate(ch_real xv, ch_real dv, ch_real ms, ch_real mt) { return xv * ms + mt > 0 ? dv : 0; }
+
 /* dx of one plane from fp32 x (xf) or bf16 x (xh). dx may alias x or dy: each element is read
  * before it is written. With a fused ReLU dy is read whether or not the mask passes it: read only
  * where it does, the loop vectorised into masked loads, which made the pass 3-4 times slower than
@@ -333,20 +476,27 @@ static void bn_data_plane(int hw, const ch_real *xf, const uint16_t *xh, const c
                           ch_real *dx)
 {
     const ch_real g = p->g, m = p->m, is = p->is, mdy = p->mdy, mdx = p->mdx, ms = p->ms, mt = p->mt;
-    if (xh && p->relu) {
-        for (int j = 0; j < hw; j++) {
-            const ch_real xv = (ch_real)ch_bf16_to_float(xh[j]), dv = dy[j], d = xv * ms + mt > 0 ? dv : 0;
-            dx[j] = g * (d - mdy - (xv - m) * is * mdx);
-        }
-    } else if (xh) {
-        for (int j = 0; j < hw; j++) dx[j] = g * (dy[j] - mdy - ((ch_real)ch_bf16_to_float(xh[j]) - m) * is * mdx);
-    } else if (p->relu) {
-        for (int j = 0; j < hw; j++) {
-            const ch_real xv = xf[j], dv = dy[j], d = xv * ms + mt > 0 ? dv : 0;
-            dx[j] = g * (d - mdy - (xv - m) * is * mdx);
-        }
-    } else {
-        for (int j = 0; j < hw; j++) dx[j] = g * (dy[j] - mdy - (xf[j] - m) * is * mdx);
+    const bool relu = p->relu;   /* a local, so that the loop can be split on it: dx may alias *p */
+    for (int j = 0; j < hw; j++) {
+        const ch_real xv = xh ? (ch_real)ch_bf16_to_float(xh[j]) : xf[j], dv = dy[j];
+        dx[j] = bn_dx(xv, relu ? relu_gate(xv, dv, ms, mt) : dv, g, m, is, mdy, mdx);
+    }
+}
+
+/* The same over a block of small planes, the constants per value (spread_block). */
+typedef struct bn_spread {
+    ch_real g[SPREAD], m[SPREAD], is[SPREAD], mdy[SPREAD], mdx[SPREAD], ms[SPREAD], mt[SPREAD];
+    bool relu;
+} bn_spread;
+
+static void bn_data_run(int len, const ch_real *xf, const uint16_t *xh, const ch_real *dy,
+                        const bn_spread *restrict k, ch_real *dx)
+{
+    const bool relu = k->relu;
+    for (int j = 0; j < len; j++) {
+        const ch_real xv = xh ? (ch_real)ch_bf16_to_float(xh[j]) : xf[j], dv = dy[j];
+        dx[j] = bn_dx(xv, relu ? relu_gate(xv, dv, k->ms[j], k->mt[j]) : dv, k->g[j], k->m[j], k->is[j],
+                      k->mdy[j], k->mdx[j]);
     }
 }
 
@@ -355,14 +505,33 @@ static void bn_backward_data(const ch_kctx *kc, int n, int c, int hw, const ch_r
                              const ch_real *scale, const ch_real *shift, const double *sum_dy,
                              const double *sum_dy_xhat, double count, ch_real *dx)
 {
+    if (hw < SMALL_HW) {
+#pragma omp parallel num_threads(kc->nthreads)
+        {
+            int p0, p1;
+            my_share(n, &p0, &p1);
+            bn_spread k;
+            k.relu = scale != NULL;
+            for (int c0 = 0, nc, len; c0 < c; c0 += nc) {
+                spread_block(c, hw, c0, &nc, &len);
+                for (int j = 0; j < len; j++) {
+                    const bn_plane p = plane_consts(c0 + j / hw, mean, invstd, gamma, scale, shift, sum_dy,
+                                                    sum_dy_xhat, count);
+                    k.g[j] = p.g, k.m[j] = p.m, k.is[j] = p.is, k.mdy[j] = p.mdy, k.mdx[j] = p.mdx;
+                    k.ms[j] = p.ms, k.mt[j] = p.mt;
+                }
+                for (int q = p0; q < p1; q++) {
+                    const size_t at = ((size_t)q * c + c0) * hw;
+                    bn_data_run(len, x ? x + at : NULL, xh ? xh + at : NULL, dy + at, &k, dx + at);
+                }
+            }
+        }
+        return;
+    }
     const long planes = (long)n * c;
 #pragma omp parallel for num_threads(kc->nthreads) schedule(static)
     for (long pl = 0; pl < planes; pl++) {
-        const int ch = (int)(pl % c);
-        const ch_real is = invstd[ch];
-        const bn_plane p = { .g = gamma[ch] * is, .m = mean[ch], .is = is, .mdy = (ch_real)(sum_dy[ch] / count),
-                             .mdx = (ch_real)(sum_dy_xhat[ch] / count), .relu = scale != NULL,
-                             .ms = scale ? scale[ch] : 0, .mt = scale ? shift[ch] : 0 };
+        const bn_plane p = plane_consts((int)(pl % c), mean, invstd, gamma, scale, shift, sum_dy, sum_dy_xhat, count);
         const size_t at = (size_t)pl * (size_t)hw;
         bn_data_plane(hw, x ? x + at : NULL, xh ? xh + at : NULL, dy + at, &p, dx + at);
     }
