@@ -39,6 +39,14 @@ typedef struct lanes {
 
 enum { CB = 64 };
 
+/* Planes of one sample a vector holds where a plane's hw values divide it (4x4, 2x2, one value):
+ * LANES / hw; 0 elsewhere (and for empty planes). The sums' vector path (LANE_SUMS' NAME##_small)
+ * and the threads' split of channels (my_sum_channels) both ask this. */
+static int planes_per_vector(size_t hw)
+{
+    return hw > 0 && hw <= LANES && LANES % hw == 0 ? LANES / (int)hw : 0;
+}
+
 #define LANE_SUMS(NAME, A, WA, B, WIDE, MASK)                                                              \
     static void NAME##_plane(lanes *s, const A *ap, const B *bp, size_t hw)                                \
     {                                                                                                      \
@@ -89,8 +97,9 @@ enum { CB = 64 };
     static int NAME##_small(const A *a, const B *b, int c0, int c1, int n, int c, size_t hw, bool shift,   \
                             const ch_real *kbp, const ch_real *msp, const ch_real *mtp, double *s1, double *s2) \
     {                                                                                                      \
-        if (hw > LANES || LANES % hw != 0) return c0;                                                      \
-        const int per = LANES / (int)hw, end = c0 + (c1 - c0) / per * per;                                \
+        const int per = planes_per_vector(hw);                                                             \
+        if (per == 0) return c0;                                                                           \
+        const int end = c0 + (c1 - c0) / per * per;                                                        \
         for (int b0 = c0; b0 < end; b0 += CB) {                                                            \
             const int nv = ((end - b0 < CB ? end - b0 : CB) / per);                                        \
             ch_real ka[CB][LANES], kb[CB][LANES], ml[CB][LANES], tl[CB][LANES];                    \
@@ -181,7 +190,7 @@ static void my_share(int count, int *lo, int *hi)
  * depend on the thread count. */
 static void my_sum_channels(int c, int hw, int *c0, int *c1)
 {
-    const int per = hw > 0 && hw < LANES && LANES % hw == 0 ? LANES / hw : 1;
+    const int per = planes_per_vector((size_t)hw) > 0 ? planes_per_vector((size_t)hw) : 1;
     int g0, g1;
     my_share((c + per - 1) / per, &g0, &g1);
     *c0 = g0 * per < c ? g0 * per : c, *c1 = g1 * per < c ? g1 * per : c;
@@ -258,50 +267,17 @@ void ch_cpu_to_real(const ch_kctx *kc, size_t len, const double *x, ch_real *y)
     for (size_t i = 0; i < len; i++) y[i] = (ch_real)x[i];
 }
 
-/* One plane of channel_affine: y = x * a + b from fp32 x (xf) or bf16 x (xh), or with relu that value
- * where it is not below 0 (NaN passes, as in ch_cpu_relu_span); keep, when not NULL, gets xf
- * rounded to bf16 in a second loop over the plane while it is in cache (the pass that reads x
- * anyway keeps it: --precision bf16's BatchNorm inputs). */
-static void affine_plane(int hw, const ch_real *xf, const uint16_t *xh, ch_real a, ch_real b, bool relu, ch_real *y,
-                         uint16_t *keep)
+/* channel_affine over len values: y = x * a + b from fp32 x (xf) or bf16 x (xh), or with relu that
+ * value where it is not below 0 (NaN passes, as in ch_cpu_relu_span); keep, when not NULL, gets xf
+ * rounded to bf16 in a second loop while it is in cache (the pass that reads x anyway keeps it:
+ * --precision bf16's BatchNorm inputs). a and b advance by step a value: 0 for one plane (its
+ * channel's), 1 for a block of small planes (spread_block). Both callers pass step as a constant. */
+static inline void affine_values(int len, const ch_real *xf, const uint16_t *xh, const ch_real *restrict a,
+                                 const ch_real *restrict b, int step, bool relu, ch_real *y, uint16_t *keep)
 {
-    if (xh && relu) {
-        for (int j = 0; j < hw; j++) {
-            const ch_real v = (ch_real)ch_bf16_to_float(xh[j]) * a + b;
-            y[j] = v < 0 ? 0 : v;
-        }
-    } else if (xh) {
-        for (int j = 0; j < hw; j++) y[j] = (ch_real)ch_bf16_to_float(xh[j]) * a + b;
-    } else if (relu) {
-        for (int j = 0; j < hw; j++) {
-            const ch_real v = xf[j] * a + b;
-            y[j] = v < 0 ? 0 : v;
-        }
-    } else {
-        for (int j = 0; j < hw; j++) y[j] = xf[j] * a + b;
-    }
-    if (keep && xf)
-        for (int j = 0; j < hw; j++) keep[j] = ch_bf16_from_float((float)xf[j]);
-}
-
-/* affine_plane over a block of small planes: a and b per value (spread_block). */
-static void affine_run(int len, const ch_real *xf, const uint16_t *xh, const ch_real *a, const ch_real *b, bool relu,
-                       ch_real *y, uint16_t *keep)
-{
-    if (xh && relu) {
-        for (int j = 0; j < len; j++) {
-            const ch_real v = (ch_real)ch_bf16_to_float(xh[j]) * a[j] + b[j];
-            y[j] = v < 0 ? 0 : v;
-        }
-    } else if (xh) {
-        for (int j = 0; j < len; j++) y[j] = (ch_real)ch_bf16_to_float(xh[j]) * a[j] + b[j];
-    } else if (relu) {
-        for (int j = 0; j < len; j++) {
-            const ch_real v = xf[j] * a[j] + b[j];
-            y[j] = v < 0 ? 0 : v;
-        }
-    } else {
-        for (int j = 0; j < len; j++) y[j] = xf[j] * a[j] + b[j];
+    for (int j = 0; j < len; j++) {
+        const ch_real v = (xh ? (ch_real)ch_bf16_to_float(xh[j]) : xf[j]) * a[j * step] + b[j * step];
+        y[j] = relu && v < 0 ? 0 : v;
     }
     if (keep && xf)
         for (int j = 0; j < len; j++) keep[j] = ch_bf16_from_float((float)xf[j]);
@@ -320,7 +296,8 @@ static void affine_small(const ch_kctx *kc, int n, int c, int hw, const ch_real 
             for (int k = 0; k < len; k++) a[k] = scale[c0 + k / hw], b[k] = shift[c0 + k / hw];
             for (int p = p0; p < p1; p++) {
                 const size_t at = ((size_t)p * c + c0) * hw;
-                affine_run(len, xf ? xf + at : NULL, xh ? xh + at : NULL, a, b, relu, y + at, keep ? keep + at : NULL);
+                affine_values(len, xf ? xf + at : NULL, xh ? xh + at : NULL, a, b, 1, relu, y + at,
+                              keep ? keep + at : NULL);
             }
         }
     }
@@ -338,8 +315,8 @@ static void affine_planes(const ch_kctx *kc, int n, int c, int hw, const ch_real
     for (long pl = 0; pl < planes; pl++) {
         const int ch = (int)(pl % c);
         const size_t at = (size_t)pl * (size_t)hw;
-        affine_plane(hw, xf ? xf + at : NULL, xh ? xh + at : NULL, scale[ch], shift[ch], relu, y + at,
-                     keep ? keep + at : NULL);
+        affine_values(hw, xf ? xf + at : NULL, xh ? xh + at : NULL, scale + ch, shift + ch, 0, relu, y + at,
+                      keep ? keep + at : NULL);
     }
 }
 
@@ -374,7 +351,7 @@ static inline ch_real sum_act(ch_real v, ch_real r, bool relu)
     return relu && s < 0 ? 0 : s;
 }
 
-/* One plane of bn_add_forward; keep as in affine_plane. relu is the same for the whole loop, which
+/* One plane of bn_add_forward; keep as in affine_values. relu is the same for the whole loop, which
  * the compiler takes out of it. */
 static void affine_add_plane(int hw, const ch_real *xf, const uint16_t *xh, ch_real a, ch_real b, const ch_real *res,
                              bool relu, ch_real *y, uint16_t *keep)
