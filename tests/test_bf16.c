@@ -212,10 +212,10 @@ static void bf16_only_where_it_wins(void **state)
     assert_true(ch_cpu_conv_bf16_workspace(&one, &d, 4) == 0);
     /* 32 channels at 14x14, stride 1: cohort's own F(4x4, 3x3) (cpu_wino3.c), not oneDNN's */
     d = strided, d.c = d.oc = 32, d.h = d.w = 14, d.stride = 1, d = shaped(d);
-    assert_true(ch_cpu_wino3_workspace(&d, 4, 1) > 0 && ch_cpu_conv_bf16_workspace(&one, &d, 4) == 0);
+    assert_true(ch_cpu_wino3_workspace(&one, &d, 4) > 0 && ch_cpu_conv_bf16_workspace(&one, &d, 4) == 0);
     /* 5x5, stride 1: F(3x3, 5x5) (cpu_wino5.c) */
     d = strided, d.kh = d.kw = 5, d.pad = 2, d.stride = 1, d = shaped(d);
-    assert_true(ch_cpu_wino5_workspace(&d, 4, 1) > 0 && ch_cpu_conv_bf16_workspace(&one, &d, 4) == 0);
+    assert_true(ch_cpu_wino5_workspace(&one, &d, 4) > 0 && ch_cpu_conv_bf16_workspace(&one, &d, 4) == 0);
 }
 
 /* sqrt(mean (a - b)^2) / sqrt(mean b^2). */

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <dnnl.h>
+#include <omp.h>
 
 #include "core/bf16.h"
 #include "core/rng.h"
@@ -68,23 +69,79 @@ static void gemm_with_empty_sum_writes_beta_c(void **state)
     }
 }
 
+/* g against the reference, through a replica's kernel cache: the scratch query makes its kernel
+ * (a float build's one entry more) and the call makes none; then the same call on a ch_kctx
+ * without a cache (a kernel made for the call) gives the same bits. */
 static void check_gemm_batch(ch_gemm_batch g)
 {
     const ch_kernels *ref = ch_kernels_ref();
     const size_t la = g.sa * g.batch, lb = g.sb * g.batch, lc = g.sc * g.batch;
     ch_real *a = tu_uniform(la, 4), *b = tu_uniform(lb, 5), *c1 = tu_uniform(lc, 6);
-    ch_real *c2 = malloc(sizeof(ch_real) * lc);
+    ch_real *c2 = malloc(sizeof(ch_real) * lc), *c3 = malloc(sizeof(ch_real) * lc);
     memcpy(c2, c1, sizeof(ch_real) * lc);
-    const size_t bytes = ch_cpu_gemm_batch_scratch(&g);
+    memcpy(c3, c1, sizeof(ch_real) * lc);
+    struct ch_kcache *cache = ch_cpu_kcache_create();
+    assert_non_null(cache);
+    const struct ch_gb_cache *gemms = ch_cpu_kcache_gemms(cache);
+    ch_kctx kc = { .nthreads = 1, .cache = cache };
+    const size_t before = ch_cpu_gb_cache_entries(gemms);
+    const size_t bytes = ch_cpu_gemm_batch_scratch(&kc, &g);
+    const size_t planned = ch_cpu_gb_cache_entries(gemms);
+#ifndef CH_REAL_DOUBLE
+    assert_int_equal(planned, before + 1);
+#endif
     void *scratch = malloc(bytes ? bytes : 1);
     assert_non_null(scratch);
-    ch_kctx kc = { .nthreads = 1 };
     ch_cpu_gemm_batch(&kc, &g, a, b, c1, scratch);
+    assert_int_equal(ch_cpu_gb_cache_entries(gemms), planned);
     for (int i = 0; i < g.batch; i++)
         ref->gemm(&kc, g.ta, g.tb, g.m, g.n, g.k, 1, a + g.sa * i, g.lda, b + g.sb * i, g.ldb,
                   g.accumulate ? 1 : 0, c2 + g.sc * i, g.ldc);
     assert_true(tu_max_norm_err(c1, c2, lc) < tol);
-    free(a), free(b), free(c1), free(c2), free(scratch);
+    kc.cache = NULL;
+    ch_cpu_gemm_batch(&kc, &g, a, b, c3, scratch);
+    assert_memory_equal(c1, c3, sizeof(ch_real) * lc);
+    ch_cpu_kcache_free(cache);
+    free(a), free(b), free(c1), free(c2), free(c3), free(scratch);
+}
+
+/* The threads of a team run one cached kernel at once, each on its own stream and handles: 2
+ * threads, each its own C and scratch, many times over, all with the bits of one thread alone
+ * (threads sharing one set of handles would write into each other's C). */
+static void gemm_batch_threads_run_at_once(void **state)
+{
+    (void)state;
+    enum { T = 2, ROUNDS = 200 };
+    const int m = 16, n = 32, k = 24;
+    const ch_gemm_batch g = { .batch = 3, .m = m, .n = n, .k = k, .lda = k, .ldb = n, .ldc = n,
+                              .sa = (size_t)m * k, .sb = (size_t)k * n, .sc = (size_t)m * n };
+    const size_t lc = g.sc * g.batch;
+    ch_real *a = tu_uniform(g.sa * g.batch, 8), *b = tu_uniform(g.sb * g.batch, 9);
+    ch_real *one = malloc(sizeof(ch_real) * lc), *c[T];
+    struct ch_kcache *cache = ch_cpu_kcache_create();
+    assert_non_null(cache);
+    ch_kctx kc = { .nthreads = T, .cache = cache };
+    const size_t bytes = ch_cpu_gemm_batch_scratch(&kc, &g);
+    void *scratch[T];
+    for (int t = 0; t < T; t++) {
+        c[t] = malloc(sizeof(ch_real) * lc), scratch[t] = malloc(bytes ? bytes : 1);
+        assert_non_null(c[t]), assert_non_null(scratch[t]);
+    }
+    ch_cpu_gemm_batch(&kc, &g, a, b, one, scratch[0]);
+    int wrong = 0;
+    for (int r = 0; r < ROUNDS; r++) {
+#pragma omp parallel num_threads(T) reduction(+ : wrong)
+        {
+            const int t = omp_get_thread_num();
+            for (size_t i = 0; i < lc; i++) c[t][i] = (ch_real)-1;
+            ch_cpu_gemm_batch(&kc, &g, a, b, c[t], scratch[t]);
+            wrong += memcmp(c[t], one, sizeof(ch_real) * lc) != 0;
+        }
+    }
+    assert_int_equal(wrong, 0);
+    ch_cpu_kcache_free(cache);
+    for (int t = 0; t < T; t++) free(c[t]), free(scratch[t]);
+    free(a), free(b), free(one);
 }
 
 static void gemm_batch_matches_reference(void **state)
@@ -381,6 +438,20 @@ static void check_backward_together(ch_conv_desc d, int n, int threads, int ws_b
     ch_cpu_kcache_free(kc.cache);
 }
 
+/* cohort's Winograds' workspace queries in the shape of the callback below (no cache: the GEMMs
+ * are made for the call). */
+static size_t wino3_taken(const ch_conv_desc *d, int n, int nthreads)
+{
+    const ch_kctx kc = { .nthreads = nthreads };
+    return ch_cpu_wino3_workspace(&kc, d, n);
+}
+
+static size_t wino5_taken(const ch_conv_desc *d, int n, int nthreads)
+{
+    const ch_kctx kc = { .nthreads = nthreads };
+    return ch_cpu_wino5_workspace(&kc, d, n);
+}
+
 /* oneDNN's Winograd's workspace query in the shape of the others' (no cache: made for the call). */
 static size_t dnnl_wino_taken(const ch_conv_desc *d, int n, int nthreads)
 {
@@ -469,7 +540,7 @@ static void winograd_matches_reference(void **state)
     /* 14x14 with 32 channels: cohort's own F(4x4, 3x3) is the faster there, and takes it. */
     const ch_conv_desc own = { .c = 32, .h = 14, .w = 14, .oc = 32, .kh = 3, .kw = 3, .stride = 1,
                                .pad = 1, .oh = 14, .ow = 14 };
-    assert_true(dnnl_wino_taken(&own, 4, 1) == 0 && ch_cpu_wino3_workspace(&own, 4, 1) > 0);
+    assert_true(dnnl_wino_taken(&own, 4, 1) == 0 && wino3_taken(&own, 4, 1) > 0);
 }
 
 /* oneDNN's fp32 direct convolution's workspace query (cpu_dnnl_conv.c), in the shape of the others'. */
@@ -840,13 +911,12 @@ static void winograd5_matches_reference(void **state)
     };
     /* Batches 1, 3, 9 and 17: one tile chunk and several, and the 1-sample plan's fallback from 9
      * on (25 and 33 added nothing to these paths, and took two thirds of the sanitizer pass). */
-    check_winograd_cases(cases, sizeof cases / sizeof cases[0], 17, wino5_dw_tol,
-                         ch_cpu_wino5_workspace);
+    check_winograd_cases(cases, sizeof cases / sizeof cases[0], 17, wino5_dw_tol, wino5_taken);
     ch_conv_desc narrow = { .c = 20, .h = 14, .w = 14, .oc = 8, .kh = 5, .kw = 5, .stride = 1,
                             .pad = 2, .oh = 14, .ow = 14 };
-    assert_true(ch_cpu_wino5_workspace(&narrow, 4, 1) == 0);   /* 8 out: im2col */
+    assert_true(wino5_taken(&narrow, 4, 1) == 0);   /* 8 out: im2col */
     narrow.oc = 32, narrow.c = 4;
-    assert_true(ch_cpu_wino5_workspace(&narrow, 4, 1) == 0);   /* 4 in: im2col */
+    assert_true(wino5_taken(&narrow, 4, 1) == 0);   /* 4 in: im2col */
 }
 
 /* Winograd F(4x4, 3x3) (cpu_wino3.c, the machinery of cpu_wino5.c with 6x6 tiles): 3x3, stride 1,
@@ -870,20 +940,19 @@ static void winograd3_matches_reference(void **state)
          * their line of padding: the chunk buffers must hold it */
         { .c = 16, .h = 8, .w = 20, .oc = 16, .kh = 3, .kw = 3, .stride = 1, .pad = 1 },
     };
-    check_winograd_cases(cases, sizeof cases / sizeof cases[0], 17, wino5_dw_tol,
-                         ch_cpu_wino3_workspace);
+    check_winograd_cases(cases, sizeof cases / sizeof cases[0], 17, wino5_dw_tol, wino3_taken);
     ch_conv_desc other = { .c = 16, .h = 14, .w = 14, .oc = 8, .kh = 3, .kw = 3, .stride = 1,
                            .pad = 1, .oh = 14, .ow = 14 };
-    assert_true(ch_cpu_wino3_workspace(&other, 4, 1) == 0);   /* 8 out: im2col */
+    assert_true(wino3_taken(&other, 4, 1) == 0);   /* 8 out: im2col */
     other.oc = 32, other.c = 4;
-    assert_true(ch_cpu_wino3_workspace(&other, 4, 1) == 0);   /* 4 in: im2col */
+    assert_true(wino3_taken(&other, 4, 1) == 0);   /* 4 in: im2col */
     other.c = 16, other.stride = 2, other.oh = other.ow = 7;
-    assert_true(ch_cpu_wino3_workspace(&other, 4, 1) == 0);   /* strided: im2col */
+    assert_true(wino3_taken(&other, 4, 1) == 0);   /* strided: im2col */
     /* A 2x2 output in one 4x4 tile: 36 multiplies either way, so im2col; 3x3 saves 45. */
     other.stride = 1, other.h = other.w = other.oh = other.ow = 2;
-    assert_true(ch_cpu_wino3_workspace(&other, 4, 1) == 0);
+    assert_true(wino3_taken(&other, 4, 1) == 0);
     other.h = other.w = other.oh = other.ow = 3;
-    assert_true(ch_cpu_wino3_workspace(&other, 4, 1) > 0);
+    assert_true(wino3_taken(&other, 4, 1) > 0);
 }
 
 /* BatchNorm's reductions (lane partial sums) against plain loops, for planes shorter than a
@@ -1423,6 +1492,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(bn_relu_kernels_give_the_separate_kernels_bits),
         cmocka_unit_test(bn_add_kernel_gives_the_separate_kernels_bits),
         cmocka_unit_test(gemm_batch_matches_reference),
+        cmocka_unit_test(gemm_batch_threads_run_at_once),
         cmocka_unit_test(winograd5_matches_reference),
         cmocka_unit_test(winograd3_matches_reference),
         cmocka_unit_test(batchnorm_sums_match_reference),

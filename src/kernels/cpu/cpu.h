@@ -27,16 +27,17 @@ void ch_cpu_gemm(const ch_kctx *kc, bool ta, bool tb, int m, int n, int k, ch_re
 
 /* A strided batch of GEMMs: for i < batch, C_i = op(A_i) op(B_i), plus C_i where accumulate, with
  * A_i at a + i*sa (likewise B and C); row-major, lda/ldb/ldc as for ch_cpu_gemm. The batch runs
- * on the calling thread (callers run it inside their own parallel regions). scratch: at least
- * ch_cpu_gemm_batch_scratch(g) bytes. That query makes the shape's kernel on first use, so a
- * caller that asks while planning its workspace does that before the first step. */
+ * on the calling thread (callers run it inside their own parallel regions of up to kc->nthreads
+ * threads). scratch: at least ch_cpu_gemm_batch_scratch(kc, g) bytes. That query makes the
+ * shape's kernel in kc's cache (ch_cpu_kcache_gemms) on first use, so a caller that asks while
+ * planning its workspace does that before the first step. */
 typedef struct ch_gemm_batch {
     int batch, m, n, k, lda, ldb, ldc;
     size_t sa, sb, sc;
     bool ta, tb, accumulate;
     bool bf16;   /* A and B are bf16 (ch_cpu_gemm_batch_bf16), C fp32 */
 } ch_gemm_batch;
-size_t ch_cpu_gemm_batch_scratch(const ch_gemm_batch *g);
+size_t ch_cpu_gemm_batch_scratch(const ch_kctx *kc, const ch_gemm_batch *g);
 void ch_cpu_gemm_batch(const ch_kctx *kc, const ch_gemm_batch *g, const ch_real *a,
                        const ch_real *b, ch_real *c, void *scratch);
 /* The same with bf16 A and B (g->bf16 set), the products summed in fp32 (--precision bf16's
@@ -44,7 +45,11 @@ void ch_cpu_gemm_batch(const ch_kctx *kc, const ch_gemm_batch *g, const ch_real 
 void ch_cpu_gemm_batch_bf16(const ch_kctx *kc, const ch_gemm_batch *g, const uint16_t *a,
                             const uint16_t *b, ch_real *c, void *scratch);
 /* Whether oneDNN has a fast kernel for g (false: the calls above run plain loops). */
-bool ch_cpu_gemm_batch_fast(const ch_gemm_batch *g);
+bool ch_cpu_gemm_batch_fast(const ch_kctx *kc, const ch_gemm_batch *g);
+/* A replica's batched-matmul kernels (cpu_gemm.c), held by its kernel cache; NULL where memory
+ * or oneDNN fails (the calls above then make their kernel per call), and in the double build. */
+struct ch_gb_cache *ch_cpu_gb_cache_create(void);
+void ch_cpu_gb_cache_free(struct ch_gb_cache *c);
 /* The kernel table's gemm_bf16 and its workspace query (cpu_gemm_bf16.c). */
 size_t ch_cpu_gemm_bf16_workspace(const ch_kctx *kc, bool ta, bool tb, int m, int n, int k,
                                   int ldc, bool accumulate);
@@ -55,13 +60,16 @@ size_t ch_cpu_conv2d_workspace(const ch_kctx *kc, const ch_conv_desc *d, int n);
 bool ch_cpu_conv2d_in_bf16(const ch_kctx *kc, const ch_conv_desc *d, int n);
 
 /* The CPU kernels' per-replica state (ch_kctx's cache; cpu_dnnl_conv.c): a oneDNN engine and
- * stream, and the primitives of each convolution geometry with their argument handles, made at
- * plan time by the workspace queries. create: NULL when memory or oneDNN fails. free: NULL is
- * nothing; no kernel may be running on it. */
+ * stream, the primitives of each convolution geometry with their argument handles, and the
+ * batched matmuls (ch_cpu_kcache_gemms), made at plan time by the workspace queries. create: NULL
+ * when memory or oneDNN fails. free: NULL is nothing; no kernel may be running on it. */
 struct ch_kcache *ch_cpu_kcache_create(void);
 void ch_cpu_kcache_free(struct ch_kcache *c);
 /* The geometries c holds primitives for (tests: what plan time made, and that passes made none). */
 size_t ch_cpu_kcache_entries(const struct ch_kcache *c);
+/* c's batched matmuls (NULL in the double build), and how many shapes it holds. */
+struct ch_gb_cache *ch_cpu_kcache_gemms(const struct ch_kcache *c);
+size_t ch_cpu_gb_cache_entries(const struct ch_gb_cache *c);
 void ch_cpu_conv2d_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
                            const ch_real *w, const ch_real *b, ch_real *y);
 bool ch_cpu_conv2d_out_bf16(const ch_kctx *kc, const ch_conv_desc *d, int n);
@@ -115,7 +123,7 @@ bool ch_cpu_wino_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, int 
 /* Winograd F(3x3, 5x5) (cpu_wino5.c), all three passes, for 5x5 stride-1 layers with at
  * least 8 channels in and 16 out; the same contract as above (0 and false where it does not apply
  * or the workspace is short). */
-size_t ch_cpu_wino5_workspace(const ch_conv_desc *d, int n, int nthreads);
+size_t ch_cpu_wino5_workspace(const ch_kctx *kc, const ch_conv_desc *d, int n);
 /* Whether the geometry is one it takes (no workspace query: that one sizes the point GEMMs, whose
  * cache is shared by the process). */
 bool ch_cpu_wino5_applies(const ch_conv_desc *d);
@@ -137,7 +145,7 @@ bool ch_cpu_wino5_backward(const ch_kctx *kc, const ch_conv_desc *d, int n, cons
 
 /* Winograd F(4x4, 3x3) (cpu_wino3.c), all three passes, for 3x3 stride-1 layers with at least
  * 8 channels in and 16 out that cpu_dnnl_conv.c does not take; the same contract. */
-size_t ch_cpu_wino3_workspace(const ch_conv_desc *d, int n, int nthreads);
+size_t ch_cpu_wino3_workspace(const ch_kctx *kc, const ch_conv_desc *d, int n);
 bool ch_cpu_wino3_applies(const ch_conv_desc *d);
 bool ch_cpu_wino3_in_bf16(const ch_conv_desc *d);
 bool ch_cpu_wino3_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,

@@ -134,8 +134,8 @@ size_t ch_cpu_conv2d_workspace(const ch_kctx *kc, const ch_conv_desc *d, int n)
     const size_t im2col = per_thread(d) * (size_t)nthreads + flipped;
     size_t most = im2col;
     const size_t other[4] = { ch_cpu_wino_workspace(kc, d, n),
-                              ch_cpu_wino5_workspace(d, n, nthreads),
-                              ch_cpu_wino3_workspace(d, n, nthreads),
+                              ch_cpu_wino5_workspace(kc, d, n),
+                              ch_cpu_wino3_workspace(kc, d, n),
                               ch_cpu_conv_direct_workspace(kc, d, n) };
     for (int i = 0; i < 4; i++)
         if (other[i] > most) most = other[i];

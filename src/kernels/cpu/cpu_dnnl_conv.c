@@ -45,6 +45,11 @@ struct ch_kcache {
 
 struct ch_kcache *ch_cpu_kcache_create(void) { return calloc(1, sizeof(struct ch_kcache)); }
 void ch_cpu_kcache_free(struct ch_kcache *c) { free(c); }
+struct ch_gb_cache *ch_cpu_kcache_gemms(const struct ch_kcache *c)
+{
+    (void)c;
+    return NULL;
+}
 size_t ch_cpu_kcache_entries(const struct ch_kcache *c)
 {
     (void)c;
@@ -179,6 +184,7 @@ struct ch_kcache {
     dnnl_engine_t engine;
     dnnl_stream_t stream;
     _Atomic(wino_entry *) entries;
+    struct ch_gb_cache *gemms;   /* cpu_gemm.c's batched matmuls, made with the cache */
 };
 
 /* Where cohort's own F(4x4, 3x3) (cpu_wino3.c) is the faster of the two: planes of 14x14 and up
@@ -276,8 +282,14 @@ struct ch_kcache *ch_cpu_kcache_create(void)
         ch_cpu_kcache_free(c);
         return NULL;
     }
+    if (!(c->gemms = ch_cpu_gb_cache_create())) {
+        ch_cpu_kcache_free(c);
+        return NULL;
+    }
     return c;
 }
+
+struct ch_gb_cache *ch_cpu_kcache_gemms(const struct ch_kcache *c) { return c ? c->gemms : NULL; }
 
 void ch_cpu_kcache_free(struct ch_kcache *c)
 {
@@ -288,6 +300,7 @@ void ch_cpu_kcache_free(struct ch_kcache *c)
         entry_free(e);
         e = next;
     }
+    ch_cpu_gb_cache_free(c->gemms);
     if (c->stream) dnnl_stream_destroy(c->stream);
     if (c->engine) dnnl_engine_destroy(c->engine);
     pthread_mutex_destroy(&c->add);

@@ -15,7 +15,9 @@
 
 #ifndef CH_REAL_DOUBLE
 #include <dnnl.h>
+#include <omp.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
 #endif
@@ -154,9 +156,11 @@ void ch_cpu_gemm(const ch_kctx *kc, bool ta, bool tb, int m, int n, int k, ch_re
 #endif
 }
 
-/* The strided batch. float: one oneDNN matmul primitive per shape, made on first use and kept
- * for the life of the process (a handful of shapes per model; never freed, so a replica still
- * running at exit cannot find one destroyed under it). Why not a loop of dnnl_sgemm: Winograd's
+/* The strided batch. float: one oneDNN matmul primitive per shape, made for the replica when its
+ * workspace is planned (the scratch query) and kept in its kernel cache (cpu_dnnl_conv.c, freed
+ * with the backend), with a stream and the operands' memory handles for each thread of its team:
+ * a call finds its entry without a lock, points its thread's handles at the call's buffers and
+ * runs. Why not a loop of dnnl_sgemm: Winograd's
  * 49 small GEMMs per chunk (cpu_wino5.c, 20 x 160 x 20 in mnist-cnn) each paid sgemm's
  * per-call packing and checks, and the weight-gradient shape, whose operands are both
  * contiguous along k, ran at ~52 GFLOP/s. The batched primitive (oneDNN's brgemm kernels) ran
@@ -192,9 +196,17 @@ static void gemm_batch_loop_bf16(const ch_gemm_batch *g, const uint16_t *a, cons
 
 #ifdef CH_REAL_DOUBLE
 
-size_t ch_cpu_gemm_batch_scratch(const ch_gemm_batch *g)
+struct ch_gb_cache *ch_cpu_gb_cache_create(void) { return NULL; }
+void ch_cpu_gb_cache_free(struct ch_gb_cache *c) { (void)c; }
+size_t ch_cpu_gb_cache_entries(const struct ch_gb_cache *c)
 {
-    (void)g;
+    (void)c;
+    return 0;
+}
+
+size_t ch_cpu_gemm_batch_scratch(const ch_kctx *kc, const ch_gemm_batch *g)
+{
+    (void)kc, (void)g;
     return 0;
 }
 
@@ -212,29 +224,94 @@ void ch_cpu_gemm_batch_bf16(const ch_kctx *kc, const ch_gemm_batch *g, const uin
     gemm_batch_loop_bf16(g, a, b, c);
 }
 
-bool ch_cpu_gemm_batch_fast(const ch_gemm_batch *g)
+bool ch_cpu_gemm_batch_fast(const ch_kctx *kc, const ch_gemm_batch *g)
 {
-    (void)g;
+    (void)kc, (void)g;
     return false;
 }
 
 #else
 
-enum { GB_ALIGN = 64 };
+enum { GB_ALIGN = 64, GB_ARGS = 4 };
+
+/* What one thread runs an entry's primitive with: its stream, and a memory handle per operand (A,
+ * B, C, scratchpad) that each call points at its buffers. */
+typedef struct gb_handles {
+    dnnl_stream_t stream;
+    dnnl_memory_t mem[GB_ARGS];
+} gb_handles;
 
 typedef struct gb_entry {
     ch_gemm_batch key;
+    int threads;          /* handle sets, one per thread of the team that made it */
     dnnl_primitive_t p;   /* NULL: run the loop */
-    dnnl_memory_desc_t a, b, c, scratch;
+    dnnl_memory_desc_t md[GB_ARGS];   /* A, B, C, scratchpad */
     size_t scratch_bytes;
-    struct gb_entry *next;
+    gb_handles *h;        /* threads of them (NULL where p is) */
+    struct gb_entry *next;   /* set before the entry is published, never changed after */
 } gb_entry;
 
-static struct {
-    pthread_mutex_t lock;
+/* A replica's entries: only added, at the head, each complete before it is published, so a call
+ * finds its entry without a lock; the lock orders two makers (a planning thread and a lazy
+ * backend's worker). */
+struct ch_gb_cache {
+    pthread_mutex_t add;
     dnnl_engine_t engine;
-    gb_entry *entries;
-} g_gb = { .lock = PTHREAD_MUTEX_INITIALIZER };
+    _Atomic(gb_entry *) entries;
+};
+
+struct ch_gb_cache *ch_cpu_gb_cache_create(void)
+{
+    struct ch_gb_cache *c = calloc(1, sizeof *c);
+    if (!c) return NULL;
+    atomic_init(&c->entries, NULL);
+    if (pthread_mutex_init(&c->add, NULL) != 0) {
+        free(c);
+        return NULL;
+    }
+    if (dnnl_engine_create(&c->engine, dnnl_cpu, 0) != dnnl_success) {
+        pthread_mutex_destroy(&c->add);
+        free(c);
+        return NULL;
+    }
+    return c;
+}
+
+static void handles_free(gb_handles *h)
+{
+    for (int i = 0; i < GB_ARGS; i++)
+        if (h->mem[i]) dnnl_memory_destroy(h->mem[i]);
+    if (h->stream) dnnl_stream_destroy(h->stream);
+}
+
+static void gb_entry_free(gb_entry *e)
+{
+    for (int t = 0; e->h && t < e->threads; t++) handles_free(&e->h[t]);
+    free(e->h);
+    if (e->p) dnnl_primitive_destroy(e->p);
+    free(e);
+}
+
+void ch_cpu_gb_cache_free(struct ch_gb_cache *c)
+{
+    if (!c) return;
+    gb_entry *e = atomic_load(&c->entries);
+    while (e) {
+        gb_entry *next = e->next;
+        gb_entry_free(e);
+        e = next;
+    }
+    dnnl_engine_destroy(c->engine);
+    pthread_mutex_destroy(&c->add);
+    free(c);
+}
+
+size_t ch_cpu_gb_cache_entries(const struct ch_gb_cache *c)
+{
+    size_t count = 0;
+    for (const gb_entry *e = c ? atomic_load(&c->entries) : NULL; e; e = e->next) count++;
+    return count;
+}
 
 static bool gb_key_eq(const ch_gemm_batch *x, const ch_gemm_batch *y)
 {
@@ -273,26 +350,40 @@ static dnnl_primitive_attr_t gb_attr(bool accumulate)
     return attr;
 }
 
-/* The matmul of e->key, made for one thread (it runs inside the caller's team); e->p stays NULL
- * where oneDNN has only its reference kernel or anything fails. */
-static void gb_build(gb_entry *e)
+/* A thread's stream and handles for e (no data yet: each call sets it). */
+static bool handles_make(dnnl_engine_t eng, const gb_entry *e, gb_handles *h)
+{
+    if (dnnl_stream_create(&h->stream, eng, dnnl_stream_default_flags) != dnnl_success) {
+        h->stream = NULL;
+        return false;
+    }
+    for (int i = 0; i < GB_ARGS; i++)
+        if (dnnl_memory_create(&h->mem[i], &e->md[i], eng, DNNL_MEMORY_NONE) != dnnl_success) {
+            h->mem[i] = NULL;
+            return false;
+        }
+    return true;
+}
+
+/* The matmul of e->key, made for one thread (it runs inside the caller's team), and e->threads
+ * handle sets; e->p stays NULL where oneDNN has only its reference kernel or anything fails. */
+static void gb_build(dnnl_engine_t eng, gb_entry *e)
 {
     const ch_gemm_batch *g = &e->key;
-    if (!gb_md(&e->a, g->batch, g->m, g->k, g->sa, g->ta ? 1 : (size_t)g->lda,
+    if (!gb_md(&e->md[0], g->batch, g->m, g->k, g->sa, g->ta ? 1 : (size_t)g->lda,
                g->ta ? (size_t)g->lda : 1, g->bf16) ||
-        !gb_md(&e->b, g->batch, g->k, g->n, g->sb, g->tb ? 1 : (size_t)g->ldb,
+        !gb_md(&e->md[1], g->batch, g->k, g->n, g->sb, g->tb ? 1 : (size_t)g->ldb,
                g->tb ? (size_t)g->ldb : 1, g->bf16) ||
-        !gb_md(&e->c, g->batch, g->m, g->n, g->sc, (size_t)g->ldc, 1, false))
+        !gb_md(&e->md[2], g->batch, g->m, g->n, g->sc, (size_t)g->ldc, 1, false))
         return;
     dnnl_matmul_desc_t md;
     dnnl_primitive_desc_t pd = NULL;
     dnnl_primitive_attr_t attr = gb_attr(g->accumulate);
     const int prev = omp_get_max_threads();
     omp_set_num_threads(1);
-    const bool made = attr && dnnl_matmul_desc_init(&md, &e->a, &e->b, NULL, &e->c) ==
+    const bool made = attr && dnnl_matmul_desc_init(&md, &e->md[0], &e->md[1], NULL, &e->md[2]) ==
                                   dnnl_success &&
-                      dnnl_primitive_desc_create(&pd, &md, attr, g_gb.engine, NULL) ==
-                          dnnl_success;
+                      dnnl_primitive_desc_create(&pd, &md, attr, eng, NULL) == dnnl_success;
     omp_set_num_threads(prev);
     if (attr) dnnl_primitive_attr_destroy(attr);
     if (!made) return;
@@ -301,66 +392,110 @@ static void gb_build(gb_entry *e)
                           dnnl_success &&
                       impl && strncmp(impl, "ref", 3) != 0;
     const dnnl_memory_desc_t *sp = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
-    if (fast && sp) {
-        e->scratch = *sp;
-        e->scratch_bytes = dnnl_memory_desc_get_size(sp);
-        if (dnnl_primitive_create(&e->p, pd) != dnnl_success) e->p = NULL;
-    }
+    bool ok = fast && sp && dnnl_primitive_create(&e->p, pd) == dnnl_success;
     dnnl_primitive_desc_destroy(pd);
+    if (!ok) {
+        e->p = NULL;
+        return;
+    }
+    e->md[3] = *sp;
+    e->scratch_bytes = dnnl_memory_desc_get_size(sp);
+    ok = (e->h = calloc((size_t)e->threads, sizeof *e->h)) != NULL;
+    for (int t = 0; ok && t < e->threads; t++) ok = handles_make(eng, e, &e->h[t]);
+    if (!ok) {   /* no handles: no primitive, the loop runs */
+        for (int t = 0; e->h && t < e->threads; t++) handles_free(&e->h[t]);
+        free(e->h), e->h = NULL;
+        dnnl_primitive_destroy(e->p), e->p = NULL;
+    }
 }
 
-/* The entry of g, made on first use; NULL only where memory ran out. */
-static const gb_entry *gb_entry_for(const ch_gemm_batch *g)
+static gb_entry *gb_find(gb_entry *e, const ch_gemm_batch *g, int threads)
 {
-    pthread_mutex_lock(&g_gb.lock);
-    gb_entry *e = g_gb.entries;
-    while (e && !gb_key_eq(&e->key, g)) e = e->next;
-    if (!e && !g_gb.engine && dnnl_engine_create(&g_gb.engine, dnnl_cpu, 0) != dnnl_success)
-        g_gb.engine = NULL;
-    if (!e && (e = calloc(1, sizeof *e)) != NULL) {
-        e->key = *g;
-        if (g_gb.engine) gb_build(e);
-        e->next = g_gb.entries;
-        g_gb.entries = e;
-    }
-    pthread_mutex_unlock(&g_gb.lock);
+    while (e && !(e->threads == threads && gb_key_eq(&e->key, g))) e = e->next;
     return e;
 }
 
-size_t ch_cpu_gemm_batch_scratch(const ch_gemm_batch *g)
+/* c's entry of g for teams of up to `threads`, made and published when there is none (NULL only
+ * where memory ran out). */
+static const gb_entry *gb_entry_of(struct ch_gb_cache *c, const ch_gemm_batch *g, int threads)
 {
-    const gb_entry *e = gb_entry_for(g);
-    return e && e->p && e->scratch_bytes ? e->scratch_bytes + GB_ALIGN : 0;
+    gb_entry *e = gb_find(atomic_load_explicit(&c->entries, memory_order_acquire), g, threads);
+    if (e) return e;
+    pthread_mutex_lock(&c->add);
+    gb_entry *head = atomic_load_explicit(&c->entries, memory_order_acquire);
+    if (!(e = gb_find(head, g, threads)) && (e = calloc(1, sizeof *e)) != NULL) {
+        e->key = *g;
+        e->threads = threads;
+        gb_build(c->engine, e);
+        e->next = head;
+        atomic_store_explicit(&c->entries, e, memory_order_release);
+    }
+    pthread_mutex_unlock(&c->add);
+    return e;
 }
 
-bool ch_cpu_gemm_batch_fast(const ch_gemm_batch *g)
+/* kc's batched-matmul cache; without one (a ch_kctx made by hand), one for the caller to free
+ * with gb_done: such a call makes its primitive and frees it, correct and slow. */
+static struct ch_gb_cache *gb_cache_of(const ch_kctx *kc)
 {
-    const gb_entry *e = gb_entry_for(g);
-    return e && e->p;
+    struct ch_gb_cache *c = kc && kc->cache ? ch_cpu_kcache_gemms(kc->cache) : NULL;
+    return c ? c : ch_cpu_gb_cache_create();
 }
 
-/* The batch through e's primitive; false where there is none (the caller loops instead). */
+static void gb_done(const ch_kctx *kc, struct ch_gb_cache *c)
+{
+    if (!(kc && kc->cache && ch_cpu_kcache_gemms(kc->cache) == c)) ch_cpu_gb_cache_free(c);
+}
+
+static int gb_threads(const ch_kctx *kc) { return kc && kc->nthreads > 0 ? kc->nthreads : 1; }
+
+size_t ch_cpu_gemm_batch_scratch(const ch_kctx *kc, const ch_gemm_batch *g)
+{
+    struct ch_gb_cache *c = gb_cache_of(kc);
+    const gb_entry *e = c ? gb_entry_of(c, g, gb_threads(kc)) : NULL;
+    const size_t bytes = e && e->p && e->scratch_bytes ? e->scratch_bytes + GB_ALIGN : 0;
+    gb_done(kc, c);
+    return bytes;
+}
+
+bool ch_cpu_gemm_batch_fast(const ch_kctx *kc, const ch_gemm_batch *g)
+{
+    struct ch_gb_cache *c = gb_cache_of(kc);
+    const gb_entry *e = c ? gb_entry_of(c, g, gb_threads(kc)) : NULL;
+    const bool fast = e && e->p;
+    gb_done(kc, c);
+    return fast;
+}
+
+/* The batch through e's primitive on the calling thread's handles; false where there is none (the
+ * caller loops instead). */
 static bool gb_run(const gb_entry *e, const void *a, const void *b, ch_real *c, void *scratch)
 {
-    if (!e || !e->p || (e->scratch_bytes && !scratch)) return false;
+    const int t = omp_in_parallel() ? omp_get_thread_num() : 0;
+    if (!e || !e->p || (e->scratch_bytes && !scratch) || t >= e->threads) return false;
     void *sp = (void *)(((uintptr_t)scratch + GB_ALIGN - 1) & ~(uintptr_t)(GB_ALIGN - 1));
-    dnnl_stream_t s = NULL;
-    dnnl_memory_t mem[4] = { NULL };
-    const dnnl_memory_desc_t *mds[4] = { &e->a, &e->b, &e->c, &e->scratch };
-    void *ptrs[4] = { (void *)a, (void *)b, c, sp };
-    const int args[4] = { DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST, DNNL_ARG_SCRATCHPAD };
-    const int n = e->scratch_bytes ? 4 : 3;
-    dnnl_exec_arg_t ex[4];
-    CH_ASSERT(dnnl_stream_create(&s, g_gb.engine, dnnl_stream_default_flags) == dnnl_success);
+    const gb_handles *h = &e->h[t];
+    void *ptrs[GB_ARGS] = { (void *)a, (void *)b, c, sp };
+    const int args[GB_ARGS] = { DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST, DNNL_ARG_SCRATCHPAD };
+    const int n = e->scratch_bytes ? GB_ARGS : GB_ARGS - 1;
+    dnnl_exec_arg_t ex[GB_ARGS];
     for (int i = 0; i < n; i++) {
-        CH_ASSERT(dnnl_memory_create(&mem[i], mds[i], g_gb.engine, ptrs[i]) == dnnl_success);
-        ex[i] = (dnnl_exec_arg_t){ args[i], mem[i] };
+        CH_ASSERT(dnnl_memory_set_data_handle(h->mem[i], ptrs[i]) == dnnl_success);
+        ex[i] = (dnnl_exec_arg_t){ args[i], h->mem[i] };
     }
-    CH_ASSERT(dnnl_primitive_execute(e->p, s, n, ex) == dnnl_success);
-    CH_ASSERT(dnnl_stream_wait(s) == dnnl_success);
-    for (int i = 0; i < n; i++) dnnl_memory_destroy(mem[i]);
-    dnnl_stream_destroy(s);
+    CH_ASSERT(dnnl_primitive_execute(e->p, h->stream, n, ex) == dnnl_success);
+    CH_ASSERT(dnnl_stream_wait(h->stream) == dnnl_success);
     return true;
+}
+
+/* g through kc's cache (a cache of the call's own without one), or false. */
+static bool gb_call(const ch_kctx *kc, const ch_gemm_batch *g, const void *a, const void *b,
+                    ch_real *c, void *scratch)
+{
+    struct ch_gb_cache *cache = gb_cache_of(kc);
+    const bool ran = cache && gb_run(gb_entry_of(cache, g, gb_threads(kc)), a, b, c, scratch);
+    gb_done(kc, cache);
+    return ran;
 }
 
 void ch_cpu_gemm_batch(const ch_kctx *kc, const ch_gemm_batch *g, const ch_real *a,
@@ -368,16 +503,15 @@ void ch_cpu_gemm_batch(const ch_kctx *kc, const ch_gemm_batch *g, const ch_real 
 {
     CH_ASSERT(!g->bf16);
     if (g->batch <= 0 || g->m <= 0 || g->n <= 0) return;
-    if (!gb_run(gb_entry_for(g), a, b, c, scratch)) gemm_batch_loop(kc, g, a, b, c);
+    if (!gb_call(kc, g, a, b, c, scratch)) gemm_batch_loop(kc, g, a, b, c);
 }
 
 void ch_cpu_gemm_batch_bf16(const ch_kctx *kc, const ch_gemm_batch *g, const uint16_t *a,
                             const uint16_t *b, ch_real *c, void *scratch)
 {
-    (void)kc;
     CH_ASSERT(g->bf16);
     if (g->batch <= 0 || g->m <= 0 || g->n <= 0) return;
-    if (!gb_run(gb_entry_for(g), a, b, c, scratch)) gemm_batch_loop_bf16(g, a, b, c);
+    if (!gb_call(kc, g, a, b, c, scratch)) gemm_batch_loop_bf16(g, a, b, c);
 }
 
 #endif

@@ -50,7 +50,8 @@ static size_t align_up(size_t b) { return (b + GB16_ALIGN - 1) & ~(size_t)(GB16_
 /* Every thread's slice has a fast kernel (the loops that would stand in are far slower than
  * sgemm); *scratch: the most any needs. ldc and accumulate do not change which kernel runs, but
  * they are part of the kernel's key: the query uses the caller's. */
-static bool slices_ready(const gb16_geo *g, int ldc, bool accumulate, size_t *scratch)
+static bool slices_ready(const ch_kctx *kc, const gb16_geo *g, int ldc, bool accumulate,
+                         size_t *scratch)
 {
     *scratch = 0;
     for (int t = 0; t < g->threads; t++) {
@@ -58,8 +59,8 @@ static bool slices_ready(const gb16_geo *g, int ldc, bool accumulate, size_t *sc
         rows_of(g->m, t, g->threads, &lo, &hi);
         if (hi == lo) continue;
         const ch_gemm_batch gb = slice_gemm(g, hi - lo, ldc, accumulate);
-        if (!ch_cpu_gemm_batch_fast(&gb)) return false;
-        const size_t s = ch_cpu_gemm_batch_scratch(&gb);
+        if (!ch_cpu_gemm_batch_fast(kc, &gb)) return false;
+        const size_t s = ch_cpu_gemm_batch_scratch(kc, &gb);
         if (s > *scratch) *scratch = s;
     }
     return true;
@@ -81,7 +82,7 @@ static bool usable(const ch_kctx *kc, bool ta, bool tb, int m, int n, int k, int
         !ch_cpu_bf16_products(NULL, 0))
         return false;
     *g = geo_of(kc, ta, tb, m, n, k);
-    return slices_ready(g, ldc, accumulate, scratch);
+    return slices_ready(kc, g, ldc, accumulate, scratch);
 }
 
 size_t ch_cpu_gemm_bf16_workspace(const ch_kctx *kc, bool ta, bool tb, int m, int n, int k,

@@ -132,12 +132,12 @@ static wgeo tiling_of(const ch_conv_desc *d)
     return g;
 }
 
-static size_t gemm_scratch_len(const wgeo *g);
-/* The geometry with the GEMM scratch (which makes the GEMMs on first use). */
-static wgeo geo_of(const ch_conv_desc *d)
+static size_t gemm_scratch_len(const ch_kctx *kc, const wgeo *g);
+/* The geometry with the GEMM scratch (which makes the GEMMs in kc's cache on first use). */
+static wgeo geo_of(const ch_kctx *kc, const ch_conv_desc *d)
 {
     wgeo g = tiling_of(d);
-    g.scratch = gemm_scratch_len(&g);
+    g.scratch = gemm_scratch_len(kc, &g);
     return g;
 }
 
@@ -315,7 +315,7 @@ static ch_gemm_batch point_gemms(const ch_conv_desc *d, wpass_kind kind, wspan k
 }
 
 /* The largest GEMM scratch of the layer's chunks and passes, in elements. */
-static size_t gemm_scratch_len(const wgeo *g)
+static size_t gemm_scratch_len(const ch_kctx *kc, const wgeo *g)
 {
     size_t most = 0;
     for (int ng = 1; ng <= g->G; ng++)   /* a short last run has its own chunks */
@@ -325,7 +325,7 @@ static size_t gemm_scratch_len(const wgeo *g)
                 b.bf16 = g->bf16;
                 for (int pass = 0; pass < 1 + (kind == PASS_WEIGHTS); pass++) {
                     b.accumulate = kind == PASS_WEIGHTS && pass == 0;   /* a thread's first chunk sets */
-                    const size_t len = (ch_cpu_gemm_batch_scratch(&b) + sizeof(ch_real) - 1) /
+                    const size_t len = (ch_cpu_gemm_batch_scratch(kc, &b) + sizeof(ch_real) - 1) /
                                        sizeof(ch_real);
                     if (len > most) most = len;
                 }
@@ -349,11 +349,11 @@ static size_t thread_len(const wgeo *g)
 bool WINO_FN(applies)(const ch_conv_desc *d) { return wino_applies(d); }
 bool WINO_FN(in_bf16)(const ch_conv_desc *d) { return wino_applies(d) && products_in_bf16(d); }
 
-size_t WINO_FN(workspace)(const ch_conv_desc *d, int n, int nthreads)
+size_t WINO_FN(workspace)(const ch_kctx *kc, const ch_conv_desc *d, int n)
 {
     if (!wino_applies(d)) return 0;
-    const wgeo g = geo_of(d);
-    return shared_len(d) + thread_len(&g) * (size_t)team_size(n, nthreads);
+    const wgeo g = geo_of(kc, d);
+    return shared_len(d) + thread_len(&g) * (size_t)team_size(n, kc->nthreads);
 }
 
 /* Thread t's scratch. */
@@ -384,7 +384,7 @@ static wscratch scratch_of(const ch_kctx *kc, const wgeo *g, int t)
 static bool wino_usable(const ch_kctx *kc, const ch_conv_desc *d, int n, wgeo *g)
 {
     if (!wino_applies(d) || n <= 0 || !kc->ws) return false;
-    *g = geo_of(d);
+    *g = geo_of(kc, d);
     return kc->ws_len >= shared_len(d) + thread_len(g) * (size_t)team_size(n, kc->nthreads);
 }
 
