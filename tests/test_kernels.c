@@ -515,6 +515,41 @@ static void primitives_made_at_plan_time(void **state)
     ch_cpu_kcache_free(kc.cache);
 }
 
+/* The same for the batched matmuls of cohort's own Winograds (F(4x4, 3x3) at 32@14x14, which it
+ * takes on every CPU): the workspace query makes every point-GEMM shape of the three passes (and
+ * both at once), and the passes at the planned batch find them all. A float build only: the
+ * double build's batches are loops. */
+static void gemm_kernels_made_at_plan_time(void **state)
+{
+    (void)state;
+#ifndef CH_REAL_DOUBLE
+    const ch_kernels *cpu = ch_kernels_cpu();
+    const ch_conv_desc d = { .c = 32, .h = 14, .w = 14, .oc = 32, .kh = 3, .kw = 3, .stride = 1,
+                             .pad = 1, .oh = 14, .ow = 14 };
+    const int n = 5;
+    ch_kctx kc = { .nthreads = 2, .cache = ch_cpu_kcache_create() };
+    assert_non_null(kc.cache);
+    const struct ch_gb_cache *gemms = ch_cpu_kcache_gemms(kc.cache);
+    assert_int_equal(ch_cpu_gb_cache_entries(gemms), 0);
+    const size_t wsz = cpu->conv2d_workspace(&kc, &d, n);
+    assert_true(wino3_taken(&d, n, 2) > 0);
+    const size_t planned = ch_cpu_gb_cache_entries(gemms);
+    assert_true(planned > 0);
+    kc.ws = malloc(sizeof(ch_real) * wsz), kc.ws_len = wsz;
+    const size_t xs = (size_t)n * 32 * 14 * 14, wl = 32 * 32 * 9;
+    ch_real *x = tu_uniform(xs, 4), *w = tu_uniform(wl, 5), *dy = tu_uniform(xs, 6);
+    ch_real *y = malloc(sizeof(ch_real) * xs), *dx = malloc(sizeof(ch_real) * xs);
+    ch_real *dw = malloc(sizeof(ch_real) * (wl + 32));
+    cpu->conv2d_forward(&kc, &d, n, x, w, NULL, y);
+    cpu->conv2d_backward_weights(&kc, &d, n, x, y, dy, dw, dw + wl);
+    cpu->conv2d_backward_data(&kc, &d, n, dy, w, dx);
+    assert_true(cpu->conv2d_backward(&kc, &d, n, x, y, dy, w, dx, dw, dw + wl));
+    assert_int_equal(ch_cpu_gb_cache_entries(gemms), planned);
+    free(x), free(w), free(dy), free(y), free(dx), free(dw), free(kc.ws);
+    ch_cpu_kcache_free(kc.cache);
+#endif
+}
+
 /* Winograd (cpu_wino.c): 3x3, stride 1, pad 1, channels in multiples of 16. Its transforms round
  * more than a direct sum, but within the same bound here (at most 1.2e-6 of each result's scale
  * was seen). Where oneDNN has the kernel (AVX-512) the path must be taken, or this would pass on
@@ -1493,6 +1528,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(bn_add_kernel_gives_the_separate_kernels_bits),
         cmocka_unit_test(gemm_batch_matches_reference),
         cmocka_unit_test(gemm_batch_threads_run_at_once),
+        cmocka_unit_test(gemm_kernels_made_at_plan_time),
         cmocka_unit_test(winograd5_matches_reference),
         cmocka_unit_test(winograd3_matches_reference),
         cmocka_unit_test(batchnorm_sums_match_reference),
