@@ -393,13 +393,15 @@ static void gb_build(dnnl_engine_t eng, gb_entry *e)
                       impl && strncmp(impl, "ref", 3) != 0;
     const dnnl_memory_desc_t *sp = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
     bool ok = fast && sp && dnnl_primitive_create(&e->p, pd) == dnnl_success;
+    if (ok) {   /* sp lives in pd */
+        e->md[3] = *sp;
+        e->scratch_bytes = dnnl_memory_desc_get_size(sp);
+    }
     dnnl_primitive_desc_destroy(pd);
     if (!ok) {
         e->p = NULL;
         return;
     }
-    e->md[3] = *sp;
-    e->scratch_bytes = dnnl_memory_desc_get_size(sp);
     ok = (e->h = calloc((size_t)e->threads, sizeof *e->h)) != NULL;
     for (int t = 0; ok && t < e->threads; t++) ok = handles_make(eng, e, &e->h[t]);
     if (!ok) {   /* no handles: no primitive, the loop runs */
