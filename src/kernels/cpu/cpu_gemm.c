@@ -294,11 +294,9 @@ static void gb_entry_free(gb_entry *e)
 void ch_cpu_gb_cache_free(struct ch_gb_cache *c)
 {
     if (!c) return;
-    gb_entry *e = atomic_load(&c->entries);
-    while (e) {
-        gb_entry *next = e->next;
+    for (gb_entry *e = atomic_load(&c->entries), *next; e; e = next) {
+        next = e->next;
         gb_entry_free(e);
-        e = next;
     }
     dnnl_engine_destroy(c->engine);
     pthread_mutex_destroy(&c->add);
