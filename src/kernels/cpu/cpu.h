@@ -3,6 +3,9 @@
 #define CH_KERNELS_CPU_H
 
 #include <omp.h>
+#ifndef CH_REAL_DOUBLE
+#include <dnnl_types.h>
+#endif
 
 #include "kernels/kernels.h"
 
@@ -46,9 +49,12 @@ void ch_cpu_gemm_batch_bf16(const ch_kctx *kc, const ch_gemm_batch *g, const uin
                             const uint16_t *b, ch_real *c, void *scratch);
 /* Whether oneDNN has a fast kernel for g (false: the calls above run plain loops). */
 bool ch_cpu_gemm_batch_fast(const ch_kctx *kc, const ch_gemm_batch *g);
-/* A replica's batched-matmul kernels (cpu_gemm.c), held by its kernel cache; NULL where memory
- * or oneDNN fails (the calls above then make their kernel per call), and in the double build. */
-struct ch_gb_cache *ch_cpu_gb_cache_create(void);
+/* A replica's batched-matmul kernels (cpu_gemm.c), held by its kernel cache and made on its
+ * engine (the float build's; NULL where memory fails); free before the engine. */
+struct ch_gb_cache;
+#ifndef CH_REAL_DOUBLE
+struct ch_gb_cache *ch_cpu_gb_cache_create(dnnl_engine_t engine);
+#endif
 void ch_cpu_gb_cache_free(struct ch_gb_cache *c);
 /* The kernel table's gemm_bf16 and its workspace query (cpu_gemm_bf16.c). */
 size_t ch_cpu_gemm_bf16_workspace(const ch_kctx *kc, bool ta, bool tb, int m, int n, int k,

@@ -282,7 +282,7 @@ struct ch_kcache *ch_cpu_kcache_create(void)
         ch_cpu_kcache_free(c);
         return NULL;
     }
-    if (!(c->gemms = ch_cpu_gb_cache_create())) {
+    if (!(c->gemms = ch_cpu_gb_cache_create(c->engine))) {
         ch_cpu_kcache_free(c);
         return NULL;
     }

@@ -195,7 +195,6 @@ static void gemm_batch_loop_bf16(const ch_gemm_batch *g, const uint16_t *a, cons
 
 #ifdef CH_REAL_DOUBLE
 
-struct ch_gb_cache *ch_cpu_gb_cache_create(void) { return NULL; }
 void ch_cpu_gb_cache_free(struct ch_gb_cache *c) { (void)c; }
 size_t ch_cpu_gb_cache_entries(const struct ch_gb_cache *c)
 {
@@ -250,29 +249,24 @@ typedef struct gb_entry {
     struct gb_entry *next;   /* set before the entry is published, never changed after */
 } gb_entry;
 
-/* A replica's entries: only added, at the head, each complete before it is published, so a call
- * finds its entry without a lock; the lock orders two makers (a planning thread and a lazy
- * backend's worker). */
+/* A replica's entries, on its kernel cache's engine: only added, at the head, each complete before
+ * it is published, so a call finds its entry without a lock; the lock orders two makers (a
+ * planning thread and a lazy backend's worker). */
 struct ch_gb_cache {
     pthread_mutex_t add;
-    dnnl_engine_t engine;
+    dnnl_engine_t engine;   /* the kernel cache's */
     _Atomic(gb_entry *) entries;
 };
 
-struct ch_gb_cache *ch_cpu_gb_cache_create(void)
+struct ch_gb_cache *ch_cpu_gb_cache_create(dnnl_engine_t engine)
 {
     struct ch_gb_cache *c = calloc(1, sizeof *c);
-    if (!c) return NULL;
+    if (!c || pthread_mutex_init(&c->add, NULL) != 0) {
+        free(c);
+        return NULL;
+    }
+    c->engine = engine;
     atomic_init(&c->entries, NULL);
-    if (pthread_mutex_init(&c->add, NULL) != 0) {
-        free(c);
-        return NULL;
-    }
-    if (dnnl_engine_create(&c->engine, dnnl_cpu, 0) != dnnl_success) {
-        pthread_mutex_destroy(&c->add);
-        free(c);
-        return NULL;
-    }
     return c;
 }
 
@@ -298,7 +292,6 @@ void ch_cpu_gb_cache_free(struct ch_gb_cache *c)
         next = e->next;
         gb_entry_free(e);
     }
-    dnnl_engine_destroy(c->engine);
     pthread_mutex_destroy(&c->add);
     free(c);
 }
@@ -433,45 +426,42 @@ static const gb_entry *gb_entry_of(struct ch_gb_cache *c, const ch_gemm_batch *g
     return e;
 }
 
-/* kc's batched-matmul cache; without one (a ch_kctx made by hand), one for the caller to free
- * with gb_done: such a call makes its primitive and frees it, correct and slow. */
-static struct ch_gb_cache *gb_cache_of(const ch_kctx *kc)
+/* kc's entry of g (NULL only where memory or oneDNN failed). Without a kernel cache (a ch_kctx
+ * made by hand) it is one of a cache made for the call, as cpu_dnnl_conv.c's passes do, left in
+ * *own for the caller to free: such a call makes its primitive and frees it, correct and slow. */
+static const gb_entry *gb_entry_for(const ch_kctx *kc, const ch_gemm_batch *g, struct ch_kcache **own)
 {
-    struct ch_gb_cache *c = kc && kc->cache ? ch_cpu_kcache_gemms(kc->cache) : NULL;
-    return c ? c : ch_cpu_gb_cache_create();
+    *own = kc->cache ? NULL : ch_cpu_kcache_create();
+    struct ch_gb_cache *c = ch_cpu_kcache_gemms(kc->cache ? kc->cache : *own);
+    return c ? gb_entry_of(c, g, kc->nthreads > 0 ? kc->nthreads : 1) : NULL;
 }
-
-static void gb_done(const ch_kctx *kc, struct ch_gb_cache *c)
-{
-    if (!(kc && kc->cache && ch_cpu_kcache_gemms(kc->cache) == c)) ch_cpu_gb_cache_free(c);
-}
-
-static int gb_threads(const ch_kctx *kc) { return kc && kc->nthreads > 0 ? kc->nthreads : 1; }
 
 size_t ch_cpu_gemm_batch_scratch(const ch_kctx *kc, const ch_gemm_batch *g)
 {
-    struct ch_gb_cache *c = gb_cache_of(kc);
-    const gb_entry *e = c ? gb_entry_of(c, g, gb_threads(kc)) : NULL;
+    struct ch_kcache *own;
+    const gb_entry *e = gb_entry_for(kc, g, &own);
     const size_t bytes = e && e->p && e->scratch_bytes ? e->scratch_bytes + GB_ALIGN : 0;
-    gb_done(kc, c);
+    ch_cpu_kcache_free(own);
     return bytes;
 }
 
 bool ch_cpu_gemm_batch_fast(const ch_kctx *kc, const ch_gemm_batch *g)
 {
-    struct ch_gb_cache *c = gb_cache_of(kc);
-    const gb_entry *e = c ? gb_entry_of(c, g, gb_threads(kc)) : NULL;
+    struct ch_kcache *own;
+    const gb_entry *e = gb_entry_for(kc, g, &own);
     const bool fast = e && e->p;
-    gb_done(kc, c);
+    ch_cpu_kcache_free(own);
     return fast;
 }
 
 /* The batch through e's primitive on the calling thread's handles; false where there is none (the
- * caller loops instead). */
+ * caller loops instead). A team larger than the entry's is a caller's error, not a reason to run
+ * the loop, whose sums (bf16: in double) give other bits. */
 static bool gb_run(const gb_entry *e, const void *a, const void *b, ch_real *c, void *scratch)
 {
     const int t = omp_in_parallel() ? omp_get_thread_num() : 0;
-    if (!e || !e->p || (e->scratch_bytes && !scratch) || t >= e->threads) return false;
+    if (!e || !e->p || (e->scratch_bytes && !scratch)) return false;
+    CH_ASSERT(t < e->threads);
     void *sp = (void *)(((uintptr_t)scratch + GB_ALIGN - 1) & ~(uintptr_t)(GB_ALIGN - 1));
     const gb_handles *h = &e->h[t];
     void *ptrs[GB_ARGS] = { (void *)a, (void *)b, c, sp };
@@ -487,13 +477,13 @@ static bool gb_run(const gb_entry *e, const void *a, const void *b, ch_real *c, 
     return true;
 }
 
-/* g through kc's cache (a cache of the call's own without one), or false. */
+/* g through kc's entry of it, or false. */
 static bool gb_call(const ch_kctx *kc, const ch_gemm_batch *g, const void *a, const void *b,
                     ch_real *c, void *scratch)
 {
-    struct ch_gb_cache *cache = gb_cache_of(kc);
-    const bool ran = cache && gb_run(gb_entry_of(cache, g, gb_threads(kc)), a, b, c, scratch);
-    gb_done(kc, cache);
+    struct ch_kcache *own;
+    const bool ran = gb_run(gb_entry_for(kc, g, &own), a, b, c, scratch);
+    ch_cpu_kcache_free(own);
     return ran;
 }
 
