@@ -477,32 +477,42 @@ static void bn_data_run(int len, const ch_real *xf, const uint16_t *xh, const ch
     }
 }
 
+/* bn_backward_data on small planes: each thread its samples, a block of channels at a time, the
+ * block's constants spread per value once (as affine_small). */
+static void bn_data_small(const ch_kctx *kc, int n, int c, int hw, const ch_real *x, const uint16_t *xh,
+                          const ch_real *dy, const ch_real *mean, const ch_real *invstd, const ch_real *gamma,
+                          const ch_real *scale, const ch_real *shift, const double *sum_dy,
+                          const double *sum_dy_xhat, double count, ch_real *dx)
+{
+#pragma omp parallel num_threads(kc->nthreads)
+    {
+        int p0, p1;
+        my_share(n, &p0, &p1);
+        bn_spread k;
+        k.relu = scale != NULL;
+        for (int c0 = 0, nc, len; c0 < c; c0 += nc) {
+            spread_block(c, hw, c0, &nc, &len);
+            for (int j = 0; j < len; j++) {
+                const bn_plane p = plane_consts(c0 + j / hw, mean, invstd, gamma, scale, shift, sum_dy,
+                                                sum_dy_xhat, count);
+                k.g[j] = p.g, k.m[j] = p.m, k.is[j] = p.is, k.mdy[j] = p.mdy, k.mdx[j] = p.mdx;
+                k.ms[j] = p.ms, k.mt[j] = p.mt;
+            }
+            for (int q = p0; q < p1; q++) {
+                const size_t at = ((size_t)q * c + c0) * hw;
+                bn_data_run(len, x ? x + at : NULL, xh ? xh + at : NULL, dy + at, &k, dx + at);
+            }
+        }
+    }
+}
+
 static void bn_backward_data(const ch_kctx *kc, int n, int c, int hw, const ch_real *x, const uint16_t *xh,
                              const ch_real *dy, const ch_real *mean, const ch_real *invstd, const ch_real *gamma,
                              const ch_real *scale, const ch_real *shift, const double *sum_dy,
                              const double *sum_dy_xhat, double count, ch_real *dx)
 {
     if (hw < SMALL_HW) {
-#pragma omp parallel num_threads(kc->nthreads)
-        {
-            int p0, p1;
-            my_share(n, &p0, &p1);
-            bn_spread k;
-            k.relu = scale != NULL;
-            for (int c0 = 0, nc, len; c0 < c; c0 += nc) {
-                spread_block(c, hw, c0, &nc, &len);
-                for (int j = 0; j < len; j++) {
-                    const bn_plane p = plane_consts(c0 + j / hw, mean, invstd, gamma, scale, shift, sum_dy,
-                                                    sum_dy_xhat, count);
-                    k.g[j] = p.g, k.m[j] = p.m, k.is[j] = p.is, k.mdy[j] = p.mdy, k.mdx[j] = p.mdx;
-                    k.ms[j] = p.ms, k.mt[j] = p.mt;
-                }
-                for (int q = p0; q < p1; q++) {
-                    const size_t at = ((size_t)q * c + c0) * hw;
-                    bn_data_run(len, x ? x + at : NULL, xh ? xh + at : NULL, dy + at, &k, dx + at);
-                }
-            }
-        }
+        bn_data_small(kc, n, c, hw, x, xh, dy, mean, invstd, gamma, scale, shift, sum_dy, sum_dy_xhat, count, dx);
         return;
     }
     const long planes = (long)n * c;
