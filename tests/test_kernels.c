@@ -770,6 +770,60 @@ static void bf16_storage_kernels_match_plain_c(void **state)
     free(x), free(y), free(back), free(h), free(dy), free(dx), free(dxh);
 }
 
+/* BatchNorm's passes on planes of fewer than 16 values (cpu_norm.c: a thread's samples, a block of
+ * channels at a time with the constants spread per value) against plain C per value, bit for bit:
+ * planes of 1, 4 and 9 values, 130 channels (past a block at 4 and at 9 values), 3 samples at 2
+ * threads. The fused passes' other tests compare them with the separate kernels, which share
+ * these paths; here the reference is the arithmetic itself. */
+static void small_plane_batchnorm_matches_plain_c(void **state)
+{
+    (void)state;
+    enum { B = 3, C = 130 };
+    const ch_kernels *k = ch_kernels_cpu();
+    const ch_kctx two = { .nthreads = 2 };
+    const int hws[] = { 1, 4, 9 };
+    float scale[C], shift[C], mean[C], invstd[C], gamma[C];
+    double s1[C], s2[C];
+    for (int c = 0; c < C; c++) {
+        scale[c] = 0.75f + 0.003f * (float)c, shift[c] = -0.3f + 0.005f * (float)c;
+        mean[c] = 0.01f * (float)(c % 17), invstd[c] = 1.5f - 0.004f * (float)c, gamma[c] = 0.5f + 0.002f * (float)c;
+        s1[c] = 0.1 * (c % 7) - 0.3, s2[c] = 0.05 * (c % 11) - 0.2;
+    }
+    for (size_t t = 0; t < sizeof hws / sizeof hws[0]; t++) {
+        const int hw = hws[t], n = B * C * hw;
+        const double count = 0.7 * B * hw;
+        float *x = tu_uniform((size_t)n, 51 + (int)t), *dy = tu_uniform((size_t)n, 61 + (int)t);
+        float *y = malloc(sizeof(float) * n), *yr = malloc(sizeof(float) * n), *dx = malloc(sizeof(float) * n);
+        float *dxr = malloc(sizeof(float) * n);
+        uint16_t *h = malloc(sizeof(uint16_t) * n);
+        assert_true(x && dy && y && yr && dx && dxr && h);
+        k->channel_affine_keep_bf16(&two, B, C, hw, x, scale, shift, y, h);
+        k->bn_relu_forward(&two, B, C, hw, x, NULL, scale, shift, yr, NULL);
+        for (int i = 0; i < n; i++) {
+            const int c = i / hw % C;
+            const float v = x[i] * scale[c] + shift[c], r = v < 0 ? 0 : v;
+            if (memcmp(&y[i], &v, sizeof v) != 0 || h[i] != ch_bf16_from_float(x[i]))
+                fail_msg("hw %d, affine at %d: %a (0x%04x), expected %a", hw, i, (double)y[i], h[i], (double)v);
+            if (memcmp(&yr[i], &r, sizeof r) != 0) fail_msg("hw %d, BN + ReLU at %d: %a, expected %a", hw, i, (double)yr[i], (double)r);
+        }
+        k->channel_affine_of_bf16(&two, B, C, hw, h, scale, shift, y);
+        k->batchnorm_backward_data(&two, B, C, hw, x, dy, mean, invstd, gamma, s1, s2, count, dx);
+        k->bn_relu_backward_data(&two, B, C, hw, x, NULL, dy, mean, invstd, gamma, scale, shift, s1, s2, count, dxr);
+        for (int i = 0; i < n; i++) {
+            const int c = i / hw % C;
+            const float v = ch_bf16_to_float(h[i]) * scale[c] + shift[c], is = invstd[c], g = gamma[c] * is;
+            const float mdy = (float)(s1[c] / count), mdx = (float)(s2[c] / count);
+            const float d = g * (dy[i] - mdy - (x[i] - mean[c]) * is * mdx);
+            const float gated = x[i] * scale[c] + shift[c] > 0 ? dy[i] : 0;
+            const float dr = g * (gated - mdy - (x[i] - mean[c]) * is * mdx);
+            if (memcmp(&y[i], &v, sizeof v) != 0) fail_msg("hw %d, affine of bf16 at %d: %a, expected %a", hw, i, (double)y[i], (double)v);
+            if (memcmp(&dx[i], &d, sizeof d) != 0) fail_msg("hw %d, backward data at %d: %a, expected %a", hw, i, (double)dx[i], (double)d);
+            if (memcmp(&dxr[i], &dr, sizeof dr) != 0) fail_msg("hw %d, BN + ReLU backward data at %d: %a, expected %a", hw, i, (double)dxr[i], (double)dr);
+        }
+        free(x), free(dy), free(y), free(yr), free(dx), free(dxr), free(h);
+    }
+}
+
 /* A BatchNorm with the ReLU after it fused (kernels.h, bn_relu_*; graph/exec.c) gives the bits of
  * the separate kernels: forward of fp32, of fp32 keeping bf16, and of bf16 inputs against
  * channel_affine's three forms and relu_forward; backward against relu_backward of forward's y,
@@ -1524,6 +1578,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(direct_stride2_matches_reference),
         cmocka_unit_test(bf16_reorder_rounds_as_plain_c),
         cmocka_unit_test(bf16_storage_kernels_match_plain_c),
+        cmocka_unit_test(small_plane_batchnorm_matches_plain_c),
         cmocka_unit_test(bn_relu_kernels_give_the_separate_kernels_bits),
         cmocka_unit_test(bn_add_kernel_gives_the_separate_kernels_bits),
         cmocka_unit_test(gemm_batch_matches_reference),
