@@ -80,6 +80,10 @@ if "$cohort" info | grep -q '^bf16: *native'; then
 else
     expect 2 "--precision bf16 needs a CPU with native bf16" -- "$cohort" train --model lenet --data "$tmp/ok" --precision bf16
 fi
+# On cuda devices --precision bf16 is refused on every host, before any GPU is looked for: the plugin
+# has no bf16 kernels, and the host CPU's bf16 is not what would run. Eval and bench train alike.
+expect 2 "--precision bf16: the CUDA plugin has no bf16 kernels yet" -- "$cohort" "${T[@]}" --data "$tmp/ok" --devices cuda:0 --precision bf16
+expect 2 "--precision bf16: the CUDA plugin has no bf16 kernels yet" -- "$cohort" bench train --model lenet --devices cuda:0 --precision bf16 --steps 1
 # COHORT_BF16=emulate (for tests): oneDNN's emulation of bf16 stands in where the CPU has AVX-512
 # and no bf16, and it trains; any other value is refused, on every CPU.
 expect 2 "COHORT_BF16='later': expected emulate (or unset)" -- env COHORT_BF16=later "$cohort" "${T[@]}" --data "$tmp/ok" --precision bf16

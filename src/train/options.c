@@ -185,7 +185,7 @@ static const ch_opt table[] = {
               "state, BatchNorm statistics and the other activations stay fp32. Where the CPU's bf16 "
               "products run no faster than fp32 ones (Intel without AMX) the products stay fp32 "
               "(cohort info says; COHORT_BF16_PRODUCTS=on|off overrides). Refused on a CPU without native "
-              "bf16. eval computes in fp32 unless given bf16, whatever the checkpoint was trained in",
+              "bf16, and on cuda devices (the CUDA plugin has no bf16 kernels yet). eval computes in fp32 unless given bf16, whatever the checkpoint was trained in",
       .dflt = "fp32" },
     { .name = "bucket-mb", .cmds = T, .type = CH_OPT_DOUBLE, CFG(bucket_mb), .lo = 0.001, .hi = 4096,
       .agree = CH_AGREE_VALUE, .section = CH_SEC_DEVICES, .arg = "M", .unset_ok = true,

@@ -15,12 +15,19 @@
 #include "train/options.h"
 #include "train/ps.h"
 
-/* fp32, or bf16 where the CPU has it natively (or emulated, for tests: COHORT_BF16=emulate). */
-static ch_status check_precision(const char *p, ch_err *err)
+/* fp32, or bf16 where the CPU has it natively (or emulated, for tests: COHORT_BF16=emulate). The
+ * CUDA plugin has no bf16 kernels: on cuda devices bf16 would train in fp32 while the user thinks
+ * otherwise, so it is refused there, whatever the host CPU has. */
+static ch_status check_precision(const char *p, const char *devices, ch_err *err)
 {
     if (!p || strcmp(p, "fp32") == 0) return CH_STATUS_OK;
     if (strcmp(p, "bf16") != 0)
         return ch_fail(err, CH_STATUS_BAD_INPUT, "--precision '%s': expected fp32 or bf16", p);
+    ch_device_list devs;
+    CH_TRY(ch_device_list_parse(devices ? devices : "cpu:0", &devs, err));
+    if (devs.count && devs.dev[0].kind == CH_DEVICE_CUDA)
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "--precision bf16: the CUDA plugin has no bf16 kernels yet, so "
+                       "cuda devices compute in fp32 only: use --precision fp32 (bf16 runs on CPUs with native bf16)");
     const char *emulate = getenv("COHORT_BF16");
     if (ch_cpu_bf16_emulate_mode(emulate) < 0)
         return ch_fail(err, CH_STATUS_BAD_INPUT, "COHORT_BF16='%s': expected emulate (or unset)", emulate);
@@ -75,7 +82,7 @@ bool ch_trainer_bf16(const ch_train_config *c) { return c->precision && strcmp(c
 
 ch_status ch_trainer_check_config(const ch_train_config *c, ch_err *err)
 {
-    CH_TRY(check_precision(c->precision, err));
+    CH_TRY(check_precision(c->precision, c->devices, err));
     if (!c->model && !c->graph) return ch_fail(err, CH_STATUS_BAD_INPUT, "no model given");
     if (c->graph) CH_TRY(ch_graph_status(c->graph, err));
     if (c->init && strcmp(c->init, "file") == 0 && !(c->graph && c->graph->ninits > 0))

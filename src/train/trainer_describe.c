@@ -98,18 +98,10 @@ static void describe_bf16(FILE *out, const ch_model *m)
         snprintf(kept, sizeof kept, "; BatchNorm inputs kept in bf16 from forward to backward (%.2f MiB of the "
                  "saved, %.2f MiB of it written in bf16 by the convolutions before them)",
                  mib((double)m->bf16_kept * 2), mib((double)m->bf16_direct * 2));
-    /* A backend with no bf16 kernels at all (cuda's plugin today) runs every layer in fp32: say
-     * that it is the backend, not the model, that leaves bf16 unused. */
-    const ch_kernels *k = m->be->k;
-    const bool none = !(m->bf16_convs || m->bf16_linears || m->bf16_kept);
-    char why_none[160] = "";
-    if (none)
-        snprintf(why_none, sizeof why_none, !k->conv2d_in_bf16 && !k->gemm_bf16
-                 ? ": the %s backend has no bf16 kernels, so it trains as in fp32"
-                 : ": none of this model's layers is one, so it trains as in fp32", m->be->ops->name);
     fprintf(out, "precision: bf16 products in %s%s, fp32 sums%s; weights, gradients, optimizer state, BatchNorm "
             "statistics and %sactivations fp32%s\n", m->convs || m->linears ? convs : "no layer", linears, kept,
-            m->bf16_kept ? "other " : "", why_none);
+            m->bf16_kept ? "other " : "",
+            m->bf16_convs || m->bf16_linears || m->bf16_kept ? "" : ": none of this model's layers is one, so it trains as in fp32");
     /* The CPU kernels (and the test backends wrapping them) keep fp32 products where bf16 ones
      * are no faster (ch_cpu_bf16_products); say so, since the line above then counts none. */
     char why[160];
