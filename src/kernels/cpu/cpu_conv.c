@@ -421,24 +421,43 @@ void ch_cpu_conv2d_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, cons
     im2col_forward(kc, d, n, x, w, b, y, NULL);
 }
 
+/* What an im2col pass's team members share (ch_cpu_team's arg). */
+typedef struct conv_team {
+    const ch_kctx *kc;
+    const ch_conv_desc *d;
+    const conv_split *sp;
+    int n;
+    const ch_real *x;               /* what the GEMMs read: x (forward, weights), dy (data) */
+    const ch_real *w, *b, *y;       /* y: forward's output (weights, with d->relu) */
+    ch_real *out;                   /* y (forward), dx (data), dw (weights) */
+    uint16_t *out16;                /* forward: y rounded to bf16 instead */
+    ch_real *dy, *db;               /* weights: dy (masked in place with d->relu), db */
+    const ch_conv_desc *f;          /* backward data as a flipped forward: its layer, else NULL */
+} conv_team;
+
+static void forward_member(void *arg, int t, int T)
+{
+    (void)T;
+    const conv_team *m = arg;
+    const ch_conv_desc *d = m->d;
+    const size_t xs = (size_t)d->c * d->h * d->w, ys = (size_t)d->oc * conv_p(d);
+    const conv_scratch sc = scratch_of(m->kc, d, t);
+    int lo, hi;
+    thread_groups(m->sp, t, &lo, &hi);
+    for (int q = lo; q < hi; q++) {
+        const int s0 = q * m->sp->g, gw = group_width(m->sp, m->n, s0);
+        forward_group(m->kc, d, gw, m->x + s0 * xs, m->w, m->b, m->out ? m->out + s0 * ys : NULL,
+                      m->out16 ? m->out16 + s0 * ys : NULL, &sc);
+    }
+}
+
 /* im2col + GEMM, into y or, with y16, rounded to bf16 there. */
 static void im2col_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
                            const ch_real *w, const ch_real *b, ch_real *y, uint16_t *y16)
 {
-    const size_t xs = (size_t)d->c * d->h * d->w, ys = (size_t)d->oc * conv_p(d);
     const conv_split sp = conv_split_of(kc, d, n);
-#pragma omp parallel num_threads(sp.threads) if (sp.threads > 1)
-    {
-        const int t = ch_omp_thread();
-        const conv_scratch sc = scratch_of(kc, d, t);
-        int lo, hi;
-        thread_groups(&sp, t, &lo, &hi);
-        for (int q = lo; q < hi; q++) {
-            const int s0 = q * sp.g, gw = group_width(&sp, n, s0);
-            forward_group(kc, d, gw, x + s0 * xs, w, b, y ? y + s0 * ys : NULL,
-                          y16 ? y16 + s0 * ys : NULL, &sc);
-        }
-    }
+    conv_team m = { .kc = kc, .d = d, .sp = &sp, .n = n, .x = x, .w = w, .b = b, .out = y, .out16 = y16 };
+    ch_cpu_team(sp.threads, forward_member, &m);
 }
 
 /* --precision bf16's convolution outputs in bf16 (the kernel table's conv2d_out_bf16 and
@@ -498,6 +517,24 @@ static void flip_weights(const ch_conv_desc *d, const ch_real *w, ch_real *wf)
         }
 }
 
+static void backward_data_member(void *arg, int t, int T)
+{
+    (void)T;
+    const conv_team *m = arg;
+    const ch_conv_desc *d = m->d;
+    const size_t xs = (size_t)d->c * d->h * d->w, ys = (size_t)d->oc * conv_p(d);
+    const conv_scratch sc = scratch_of(m->kc, d, t);
+    int lo, hi;
+    thread_groups(m->sp, t, &lo, &hi);
+    for (int q = lo; q < hi; q++) {
+        const int s0 = q * m->sp->g, gw = group_width(m->sp, m->n, s0);
+        if (m->f)
+            forward_group(m->kc, m->f, gw, m->x + s0 * ys, m->w, NULL, m->out + s0 * xs, NULL, &sc);
+        else
+            backward_data_group(m->kc, d, gw, m->x + s0 * ys, m->w, m->out + s0 * xs, sc.col, sc.packed);
+    }
+}
+
 void ch_cpu_conv2d_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int n,
                                  const ch_real *dy, const ch_real *w, ch_real *dx)
 {
@@ -509,26 +546,14 @@ void ch_cpu_conv2d_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int n
         ch_cpu_wino5_backward_data(kc, d, n, dy, w, dx) ||
         ch_cpu_wino3_backward_data(kc, d, n, dy, w, dx))
         return;
-    const size_t xs = (size_t)d->c * d->h * d->w, ys = (size_t)d->oc * conv_p(d);
     const conv_split sp = conv_split_of(kc, d, n);
     const bool flipped = conv_backward_as_forward(d);
     const ch_conv_desc f = conv_flipped(d);
     ch_real *wf = flipped ? kc->ws + per_thread(d) * (size_t)kc->nthreads : NULL;
     if (flipped) flip_weights(d, w, wf);
-#pragma omp parallel num_threads(sp.threads) if (sp.threads > 1)
-    {
-        const int t = ch_omp_thread();
-        const conv_scratch sc = scratch_of(kc, d, t);
-        int lo, hi;
-        thread_groups(&sp, t, &lo, &hi);
-        for (int q = lo; q < hi; q++) {
-            const int s0 = q * sp.g, gw = group_width(&sp, n, s0);
-            if (flipped)
-                forward_group(kc, &f, gw, dy + s0 * ys, wf, NULL, dx + s0 * xs, NULL, &sc);
-            else
-                backward_data_group(kc, d, gw, dy + s0 * ys, w, dx + s0 * xs, sc.col, sc.packed);
-        }
-    }
+    conv_team m = { .kc = kc, .d = d, .sp = &sp, .n = n, .x = dy, .w = flipped ? wf : w, .out = dx,
+                    .f = flipped ? &f : NULL };
+    ch_cpu_team(sp.threads, backward_data_member, &m);
 }
 
 /* dw[o][k] (+)= sum_p dy[o][p] * col[k][p] for a small K (a first layer: c = 1, K = 9 or 25).
@@ -626,6 +651,36 @@ bool ch_cpu_conv2d_backward(const ch_kctx *kc, const ch_conv_desc *d, int n, con
            ch_cpu_wino3_backward(kc, d, n, x, y, dy, w, dx, dw, db);
 }
 
+/* Thread t of T: its groups' sums, straight into dw alone, or into its partials, then its slice
+ * of the partials' reduction in thread order. */
+static void backward_weights_member(void *arg, int t, int T)
+{
+    const conv_team *m = arg;
+    const ch_conv_desc *d = m->d;
+    const size_t xs = (size_t)d->c * d->h * d->w, ys = (size_t)d->oc * conv_p(d);
+    const size_t wl = (size_t)d->oc * conv_k(d);
+    const conv_scratch sc = scratch_of(m->kc, d, t);
+    ch_real *dw = m->out, *db = m->db;
+    ch_real *pw = T == 1 ? dw : sc.dw, *pb = T == 1 ? db : (db ? sc.db : NULL);
+    int lo, hi;
+    thread_groups(m->sp, t, &lo, &hi);
+    for (int q = lo; q < hi; q++) {
+        const int s0 = q * m->sp->g, gw = group_width(m->sp, m->n, s0);
+        backward_weights_group(m->kc, d, gw, m->x + s0 * xs, d->relu ? m->y + s0 * ys : NULL,
+                               m->dy + s0 * ys, pw, pb, &sc, q == lo);
+    }
+    if (T == 1) return;
+#pragma omp barrier
+    const size_t pt = per_thread(d), off = (size_t)(sc.dw - sc.col);
+#pragma omp for schedule(static)
+    for (size_t i = 0; i < wl + (size_t)d->oc; i++) {
+        if (i >= wl && !db) continue;
+        ch_real acc = 0;
+        for (int u = 0; u < T; u++) acc += m->kc->ws[pt * (size_t)u + off + i];
+        if (i < wl) dw[i] = acc; else db[i - wl] = acc;
+    }
+}
+
 void ch_cpu_conv2d_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, int n,
                                     const ch_real *x, const ch_real *y, ch_real *dy, ch_real *dw,
                                     ch_real *db)
@@ -634,7 +689,6 @@ void ch_cpu_conv2d_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, in
         ch_cpu_conv_group_backward_weights(kc, d, n, x, y, dy, dw, db);
         return;
     }
-    const size_t xs = (size_t)d->c * d->h * d->w, ys = (size_t)d->oc * conv_p(d);
     const size_t wl = (size_t)d->oc * conv_k(d);
     if (ch_cpu_conv_direct_backward_weights(kc, d, n, x, y, dy, dw, db) ||
         ch_cpu_wino_backward_weights(kc, d, n, x, y, dy, dw, db) ||
@@ -647,31 +701,6 @@ void ch_cpu_conv2d_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, in
         if (db) memset(db, 0, sizeof(ch_real) * (size_t)d->oc);
         return;
     }
-    const int T = sp.threads;
-#pragma omp parallel num_threads(T) if (T > 1)
-    {
-        const int t = ch_omp_thread();
-        const conv_scratch sc = scratch_of(kc, d, t);
-        /* One thread sums straight into dw; a team sums into partials reduced below. */
-        ch_real *pw = T == 1 ? dw : sc.dw, *pb = T == 1 ? db : (db ? sc.db : NULL);
-        int lo, hi;
-        thread_groups(&sp, t, &lo, &hi);
-        for (int q = lo; q < hi; q++) {
-            const int s0 = q * sp.g, gw = group_width(&sp, n, s0);
-            backward_weights_group(kc, d, gw, x + s0 * xs, d->relu ? y + s0 * ys : NULL,
-                                   dy + s0 * ys, pw, pb, &sc, q == lo);
-        }
-        if (T > 1) {
-#pragma omp barrier
-            /* Reduce the partials in thread order: each thread sums a slice of the elements. */
-            const size_t pt = per_thread(d), off = (size_t)(sc.dw - sc.col);
-#pragma omp for schedule(static)
-            for (size_t i = 0; i < wl + (size_t)d->oc; i++) {
-                if (i >= wl && !db) continue;
-                ch_real acc = 0;
-                for (int u = 0; u < T; u++) acc += kc->ws[pt * (size_t)u + off + i];
-                if (i < wl) dw[i] = acc; else db[i - wl] = acc;
-            }
-        }
-    }
+    conv_team m = { .kc = kc, .d = d, .sp = &sp, .n = n, .x = x, .y = y, .out = dw, .dy = dy, .db = db };
+    ch_cpu_team(sp.threads, backward_weights_member, &m);
 }

@@ -88,6 +88,23 @@ static void col2im_group(const ch_conv_desc *d, const group_geom *g, int gi, con
     }
 }
 
+/* Sample s's output, through col (a thread's im2col scratch). */
+static void forward_sample(const ch_kctx *kc, const ch_conv_desc *d, const group_geom *g, int s,
+                           const ch_real *x, const ch_real *w, const ch_real *b, ch_real *y, ch_real *col)
+{
+    const size_t xs = (size_t)d->c * d->h * d->w, ys = (size_t)d->oc * g->P;
+    ch_real *ys_ = y + s * ys;
+    for (int gi = 0; gi < g->G; gi++) {
+        im2col_group(d, g, gi, x + s * xs, col);
+        ch_cpu_gemm(kc, false, false, g->ocg, (int)g->P, (int)g->K, 1, w + (size_t)gi * g->ocg * g->K,
+                    (int)g->K, col, (int)g->P, 0, ys_ + (size_t)gi * g->ocg * g->P, (int)g->P);
+    }
+    if (b)
+        for (int o = 0; o < d->oc; o++)
+            for (size_t p = 0; p < g->P; p++) ys_[o * g->P + p] += b[o];
+    if (d->relu) ch_cpu_relu_span(ys, ys_, ys_);
+}
+
 void ch_cpu_conv_group_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
                                const ch_real *w, const ch_real *b, ch_real *y)
 {
@@ -96,21 +113,28 @@ void ch_cpu_conv_group_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, 
         return;
     }
     const group_geom g = geom_of(d);
-    const size_t xs = (size_t)d->c * d->h * d->w, ys = (size_t)d->oc * g.P;
     const int T = team(kc, n);
-#pragma omp parallel for num_threads(T) schedule(static) if (T > 1)
-    for (int s = 0; s < n; s++) {
-        ch_real *col = kc->ws + per_thread(d) * (size_t)ch_omp_thread();
-        ch_real *ys_ = y + s * ys;
-        for (int gi = 0; gi < g.G; gi++) {
-            im2col_group(d, &g, gi, x + s * xs, col);
-            ch_cpu_gemm(kc, false, false, g.ocg, (int)g.P, (int)g.K, 1, w + (size_t)gi * g.ocg * g.K,
-                        (int)g.K, col, (int)g.P, 0, ys_ + (size_t)gi * g.ocg * g.P, (int)g.P);
-        }
-        if (b)
-            for (int o = 0; o < d->oc; o++)
-                for (size_t p = 0; p < g.P; p++) ys_[o * g.P + p] += b[o];
-        if (d->relu) ch_cpu_relu_span(ys, ys_, ys_);
+    /* A team of one runs with no region: the GEMMs' own regions would be nested ones (cpu.h,
+     * ch_cpu_team). */
+    if (T == 1) {
+        for (int s = 0; s < n; s++) forward_sample(kc, d, &g, s, x, w, b, y, kc->ws);
+        return;
+    }
+#pragma omp parallel for num_threads(T) schedule(static)
+    for (int s = 0; s < n; s++)
+        forward_sample(kc, d, &g, s, x, w, b, y, kc->ws + per_thread(d) * (size_t)ch_omp_thread());
+}
+
+/* Sample s's dx, through col (a thread's scratch). */
+static void backward_data_sample(const ch_kctx *kc, const ch_conv_desc *d, const group_geom *g, int s,
+                                 const ch_real *dy, const ch_real *w, ch_real *dx, ch_real *col)
+{
+    const size_t xs = (size_t)d->c * d->h * d->w, ys = (size_t)d->oc * g->P;
+    memset(dx + s * xs, 0, sizeof(ch_real) * xs);
+    for (int gi = 0; gi < g->G; gi++) {
+        ch_cpu_gemm(kc, true, false, (int)g->K, (int)g->P, g->ocg, 1, w + (size_t)gi * g->ocg * g->K,
+                    (int)g->K, dy + s * ys + (size_t)gi * g->ocg * g->P, (int)g->P, 0, col, (int)g->P);
+        col2im_group(d, g, gi, col, dx + s * xs);
     }
 }
 
@@ -122,18 +146,14 @@ void ch_cpu_conv_group_backward_data(const ch_kctx *kc, const ch_conv_desc *d, i
         return;
     }
     const group_geom g = geom_of(d);
-    const size_t xs = (size_t)d->c * d->h * d->w, ys = (size_t)d->oc * g.P;
     const int T = team(kc, n);
-#pragma omp parallel for num_threads(T) schedule(static) if (T > 1)
-    for (int s = 0; s < n; s++) {
-        ch_real *col = kc->ws + per_thread(d) * (size_t)ch_omp_thread();
-        memset(dx + s * xs, 0, sizeof(ch_real) * xs);
-        for (int gi = 0; gi < g.G; gi++) {
-            ch_cpu_gemm(kc, true, false, (int)g.K, (int)g.P, g.ocg, 1, w + (size_t)gi * g.ocg * g.K,
-                        (int)g.K, dy + s * ys + (size_t)gi * g.ocg * g.P, (int)g.P, 0, col, (int)g.P);
-            col2im_group(d, &g, gi, col, dx + s * xs);
-        }
+    if (T == 1) {   /* no region, as in forward */
+        for (int s = 0; s < n; s++) backward_data_sample(kc, d, &g, s, dy, w, dx, kc->ws);
+        return;
     }
+#pragma omp parallel for num_threads(T) schedule(static)
+    for (int s = 0; s < n; s++)
+        backward_data_sample(kc, d, &g, s, dy, w, dx, kc->ws + per_thread(d) * (size_t)ch_omp_thread());
 }
 
 /* Thread t's samples [lo, hi) summed into its partials pw, pb (overwritten). */

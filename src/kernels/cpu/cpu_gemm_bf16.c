@@ -118,6 +118,37 @@ static void round_b_rows(const gb16_geo *g, const ch_real *b, int ldb, int lo, i
             out[(size_t)r * g->bcols + q] = ch_bf16_from_float((float)b[(size_t)r * ldb + q]);
 }
 
+/* What the team shares (ch_cpu_team's arg). */
+typedef struct gb16_team {
+    const ch_kctx *kc;
+    const gb16_geo *g;
+    const ch_real *a, *b;
+    int lda, ldb, ldc;
+    bool accumulate;
+    ch_real *c;
+    uint16_t *ab, *bb;      /* the rounded operands */
+    char *scratch0;         /* thread t's matmul scratch at t * align_up(scratch) */
+    size_t scratch;
+} gb16_team;
+
+/* Thread t of T: its rows of both operands rounded, then, once all are, its rows of C. */
+static void gemm_member(void *arg, int t, int T)
+{
+    const gb16_team *m = arg;
+    const gb16_geo *g = m->g;
+    int lo, hi, blo, bhi;
+    rows_of(g->m, t, T, &lo, &hi);
+    rows_of(g->brows, t, T, &blo, &bhi);
+    round_a_rows(g, m->a, m->lda, lo, hi, m->ab);
+    round_b_rows(g, m->b, m->ldb, blo, bhi, m->bb);
+#pragma omp barrier
+    if (hi > lo) {
+        const ch_gemm_batch gb = slice_gemm(g, hi - lo, m->ldc, m->accumulate);
+        ch_cpu_gemm_batch_bf16(m->kc, &gb, m->ab + (size_t)lo * g->k, m->bb, m->c + (size_t)lo * m->ldc,
+                               m->scratch0 + (size_t)t * align_up(m->scratch));
+    }
+}
+
 void ch_cpu_gemm_bf16(const ch_kctx *kc, bool ta, bool tb, int m, int n, int k, const ch_real *a,
                       int lda, const ch_real *b, int ldb, bool accumulate, ch_real *c, int ldc)
 {
@@ -134,21 +165,7 @@ void ch_cpu_gemm_bf16(const ch_kctx *kc, bool ta, bool tb, int m, int n, int k, 
     at += align_up(sizeof(uint16_t) * (size_t)m * k);
     uint16_t *bb = (uint16_t *)at;
     at += align_up(sizeof(uint16_t) * (size_t)g.brows * g.bcols);
-    char *scratch0 = at;
-    const int T = g.threads;
-#pragma omp parallel num_threads(T) if (T > 1)
-    {
-        const int t = ch_omp_thread();
-        int lo, hi, blo, bhi;
-        rows_of(m, t, T, &lo, &hi);
-        rows_of(g.brows, t, T, &blo, &bhi);
-        round_a_rows(&g, a, lda, lo, hi, ab);
-        round_b_rows(&g, b, ldb, blo, bhi, bb);
-#pragma omp barrier
-        if (hi > lo) {
-            const ch_gemm_batch gb = slice_gemm(&g, hi - lo, ldc, accumulate);
-            ch_cpu_gemm_batch_bf16(kc, &gb, ab + (size_t)lo * k, bb, c + (size_t)lo * ldc,
-                                   scratch0 + (size_t)t * align_up(scratch));
-        }
-    }
+    gb16_team team = { .kc = kc, .g = &g, .a = a, .lda = lda, .b = b, .ldb = ldb, .accumulate = accumulate,
+                       .c = c, .ldc = ldc, .ab = ab, .bb = bb, .scratch0 = at, .scratch = scratch };
+    ch_cpu_team(g.threads, gemm_member, &team);
 }

@@ -523,22 +523,38 @@ static void backward_data_group(const ch_kctx *kc, const wgeo *g, const wpass *p
 }
 
 /* A pass over the batch: U from w, then each thread's groups of TB samples in order, G at a time. */
+/* What a pass's team members share (ch_cpu_team's arg). */
+typedef struct wteam {
+    const ch_kctx *kc;
+    const wgeo *g;
+    int n;
+    const ch_real *w;
+    const wpass *p;         /* run_pass */
+    const struct wgrads *a; /* grads_pass, with its dw */
+    ch_real *dw;
+} wteam;
+
+/* Thread t of T: its share of the weights' transform, then its groups. */
+static void pass_member(void *arg, int t, int T)
+{
+    const wteam *m = arg;
+    const wgeo *g = m->g;
+    const ch_conv_desc *d = g->d;
+    const int pairs = d->oc * d->c, groups = groups_of(m->n);
+    ch_real *u = m->kc->ws;
+    transform_weights(d, m->w, pairs * t / T, pairs * (t + 1) / T, u, g->bf16);
+    const wscratch s = scratch_of(m->kc, g, t);
+#pragma omp barrier
+    const int hi = groups * (t + 1) / T;
+    for (int q = groups * t / T; q < hi; q += g->G)
+        m->p->group(m->kc, g, m->p, u, &s, q * TB, run_live(g, m->n, q, hi));
+}
+
 static void run_pass(const ch_kctx *kc, const wgeo *gp, int n, const ch_real *w, const wpass *p)
 {
     const wgeo g = *gp;
-    const ch_conv_desc *d = g.d;
-    const int T = team_size(n, kc->nthreads), pairs = d->oc * d->c, groups = groups_of(n);
-    ch_real *u = kc->ws;
-#pragma omp parallel num_threads(T) if (T > 1)
-    {
-        const int t = ch_omp_thread();
-        transform_weights(d, w, pairs * t / T, pairs * (t + 1) / T, u, g.bf16);
-        const wscratch s = scratch_of(kc, &g, t);
-#pragma omp barrier
-        const int hi = groups * (t + 1) / T;
-        for (int q = groups * t / T; q < hi; q += g.G)
-            p->group(kc, &g, p, u, &s, q * TB, run_live(&g, n, q, hi));
-    }
+    wteam m = { .kc = kc, .g = &g, .n = n, .w = w, .p = p };
+    ch_cpu_team(team_size(n, kc->nthreads), pass_member, &m);
 }
 
 bool WINO_FN(forward)(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
@@ -708,26 +724,34 @@ static void grads_groups(const ch_kctx *kc, const wgeo *g, const ch_real *u, con
 
 /* The pass over the batch: U from w where dx is made, each thread's groups, then dw from the
  * threads' partial dU and db from theirs, added in thread order. */
+/* Thread t of T: with dx, its share of the weights' transform; its groups; its share of dU's
+ * untransform into dw. */
+static void grads_member(void *arg, int t, int T)
+{
+    const wteam *m = arg;
+    const wgeo *g = m->g;
+    const ch_conv_desc *d = g->d;
+    const int pairs = d->oc * d->c, groups = groups_of(m->n);
+    ch_real *u = m->kc->ws;
+    if (m->a->dx) {   /* the same branch in every thread */
+        transform_weights(d, m->w, pairs * t / T, pairs * (t + 1) / T, u, g->bf16);
+#pragma omp barrier
+    }
+    const wscratch s = scratch_of(m->kc, g, t);
+    grads_groups(m->kc, g, u, &s, m->n, groups * t / T, groups * (t + 1) / T, m->a);
+#pragma omp barrier
+    untransform_weights(d, scratch_of(m->kc, g, 0).du, thread_len(g), T, pairs * t / T, pairs * (t + 1) / T,
+                        m->dw);
+}
+
 static void grads_pass(const ch_kctx *kc, const wgeo *gp, int n, const ch_real *w, const wgrads *a,
                        ch_real *dw, ch_real *db)
 {
     const wgeo g = *gp;
     const ch_conv_desc *d = g.d;
-    const int T = team_size(n, kc->nthreads), pairs = d->oc * d->c, groups = groups_of(n);
-    const ch_real *parts = scratch_of(kc, &g, 0).du;
-    ch_real *u = kc->ws;
-#pragma omp parallel num_threads(T) if (T > 1)
-    {
-        const int t = ch_omp_thread();
-        if (a->dx) {   /* the same branch in every thread */
-            transform_weights(d, w, pairs * t / T, pairs * (t + 1) / T, u, g.bf16);
-#pragma omp barrier
-        }
-        const wscratch s = scratch_of(kc, &g, t);
-        grads_groups(kc, &g, u, &s, n, groups * t / T, groups * (t + 1) / T, a);
-#pragma omp barrier
-        untransform_weights(d, parts, thread_len(&g), T, pairs * t / T, pairs * (t + 1) / T, dw);
-    }
+    const int T = team_size(n, kc->nthreads);
+    wteam m = { .kc = kc, .g = &g, .n = n, .w = w, .a = a, .dw = dw };
+    ch_cpu_team(T, grads_member, &m);
     for (int o = 0; db && o < d->oc; o++) {
         ch_real acc = 0;
         for (int t = 0; t < T; t++) acc += scratch_of(kc, &g, t).db[o];
