@@ -432,22 +432,32 @@ typedef struct conv_team {
     ch_real *out;                   /* y (forward), dx (data), dw (weights) */
     uint16_t *out16;                /* forward: y rounded to bf16 instead */
     ch_real *dy, *db;               /* weights: dy (masked in place with d->relu), db */
-    const ch_conv_desc *f;          /* backward data as a flipped forward: its layer, else NULL */
+    size_t in_stride, out_stride;   /* forward and data: a sample's elements in x and out */
+    bool data;                      /* backward data: col2im's, or with f a flipped forward's */
+    const ch_conv_desc *f;
 } conv_team;
 
-static void forward_member(void *arg, int t, int T)
+static void backward_data_group(const ch_kctx *kc, const ch_conv_desc *d, int gw,
+                                const ch_real *dy, const ch_real *w, ch_real *dx, ch_real *col,
+                                ch_real *packed);
+
+/* Thread t's groups of samples, forward or backward data. */
+static void groups_member(void *arg, int t, int T)
 {
     (void)T;
     const conv_team *m = arg;
-    const ch_conv_desc *d = m->d;
-    const size_t xs = (size_t)d->c * d->h * d->w, ys = (size_t)d->oc * conv_p(d);
-    const conv_scratch sc = scratch_of(m->kc, d, t);
+    const conv_scratch sc = scratch_of(m->kc, m->d, t);
     int lo, hi;
     thread_groups(m->sp, t, &lo, &hi);
     for (int q = lo; q < hi; q++) {
         const int s0 = q * m->sp->g, gw = group_width(m->sp, m->n, s0);
-        forward_group(m->kc, d, gw, m->x + s0 * xs, m->w, m->b, m->out ? m->out + s0 * ys : NULL,
-                      m->out16 ? m->out16 + s0 * ys : NULL, &sc);
+        const ch_real *in = m->x + s0 * m->in_stride;
+        ch_real *out = m->out ? m->out + s0 * m->out_stride : NULL;
+        if (m->data && !m->f)
+            backward_data_group(m->kc, m->d, gw, in, m->w, out, sc.col, sc.packed);
+        else
+            forward_group(m->kc, m->f ? m->f : m->d, gw, in, m->w, m->b, out,
+                          m->out16 ? m->out16 + s0 * m->out_stride : NULL, &sc);
     }
 }
 
@@ -456,8 +466,9 @@ static void im2col_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, cons
                            const ch_real *w, const ch_real *b, ch_real *y, uint16_t *y16)
 {
     const conv_split sp = conv_split_of(kc, d, n);
-    conv_team m = { .kc = kc, .d = d, .sp = &sp, .n = n, .x = x, .w = w, .b = b, .out = y, .out16 = y16 };
-    ch_cpu_team(sp.threads, forward_member, &m);
+    conv_team m = { .kc = kc, .d = d, .sp = &sp, .n = n, .x = x, .w = w, .b = b, .out = y, .out16 = y16,
+                    .in_stride = (size_t)d->c * d->h * d->w, .out_stride = (size_t)d->oc * conv_p(d) };
+    ch_cpu_team(sp.threads, groups_member, &m);
 }
 
 /* --precision bf16's convolution outputs in bf16 (the kernel table's conv2d_out_bf16 and
@@ -517,24 +528,6 @@ static void flip_weights(const ch_conv_desc *d, const ch_real *w, ch_real *wf)
         }
 }
 
-static void backward_data_member(void *arg, int t, int T)
-{
-    (void)T;
-    const conv_team *m = arg;
-    const ch_conv_desc *d = m->d;
-    const size_t xs = (size_t)d->c * d->h * d->w, ys = (size_t)d->oc * conv_p(d);
-    const conv_scratch sc = scratch_of(m->kc, d, t);
-    int lo, hi;
-    thread_groups(m->sp, t, &lo, &hi);
-    for (int q = lo; q < hi; q++) {
-        const int s0 = q * m->sp->g, gw = group_width(m->sp, m->n, s0);
-        if (m->f)
-            forward_group(m->kc, m->f, gw, m->x + s0 * ys, m->w, NULL, m->out + s0 * xs, NULL, &sc);
-        else
-            backward_data_group(m->kc, d, gw, m->x + s0 * ys, m->w, m->out + s0 * xs, sc.col, sc.packed);
-    }
-}
-
 void ch_cpu_conv2d_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int n,
                                  const ch_real *dy, const ch_real *w, ch_real *dx)
 {
@@ -552,8 +545,9 @@ void ch_cpu_conv2d_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int n
     ch_real *wf = flipped ? kc->ws + per_thread(d) * (size_t)kc->nthreads : NULL;
     if (flipped) flip_weights(d, w, wf);
     conv_team m = { .kc = kc, .d = d, .sp = &sp, .n = n, .x = dy, .w = flipped ? wf : w, .out = dx,
-                    .f = flipped ? &f : NULL };
-    ch_cpu_team(sp.threads, backward_data_member, &m);
+                    .in_stride = (size_t)d->oc * conv_p(d), .out_stride = (size_t)d->c * d->h * d->w,
+                    .data = true, .f = flipped ? &f : NULL };
+    ch_cpu_team(sp.threads, groups_member, &m);
 }
 
 /* dw[o][k] (+)= sum_p dy[o][p] * col[k][p] for a small K (a first layer: c = 1, K = 9 or 25).
