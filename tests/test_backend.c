@@ -370,6 +370,52 @@ static void elementwise(void)
     free(x), free(x2), free(dy), free(y), free(dx);
 }
 
+/* BatchNorm with the in-place ReLU after it (bn_relu_*) and with the sum over its output
+ * (bn_add_forward), fp32, against the CPU's, in a step's order, each side on its own sums. The
+ * values straddle 0 so that the ReLU masks about half, and a few pre-ReLU values are exactly 0
+ * (x = 0, shift 0: the clamp and the mask at their edge). A backend without them runs the layers
+ * apart (graph/exec.c): nothing to check. */
+static void fused_batchnorm(void)
+{
+    if (!K->bn_relu_forward || !K->bn_relu_backward_reduce || !K->bn_relu_backward_data || !K->bn_add_forward) {
+        printf("--   %-58s this backend runs them apart\n", "BatchNorm + ReLU, BatchNorm + sum");
+        return;
+    }
+    enum { NB = 3, NC = 6, HW = 53 };
+    const size_t len = NB * NC * HW;
+    ch_real *x = host_rnd(len, 71), *dy = host_rnd(len, 72), *res = host_rnd(len, 73), *p = host_rnd(5 * NC, 74);
+    ch_real *mean = p, *inv = p + NC, *g = p + 2 * NC, *sc = p + 3 * NC, *sh = p + 4 * NC;
+    for (int i = 0; i < NC; i++) inv[i] = (ch_real)(0.5 + fabs(inv[i]));
+    sh[NC - 1] = 0;
+    for (size_t i = NC - 1; i < len; i += 7 * NC) x[i] = 0;
+    ch_real *y = malloc(sizeof(ch_real) * len), *dx = malloc(sizeof(ch_real) * len);
+    double *s = ch_backend_host_alloc(be, sizeof(double) * 2 * NC), want[2 * NC];
+    if (!y || !dx || !s) abort();
+    ch_real *dX = dev_reals(x, len), *dDy = dev_reals(dy, len), *dRes = dev_reals(res, len), *dP = dev_reals(p, 5 * NC);
+    ch_real *dY = dev_reals(NULL, len), *dDx = dev_reals(NULL, len);
+    ch_real *dMean = dP, *dInv = dP + NC, *dG = dP + 2 * NC, *dSc = dP + 3 * NC, *dSh = dP + 4 * NC;
+    const double count = 0.9 * NB * HW;
+    C->bn_relu_forward(&kh, NB, NC, HW, x, NULL, sc, sh, y, NULL);
+    K->bn_relu_forward(&kd, NB, NC, HW, dX, NULL, dSc, dSh, dY, NULL);
+    check_dev("batchnorm + relu forward", dY, y, len);
+    C->bn_relu_backward_reduce(&kh, NB, NC, HW, x, NULL, dy, mean, inv, sc, sh, want, want + NC);
+    K->bn_relu_backward_reduce(&kd, NB, NC, HW, dX, NULL, dDy, dMean, dInv, dSc, dSh, s, s + NC);
+    ch_backend_sync(be, CH_STREAM_COMPUTE);
+    check_doubles("  backward reduce: sum of masked dy, of masked dy xhat", s, want, 2 * NC);
+    C->bn_relu_backward_data(&kh, NB, NC, HW, x, NULL, dy, mean, inv, g, sc, sh, want, want + NC, count, dx);
+    K->bn_relu_backward_data(&kd, NB, NC, HW, dX, NULL, dDy, dMean, dInv, dG, dSc, dSh, s, s + NC, count, dDx);
+    check_dev("  backward data", dDx, dx, len);
+    for (int relu = 0; relu < 2; relu++) {
+        C->bn_add_forward(&kh, NB, NC, HW, x, NULL, sc, sh, res, relu, y, NULL);
+        K->bn_add_forward(&kd, NB, NC, HW, dX, NULL, dSc, dSh, dRes, relu, dY, NULL);
+        check_dev(relu ? "batchnorm + sum + relu forward" : "batchnorm + sum forward", dY, y, len);
+    }
+    ch_backend_host_free(be, s);
+    void *devs[] = { dX, dDy, dRes, dP, dY, dDx };
+    for (size_t i = 0; i < sizeof devs / sizeof *devs; i++) ch_backend_release(be, devs[i]);
+    free(x), free(dy), free(res), free(p), free(y), free(dx);
+}
+
 /* --precision bf16's kept BatchNorm inputs: the backend's four kernels give the CPU's results (a
  * backend without them keeps those inputs fp32: nothing to check). */
 static void bf16_storage(void)
@@ -566,6 +612,7 @@ int main(int argc, char **argv)
     pools();
     bilinear();
     batchnorm();
+    fused_batchnorm();
     layernorm();
     elementwise();
     bf16_storage();

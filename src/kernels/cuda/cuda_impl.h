@@ -101,6 +101,18 @@ void cu_batchnorm_backward_reduce(const ch_kctx *kc, int n, int c, int hw, const
 void cu_batchnorm_backward_data(const ch_kctx *kc, int n, int c, int hw, const ch_real *x, const ch_real *dy,
                                 const ch_real *mean, const ch_real *invstd, const ch_real *gamma,
                                 const double *sum_dy, const double *sum_dy_xhat, double count, ch_real *dx);
+void cu_bn_relu_forward(const ch_kctx *kc, int n, int c, int hw, const ch_real *x, const uint16_t *xh,
+                        const ch_real *scale, const ch_real *shift, ch_real *y, uint16_t *keep);
+void cu_bn_relu_backward_reduce(const ch_kctx *kc, int n, int c, int hw, const ch_real *x, const uint16_t *xh,
+                                const ch_real *dy, const ch_real *mean, const ch_real *invstd, const ch_real *scale,
+                                const ch_real *shift, double *sum_dy, double *sum_dy_xhat);
+void cu_bn_relu_backward_data(const ch_kctx *kc, int n, int c, int hw, const ch_real *x, const uint16_t *xh,
+                              const ch_real *dy, const ch_real *mean, const ch_real *invstd, const ch_real *gamma,
+                              const ch_real *scale, const ch_real *shift, const double *sum_dy,
+                              const double *sum_dy_xhat, double count, ch_real *dx);
+void cu_bn_add_forward(const ch_kctx *kc, int n, int c, int hw, const ch_real *x, const uint16_t *xh,
+                       const ch_real *scale, const ch_real *shift, const ch_real *res, bool relu, ch_real *y,
+                       uint16_t *keep);
 void cu_bilinear_forward(const ch_kctx *kc, int planes, int h, int w, int oh, int ow, bool align, const ch_real *x,
                          ch_real *y);
 void cu_bilinear_backward(const ch_kctx *kc, int planes, int h, int w, int oh, int ow, bool align, const ch_real *dy,

@@ -528,7 +528,11 @@ extern "C" void cu_bilinear_backward(const ch_kctx *kc, int planes, int h, int w
  * a contiguous part in double into the stream's scratch, then one thread per channel adding the
  * parts in order. Deterministic, and enough blocks to keep the GPU's memory busy (one block per
  * channel left ResNet's 64-channel layers on half the multiprocessors). */
-enum { SUM_X, SUM_SQDEV, SUM_DY_DYX };
+enum { SUM_X, SUM_SQDEV, SUM_DY_DYX, SUM_DY_DYX_RELU };
+
+/* channel_affine's value, in one place: the fused BatchNorm + ReLU kernels remake it to mask dy,
+ * and the mask must be the forward's (the same contraction into an FMA). */
+__device__ static ch_real bn_value(ch_real x, ch_real scale, ch_real shift) { return x * scale + shift; }
 
 struct red {
     int n, c, hw, parts;
@@ -544,13 +548,16 @@ static red red_of(int n, int c, int hw)
     return r;
 }
 
+/* SUM_DY_DYX_RELU: dy masked as ReLU's backward masks it, by the pre-ReLU value remade from x,
+ * scale and shift (0 where not > 0). */
 __global__ static void k_partials(int mode, red r, const ch_real *x, const ch_real *dy, const double *mean_d,
-                                  const ch_real *mean_f, double *part)
+                                  const ch_real *mean_f, const ch_real *scale, const ch_real *shift, double *part)
 {
     __shared__ double sh[RT];
     const int ch = blockIdx.x, p = blockIdx.y;
     const size_t cnt = (size_t)r.n * r.hw, lo = cnt * p / r.parts, hi = cnt * (p + 1) / r.parts;
-    const double m = mode == SUM_SQDEV ? mean_d[ch] : mode == SUM_DY_DYX ? (double)mean_f[ch] : 0;
+    const bool dys = mode == SUM_DY_DYX || mode == SUM_DY_DYX_RELU;
+    const double m = mode == SUM_SQDEV ? mean_d[ch] : dys ? (double)mean_f[ch] : 0;
     double a = 0, b = 0;
     for (size_t e = lo + threadIdx.x; e < hi; e += RT) {
         const size_t k = ((e / r.hw) * r.c + ch) * r.hw + e % r.hw;
@@ -560,15 +567,16 @@ __global__ static void k_partials(int mode, red r, const ch_real *x, const ch_re
             const double v = x[k] - m;
             a += v * v;
         } else {
-            a += dy[k];
-            b += (double)dy[k] * ((double)x[k] - m);
+            const ch_real g = mode == SUM_DY_DYX || bn_value(x[k], scale[ch], shift[ch]) > 0 ? dy[k] : 0;
+            a += g;
+            b += (double)g * ((double)x[k] - m);
         }
     }
     a = block_sum(a, sh);
-    if (mode == SUM_DY_DYX) b = block_sum(b, sh);
+    if (dys) b = block_sum(b, sh);
     if (threadIdx.x == 0) {
         part[(size_t)ch * r.parts + p] = a;
-        if (mode == SUM_DY_DYX) part[((size_t)r.c + ch) * r.parts + p] = b;
+        if (dys) part[((size_t)r.c + ch) * r.parts + p] = b;
     }
 }
 
@@ -607,10 +615,10 @@ __global__ static void k_finish_dy(red r, const double *part, const ch_real *inv
 }
 
 static void partials(const ch_kctx *kc, int mode, red r, const ch_real *x, const ch_real *dy, const double *mean_d,
-                     const ch_real *mean_f, double *part)
+                     const ch_real *mean_f, const ch_real *scale, const ch_real *shift, double *part)
 {
     const dim3 grid((unsigned)r.c, (unsigned)r.parts);
-    k_partials<<<grid, RT, 0, cu_stream_of(kc)>>>(mode, r, x, dy, mean_d, mean_f, part);
+    k_partials<<<grid, RT, 0, cu_stream_of(kc)>>>(mode, r, x, dy, mean_d, mean_f, scale, shift, part);
     CU_CHECK(cudaGetLastError());
 }
 
@@ -620,9 +628,9 @@ extern "C" void cu_batchnorm_stats(const ch_kctx *kc, int n, int c, int hw, cons
     if (c <= 0) return;
     const red r = red_of(n, c, hw);
     double *part = cu_of(kc)->scratch, *mean_d = part + 2 * (size_t)c * r.parts;
-    partials(kc, SUM_X, r, x, NULL, NULL, NULL, part);
+    partials(kc, SUM_X, r, x, NULL, NULL, NULL, NULL, NULL, part);
     LAUNCH(k_finish, (size_t)c, kc, 0, r, part, mean_d, mean, NULL);
-    partials(kc, SUM_SQDEV, r, x, NULL, mean_d, NULL, part);
+    partials(kc, SUM_SQDEV, r, x, NULL, mean_d, NULL, NULL, NULL, part);
     LAUNCH(k_finish, (size_t)c, kc, 1, r, part, mean_d, var, NULL);
 }
 
@@ -646,7 +654,7 @@ __global__ static void k_channel_affine(size_t len, int c, int hw, const ch_real
 {
     FOR_EACH(i, len) {
         const int ch = (int)(i / hw % c);
-        y[i] = x[i] * scale[ch] + shift[ch];
+        y[i] = bn_value(x[i], scale[ch], shift[ch]);
     }
 }
 
@@ -664,19 +672,22 @@ extern "C" void cu_batchnorm_backward_reduce(const ch_kctx *kc, int n, int c, in
     if (c <= 0) return;
     const red r = red_of(n, c, hw);
     double *part = cu_of(kc)->scratch;
-    partials(kc, SUM_DY_DYX, r, x, dy, NULL, mean, part);
+    partials(kc, SUM_DY_DYX, r, x, dy, NULL, mean, NULL, NULL, part);
     LAUNCH(k_finish_dy, (size_t)c, kc, r, part, invstd, sum_dy, sum_dy_xhat);
 }
 
+/* scale, shift: with them, dy masked as in SUM_DY_DYX_RELU (the fused ReLU's backward). */
 __global__ static void k_bn_back_data(size_t len, int c, int hw, const ch_real *x, const ch_real *dy,
                                       const ch_real *mean, const ch_real *invstd, const ch_real *gamma,
+                                      const ch_real *scale, const ch_real *shift,
                                       const double *sum_dy, const double *sum_dyx, double count, ch_real *dx)
 {
     FOR_EACH(i, len) {
         const int ch = (int)(i / hw % c);
         const ch_real is = invstd[ch], m = mean[ch], g = gamma[ch] * is;
         const ch_real mdy = (ch_real)(sum_dy[ch] / count), mdx = (ch_real)(sum_dyx[ch] / count);
-        dx[i] = g * (dy[i] - mdy - (x[i] - m) * is * mdx);
+        const ch_real d = !scale || bn_value(x[i], scale[ch], shift[ch]) > 0 ? dy[i] : 0;
+        dx[i] = g * (d - mdy - (x[i] - m) * is * mdx);
     }
 }
 
@@ -686,7 +697,80 @@ extern "C" void cu_batchnorm_backward_data(const ch_kctx *kc, int n, int c, int 
                                            double count, ch_real *dx)
 {
     const size_t len = (size_t)n * c * hw;
-    LAUNCH(k_bn_back_data, len, kc, len, c, hw, x, dy, mean, invstd, gamma, sum_dy, sum_dy_xhat, count, dx);
+    LAUNCH(k_bn_back_data, len, kc, len, c, hw, x, dy, mean, invstd, gamma, (const ch_real *)NULL,
+           (const ch_real *)NULL, sum_dy, sum_dy_xhat, count, dx);
+}
+
+/* ---- BatchNorm with the ReLU after it, and with the sum over its output (graph/exec.c) -----
+ * kernels.h's contracts, fp32 only: the plugin has no bf16 storage, so xh and keep (the bf16
+ * copies) are always NULL here; a caller that passed one would be a planning error. */
+static void no_bf16(const void *xh, const void *keep, const char *what)
+{
+    if (xh || keep) cu_fail(what, "bf16 storage is not built for the GPU", __FILE__, __LINE__);
+}
+
+__global__ static void k_bn_relu(size_t len, int c, int hw, const ch_real *x, const ch_real *scale,
+                                 const ch_real *shift, ch_real *y)
+{
+    FOR_EACH(i, len) {
+        const int ch = (int)(i / hw % c);
+        const ch_real v = bn_value(x[i], scale[ch], shift[ch]);
+        y[i] = v < 0 ? 0 : v;   /* k_relu's clamp: -0 and NaN pass */
+    }
+}
+
+extern "C" void cu_bn_relu_forward(const ch_kctx *kc, int n, int c, int hw, const ch_real *x, const uint16_t *xh,
+                                   const ch_real *scale, const ch_real *shift, ch_real *y, uint16_t *keep)
+{
+    no_bf16(xh, keep, "bn_relu_forward");
+    const size_t len = (size_t)n * c * hw;
+    LAUNCH(k_bn_relu, len, kc, len, c, hw, x, scale, shift, y);
+}
+
+extern "C" void cu_bn_relu_backward_reduce(const ch_kctx *kc, int n, int c, int hw, const ch_real *x,
+                                           const uint16_t *xh, const ch_real *dy, const ch_real *mean,
+                                           const ch_real *invstd, const ch_real *scale, const ch_real *shift,
+                                           double *sum_dy, double *sum_dy_xhat)
+{
+    no_bf16(xh, NULL, "bn_relu_backward_reduce");
+    if (c <= 0) return;
+    const red r = red_of(n, c, hw);
+    double *part = cu_of(kc)->scratch;
+    partials(kc, SUM_DY_DYX_RELU, r, x, dy, NULL, mean, scale, shift, part);
+    LAUNCH(k_finish_dy, (size_t)c, kc, r, part, invstd, sum_dy, sum_dy_xhat);
+}
+
+extern "C" void cu_bn_relu_backward_data(const ch_kctx *kc, int n, int c, int hw, const ch_real *x,
+                                         const uint16_t *xh, const ch_real *dy, const ch_real *mean,
+                                         const ch_real *invstd, const ch_real *gamma, const ch_real *scale,
+                                         const ch_real *shift, const double *sum_dy, const double *sum_dy_xhat,
+                                         double count, ch_real *dx)
+{
+    no_bf16(xh, NULL, "bn_relu_backward_data");
+    const size_t len = (size_t)n * c * hw;
+    LAUNCH(k_bn_back_data, len, kc, len, c, hw, x, dy, mean, invstd, gamma, scale, shift, sum_dy, sum_dy_xhat,
+           count, dx);
+}
+
+/* y = v + res (k_add's sum, v first), then with relu k_relu's clamp. */
+__global__ static void k_bn_add(size_t len, int c, int hw, const ch_real *x, const ch_real *scale,
+                                const ch_real *shift, const ch_real *res, bool relu, ch_real *y)
+{
+    FOR_EACH(i, len) {
+        const int ch = (int)(i / hw % c);
+        const ch_real v = bn_value(x[i], scale[ch], shift[ch]);
+        const ch_real s = v + res[i];
+        y[i] = relu && s < 0 ? 0 : s;
+    }
+}
+
+extern "C" void cu_bn_add_forward(const ch_kctx *kc, int n, int c, int hw, const ch_real *x, const uint16_t *xh,
+                                  const ch_real *scale, const ch_real *shift, const ch_real *res, bool relu,
+                                  ch_real *y, uint16_t *keep)
+{
+    no_bf16(xh, keep, "bn_add_forward");
+    const size_t len = (size_t)n * c * hw;
+    LAUNCH(k_bn_add, len, kc, len, c, hw, x, scale, shift, res, relu, y);
 }
 
 /* LayerNorm: a thread per group (its len values inner apart), and a thread per parameter for the
@@ -754,6 +838,6 @@ extern "C" void cu_channel_sum(const ch_kctx *kc, int n, int c, int hw, const ch
     if (c <= 0) return;
     const red r = red_of(n, c, hw);
     double *part = cu_of(kc)->scratch;
-    partials(kc, SUM_X, r, x, NULL, NULL, NULL, part);
+    partials(kc, SUM_X, r, x, NULL, NULL, NULL, NULL, NULL, part);
     LAUNCH(k_finish, (size_t)c, kc, 2, r, part, NULL, NULL, sum);
 }

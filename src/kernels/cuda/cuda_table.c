@@ -23,6 +23,10 @@ const ch_kernels ch_cuda_kernel_table = {
     .channel_affine = cu_channel_affine,
     .batchnorm_backward_reduce = cu_batchnorm_backward_reduce,
     .batchnorm_backward_data = cu_batchnorm_backward_data,
+    .bn_relu_forward = cu_bn_relu_forward,
+    .bn_relu_backward_reduce = cu_bn_relu_backward_reduce,
+    .bn_relu_backward_data = cu_bn_relu_backward_data,
+    .bn_add_forward = cu_bn_add_forward,
     .layernorm_forward = cu_layernorm_forward,
     .layernorm_backward = cu_layernorm_backward,
     .relu_forward = cu_relu_forward,
@@ -146,6 +150,34 @@ static void p_batchnorm_backward_data(const ch_kctx *kc, int n, int c, int hw, c
     const cudaEvent_t ev_ = cu_profile_begin(kc);
     cu_batchnorm_backward_data(kc, n, c, hw, x, dy, mean, invstd, gamma, sum_dy, sum_dy_xhat, count, dx);
     cu_profile_end(kc, 15, "batchnorm_backward_data", ev_);
+}
+
+static void p_bn_relu_forward(const ch_kctx *kc, int n, int c, int hw, const ch_real *x, const uint16_t *xh, const ch_real *scale, const ch_real *shift, ch_real *y, uint16_t *keep)
+{
+    const cudaEvent_t ev_ = cu_profile_begin(kc);
+    cu_bn_relu_forward(kc, n, c, hw, x, xh, scale, shift, y, keep);
+    cu_profile_end(kc, 35, "bn_relu_forward", ev_);
+}
+
+static void p_bn_relu_backward_reduce(const ch_kctx *kc, int n, int c, int hw, const ch_real *x, const uint16_t *xh, const ch_real *dy, const ch_real *mean, const ch_real *invstd, const ch_real *scale, const ch_real *shift, double *sum_dy, double *sum_dy_xhat)
+{
+    const cudaEvent_t ev_ = cu_profile_begin(kc);
+    cu_bn_relu_backward_reduce(kc, n, c, hw, x, xh, dy, mean, invstd, scale, shift, sum_dy, sum_dy_xhat);
+    cu_profile_end(kc, 36, "bn_relu_backward_reduce", ev_);
+}
+
+static void p_bn_relu_backward_data(const ch_kctx *kc, int n, int c, int hw, const ch_real *x, const uint16_t *xh, const ch_real *dy, const ch_real *mean, const ch_real *invstd, const ch_real *gamma, const ch_real *scale, const ch_real *shift, const double *sum_dy, const double *sum_dy_xhat, double count, ch_real *dx)
+{
+    const cudaEvent_t ev_ = cu_profile_begin(kc);
+    cu_bn_relu_backward_data(kc, n, c, hw, x, xh, dy, mean, invstd, gamma, scale, shift, sum_dy, sum_dy_xhat, count, dx);
+    cu_profile_end(kc, 37, "bn_relu_backward_data", ev_);
+}
+
+static void p_bn_add_forward(const ch_kctx *kc, int n, int c, int hw, const ch_real *x, const uint16_t *xh, const ch_real *scale, const ch_real *shift, const ch_real *res, bool relu, ch_real *y, uint16_t *keep)
+{
+    const cudaEvent_t ev_ = cu_profile_begin(kc);
+    cu_bn_add_forward(kc, n, c, hw, x, xh, scale, shift, res, relu, y, keep);
+    cu_profile_end(kc, 38, "bn_add_forward", ev_);
 }
 
 static void p_bilinear_forward(const ch_kctx *kc, int planes, int h, int w, int oh, int ow, bool align, const ch_real *x, ch_real *y)
@@ -301,6 +333,10 @@ const ch_kernels ch_cuda_kernel_table_profiled = {
     .channel_affine = p_channel_affine,
     .batchnorm_backward_reduce = p_batchnorm_backward_reduce,
     .batchnorm_backward_data = p_batchnorm_backward_data,
+    .bn_relu_forward = p_bn_relu_forward,
+    .bn_relu_backward_reduce = p_bn_relu_backward_reduce,
+    .bn_relu_backward_data = p_bn_relu_backward_data,
+    .bn_add_forward = p_bn_add_forward,
     .layernorm_forward = p_layernorm_forward,
     .layernorm_backward = p_layernorm_backward,
     .relu_forward = p_relu_forward,
