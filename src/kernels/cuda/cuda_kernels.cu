@@ -531,7 +531,7 @@ extern "C" void cu_bilinear_backward(const ch_kctx *kc, int planes, int h, int w
 enum { SUM_X, SUM_SQDEV, SUM_DY_DYX, SUM_DY_DYX_RELU };
 
 /* channel_affine's value, in one place: the fused BatchNorm + ReLU kernels remake it to mask dy,
- * and the mask must be the forward's (the same contraction into an FMA). */
+ * and the mask must be the forward's (the same arithmetic; no FMA, --fmad=false). */
 __device__ static ch_real bn_value(ch_real x, ch_real scale, ch_real shift) { return x * scale + shift; }
 
 struct red {
