@@ -610,6 +610,7 @@ static void teams_of_one_start_no_threads(void **state)
 {
     (void)state;
 #ifndef CH_REAL_DOUBLE
+    const int icv = omp_get_max_threads();
     omp_set_num_threads(2);   /* what a replica of two threads runs with */
     const ch_conv_desc wino3 = { .c = 64, .h = 28, .w = 28, .oc = 64, .kh = 3, .kw = 3, .stride = 1,
                                  .pad = 1, .oh = 28, .ow = 28 };
@@ -625,6 +626,7 @@ static void teams_of_one_start_no_threads(void **state)
     const ch_conv_desc grouped = { .c = 64, .h = 28, .w = 28, .oc = 64, .kh = 3, .kw = 3, .stride = 1,
                                    .pad = 1, .oh = 28, .ow = 28, .groups = 2 };
     passes_start_no_threads(&grouped, 1);
+    omp_set_num_threads(icv);
 #endif
 }
 

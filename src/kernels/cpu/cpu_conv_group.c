@@ -105,6 +105,25 @@ static void forward_sample(const ch_kctx *kc, const ch_conv_desc *d, const group
     if (d->relu) ch_cpu_relu_span(ys, ys_, ys_);
 }
 
+/* What a pass's team members share (ch_cpu_team's arg): each thread takes a contiguous share of
+ * the samples and its own im2col scratch. */
+typedef struct group_team {
+    const ch_kctx *kc;
+    const ch_conv_desc *d;
+    const group_geom *g;
+    int n;
+    const ch_real *in, *w, *b;   /* x (forward) or dy (data); b: forward's bias */
+    ch_real *out;                /* y or dx */
+} group_team;
+
+static void forward_member(void *arg, int t, int T)
+{
+    const group_team *m = arg;
+    ch_real *col = m->kc->ws + per_thread(m->d) * (size_t)t;
+    for (int s = (int)((long)m->n * t / T); s < (int)((long)m->n * (t + 1) / T); s++)
+        forward_sample(m->kc, m->d, m->g, s, m->in, m->w, m->b, m->out, col);
+}
+
 void ch_cpu_conv_group_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
                                const ch_real *w, const ch_real *b, ch_real *y)
 {
@@ -113,16 +132,8 @@ void ch_cpu_conv_group_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, 
         return;
     }
     const group_geom g = geom_of(d);
-    const int T = team(kc, n);
-    /* A team of one runs with no region: the GEMMs' own regions would be nested ones (cpu.h,
-     * ch_cpu_team). */
-    if (T == 1) {
-        for (int s = 0; s < n; s++) forward_sample(kc, d, &g, s, x, w, b, y, kc->ws);
-        return;
-    }
-#pragma omp parallel for num_threads(T) schedule(static)
-    for (int s = 0; s < n; s++)
-        forward_sample(kc, d, &g, s, x, w, b, y, kc->ws + per_thread(d) * (size_t)ch_omp_thread());
+    group_team m = { .kc = kc, .d = d, .g = &g, .n = n, .in = x, .w = w, .b = b, .out = y };
+    ch_cpu_team(team(kc, n), forward_member, &m);
 }
 
 /* Sample s's dx, through col (a thread's scratch). */
@@ -138,6 +149,14 @@ static void backward_data_sample(const ch_kctx *kc, const ch_conv_desc *d, const
     }
 }
 
+static void backward_data_member(void *arg, int t, int T)
+{
+    const group_team *m = arg;
+    ch_real *col = m->kc->ws + per_thread(m->d) * (size_t)t;
+    for (int s = (int)((long)m->n * t / T); s < (int)((long)m->n * (t + 1) / T); s++)
+        backward_data_sample(m->kc, m->d, m->g, s, m->in, m->w, m->out, col);
+}
+
 void ch_cpu_conv_group_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int n,
                                      const ch_real *dy, const ch_real *w, ch_real *dx)
 {
@@ -146,14 +165,8 @@ void ch_cpu_conv_group_backward_data(const ch_kctx *kc, const ch_conv_desc *d, i
         return;
     }
     const group_geom g = geom_of(d);
-    const int T = team(kc, n);
-    if (T == 1) {   /* no region, as in forward */
-        for (int s = 0; s < n; s++) backward_data_sample(kc, d, &g, s, dy, w, dx, kc->ws);
-        return;
-    }
-#pragma omp parallel for num_threads(T) schedule(static)
-    for (int s = 0; s < n; s++)
-        backward_data_sample(kc, d, &g, s, dy, w, dx, kc->ws + per_thread(d) * (size_t)ch_omp_thread());
+    group_team m = { .kc = kc, .d = d, .g = &g, .n = n, .in = dy, .w = w, .out = dx };
+    ch_cpu_team(team(kc, n), backward_data_member, &m);
 }
 
 /* Thread t's samples [lo, hi) summed into its partials pw, pb (overwritten). */

@@ -162,9 +162,10 @@ void ch_cpu_gemm(const ch_kctx *kc, bool ta, bool tb, int m, int n, int k, ch_re
  * a call finds its entry without a lock, points its thread's handles at the call's buffers and
  * runs. Why not a loop of dnnl_sgemm: Winograd's 49 small GEMMs per chunk (cpu_wino5.c, 20 x 160
  * x 20 in mnist-cnn) each paid sgemm's per-call packing and checks, and the weight-gradient
- * shape, whose operands are both contiguous along k, ran at ~52 GFLOP/s. The batched primitive (oneDNN's brgemm kernels) ran
- * those 49 at 0.68, 0.74 and 1.24 us each against sgemm's 0.95, 0.97 and 2.49 (one core, this
- * machine). Where oneDNN offers only its reference kernel (no AVX-512), the loop runs instead. */
+ * shape, whose operands are both contiguous along k, ran at ~52 GFLOP/s. The batched primitive
+ * (oneDNN's brgemm kernels) ran those 49 at 0.68, 0.74 and 1.24 us each against sgemm's 0.95,
+ * 0.97 and 2.49 (one core, this machine). Where oneDNN offers only its reference kernel (no
+ * AVX-512), the loop runs instead. */
 static void gemm_batch_loop(const ch_kctx *kc, const ch_gemm_batch *g, const ch_real *a,
                             const ch_real *b, ch_real *c)
 {

@@ -522,7 +522,6 @@ static void backward_data_group(const ch_kctx *kc, const wgeo *g, const wpass *p
     unpack_run(x_layout(g), s->xg, live, xs, dest_at(p->out, (size_t)s0 * xs));
 }
 
-/* A pass over the batch: U from w, then each thread's groups of TB samples in order, G at a time. */
 /* What a pass's team members share (ch_cpu_team's arg). */
 typedef struct wteam {
     const ch_kctx *kc;
@@ -534,22 +533,29 @@ typedef struct wteam {
     ch_real *dw;
 } wteam;
 
+/* Thread t of T's share of the weights' transform into U (the workspace's head). */
+static void transform_share(const wteam *m, int t, int T)
+{
+    const ch_conv_desc *d = m->g->d;
+    const int pairs = d->oc * d->c;
+    transform_weights(d, m->w, pairs * t / T, pairs * (t + 1) / T, m->kc->ws, m->g->bf16);
+}
+
 /* Thread t of T: its share of the weights' transform, then its groups. */
 static void pass_member(void *arg, int t, int T)
 {
     const wteam *m = arg;
     const wgeo *g = m->g;
-    const ch_conv_desc *d = g->d;
-    const int pairs = d->oc * d->c, groups = groups_of(m->n);
-    ch_real *u = m->kc->ws;
-    transform_weights(d, m->w, pairs * t / T, pairs * (t + 1) / T, u, g->bf16);
+    const int groups = groups_of(m->n);
+    transform_share(m, t, T);
     const wscratch s = scratch_of(m->kc, g, t);
 #pragma omp barrier
     const int hi = groups * (t + 1) / T;
     for (int q = groups * t / T; q < hi; q += g->G)
-        m->p->group(m->kc, g, m->p, u, &s, q * TB, run_live(g, m->n, q, hi));
+        m->p->group(m->kc, g, m->p, m->kc->ws, &s, q * TB, run_live(g, m->n, q, hi));
 }
 
+/* A pass over the batch: U from w, then each thread's groups of TB samples in order, G at a time. */
 static void run_pass(const ch_kctx *kc, const wgeo *gp, int n, const ch_real *w, const wpass *p)
 {
     const wgeo g = *gp;
@@ -722,28 +728,26 @@ static void grads_groups(const ch_kctx *kc, const wgeo *g, const ch_real *u, con
     }
 }
 
-/* The pass over the batch: U from w where dx is made, each thread's groups, then dw from the
- * threads' partial dU and db from theirs, added in thread order. */
 /* Thread t of T: with dx, its share of the weights' transform; its groups; its share of dU's
  * untransform into dw. */
 static void grads_member(void *arg, int t, int T)
 {
     const wteam *m = arg;
     const wgeo *g = m->g;
-    const ch_conv_desc *d = g->d;
-    const int pairs = d->oc * d->c, groups = groups_of(m->n);
-    ch_real *u = m->kc->ws;
+    const int pairs = g->d->oc * g->d->c, groups = groups_of(m->n);
     if (m->a->dx) {   /* the same branch in every thread */
-        transform_weights(d, m->w, pairs * t / T, pairs * (t + 1) / T, u, g->bf16);
+        transform_share(m, t, T);
 #pragma omp barrier
     }
     const wscratch s = scratch_of(m->kc, g, t);
-    grads_groups(m->kc, g, u, &s, m->n, groups * t / T, groups * (t + 1) / T, m->a);
+    grads_groups(m->kc, g, m->kc->ws, &s, m->n, groups * t / T, groups * (t + 1) / T, m->a);
 #pragma omp barrier
-    untransform_weights(d, scratch_of(m->kc, g, 0).du, thread_len(g), T, pairs * t / T, pairs * (t + 1) / T,
+    untransform_weights(g->d, scratch_of(m->kc, g, 0).du, thread_len(g), T, pairs * t / T, pairs * (t + 1) / T,
                         m->dw);
 }
 
+/* The pass over the batch: U from w where dx is made, each thread's groups, then dw from the
+ * threads' partial dU and db from theirs, added in thread order. */
 static void grads_pass(const ch_kctx *kc, const wgeo *gp, int n, const ch_real *w, const wgrads *a,
                        ch_real *dw, ch_real *db)
 {
