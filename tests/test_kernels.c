@@ -111,12 +111,13 @@ static void check_gemm_batch(ch_gemm_batch g)
 }
 
 /* The threads of a team run one cached kernel at once, each on its own stream and handles: 2
- * threads, each its own C and scratch, many times over, all with the bits of one thread alone
- * (threads sharing one set of handles would write into each other's C). */
+ * threads, each its own C and scratch, calling it back to back in one region (as a Winograd's
+ * team does), every result with the bits of one thread alone (threads sharing one set of handles
+ * would write into each other's C). */
 static void gemm_batch_threads_run_at_once(void **state)
 {
     (void)state;
-    enum { T = 2, ROUNDS = 200 };
+    enum { T = 2, ROUNDS = 20000 };
     const int m = 16, n = 32, k = 24;
     const ch_gemm_batch g = { .batch = 3, .m = m, .n = n, .k = k, .lda = k, .ldb = n, .ldc = n,
                               .sa = (size_t)m * k, .sb = (size_t)k * n, .sc = (size_t)m * n };
@@ -134,10 +135,11 @@ static void gemm_batch_threads_run_at_once(void **state)
     }
     ch_cpu_gemm_batch(&kc, &g, a, b, one, scratch[0]);
     int wrong = 0;
-    for (int r = 0; r < ROUNDS; r++) {
 #pragma omp parallel num_threads(T) reduction(+ : wrong)
-        {
-            const int t = omp_get_thread_num();
+    {
+        const int t = omp_get_thread_num();
+#pragma omp barrier   /* both threads awake before the first call */
+        for (int r = 0; r < ROUNDS; r++) {
             for (size_t i = 0; i < lc; i++) c[t][i] = (ch_real)-1;
             ch_cpu_gemm_batch(&kc, &g, a, b, c[t], scratch[t]);
             wrong += memcmp(c[t], one, sizeof(ch_real) * lc) != 0;
