@@ -18,6 +18,7 @@
 
 #include <omp.h>
 
+#include "core/bf16.h"
 #include "core/clock.h"
 #include "core/rng.h"
 #include "kernels/cpu/cpu.h"
@@ -27,6 +28,40 @@ static void fill(float *p, size_t n, uint64_t seed)
     ch_rng r;
     ch_rng_init(&r, seed, 0, 0);
     for (size_t k = 0; k < n; k++) p[k] = (float)(ch_rng_uniform(&r) - 0.5);
+}
+
+/* --precision bf16's layers whose input the BatchNorm + ReLU before them writes in bf16: forward
+ * (y in bf16 for the BatchNorm after, as in training) and both backward passes, from x in fp32 and
+ * from x in bf16, interleaved, best of reps. */
+static void time_x_bf16(const ch_kctx *kc, const ch_conv_desc *d, int n, int reps, const float *x, float *y,
+                        float *dy, const float *w, const float *b, float *dx, float *dw, float *db,
+                        const char *name)
+{
+    const size_t xl = (size_t)n * d->c * d->h * d->w, yl = (size_t)n * d->oc * d->oh * d->ow;
+    uint16_t *xh = malloc(sizeof(uint16_t) * xl), *yh = malloc(sizeof(uint16_t) * yl);
+    if (!xh || !yh) {
+        fprintf(stderr, "conv_kernels: out of memory\n");
+        exit(1);
+    }
+    for (size_t k = 0; k < xl; k++) xh[k] = ch_bf16_from_float(x[k]);
+    double best[4] = { 1e30, 1e30, 1e30, 1e30 };
+    for (int r = 0; r < reps; r++) {
+        const double t0 = ch_clock_s();
+        ch_cpu_conv2d_forward_bf16(kc, d, n, x, w, b, yh);
+        const double t1 = ch_clock_s();
+        ch_cpu_conv2d_forward_of_bf16(kc, d, n, xh, w, b, NULL, yh);
+        const double t2 = ch_clock_s();
+        ch_cpu_conv2d_backward(kc, d, n, x, y, dy, w, dx, dw, db);
+        const double t3 = ch_clock_s();
+        ch_cpu_conv2d_backward_of_bf16(kc, d, n, xh, y, dy, w, dx, dw, db);
+        const double t4 = ch_clock_s();
+        const double t[4] = { t1 - t0, t2 - t1, t3 - t2, t4 - t3 };
+        for (int k = 0; k < 4; k++)
+            if (t[k] < best[k]) best[k] = t[k];
+    }
+    printf("%s x in bf16: forward %.2f ms (x in fp32 %.2f), both backward %.2f (%.2f): %.3fx\n", name,
+           best[1] * 1e3, best[0] * 1e3, best[3] * 1e3, best[2] * 1e3, (best[0] + best[2]) / (best[1] + best[3]));
+    free(xh), free(yh);
 }
 
 int main(int argc, char **argv)
@@ -127,6 +162,8 @@ int main(int argc, char **argv)
         if (both)
             printf("%s both backward passes at once %.2f ms (apart %.2f): %.3fx\n", shapes[i].name,
                    best[3] * 1e3, (best[1] + best[2]) * 1e3, (best[1] + best[2]) / best[3]);
+        if (bf16 && ch_cpu_conv2d_x_bf16(&kc, &d, n) && ch_cpu_conv2d_out_bf16(&kc, &d, n))
+            time_x_bf16(&kc, &d, n, reps, x, y, dy, w, b, dx, dw, db, shapes[i].name);
         free(x), free(y), free(dy), free(dx), free(w), free(dw), free(b), free(db), free(wsp);
         ch_cpu_kcache_free(kc.cache);
     }

@@ -529,6 +529,171 @@ static void conv_output_in_bf16(void **state)
     assert_false(k->conv2d_out_bf16(&kc, &stem32, 8));
 }
 
+/* A fixture's convolution with its input kept in bf16: the kernels and their scratch. */
+typedef struct xh_run {
+    const ch_kernels *k;
+    ch_kctx kc;
+    uint16_t *xh;   /* c.x rounded: c.xr's bits, in half the bytes */
+} xh_run;
+
+static xh_run xh_run_make(const conv_case *c)
+{
+    xh_run r = { .k = ch_kernels_cpu(), .kc = { .nthreads = c->threads, .cache = ch_cpu_kcache_create() } };
+    const size_t wsz = r.k->conv2d_workspace(&r.kc, &c->d, c->n);
+    r.kc.ws = malloc(sizeof(ch_real) * wsz), r.kc.ws_len = wsz;
+    r.xh = malloc(sizeof(uint16_t) * c->xs);
+    assert_true(r.kc.cache && r.kc.ws && r.xh);
+    for (size_t i = 0; i < c->xs; i++) r.xh[i] = ch_bf16_from_float(c->x[i]);
+    return r;
+}
+
+static void xh_run_free(xh_run *r)
+{
+    free(r->kc.ws), free(r->xh);
+    ch_cpu_kcache_free(r->kc.cache);
+}
+
+/* Both backward passes of case c, from c.xr in fp32 (xh NULL: conv2d_backward, or the two apart
+ * where it declines) or from xh, with dx where with_dx, into o (o.y given; dy copied from c.dy
+ * first, a fused ReLU masks it in place). */
+static void backward_of(const xh_run *r, const conv_case *c, const uint16_t *xh, bool with_dx, conv_out *o)
+{
+    memcpy(o->dy, c->dy, sizeof(ch_real) * c->ys);
+    ch_real *dx = with_dx ? o->dx : NULL;
+    if (xh)
+        r->k->conv2d_backward_of_bf16(&r->kc, &c->d, c->n, xh, o->y, o->dy, c->w, dx, o->dw, o->db);
+    else if (!r->k->conv2d_backward(&r->kc, &c->d, c->n, c->xr, o->y, o->dy, c->w, dx, o->dw, o->db)) {
+        r->k->conv2d_backward_weights(&r->kc, &c->d, c->n, c->xr, o->y, o->dy, o->dw, o->db);
+        if (dx) r->k->conv2d_backward_data(&r->kc, &c->d, c->n, o->dy, c->w, dx);
+    }
+}
+
+static void same_grads(const conv_case *c, const conv_out *a, const conv_out *b, bool dx)
+{
+    assert_memory_equal(a->dy, b->dy, sizeof(ch_real) * c->ys);
+    assert_memory_equal(a->dw, b->dw, sizeof(ch_real) * c->wl);
+    assert_memory_equal(a->db, b->db, sizeof(ch_real) * (size_t)c->d.oc);
+    if (dx) assert_memory_equal(a->dx, b->dx, sizeof(ch_real) * c->xs);
+}
+
+/* conv2d_forward_of_bf16 and conv2d_backward_of_bf16 on case c: from x kept in bf16, the bits of
+ * the fp32-input passes on x widened (c.xr, not c.x: the rounding is the caller's, at the write),
+ * y in fp32 and rounded to bf16, dy as a fused ReLU masks it, dx, dw and db; the backward also
+ * with dx NULL, and with x stored in dx's own bytes (the passes then run apart, x read first). */
+static void conv_x_bf16_case(ch_conv_desc d, int n, int threads)
+{
+    conv_case c = case_make(d, n, threads);
+    xh_run r = xh_run_make(&c);
+    assert_true(r.k->conv2d_x_bf16(&r.kc, &c.d, n));
+    conv_out want = { .y = malloc(sizeof(ch_real) * c.ys), .dy = malloc(sizeof(ch_real) * c.ys),
+                      .dx = malloc(sizeof(ch_real) * c.xs), .dw = malloc(sizeof(ch_real) * c.wl) };
+    conv_out got = { .y = malloc(sizeof(ch_real) * c.ys), .dy = malloc(sizeof(ch_real) * c.ys),
+                     .dx = malloc(sizeof(ch_real) * c.xs), .dw = malloc(sizeof(ch_real) * c.wl) };
+    uint16_t *yh = malloc(sizeof(uint16_t) * c.ys), *yh2 = malloc(sizeof(uint16_t) * c.ys);
+    assert_true(want.y && want.dy && want.dx && want.dw && got.y && got.dy && got.dx && got.dw && yh && yh2);
+    r.k->conv2d_forward(&r.kc, &c.d, n, c.xr, c.w, c.b, want.y);
+    r.k->conv2d_forward_of_bf16(&r.kc, &c.d, n, r.xh, c.w, c.b, got.y, NULL);
+    assert_memory_equal(got.y, want.y, sizeof(ch_real) * c.ys);
+    r.k->conv2d_forward_bf16(&r.kc, &c.d, n, c.xr, c.w, c.b, yh);
+    r.k->conv2d_forward_of_bf16(&r.kc, &c.d, n, r.xh, c.w, c.b, NULL, yh2);
+    assert_memory_equal(yh2, yh, sizeof(uint16_t) * c.ys);
+    backward_of(&r, &c, NULL, true, &want);
+    backward_of(&r, &c, r.xh, true, &got);
+    same_grads(&c, &got, &want, true);
+    backward_of(&r, &c, r.xh, false, &got);
+    same_grads(&c, &got, &want, false);
+    memset(got.dx, 0, sizeof(ch_real) * c.xs);
+    memcpy(got.dx, r.xh, sizeof(uint16_t) * c.xs);   /* x in dx's first half */
+    memcpy(got.dy, c.dy, sizeof(ch_real) * c.ys);
+    r.k->conv2d_backward_of_bf16(&r.kc, &c.d, n, (const uint16_t *)got.dx, got.y, got.dy, c.w, got.dx, got.dw,
+                                 got.db);
+    same_grads(&c, &got, &want, true);
+    /* The fixture's x does not fit bf16: an input read in fp32 would show. */
+    size_t changed = 0;
+    for (size_t i = 0; i < c.xs; i++) changed += c.x[i] != c.xr[i];
+    assert_true(changed > c.xs / 2);
+    out_free(&want), out_free(&got), free(yh), free(yh2);
+    xh_run_free(&r);
+    case_free(&c);
+}
+
+/* The convolutions that take their input in bf16 (graph/exec.c, a BatchNorm + ReLU output read by
+ * one of them): F(4x4, 3x3)'s, at sizes with remainders of samples and of columns (rows of 11, of
+ * 7, of 3: widened under a mask), with a bias, with and without a fused ReLU, both thread
+ * counts; no other kernel takes one. */
+static void conv_input_in_bf16(void **state)
+{
+    (void)state;
+    const ch_conv_desc cases[] = {
+        { .c = 24, .h = 9, .w = 11, .oc = 40, .kh = 3, .kw = 3, .stride = 1, .pad = 1, .bf16 = true },
+        { .c = 32, .h = 7, .w = 7, .oc = 48, .kh = 3, .kw = 3, .stride = 1, .pad = 1, .bf16 = true },
+        { .c = 16, .h = 2, .w = 3, .oc = 24, .kh = 3, .kw = 3, .stride = 1, .pad = 1, .bf16 = true },
+        { .c = 16, .h = 4, .w = 4, .oc = 16, .kh = 3, .kw = 3, .stride = 1, .pad = 1, .bf16 = true },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        for (int t = 1; t <= 2; t++) {
+            ch_conv_desc d = cases[i];
+            conv_x_bf16_case(d, 17, t);
+            d.relu = true;
+            conv_x_bf16_case(d, 3, t);
+        }
+    const ch_kernels *k = ch_kernels_cpu();
+    const ch_kctx kc = { .nthreads = 2 };
+    const ch_conv_desc strided = shaped((ch_conv_desc){ .c = 32, .h = 14, .w = 14, .oc = 64, .kh = 3, .kw = 3,
+                                                        .stride = 2, .pad = 1, .bf16 = true });
+    const ch_conv_desc five = shaped((ch_conv_desc){ .c = 16, .h = 14, .w = 14, .oc = 32, .kh = 5, .kw = 5,
+                                                     .stride = 1, .pad = 2, .bf16 = true });
+    const ch_conv_desc stem = shaped((ch_conv_desc){ .c = 1, .h = 21, .w = 19, .oc = 16, .kh = 7, .kw = 7,
+                                                     .stride = 2, .pad = 3, .bf16 = true });
+    const ch_conv_desc grouped = shaped((ch_conv_desc){ .c = 32, .h = 14, .w = 14, .oc = 32, .kh = 3, .kw = 3,
+                                                        .stride = 1, .pad = 1, .groups = 32, .bf16 = true });
+    ch_conv_desc fp32 = shaped(cases[1]);
+    fp32.bf16 = false;
+    assert_false(k->conv2d_x_bf16(&kc, &strided, 8));
+    assert_false(k->conv2d_x_bf16(&kc, &five, 8));
+    assert_false(k->conv2d_x_bf16(&kc, &stem, 8));
+    assert_false(k->conv2d_x_bf16(&kc, &grouped, 8));
+    assert_false(k->conv2d_x_bf16(&kc, &fp32, 8));
+    assert_false(k->conv2d_x_bf16(&kc, &cases[1], 0));
+}
+
+/* bn_relu_forward_to_bf16: bn_relu_forward's y rounded to bf16, bit for bit, from x in fp32 (and
+ * keeping it in bf16) or from bf16 x, on planes of 49 and of 6 (the small planes' path), with
+ * shifts that put about half the values below 0; NaN stays NaN. */
+static void bn_relu_output_in_bf16(void **state)
+{
+    (void)state;
+    enum { N = 3, C = 5 };
+    const int hws[2] = { 49, 6 };
+    const ch_kernels *k = ch_kernels_cpu();
+    const ch_kctx kc = { .nthreads = 2 };
+    const ch_real scale[C] = { 0.5f, 1.25f, -2, 3, 0.75f }, shift[C] = { -0.1f, 0.3f, 0, -1.5f, 0.2f };
+    for (int i = 0; i < 2; i++) {
+        const int hw = hws[i], len = N * C * hw;
+        ch_real *x = tu_uniform((size_t)len, 31 + (uint64_t)i), *y = malloc(sizeof(ch_real) * (size_t)len);
+        uint16_t *xh = malloc(sizeof(uint16_t) * (size_t)len), *keep = malloc(sizeof(uint16_t) * (size_t)len);
+        uint16_t *keep2 = malloc(sizeof(uint16_t) * (size_t)len), *yh = malloc(sizeof(uint16_t) * (size_t)len);
+        assert_true(y && xh && keep && keep2 && yh);
+        x[7] = NAN;
+        for (int j = 0; j < len; j++) xh[j] = ch_bf16_from_float(x[j]);
+        for (int from16 = 0; from16 <= 1; from16++) {
+            const ch_real *xf = from16 ? NULL : x;
+            k->bn_relu_forward(&kc, N, C, hw, xf, xh, scale, shift, y, from16 ? NULL : keep);
+            k->bn_relu_forward_to_bf16(&kc, N, C, hw, xf, xh, scale, shift, yh, from16 ? NULL : keep2);
+            size_t off = 0, zeros = 0, inexact = 0;
+            for (int j = 0; j < len; j++) {
+                off += yh[j] != ch_bf16_from_float((float)y[j]);
+                zeros += y[j] == 0;
+                inexact += ch_bf16_to_float(yh[j]) != y[j];
+            }
+            assert_true(off == 0 && zeros > (size_t)len / 4 && zeros < (size_t)len * 3 / 4 && inexact > (size_t)len / 4);
+            assert_true(isnan(ch_bf16_to_float(yh[7])));
+            if (!from16) assert_memory_equal(keep2, keep, sizeof(uint16_t) * (size_t)len);
+        }
+        free(x), free(y), free(xh), free(keep), free(keep2), free(yh);
+    }
+}
+
 /* Whether this CPU's answer, by the rule ch_cpu_bf16_products states: Intel without AMX keeps fp32
  * products (its bf16 dot products run no faster than its FMAs), every other CPU multiplies in bf16.
  * The maker from /proc/cpuinfo, not from ch_cpu_vendor, which the rule itself calls. */
@@ -739,6 +904,8 @@ int main(void)
         cmocka_unit_test(wino3_bf16_rounds_where_it_should),
         cmocka_unit_test(wino_bf16_takes_onednn_layers),
         cmocka_unit_test(conv_output_in_bf16),
+        cmocka_unit_test(conv_input_in_bf16),
+        cmocka_unit_test(bn_relu_output_in_bf16),
         cmocka_unit_test_teardown(products_follow_the_cpu_unless_told, products_on),
         cmocka_unit_test(batchnorm_stats_of_bf16),
         cmocka_unit_test(linear_gemms_match_the_rounded_reference),

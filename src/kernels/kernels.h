@@ -306,6 +306,22 @@ typedef struct ch_kernels {
                                   const ch_real *dy, const ch_real *mean, const ch_real *invstd, const ch_real *gamma,
                                   const ch_real *scale, const ch_real *shift, const double *sum_dy,
                                   const double *sum_dy_xhat, double count, ch_real *dx);
+    /* --precision bf16's convolution inputs kept in bf16 (graph/exec.c): a BatchNorm + ReLU output
+     * whose one reader is a convolution that takes it so. conv2d_x_bf16 (plan time) says whether the
+     * backend's passes for d at batch n read x in bf16; conv2d_forward_of_bf16 is conv2d_forward of
+     * x widened, into y or, where y is NULL, rounded to bf16 into yh (as conv2d_forward_bf16);
+     * conv2d_backward_of_bf16 is conv2d_backward of x widened, dx NULL or not, dx allowed to overlap
+     * x or dy. bn_relu_forward_to_bf16 is bn_relu_forward with y rounded to bf16 (to nearest even, a
+     * NaN stays a NaN). The bits of the fp32 kernels given the widened values. Any NULL: the
+     * input stays fp32. */
+    bool (*conv2d_x_bf16)(const ch_kctx *kc, const ch_conv_desc *d, int n);
+    void (*conv2d_forward_of_bf16)(const ch_kctx *kc, const ch_conv_desc *d, int n, const uint16_t *x,
+                                   const ch_real *w, const ch_real *b, ch_real *y, uint16_t *yh);
+    void (*conv2d_backward_of_bf16)(const ch_kctx *kc, const ch_conv_desc *d, int n, const uint16_t *x,
+                                    const ch_real *y, ch_real *dy, const ch_real *w, ch_real *dx, ch_real *dw,
+                                    ch_real *db);
+    void (*bn_relu_forward_to_bf16)(const ch_kctx *kc, int n, int c, int hw, const ch_real *x, const uint16_t *xh,
+                                    const ch_real *scale, const ch_real *shift, uint16_t *y, uint16_t *keep);
     /* A BatchNorm's normalising pass and the same-shaped sum that writes over its output in place
      * (and the in-place ReLU after that) as one pass (graph/exec.c): y = v + res, v channel_affine's
      * value from x, or from xh where x is NULL; with relu, 0 where that sum is < 0 (a NaN passes);

@@ -101,6 +101,12 @@ void ch_cpu_conv2d_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, cons
 bool ch_cpu_conv2d_out_bf16(const ch_kctx *kc, const ch_conv_desc *d, int n);
 void ch_cpu_conv2d_forward_bf16(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
                                 const ch_real *w, const ch_real *b, uint16_t *y);
+bool ch_cpu_conv2d_x_bf16(const ch_kctx *kc, const ch_conv_desc *d, int n);
+void ch_cpu_conv2d_forward_of_bf16(const ch_kctx *kc, const ch_conv_desc *d, int n, const uint16_t *x,
+                                   const ch_real *w, const ch_real *b, ch_real *y, uint16_t *yh);
+void ch_cpu_conv2d_backward_of_bf16(const ch_kctx *kc, const ch_conv_desc *d, int n, const uint16_t *x,
+                                    const ch_real *y, ch_real *dy, const ch_real *w, ch_real *dx, ch_real *dw,
+                                    ch_real *db);
 void ch_cpu_conv2d_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int n,
                                  const ch_real *dy, const ch_real *w, ch_real *dx);
 void ch_cpu_conv2d_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, int n,
@@ -189,6 +195,15 @@ bool ch_cpu_wino3_backward(const ch_kctx *kc, const ch_conv_desc *d, int n, cons
 /* forward with y rounded to bf16 (the bits of forward's y, rounded to nearest even). */
 bool ch_cpu_wino3_forward_bf16(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
                                const ch_real *w, const ch_real *b, uint16_t *y);
+/* forward and both backward passes of an input kept in bf16: the bits of the fp32 passes on x
+ * widened. forward writes y, or where y is NULL yh rounded; backward's dx may be NULL (weights
+ * only) and may overlap x or dy (the passes then run apart). False only where the layer is not
+ * one this Winograd takes at batch n (as forward's). */
+bool ch_cpu_wino3_forward_of_bf16(const ch_kctx *kc, const ch_conv_desc *d, int n, const uint16_t *x,
+                                  const ch_real *w, const ch_real *b, ch_real *y, uint16_t *yh);
+bool ch_cpu_wino3_backward_of_bf16(const ch_kctx *kc, const ch_conv_desc *d, int n, const uint16_t *x,
+                                   const ch_real *y, ch_real *dy, const ch_real *w, ch_real *dx, ch_real *dw,
+                                   ch_real *db);
 
 void ch_cpu_maxpool2d_forward(const ch_kctx *kc, const ch_pool_desc *d, int n, const ch_real *x,
                               ch_real *y, int32_t *argmax);
@@ -240,6 +255,8 @@ void ch_cpu_channel_affine(const ch_kctx *kc, int n, int c, int hw, const ch_rea
 /* A BatchNorm and the ReLU after it (kernels.h, bn_relu_*). */
 void ch_cpu_bn_relu_forward(const ch_kctx *kc, int n, int c, int hw, const ch_real *x, const uint16_t *xh,
                             const ch_real *scale, const ch_real *shift, ch_real *y, uint16_t *keep);
+void ch_cpu_bn_relu_forward_to_bf16(const ch_kctx *kc, int n, int c, int hw, const ch_real *x, const uint16_t *xh,
+                                    const ch_real *scale, const ch_real *shift, uint16_t *y, uint16_t *keep);
 /* A BatchNorm and the sum (and ReLU) over its output (kernels.h, bn_add_forward). */
 void ch_cpu_bn_add_forward(const ch_kctx *kc, int n, int c, int hw, const ch_real *x, const uint16_t *xh,
                            const ch_real *scale, const ch_real *shift, const ch_real *res, bool relu, ch_real *y,

@@ -493,6 +493,30 @@ void ch_cpu_conv2d_forward_bf16(const ch_kctx *kc, const ch_conv_desc *d, int n,
     im2col_forward(kc, d, n, x, w, b, NULL, y);
 }
 
+/* --precision bf16's convolution inputs in bf16 (conv2d_x_bf16 and the two passes after it): the
+ * layers cohort's F(4x4, 3x3) runs, which widen x as they pack it into the sample lanes, so that
+ * the BatchNorm + ReLU before them writes half the bytes and the packing reads half. */
+bool ch_cpu_conv2d_x_bf16(const ch_kctx *kc, const ch_conv_desc *d, int n)
+{
+    (void)kc;
+    return n > 0 && d->bf16 && forward_kernel(d, n) == FWD_WINO3;
+}
+
+void ch_cpu_conv2d_forward_of_bf16(const ch_kctx *kc, const ch_conv_desc *d, int n, const uint16_t *x,
+                                   const ch_real *w, const ch_real *b, ch_real *y, uint16_t *yh)
+{
+    const bool done = ch_cpu_wino3_forward_of_bf16(kc, d, n, x, w, b, y, yh);
+    CH_ASSERT(done);   /* the plan asked conv2d_x_bf16, and sized the workspace for the batch */
+}
+
+void ch_cpu_conv2d_backward_of_bf16(const ch_kctx *kc, const ch_conv_desc *d, int n, const uint16_t *x,
+                                    const ch_real *y, ch_real *dy, const ch_real *w, ch_real *dx, ch_real *dw,
+                                    ch_real *db)
+{
+    const bool done = ch_cpu_wino3_backward_of_bf16(kc, d, n, x, y, dy, w, dx, dw, db);
+    CH_ASSERT(done);
+}
+
 static void backward_data_group(const ch_kctx *kc, const ch_conv_desc *d, int gw,
                                 const ch_real *dy, const ch_real *w, ch_real *dx, ch_real *col,
                                 ch_real *packed)

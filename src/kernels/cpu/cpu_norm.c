@@ -268,23 +268,33 @@ void ch_cpu_to_real(const ch_kctx *kc, size_t len, const double *x, ch_real *y)
 }
 
 /* channel_affine over len values: y = x * a + b from fp32 x (xf) or bf16 x (xh), or with relu that
- * value where it is not below 0 (NaN passes, as in ch_cpu_relu_span); keep, when not NULL, gets xf
+ * value where it is not below 0 (NaN passes, as in ch_cpu_relu_span), into y or, where y is NULL,
+ * rounded to bf16 into yh (a convolution's input kept in bf16); keep, when not NULL, gets xf
  * rounded to bf16 in a second loop while it is in cache (the pass that reads x anyway keeps it:
  * --precision bf16's BatchNorm inputs). a and b advance by step a value: 0 for one plane (its
  * channel's), 1 for a block of small planes (spread_block). Both callers pass step as a constant. */
-static inline void affine_values(int len, const ch_real *xf, const uint16_t *xh, const ch_real *restrict a,
-                                 const ch_real *restrict b, int step, bool relu, ch_real *y, uint16_t *keep)
+static inline ch_real affine_value(const ch_real *xf, const uint16_t *xh, int j, ch_real a, ch_real b, bool relu)
 {
-    for (int j = 0; j < len; j++) {
-        const ch_real v = (xh ? (ch_real)ch_bf16_to_float(xh[j]) : xf[j]) * a[j * step] + b[j * step];
-        y[j] = relu && v < 0 ? 0 : v;
-    }
+    const ch_real v = (xh ? (ch_real)ch_bf16_to_float(xh[j]) : xf[j]) * a + b;
+    return relu && v < 0 ? 0 : v;
+}
+
+static inline void affine_values(int len, const ch_real *xf, const uint16_t *xh, const ch_real *restrict a,
+                                 const ch_real *restrict b, int step, bool relu, ch_real *y, uint16_t *yh,
+                                 uint16_t *keep)
+{
+    if (y)
+        for (int j = 0; j < len; j++) y[j] = affine_value(xf, xh, j, a[j * step], b[j * step], relu);
+    else
+        for (int j = 0; j < len; j++)
+            yh[j] = ch_bf16_from_float((float)affine_value(xf, xh, j, a[j * step], b[j * step], relu));
     if (keep && xf)
         for (int j = 0; j < len; j++) keep[j] = ch_bf16_from_float((float)xf[j]);
 }
 
 static void affine_small(const ch_kctx *kc, int n, int c, int hw, const ch_real *xf, const uint16_t *xh,
-                         const ch_real *scale, const ch_real *shift, bool relu, ch_real *y, uint16_t *keep)
+                         const ch_real *scale, const ch_real *shift, bool relu, ch_real *y, uint16_t *yh,
+                         uint16_t *keep)
 {
 #pragma omp parallel num_threads(kc->nthreads)
     {
@@ -296,18 +306,19 @@ static void affine_small(const ch_kctx *kc, int n, int c, int hw, const ch_real 
             for (int k = 0; k < len; k++) a[k] = scale[c0 + k / hw], b[k] = shift[c0 + k / hw];
             for (int p = p0; p < p1; p++) {
                 const size_t at = ((size_t)p * c + c0) * hw;
-                affine_values(len, xf ? xf + at : NULL, xh ? xh + at : NULL, a, b, 1, relu, y + at,
-                              keep ? keep + at : NULL);
+                affine_values(len, xf ? xf + at : NULL, xh ? xh + at : NULL, a, b, 1, relu, y ? y + at : NULL,
+                              yh ? yh + at : NULL, keep ? keep + at : NULL);
             }
         }
     }
 }
 
 static void affine_planes(const ch_kctx *kc, int n, int c, int hw, const ch_real *xf, const uint16_t *xh,
-                          const ch_real *scale, const ch_real *shift, bool relu, ch_real *y, uint16_t *keep)
+                          const ch_real *scale, const ch_real *shift, bool relu, ch_real *y, uint16_t *yh,
+                          uint16_t *keep)
 {
     if (hw < SMALL_HW) {
-        affine_small(kc, n, c, hw, xf, xh, scale, shift, relu, y, keep);
+        affine_small(kc, n, c, hw, xf, xh, scale, shift, relu, y, yh, keep);
         return;
     }
     const long planes = (long)n * c;
@@ -315,33 +326,39 @@ static void affine_planes(const ch_kctx *kc, int n, int c, int hw, const ch_real
     for (long pl = 0; pl < planes; pl++) {
         const int ch = (int)(pl % c);
         const size_t at = (size_t)pl * (size_t)hw;
-        affine_values(hw, xf ? xf + at : NULL, xh ? xh + at : NULL, scale + ch, shift + ch, 0, relu, y + at,
-                      keep ? keep + at : NULL);
+        affine_values(hw, xf ? xf + at : NULL, xh ? xh + at : NULL, scale + ch, shift + ch, 0, relu,
+                      y ? y + at : NULL, yh ? yh + at : NULL, keep ? keep + at : NULL);
     }
 }
 
 void ch_cpu_channel_affine(const ch_kctx *kc, int n, int c, int hw, const ch_real *x,
                            const ch_real *scale, const ch_real *shift, ch_real *y)
 {
-    affine_planes(kc, n, c, hw, x, NULL, scale, shift, false, y, NULL);
+    affine_planes(kc, n, c, hw, x, NULL, scale, shift, false, y, NULL, NULL);
 }
 
 void ch_cpu_channel_affine_keep_bf16(const ch_kctx *kc, int n, int c, int hw, const ch_real *x,
                                      const ch_real *scale, const ch_real *shift, ch_real *y, uint16_t *keep)
 {
-    affine_planes(kc, n, c, hw, x, NULL, scale, shift, false, y, keep);
+    affine_planes(kc, n, c, hw, x, NULL, scale, shift, false, y, NULL, keep);
 }
 
 void ch_cpu_channel_affine_of_bf16(const ch_kctx *kc, int n, int c, int hw, const uint16_t *x,
                                    const ch_real *scale, const ch_real *shift, ch_real *y)
 {
-    affine_planes(kc, n, c, hw, NULL, x, scale, shift, false, y, NULL);
+    affine_planes(kc, n, c, hw, NULL, x, scale, shift, false, y, NULL, NULL);
 }
 
 void ch_cpu_bn_relu_forward(const ch_kctx *kc, int n, int c, int hw, const ch_real *x, const uint16_t *xh,
                             const ch_real *scale, const ch_real *shift, ch_real *y, uint16_t *keep)
 {
-    affine_planes(kc, n, c, hw, x, x ? NULL : xh, scale, shift, true, y, keep);
+    affine_planes(kc, n, c, hw, x, x ? NULL : xh, scale, shift, true, y, NULL, keep);
+}
+
+void ch_cpu_bn_relu_forward_to_bf16(const ch_kctx *kc, int n, int c, int hw, const ch_real *x, const uint16_t *xh,
+                                    const ch_real *scale, const ch_real *shift, uint16_t *y, uint16_t *keep)
+{
+    affine_planes(kc, n, c, hw, x, x ? NULL : xh, scale, shift, true, NULL, y, keep);
 }
 
 /* v = x * a + b plus r, clamped at 0 with relu as ch_cpu_relu_span clamps. */

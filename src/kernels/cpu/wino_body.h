@@ -390,10 +390,10 @@ static bool wino_usable(const ch_kctx *kc, const ch_conv_desc *d, int n, wgeo *g
 
 /* A run of samples s0 .. s0+live-1 (up to G groups) into consecutive groups' planes from t (each
  * sample `len` elements), and back. */
-static void pack_run(wlayout l, const ch_real *t, size_t len, int live, ch_real *grp)
+static void pack_run(wlayout l, wsrc t, size_t len, int live, ch_real *grp)
 {
     for (int i = 0; i * TB < live; i++)
-        pack_group(l, t + len * TB * (size_t)i, live - i * TB < TB ? live - i * TB : TB,
+        pack_group(l, src_at(t, len * TB * (size_t)i), live - i * TB < TB ? live - i * TB : TB,
                    grp + group_len(l) * (size_t)i);
 }
 
@@ -414,7 +414,8 @@ static int run_live(const wgeo *g, int n, int q, int hi)
 /* What a pass does with each run of samples. */
 typedef struct wpass wpass;
 struct wpass {
-    const ch_real *in, *bias;   /* x and b (forward, b may be NULL), or dy */
+    wsrc in;                    /* x (fp32, or bf16 for forward_of_bf16), or dy */
+    const ch_real *bias;        /* b (forward, may be NULL) */
     wdest out;                  /* y (fp32, or bf16 for forward_bf16), or dx */
     void (*group)(const ch_kctx *kc, const wgeo *g, const wpass *p, const ch_real *u,
                   const wscratch *s, int s0, int live);
@@ -483,7 +484,7 @@ static void forward_group(const ch_kctx *kc, const wgeo *g, const wpass *p, cons
     const ch_conv_desc *d = g->d;
     const size_t xs = (size_t)d->c * d->h * d->w, ys = (size_t)d->oc * d->oh * d->ow;
     const int ng = groups_of(live);
-    pack_run(x_layout(g), p->in + (size_t)s0 * xs, xs, live, s->xg);
+    pack_run(x_layout(g), src_at(p->in, (size_t)s0 * xs), xs, live, s->xg);
     for (int i = 0; i < run_chunks(g, ng); i++) forward_chunk(kc, g, p, u, s, ng, i);
     unpack_run(y_layout(g), s->yg, live, ys, dest_at(p->out, (size_t)s0 * ys));
 }
@@ -516,7 +517,7 @@ static void backward_data_group(const ch_kctx *kc, const wgeo *g, const wpass *p
     const ch_conv_desc *d = g->d;
     const size_t xs = (size_t)d->c * d->h * d->w, ys = (size_t)d->oc * d->oh * d->ow;
     const int ng = groups_of(live);
-    pack_run(y_layout(g), p->in + (size_t)s0 * ys, ys, live, s->yg);
+    pack_run(y_layout(g), src_at(p->in, (size_t)s0 * ys), ys, live, s->yg);
     memset(s->xg, 0, sizeof(ch_real) * group_len(x_layout(g)) * (size_t)ng);
     for (int i = 0; i < run_chunks(g, ng); i++) backward_data_chunk(kc, g, u, s, ng, i);
     unpack_run(x_layout(g), s->xg, live, xs, dest_at(p->out, (size_t)s0 * xs));
@@ -568,7 +569,7 @@ bool WINO_FN(forward)(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_
 {
     wgeo g;
     if (!wino_usable(kc, d, n, &g)) return false;
-    run_pass(kc, &g, n, w, &(wpass){ .in = x, .bias = b, .out = { y, NULL }, .group = forward_group });
+    run_pass(kc, &g, n, w, &(wpass){ .in = { x, NULL }, .bias = b, .out = { y, NULL }, .group = forward_group });
     return true;
 }
 
@@ -580,7 +581,18 @@ bool WINO_FN(forward_bf16)(const ch_kctx *kc, const ch_conv_desc *d, int n, cons
 {
     wgeo g;
     if (!wino_usable(kc, d, n, &g)) return false;
-    run_pass(kc, &g, n, w, &(wpass){ .in = x, .bias = b, .out = { NULL, y }, .group = forward_group });
+    run_pass(kc, &g, n, w, &(wpass){ .in = { x, NULL }, .bias = b, .out = { NULL, y }, .group = forward_group });
+    return true;
+}
+
+/* The forward pass of an input kept in bf16 (widened exactly as it is packed: the bits of the
+ * fp32 pass on the widened values), into y or, where y is NULL, rounded to bf16 into yh. */
+bool WINO_FN(forward_of_bf16)(const ch_kctx *kc, const ch_conv_desc *d, int n, const uint16_t *x,
+                              const ch_real *w, const ch_real *b, ch_real *y, uint16_t *yh)
+{
+    wgeo g;
+    if (!wino_usable(kc, d, n, &g)) return false;
+    run_pass(kc, &g, n, w, &(wpass){ .in = { NULL, x }, .bias = b, .out = { y, y ? NULL : yh }, .group = forward_group });
     return true;
 }
 #endif
@@ -590,7 +602,7 @@ bool WINO_FN(backward_data)(const ch_kctx *kc, const ch_conv_desc *d, int n, con
 {
     wgeo g;
     if (!wino_usable(kc, d, n, &g)) return false;
-    run_pass(kc, &g, n, w, &(wpass){ .in = dy, .out = { dx, NULL }, .group = backward_data_group });
+    run_pass(kc, &g, n, w, &(wpass){ .in = { dy, NULL }, .out = { dx, NULL }, .group = backward_data_group });
     return true;
 }
 
@@ -693,7 +705,8 @@ static void prepare_dy(const wgeo *g, const wscratch *s, int n, int lo, int hi, 
  * transformed E; together the second packing, transform and read of dy are gone. The same sums in
  * the same order as the two passes apart: the same bits. */
 typedef struct wgrads {
-    const ch_real *x, *y;
+    wsrc x;
+    const ch_real *y;
     ch_real *dy, *dx;
     bool bias;
 } wgrads;
@@ -719,8 +732,8 @@ static void grads_groups(const ch_kctx *kc, const wgeo *g, const ch_real *u, con
     prepare_dy(g, s, n, lo, hi, a->y, a->dy, a->bias);
     for (int q = lo; q < hi; q += g->G) {
         const int r0 = q * TB, live = run_live(g, n, q, hi), ng = groups_of(live);
-        pack_run(x_layout(g), a->x + (size_t)r0 * xs, xs, live, s->xg);
-        pack_run(y_layout(g), a->dy + (size_t)r0 * ys, ys, live, s->yg);
+        pack_run(x_layout(g), src_at(a->x, (size_t)r0 * xs), xs, live, s->xg);
+        pack_run(y_layout(g), (wsrc){ a->dy + (size_t)r0 * ys, NULL }, ys, live, s->yg);
         if (a->dx) memset(s->dxg, 0, sizeof(ch_real) * group_len(x_layout(g)) * (size_t)ng);
         for (int i = 0; i < run_chunks(g, ng); i++)
             grads_chunk(kc, g, u, s, ng, i, q == lo && i == 0, a->dx != NULL);
@@ -769,13 +782,14 @@ bool WINO_FN(backward_weights)(const ch_kctx *kc, const ch_conv_desc *d, int n,
 {
     wgeo g;
     if (!wino_usable(kc, d, n, &g)) return false;
-    grads_pass(kc, &g, n, NULL, &(wgrads){ x, y, dy, NULL, db != NULL }, dw, db);
+    grads_pass(kc, &g, n, NULL, &(wgrads){ { x, NULL }, y, dy, NULL, db != NULL }, dw, db);
     return true;
 }
 
-static bool overlaps(const ch_real *a, size_t na, const ch_real *b, size_t nb)
+/* Whether na bytes at a and nb at b share any. */
+static bool overlaps(const void *a, size_t na, const void *b, size_t nb)
 {
-    return (uintptr_t)a < (uintptr_t)(b + nb) && (uintptr_t)b < (uintptr_t)(a + na);
+    return (uintptr_t)a < (uintptr_t)b + nb && (uintptr_t)b < (uintptr_t)a + na;
 }
 
 /* backward_weights and backward_data in one pass over the batch. dx must not overlap x or dy (a
@@ -788,7 +802,29 @@ bool WINO_FN(backward)(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch
     wgeo g;
     if (!wino_usable(kc, d, n, &g)) return false;
     const size_t xl = (size_t)n * d->c * d->h * d->w, yl = (size_t)n * d->oc * d->oh * d->ow;
-    if (overlaps(dx, xl, x, xl) || overlaps(dx, xl, dy, yl)) return false;
-    grads_pass(kc, &g, n, w, &(wgrads){ x, y, dy, dx, db != NULL }, dw, db);
+    const size_t f = sizeof(ch_real);
+    if (overlaps(dx, f * xl, x, f * xl) || overlaps(dx, f * xl, dy, f * yl)) return false;
+    grads_pass(kc, &g, n, w, &(wgrads){ { x, NULL }, y, dy, dx, db != NULL }, dw, db);
     return true;
 }
+
+#ifdef WINO_BF16
+/* Both backward passes of an input kept in bf16 (dx may be NULL: the weights' pass alone). Where
+ * dx overlaps x or dy the passes run apart (the weights' first: it reads x, and masks dy for a
+ * fused ReLU, before dx is written), so that a layer the plan gave a bf16 input never needs the
+ * fp32 one. */
+bool WINO_FN(backward_of_bf16)(const ch_kctx *kc, const ch_conv_desc *d, int n, const uint16_t *x,
+                               const ch_real *y, ch_real *dy, const ch_real *w, ch_real *dx, ch_real *dw,
+                               ch_real *db)
+{
+    wgeo g;
+    if (!wino_usable(kc, d, n, &g)) return false;
+    const size_t xl = (size_t)n * d->c * d->h * d->w, yl = (size_t)n * d->oc * d->oh * d->ow;
+    const size_t f = sizeof(ch_real);
+    const bool apart = dx && (overlaps(dx, f * xl, x, sizeof(uint16_t) * xl) || overlaps(dx, f * xl, dy, f * yl));
+    grads_pass(kc, &g, n, apart ? NULL : w, &(wgrads){ { NULL, x }, y, dy, apart ? NULL : dx, db != NULL }, dw, db);
+    if (apart)
+        run_pass(kc, &g, n, w, &(wpass){ .in = { dy, NULL }, .out = { dx, NULL }, .group = backward_data_group });
+    return true;
+}
+#endif

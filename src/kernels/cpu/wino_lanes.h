@@ -25,6 +25,18 @@ static wdest dest_at(wdest t, size_t off)
     return (wdest){ t.f ? t.f + off : NULL, t.h ? t.h + off : NULL };
 }
 
+/* Where packed rows come from: fp32 (f), or bf16 (h: a convolution input kept in bf16 between
+ * layers, widened as it is packed, WINO_FN(forward_of_bf16)); the other is NULL. */
+typedef struct wsrc {
+    const ch_real *f;
+    const uint16_t *h;
+} wsrc;
+
+static wsrc src_at(wsrc t, size_t off)
+{
+    return (wsrc){ t.f ? t.f + off : NULL, t.h ? t.h + off : NULL };
+}
+
 /* The transposes between a tensor's rows (one per sample, ss apart) and a group's lanes:
  * to[c*TB + s] = from[s*ss + c] and back, for c < len and s < live. Where AVX2 is there (float
  * build), 8x8 blocks go through registers (8 row loads, 24 shuffles, 8 stores); the lane-at-a-time
@@ -65,6 +77,32 @@ static void block_to_lanes(const ch_real *from, size_t ss, int h, int c, int n, 
     for (int i = 0; i < 8; i++)
         r[i] = n == 8 ? _mm256_loadu_ps(from + (size_t)(h + i) * ss + c)
                       : _mm256_maskload_ps(from + (size_t)(h + i) * ss + c, first_n(n));
+    transpose8(r);
+    for (int j = 0; j < n; j++) _mm256_storeu_ps(to + (size_t)(c + j) * TB + h, r[j]);
+}
+
+/* The first n of 8 bf16 at p, the rest 0, reading no further (the row may end there): AVX-512's
+ * masked load where there is one (AVX2 has no 16-bit masked load), else a zeroed copy. */
+static inline __m128i load_bf16_first(const uint16_t *p, int n)
+{
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+    return _mm_maskz_loadu_epi16((__mmask8)((1u << n) - 1), p);
+#else
+    uint16_t part[8] = { 0 };
+    memcpy(part, p, sizeof(uint16_t) * (size_t)n);
+    return _mm_loadu_si128((const __m128i *)part);
+#endif
+}
+
+/* The same block from bf16 rows, widened (exactly: a bf16 is a float's top half). */
+static void block16_to_lanes(const uint16_t *from, size_t ss, int h, int c, int n, ch_real *to)
+{
+    __m256 r[8];
+    for (int i = 0; i < 8; i++) {
+        const uint16_t *row = from + (size_t)(h + i) * ss + c;
+        const __m128i v = n == 8 ? _mm_loadu_si128((const __m128i *)row) : load_bf16_first(row, n);
+        r[i] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16));
+    }
     transpose8(r);
     for (int j = 0; j < n; j++) _mm256_storeu_ps(to + (size_t)(c + j) * TB + h, r[j]);
 }
@@ -126,20 +164,25 @@ static inline void block_span(int len, int c, int *at, int *n)
 }
 #endif
 
-static void rows_to_lanes(const ch_real *restrict from, size_t ss, int live, int len,
-                          ch_real *restrict to)
+static void rows_to_lanes(wsrc from, size_t ss, int live, int len, ch_real *restrict to)
 {
 #if defined(__AVX2__) && !defined(CH_REAL_DOUBLE)
     if (live == TB) {
         for (int c = 0, at, n; c < len; c += WINO_BLOCK) {
             block_span(len, c, &at, &n);
-            for (int h = 0; h < TB; h += WINO_BLOCK) block_to_lanes(from, ss, h, at, n, to);
+            for (int h = 0; h < TB; h += WINO_BLOCK) {
+                if (from.h) block16_to_lanes(from.h, ss, h, at, n, to);
+                else block_to_lanes(from.f, ss, h, at, n, to);
+            }
         }
         return;
     }
 #endif
     for (int c = 0; c < len; c++)
-        for (int s = 0; s < live; s++) to[(size_t)c * TB + s] = from[(size_t)s * ss + c];
+        for (int s = 0; s < live; s++) {
+            const size_t at = (size_t)s * ss + c;
+            to[(size_t)c * TB + s] = from.h ? (ch_real)ch_bf16_to_float(from.h[at]) : from.f[at];
+        }
 }
 
 static void lanes_to_rows(const ch_real *restrict from, int live, int len, wdest to, size_t ss)
@@ -177,7 +220,7 @@ static void zero_border(wlayout l, ch_real *grp)
     }
 }
 
-static void pack_group(wlayout l, const ch_real *t, int live, ch_real *grp)
+static void pack_group(wlayout l, wsrc t, int live, ch_real *grp)
 {
     if (live < TB)
         memset(grp, 0, sizeof(ch_real) * group_len(l));
@@ -187,7 +230,7 @@ static void pack_group(wlayout l, const ch_real *t, int live, ch_real *grp)
     const bool whole = l.ph == l.h && l.pw == l.w;   /* a plane without a border: one row */
     for (int p = 0; p < l.planes; p++)
         for (int r = 0; r < (whole ? 1 : l.h); r++)
-            rows_to_lanes(t + p * plane + (size_t)r * l.w, ss, live, whole ? (int)plane : l.w,
+            rows_to_lanes(src_at(t, p * plane + (size_t)r * l.w), ss, live, whole ? (int)plane : l.w,
                           grp + (((size_t)p * l.ph + r + l.pad) * l.pw + l.pad) * TB);
 }
 
