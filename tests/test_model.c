@@ -168,6 +168,10 @@ static void resnet18_bf16_keeps_batchnorm_inputs_in_bf16(void **state)
         ch_backend_create("lazy", 0, 2, &lazy, &err) != CH_STATUS_OK)
         fail_msg("%s", err.msg);
     ch_kernels fp32_storage = *cpu->k, emulated = *cpu->k;   /* without the conversions */
+    /* The kept inputs alone: the ReLU outputs passed in bf16 to convolutions are the next test's. */
+    ch_kernels kept_only = *cpu->k;
+    kept_only.bn_relu_forward_to_bf16 = NULL;
+    cpu->k = &kept_only;
     fp32_storage.channel_affine_keep_bf16 = emulated.channel_affine_keep_bf16 = NULL;
     fp32_storage.conv2d_out_bf16 = emulated.conv2d_out_bf16 = NULL;
     /* The ReLUs after BatchNorms and the sums over them apart, so that every BatchNorm normalises
@@ -199,6 +203,75 @@ static void resnet18_bf16_keeps_batchnorm_inputs_in_bf16(void **state)
     ch_backend_free(plain);
     ch_backend_free(rounding);
     ch_backend_free(lazy);
+}
+
+/* The model's scratch (its remade outputs' blocks), for the kernel below. */
+static uintptr_t scratch_lo, scratch_hi;
+
+static void note_scratch(const ch_model *m)
+{
+    scratch_lo = (uintptr_t)m->scratch;
+    scratch_hi = scratch_lo + sizeof(ch_real) * m->scratch_len;
+}
+
+/* The CPU's fused BatchNorm + ReLU, then y rounded to bf16 in place where it is a remade output
+ * (in the model's scratch, not an output the model keeps) read by a convolution that takes bf16
+ * input (in resnet18 the one reader of a remade bn1 + relu1 is its block's conv2, 3x3 stride 1 with
+ * as many channels out as in): in an all-fp32 model, the values those convolutions then read. */
+static void bn_relu_then_round_remade(const ch_kctx *kc, int n, int c, int hw, const ch_real *x, const uint16_t *xh,
+                                      const ch_real *scale, const ch_real *shift, ch_real *y, uint16_t *keep)
+{
+    ch_kernels_cpu()->bn_relu_forward(kc, n, c, hw, x, xh, scale, shift, y, keep);
+    const int side = (int)lround(sqrt(hw));
+    const ch_conv_desc conv2 = { .c = c, .h = side, .w = side, .oc = c, .kh = 3, .kw = 3, .stride = 1, .pad = 1,
+                                 .oh = side, .ow = side, .bf16 = true };
+    if ((uintptr_t)y < scratch_lo || (uintptr_t)y >= scratch_hi || !ch_kernels_cpu()->conv2d_x_bf16(kc, &conv2, n))
+        return;
+    for (size_t i = 0; i < (size_t)n * c * hw; i++) y[i] = ch_bf16_to_float(ch_bf16_from_float(y[i]));
+}
+
+/* --precision bf16 passes each remade BatchNorm + ReLU output whose one reader is a convolution that
+ * takes its input in bf16 (graph/exec.c, plan_bf16_inputs; resnet18: bn1's, read by conv2, in the
+ * 6 blocks of its first three stages, cohort's F(4x4, 3x3); the last stage's 2x2 planes, one tile
+ * of 36 products against 36 direct ones, are not Winograd's) to it in bf16. The plan counts exactly
+ * those values (saved bytes and scratch unchanged), and the step's gradients are, bit for bit,
+ * those of the model whose outputs are fp32 but rounded where those are made and remade, and not
+ * those of the model that leaves them unrounded. */
+static void resnet18_bf16_passes_relu_outputs_in_bf16(void **state)
+{
+    (void)state;
+    enum { N = 5, P = 11175818 };
+    const size_t inputs = (size_t)N * 2 * (64 * 144 + 128 * 36 + 256 * 9);
+    ch_backend *cpu, *plain, *rounding;
+    ch_err err;
+    if (ch_backend_create("cpu", 0, 2, &cpu, &err) != CH_STATUS_OK ||
+        ch_backend_create("cpu", 0, 2, &plain, &err) != CH_STATUS_OK ||
+        ch_backend_create("cpu", 0, 2, &rounding, &err) != CH_STATUS_OK)
+        fail_msg("%s", err.msg);
+    ch_kernels fp32_inputs = *plain->k, emulated = *plain->k;
+    fp32_inputs.bn_relu_forward_to_bf16 = emulated.bn_relu_forward_to_bf16 = NULL;
+    emulated.bn_relu_forward = bn_relu_then_round_remade;
+    plain->k = &fp32_inputs;
+    rounding->k = &emulated;
+    float *got = malloc(sizeof(float) * P), *want = malloc(sizeof(float) * P), *unrounded = malloc(sizeof(float) * P);
+    assert_true(got && want && unrounded);
+    ch_model *a = tu_zoo_step(cpu, "resnet18", (ch_shape3){ 1, 12, 12 }, 4, true, N, got);
+    ch_model *b = tu_zoo_step(plain, "resnet18", (ch_shape3){ 1, 12, 12 }, 4, true, N, unrounded);
+    tu_zoo_planned = note_scratch;
+    ch_model_free(tu_zoo_step(rounding, "resnet18", (ch_shape3){ 1, 12, 12 }, 4, true, N, want));
+    tu_zoo_planned = NULL;
+    assert_int_equal(a->bf16_inputs, inputs);
+    assert_int_equal(b->bf16_inputs, 0);
+    assert_int_equal(a->saved_bytes, b->saved_bytes);
+    assert_int_equal(a->scratch_len, b->scratch_len);
+    ch_model_free(a);
+    ch_model_free(b);
+    assert_memory_equal(got, want, sizeof(float) * P);
+    assert_memory_not_equal(got, unrounded, sizeof(float) * P);
+    free(got), free(want), free(unrounded);
+    ch_backend_free(cpu);
+    ch_backend_free(plain);
+    ch_backend_free(rounding);
 }
 
 /* The kernels' workspace belongs to the backend (ch_backend_reserve_workspace): a model planned
@@ -465,6 +538,7 @@ int main(void)
         cmocka_unit_test(mnist_cnn_backward_scratch_is_its_first_pools_gradients),
         cmocka_unit_test(models_on_one_backend_share_its_workspace),
         cmocka_unit_test(resnet18_bf16_keeps_batchnorm_inputs_in_bf16),
+        cmocka_unit_test(resnet18_bf16_passes_relu_outputs_in_bf16),
         cmocka_unit_test(default_init_is_pytorchs_and_seeded),
         cmocka_unit_test(normal_init_and_bad_specs),
         cmocka_unit_test(unknown_models_and_impossible_inputs_are_refused),

@@ -288,6 +288,8 @@ static double pair_error(ch_trainer *one, ch_trainer *job, int epochs, char *sha
     return e;
 }
 
+void (*tu_zoo_planned)(const ch_model *m);
+
 ch_model *tu_zoo_step(ch_backend *be, const char *arch, ch_shape3 in, uint64_t seed, bool bf16, int n,
                       float *g)
 {
@@ -299,6 +301,7 @@ ch_model *tu_zoo_step(ch_backend *be, const char *arch, ch_shape3 in, uint64_t s
         fail_msg("%s", err.msg);
     m->bf16 = bf16;
     if (ch_model_plan(m, n, 2, &err) != CH_STATUS_OK) fail_msg("%s", err.msg);
+    if (tu_zoo_planned) tu_zoo_planned(m);
     float *x = malloc(sizeof(float) * n * per), *dl = malloc(sizeof(float) * (size_t)n * 10);
     ch_real *dx = ch_backend_alloc(be, sizeof(ch_real) * n * per);
     ch_real *dd = ch_backend_alloc(be, sizeof(ch_real) * (size_t)n * 10);

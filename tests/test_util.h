@@ -36,6 +36,9 @@ double tu_grad_error(const struct ch_model *m, const ch_real *a, const ch_real *
 struct ch_backend;
 struct ch_model *tu_zoo_step(struct ch_backend *be, const char *arch, ch_shape3 in, uint64_t seed,
                              bool bf16, int n, float *g);
+/* Called by tu_zoo_step, where not NULL, with the model once it is planned, before the step (a
+ * test's kernels that need to know where the model's memory is). */
+extern void (*tu_zoo_planned)(const struct ch_model *m);
 /* n single-channel size x size images with 10 classes and a learnable pattern (a bright column at
  * the label's position). Free with ch_dataset_free. */
 struct ch_dataset *tu_synthetic(size_t n, int size, uint64_t seed);

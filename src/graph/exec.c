@@ -22,7 +22,10 @@
  *  - with --precision bf16, an output that only a BatchNorm reads is kept in bf16: its maker
  *    writes it into a scratch block (or, where its kernel rounds as it writes, conv2d_out_bf16,
  *    the bf16 copy itself), the BatchNorm stores it rounded as it normalises, and its backward and
- *    remake read the copy (plan_halves); its gradient then takes a block.
+ *    remake read the copy (plan_halves); its gradient then takes a block;
+ *  - with --precision bf16, a remade BatchNorm + ReLU output whose one reader is a convolution that
+ *    takes bf16 input (cohort's F(4x4, 3x3)) is written and remade in bf16, and the convolution
+ *    widens it as it packs (plan_bf16_inputs): half the bytes both ways.
  * Gradients: a tensor's gradient lives from the backward of its last consumer, which writes it,
  * to the backward of its producer, which reads it as dy. The plan walks backward once, before any
  * step, and gives every gradient a block of the run's scratch stack for that span; a tensor read
@@ -657,6 +660,23 @@ static ch_status plan_halves(ch_layer *l, ch_plan *pl, ch_err *err)
     return CH_STATUS_OK;
 }
 
+/* --precision bf16: remade BatchNorm + ReLU outputs whose one reader is a convolution that takes
+ * its input in bf16 (see the top of the file). Only where the ReLU's backward is the BatchNorm's,
+ * which recomputes its mask from the BatchNorm's input: nothing else reads the output, so nothing
+ * reads it as fp32. Their blocks keep their fp32 size (planned before the ReLU's backward had its
+ * place); what halves is the bytes written and read. */
+static void plan_bf16_inputs(graph_impl *gi, ch_plan *pl)
+{
+    if (!pl->bf16 || !pl->k->bn_relu_forward_to_bf16) return;
+    for (int i = 0; i < gi->nrc; i++) {
+        const recompute *rc = &gi->rc[i];
+        if (rc->relu < 0 || !gi->nodes[rc->relu].bwd_in_bn || !ch_conv2d_input_bf16(gi->nodes[rc->reader].l, pl))
+            continue;
+        ch_batchnorm2d_output_bf16(gi->nodes[rc->bn].l);
+        pl->bf16_inputs += tsize(gi, rc->tensor) * (size_t)pl->max_batch;
+    }
+}
+
 static ch_status graph_plan(ch_layer *l, ch_plan *pl, ch_err *err)
 {
     graph_impl *gi = l->impl;
@@ -674,6 +694,7 @@ static ch_status graph_plan(ch_layer *l, ch_plan *pl, ch_err *err)
     CH_TRY(plan_forward(l, pl->max_batch, err));
     CH_TRY(plan_backward(l, pl->max_batch, err));
     fuse_bn_relu_backward(gi);
+    plan_bf16_inputs(gi, pl);
     l->y = gi->nodes[gi->producer[gi->output]].l->y;
     l->y_owned = false;
     return CH_STATUS_OK;

@@ -29,6 +29,7 @@ typedef struct bn_impl {
     bool relu_fwd;    /* forward (and reapply) also does the ReLU after it: y is the ReLU's output */
     bool relu_bwd;    /* backward also does that ReLU's backward: dy is the ReLU's dy */
     bool apply_later; /* forward stops before normalising: a parent's sum does it (apply_sum) */
+    bool out_bf16;    /* with relu_fwd: y holds bf16 (ch_batchnorm2d_output_bf16) */
 } bn_impl;
 
 static ch_status bn_plan(ch_layer *l, ch_plan *pl, ch_err *err)
@@ -87,6 +88,16 @@ static void bn_sync_stats(const ch_run *r, bn_impl *b, int c, double cnt, double
     }
 }
 
+/* The fused BatchNorm + ReLU's normalising pass from x (fp32) or xh, into y as fp32 or as bf16. */
+static void bn_relu_apply(const bn_impl *b, const ch_run *r, int n, int c, int hw, const ch_real *x,
+                          const uint16_t *xh, ch_real *y, uint16_t *keep)
+{
+    if (b->out_bf16)
+        r->k->bn_relu_forward_to_bf16(&r->kc, n, c, hw, x, xh, b->scale, b->shift, (uint16_t *)y, keep);
+    else
+        r->k->bn_relu_forward(&r->kc, n, c, hw, x, xh, b->scale, b->shift, y, keep);
+}
+
 /* Statistics, then the per-channel step (a kernel too: nothing of a step is computed on the host
  * unless sync-BN must sum the statistics over the group), then the normalisation. */
 static void bn_forward(ch_layer *l, const ch_run *r, int n, const ch_real *x)
@@ -115,8 +126,8 @@ static void bn_forward(ch_layer *l, const ch_run *r, int n, const ch_real *x)
                              l->b[BN_RMEAN], l->b[BN_RVAR], b->mean);
     if (b->apply_later) return;
     if (b->relu_fwd)
-        r->k->bn_relu_forward(&r->kc, n, c, hw, b->keep_made ? NULL : x, b->keep_made ? b->keep : NULL, b->scale,
-                              b->shift, l->y, r->training && b->keep && !b->keep_made ? b->keep : NULL);
+        bn_relu_apply(b, r, n, c, hw, b->keep_made ? NULL : x, b->keep_made ? b->keep : NULL, l->y,
+                      r->training && b->keep && !b->keep_made ? b->keep : NULL);
     else if (b->keep_made)
         r->k->channel_affine_of_bf16(&r->kc, n, c, hw, b->keep, b->scale, b->shift, l->y);
     else if (r->training && b->keep)
@@ -137,6 +148,14 @@ void ch_batchnorm2d_fuse_relu(ch_layer *l, bool forward, bool backward)
     CH_ASSERT(ch_layer_is_batchnorm(l) && (forward || !backward));
     ((bn_impl *)l->impl)->relu_fwd = forward;
     ((bn_impl *)l->impl)->relu_bwd = backward;
+}
+
+void ch_batchnorm2d_output_bf16(ch_layer *l)
+{
+    CH_ASSERT(ch_layer_is_batchnorm(l));
+    bn_impl *b = l->impl;
+    CH_ASSERT(b->relu_fwd && b->relu_bwd && !b->apply_later);
+    b->out_bf16 = true;
 }
 
 void ch_batchnorm2d_apply_later(ch_layer *l)
@@ -160,7 +179,7 @@ void ch_batchnorm2d_reapply_bf16(const ch_layer *l, const ch_run *r, int n, cons
     const bn_impl *b = l->impl;
     CH_ASSERT(ch_layer_is_batchnorm(l));
     const int c = l->in.c, hw = l->in.h * l->in.w;
-    if (b->relu_fwd) r->k->bn_relu_forward(&r->kc, n, c, hw, NULL, x, b->scale, b->shift, y, NULL);
+    if (b->relu_fwd) bn_relu_apply(b, r, n, c, hw, NULL, x, y, NULL);
     else r->k->channel_affine_of_bf16(&r->kc, n, c, hw, x, b->scale, b->shift, y);
 }
 
@@ -169,7 +188,7 @@ void ch_batchnorm2d_reapply(const ch_layer *l, const ch_run *r, int n, const ch_
     const bn_impl *b = l->impl;
     CH_ASSERT(ch_layer_is_batchnorm(l));
     const int c = l->in.c, hw = l->in.h * l->in.w;
-    if (b->relu_fwd) r->k->bn_relu_forward(&r->kc, n, c, hw, x, NULL, b->scale, b->shift, y, NULL);
+    if (b->relu_fwd) bn_relu_apply(b, r, n, c, hw, x, NULL, y, NULL);
     else r->k->channel_affine(&r->kc, n, c, hw, x, b->scale, b->shift, y);
 }
 

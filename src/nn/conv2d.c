@@ -10,6 +10,7 @@ typedef struct conv_impl {
     ch_conv_desc d;
     bool bias;
     uint16_t *out16;   /* NULL, or where forward writes y rounded to bf16 instead of l->y */
+    bool x16;          /* x is bf16 (a BatchNorm + ReLU output kept so: ch_conv2d_input_bf16) */
 } conv_impl;
 
 static ch_status conv_plan(ch_layer *l, ch_plan *pl, ch_err *err)
@@ -28,6 +29,11 @@ static ch_status conv_plan(ch_layer *l, ch_plan *pl, ch_err *err)
 static void conv_forward(ch_layer *l, const ch_run *r, int n, const ch_real *x)
 {
     conv_impl *c = l->impl;
+    if (c->x16) {
+        r->k->conv2d_forward_of_bf16(&r->kc, &c->d, n, (const uint16_t *)x, l->p[0], c->bias ? l->p[1] : NULL,
+                                     c->out16 ? NULL : l->y, c->out16);
+        return;
+    }
     if (c->out16) {
         r->k->conv2d_forward_bf16(&r->kc, &c->d, n, x, l->p[0], c->bias ? l->p[1] : NULL, c->out16);
         return;
@@ -44,6 +50,12 @@ static void conv_backward(ch_layer *l, const ch_run *r, int n, const ch_real *x,
     conv_impl *c = l->impl;
     CH_ASSERT(!c->d.relu || dy != l->y);
     ch_real *db = c->bias ? l->g[1] : NULL;
+    if (c->x16) {
+        r->k->conv2d_backward_of_bf16(&r->kc, &c->d, n, (const uint16_t *)x, l->y, (ch_real *)dy, l->p[0], dx,
+                                      l->g[0], db);
+        ch_run_grads_ready(r, l);
+        return;
+    }
     if (dx && r->k->conv2d_backward &&
         r->k->conv2d_backward(&r->kc, &c->d, n, x, l->y, (ch_real *)dy, l->p[0], dx, l->g[0], db)) {
         ch_run_grads_ready(r, l);
@@ -70,6 +82,19 @@ bool ch_conv2d_output_bf16(ch_layer *l, const ch_plan *pl, uint16_t *y)
         !pl->k->conv2d_out_bf16(&kc, &c->d, pl->max_batch))
         return false;
     c->out16 = y;
+    return true;
+}
+
+bool ch_conv2d_input_bf16(ch_layer *l, const ch_plan *pl)
+{
+    if (l->ops->plan != conv_plan) return false;
+    conv_impl *c = l->impl;
+    const ch_kctx kc = ch_plan_kctx(pl);
+    const ch_kernels *k = pl->k;
+    if (!k->conv2d_x_bf16 || !k->conv2d_forward_of_bf16 || !k->conv2d_backward_of_bf16 ||
+        !k->conv2d_x_bf16(&kc, &c->d, pl->max_batch))
+        return false;
+    c->x16 = true;
     return true;
 }
 

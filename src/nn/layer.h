@@ -90,6 +90,7 @@ typedef struct ch_plan {
     int linears, bf16_linears; /* out: Linear layers, and those whose GEMMs run in bf16 */
     size_t bf16_kept;   /* out: activation values kept in bf16 between forward and backward */
     size_t bf16_direct; /* out: of those, values their convolutions write in bf16 (no fp32 copy) */
+    size_t bf16_inputs; /* out: convolution inputs passed in bf16 (values at the max batch) */
 } ch_plan;
 
 /* The context a plan-time kernel query (conv2d_workspace) gets: the backend's cache and the
@@ -300,6 +301,14 @@ void ch_batchnorm2d_keep_input(ch_layer *l, uint16_t *keep, bool made_there);
  * the caller's) instead of its own fp32 output, where the kernels round as they write for this
  * layer (not with a fused ReLU); false (nothing changed) otherwise or for another kind of layer. */
 bool ch_conv2d_output_bf16(ch_layer *l, const ch_plan *pl, uint16_t *y);
+/* --precision bf16: make a BatchNorm that does the ReLU after it (ch_batchnorm2d_fuse_relu, both
+ * passes) write its output, forward and reapplied, rounded to bf16 where its output pointer is (as
+ * uint16_t: the caller's block, read by a convolution given ch_conv2d_input_bf16 alone). */
+void ch_batchnorm2d_output_bf16(ch_layer *l);
+/* --precision bf16: make a Conv2d read its input as bf16 (the pointer its passes get holds uint16_t)
+ * in forward and backward, where the kernels take it so for this layer; false (nothing changed)
+ * otherwise or for another kind of layer. */
+bool ch_conv2d_input_bf16(ch_layer *l, const ch_plan *pl);
 /* LayerNorm over the trailing dimensions from axis 1, 2 or 3 of a (c, h, w) sample (weight and bias
  * of that shape; flat: a (features) tensor, axis 1, weight (features)), or with axis CH_LN_CHANNELS
  * over the channels at every pixel (weight (c)). eps in (0, 1). */

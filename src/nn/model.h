@@ -36,6 +36,7 @@ typedef struct ch_model {
     int linears, bf16_linears;      /* planned: Linear layers, and those multiplying in bf16 */
     size_t bf16_kept;               /* planned: activation values kept in bf16 for backward */
     size_t bf16_direct;             /* planned: of those, written in bf16 by their convolutions */
+    size_t bf16_inputs;             /* planned: convolution inputs passed in bf16 (at the max batch) */
     size_t ws_len;                  /* the kernels' workspace it needs (reals): be holds it */
     ch_real *scratch;               /* the layers' backward scratch stack, planned */
     size_t scratch_len;

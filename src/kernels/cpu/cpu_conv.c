@@ -505,6 +505,7 @@ bool ch_cpu_conv2d_x_bf16(const ch_kctx *kc, const ch_conv_desc *d, int n)
 void ch_cpu_conv2d_forward_of_bf16(const ch_kctx *kc, const ch_conv_desc *d, int n, const uint16_t *x,
                                    const ch_real *w, const ch_real *b, ch_real *y, uint16_t *yh)
 {
+    if (n <= 0) return;   /* a replica's empty share */
     const bool done = ch_cpu_wino3_forward_of_bf16(kc, d, n, x, w, b, y, yh);
     CH_ASSERT(done);   /* the plan asked conv2d_x_bf16, and sized the workspace for the batch */
 }
@@ -513,6 +514,11 @@ void ch_cpu_conv2d_backward_of_bf16(const ch_kctx *kc, const ch_conv_desc *d, in
                                     const ch_real *y, ch_real *dy, const ch_real *w, ch_real *dx, ch_real *dw,
                                     ch_real *db)
 {
+    if (n <= 0) {   /* an empty share: no gradient, as the fp32 passes leave it */
+        memset(dw, 0, sizeof(ch_real) * (size_t)d->oc * conv_k(d));
+        if (db) memset(db, 0, sizeof(ch_real) * (size_t)d->oc);
+        return;
+    }
     const bool done = ch_cpu_wino3_backward_of_bf16(kc, d, n, x, y, dy, w, dx, dw, db);
     CH_ASSERT(done);
 }
