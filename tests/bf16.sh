@@ -82,6 +82,13 @@ grep -q 'bf16 products in 0 of 20 convolutions' <<<"$plan" &&
     "$cohort" "${A[@]}" --precision bf16 --dry-run >"$tmp/plan_on" 2>&1 &&
     grep -q 'bf16 products in 16 of 20 convolutions' "$tmp/plan_on"
 rc=$?; ok "COHORT_BF16_PRODUCTS=off: 0 of 20 convolutions in bf16, and why; on: 16 of 20" $rc
+# The BatchNorm + ReLU outputs passed in bf16 to the Winograd convolutions that read them (resnet18's
+# 8 bn1 outputs at 28x28: 64 x 784 x 2 + 128 x 196 x 2 + 256 x 49 x 2 + 512 x 16 x 2 values a sample,
+# 192000 x 64 x 2 bytes = 23.44 MiB a batch of 64), and none with COHORT_BF16_INPUTS=off.
+plan=$(COHORT_BF16_INPUTS=off "$cohort" "${A[@]}" --precision bf16 --dry-run 2>&1)
+grep -q 'BatchNorm + ReLU outputs passed in bf16 to the convolutions that read them (23.44 MiB a batch)' "$tmp/plan_on" &&
+    ! grep -q 'outputs passed in bf16' <<<"$plan"
+rc=$?; ok "bn1 outputs passed in bf16 to conv2: 23.44 MiB a batch of 64; none with COHORT_BF16_INPUTS=off" $rc
 line=$(COHORT_BF16_PRODUCTS=off "$cohort" eval --checkpoint "$c/straight" --data "$data" --test-limit 64 --precision bf16 2>&1)
 grep -q ', --precision bf16 (products fp32 here)$' <<<"$line"
 rc=$?; ok "cohort eval --precision bf16 with fp32 products says so" $rc

@@ -77,6 +77,7 @@ expect 2 "--lr ' 0.1': expected a number" -- "$cohort" train --model lenet --dat
 if "$cohort" info | grep -q '^bf16: *native'; then
     expect 0 "" -- "$cohort" "${T[@]}" --data "$tmp/ok" --precision bf16
     expect 2 "COHORT_BF16_PRODUCTS='yes': expected on, off or auto" -- env COHORT_BF16_PRODUCTS=yes "$cohort" "${T[@]}" --data "$tmp/ok" --precision bf16
+    expect 2 "COHORT_BF16_INPUTS='0': expected on, off or auto" -- env COHORT_BF16_INPUTS=0 "$cohort" "${T[@]}" --data "$tmp/ok" --precision bf16
 else
     expect 2 "--precision bf16 needs a CPU with native bf16" -- "$cohort" train --model lenet --data "$tmp/ok" --precision bf16
 fi

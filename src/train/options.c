@@ -181,7 +181,9 @@ static const ch_opt table[] = {
       .dflt = "each device's own slice, as PyTorch DDP" },
     { .name = "precision", .cmds = T | E | B, .type = CH_OPT_STR, CFG(precision), .section = CH_SEC_DEVICES,
       .arg = "P", .brief = "fp32 | bf16: convolutions and large Linear layers multiply in bf16 where that is the faster",
-      .more = "BatchNorm inputs are kept in bf16 from forward to backward; weights, gradients, optimizer "
+      .more = "BatchNorm inputs are kept in bf16 from forward to backward, and a BatchNorm + ReLU output "
+              "that a 3x3 Winograd convolution alone reads passes to it in bf16 (COHORT_BF16_INPUTS=off "
+              "keeps it fp32); weights, gradients, optimizer "
               "state, BatchNorm statistics and the other activations stay fp32. Where the CPU's bf16 "
               "products run no faster than fp32 ones (Intel without AMX) the products stay fp32 "
               "(cohort info says; COHORT_BF16_PRODUCTS=on|off overrides). Refused on a CPU without native "

@@ -38,6 +38,9 @@ static ch_status check_precision(const char *p, const char *devices, ch_err *err
     const char *products = getenv("COHORT_BF16_PRODUCTS");
     if (ch_cpu_bf16_products_mode(products) == -2)
         return ch_fail(err, CH_STATUS_BAD_INPUT, "COHORT_BF16_PRODUCTS='%s': expected on, off or auto", products);
+    const char *inputs = getenv("COHORT_BF16_INPUTS");
+    if (ch_cpu_bf16_products_mode(inputs) == -2)
+        return ch_fail(err, CH_STATUS_BAD_INPUT, "COHORT_BF16_INPUTS='%s': expected on, off or auto", inputs);
     return CH_STATUS_OK;
 }
 

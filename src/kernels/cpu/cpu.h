@@ -313,6 +313,11 @@ bool ch_cpu_bf16_runs(char *isa, size_t len);
 bool ch_cpu_bf16_products(char *why, size_t len);
 /* COHORT_BF16_PRODUCTS's value: 1 on, 0 off, -1 auto (or unset), -2 not one of those. */
 int ch_cpu_bf16_products_mode(const char *s);
+/* Whether --precision bf16 passes convolution inputs in bf16 where the kernels take them
+ * (conv2d_x_bf16): yes unless COHORT_BF16_INPUTS=off (values as COHORT_BF16_PRODUCTS's, auto
+ * meaning on). For comparisons with the lazy test backend, which has no fused BatchNorm + ReLU and
+ * so cannot take that path: the CPU then keeps those inputs fp32 as the lazy backend does. */
+bool ch_cpu_bf16_inputs(void);
 /* y[j] = sum_i x[i * len + j] (rows in order); optimizer updates (cpu_optim.c). */
 void ch_cpu_col_sum(const ch_kctx *kc, int rows, size_t len, const ch_real *x, ch_real *y);
 void ch_cpu_optim_update(const ch_kctx *kc, const ch_optim_update *u, size_t n, ch_real *p,

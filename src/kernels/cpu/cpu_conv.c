@@ -499,7 +499,7 @@ void ch_cpu_conv2d_forward_bf16(const ch_kctx *kc, const ch_conv_desc *d, int n,
 bool ch_cpu_conv2d_x_bf16(const ch_kctx *kc, const ch_conv_desc *d, int n)
 {
     (void)kc;
-    return n > 0 && d->bf16 && forward_kernel(d, n) == FWD_WINO3;
+    return n > 0 && d->bf16 && forward_kernel(d, n) == FWD_WINO3 && ch_cpu_bf16_inputs();
 }
 
 void ch_cpu_conv2d_forward_of_bf16(const ch_kctx *kc, const ch_conv_desc *d, int n, const uint16_t *x,

@@ -90,6 +90,8 @@ int ch_cpu_bf16_products_mode(const char *s)
     return -2;
 }
 
+bool ch_cpu_bf16_inputs(void) { return ch_cpu_bf16_products_mode(getenv("COHORT_BF16_INPUTS")) != 0; }
+
 /* Intel's cores before AMX issue the bf16 dot product (vdpbf16ps) on one port and FMAs on two,
  * so a bf16 dot product, twice an FMA's multiplies, does the same work a cycle as fp32 and pays
  * the rounding besides. Measured (bench/wino_bf16: oneDNN's batched matmul, one thread, bf16
