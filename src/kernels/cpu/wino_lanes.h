@@ -108,9 +108,13 @@ static void block16_to_lanes(const uint16_t *from, size_t ss, int h, int c, int 
 }
 
 /* Eight floats rounded to bf16 as core/bf16.h's ch_bf16_from_float does (to nearest even, a NaN
- * kept a NaN), in integer lanes. */
+ * kept a NaN), in integer lanes; where the CPU has AVX512-BF16, by its instruction (which also
+ * flushes subnormal values to zero: wino_body.h's store_points_bf16 says why). */
 static inline __m128i bf16x8(__m256 v)
 {
+#if defined(__AVX512BF16__) && defined(__AVX512VL__)
+    return (__m128i)_mm256_cvtneps_pbh(v);
+#else
     const __m256i u = _mm256_castps_si256(v), hi = _mm256_srli_epi32(u, 16);
     const __m256i lsb = _mm256_and_si256(hi, _mm256_set1_epi32(1));
     const __m256i rounded = _mm256_srli_epi32(
@@ -122,6 +126,7 @@ static inline __m128i bf16x8(__m256 v)
     /* Each 128-bit half packs its four values twice; quadwords 0 and 2 are the eight in order. */
     const __m256i packed = _mm256_packus_epi32(r, r);
     return _mm256_castsi256_si128(_mm256_permute4x64_epi64(packed, 0x08));
+#endif
 }
 
 static void block_to_rows(const ch_real *from, int h, int live, int c, int n, wdest to, size_t ss)
