@@ -493,40 +493,64 @@ static void conv_out_bf16_case(ch_conv_desc d, int n, int threads)
     case_free(&c);
 }
 
+/* F(4x4, 3x3)'s bf16 layers at odd sizes: channels off 16, rows of 11, 7 and 3 values (shorter
+ * than the transposes' blocks of 8: read and written under a mask). */
+static const ch_conv_desc wino_odd[] = {
+    { .c = 24, .h = 9, .w = 11, .oc = 40, .kh = 3, .kw = 3, .stride = 1, .pad = 1, .bf16 = true },
+    { .c = 32, .h = 7, .w = 7, .oc = 48, .kh = 3, .kw = 3, .stride = 1, .pad = 1, .bf16 = true },
+    { .c = 16, .h = 2, .w = 3, .oc = 24, .kh = 3, .kw = 3, .stride = 1, .pad = 1, .bf16 = true },
+};
+enum { WINO_ODD = sizeof wino_odd / sizeof wino_odd[0] };
+
+/* run on each of n cases at batch 17 (a group and one sample) and, with a fused ReLU (the kernels'
+ * contracts hold with one too), at batch 3, on 1 and 2 threads. */
+static void each_case(const ch_conv_desc *cases, size_t n, void (*run)(ch_conv_desc d, int n, int threads))
+{
+    for (size_t i = 0; i < n; i++)
+        for (int t = 1; t <= 2; t++) {
+            ch_conv_desc d = cases[i];
+            run(d, 17, t);
+            d.relu = true;
+            run(d, 3, t);
+        }
+}
+
+/* A bf16 path that neither oneDNN's layers (a strided 3x3 with 32 channels), the 5x5 Winograd's
+ * nor an fp32 layer takes. */
+static void not_taken_by(bool (*takes)(const ch_kctx *kc, const ch_conv_desc *d, int n))
+{
+    const ch_kctx kc = { .nthreads = 2 };
+    const ch_conv_desc strided = shaped((ch_conv_desc){ .c = 32, .h = 14, .w = 14, .oc = 64, .kh = 3, .kw = 3,
+                                                        .stride = 2, .pad = 1, .bf16 = true });
+    const ch_conv_desc five = shaped((ch_conv_desc){ .c = 16, .h = 14, .w = 14, .oc = 32, .kh = 5, .kw = 5,
+                                                     .stride = 1, .pad = 2, .bf16 = true });
+    ch_conv_desc fp32 = shaped(wino_odd[1]);
+    fp32.bf16 = false;
+    assert_false(takes(&kc, &strided, 8));
+    assert_false(takes(&kc, &five, 8));
+    assert_false(takes(&kc, &fp32, 8));
+}
+
+/* The im2col layers that write their output in bf16: a resnet18 stem (one channel in, 7x7
+ * stride 2) and a 1x1 layer. */
+static const ch_conv_desc im2col_cases[] = {
+    { .c = 1, .h = 21, .w = 19, .oc = 16, .kh = 7, .kw = 7, .stride = 2, .pad = 3, .bf16 = true },
+    { .c = 24, .h = 6, .w = 5, .oc = 40, .kh = 1, .kw = 1, .stride = 1, .pad = 0, .bf16 = true },
+};
+
 /* The convolutions that write their output in bf16 for a BatchNorm (graph/exec.c): F(4x4, 3x3)'s
  * bf16 layers, whose unpacking rounds, and the im2col ones, which round from the GEMM's scratch;
- * oneDNN's (a strided 3x3 with 32 channels), the 5x5 Winograd's and fp32 layers keep fp32 outputs. */
+ * oneDNN's, the 5x5 Winograd's and fp32 layers keep fp32 outputs, a stem planned fp32 too. */
 static void conv_output_in_bf16(void **state)
 {
     (void)state;
-    const ch_conv_desc cases[] = {
-        { .c = 24, .h = 9, .w = 11, .oc = 40, .kh = 3, .kw = 3, .stride = 1, .pad = 1, .bf16 = true },
-        { .c = 32, .h = 7, .w = 7, .oc = 48, .kh = 3, .kw = 3, .stride = 1, .pad = 1, .bf16 = true },
-        /* a 2x3 plane: rows of fewer than 8 values, written under a mask */
-        { .c = 16, .h = 2, .w = 3, .oc = 24, .kh = 3, .kw = 3, .stride = 1, .pad = 1, .bf16 = true },
-        /* im2col + GEMM: a resnet18 stem (one channel in, 7x7 stride 2) and a 1x1 layer */
-        { .c = 1, .h = 21, .w = 19, .oc = 16, .kh = 7, .kw = 7, .stride = 2, .pad = 3, .bf16 = true },
-        { .c = 24, .h = 6, .w = 5, .oc = 40, .kh = 1, .kw = 1, .stride = 1, .pad = 0, .bf16 = true },
-    };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-        for (int t = 1; t <= 2; t++) {
-            ch_conv_desc d = cases[i];
-            conv_out_bf16_case(d, 17, t);
-            d.relu = true;   /* the kernel's contract holds with a fused ReLU too */
-            conv_out_bf16_case(d, 3, t);
-        }
-    const ch_kernels *k = ch_kernels_cpu();
+    each_case(wino_odd, WINO_ODD, conv_out_bf16_case);
+    each_case(im2col_cases, sizeof im2col_cases / sizeof im2col_cases[0], conv_out_bf16_case);
+    not_taken_by(ch_kernels_cpu()->conv2d_out_bf16);
+    ch_conv_desc stem32 = shaped(im2col_cases[0]);
+    stem32.bf16 = false;
     const ch_kctx kc = { .nthreads = 2 };
-    ch_conv_desc strided = shaped((ch_conv_desc){ .c = 32, .h = 14, .w = 14, .oc = 64, .kh = 3, .kw = 3,
-                                                  .stride = 2, .pad = 1, .bf16 = true });
-    ch_conv_desc five = shaped((ch_conv_desc){ .c = 16, .h = 14, .w = 14, .oc = 32, .kh = 5, .kw = 5,
-                                               .stride = 1, .pad = 2, .bf16 = true });
-    ch_conv_desc fp32 = shaped(cases[1]), stem32 = shaped(cases[3]);
-    fp32.bf16 = stem32.bf16 = false;
-    assert_false(k->conv2d_out_bf16(&kc, &strided, 8));
-    assert_false(k->conv2d_out_bf16(&kc, &five, 8));
-    assert_false(k->conv2d_out_bf16(&kc, &fp32, 8));
-    assert_false(k->conv2d_out_bf16(&kc, &stem32, 8));
+    assert_false(ch_kernels_cpu()->conv2d_out_bf16(&kc, &stem32, 8));
 }
 
 /* A fixture's convolution with its input kept in bf16: the kernels and their scratch. */
@@ -624,37 +648,18 @@ static void conv_x_bf16_case(ch_conv_desc d, int n, int threads)
 static void conv_input_in_bf16(void **state)
 {
     (void)state;
-    const ch_conv_desc cases[] = {
-        { .c = 24, .h = 9, .w = 11, .oc = 40, .kh = 3, .kw = 3, .stride = 1, .pad = 1, .bf16 = true },
-        { .c = 32, .h = 7, .w = 7, .oc = 48, .kh = 3, .kw = 3, .stride = 1, .pad = 1, .bf16 = true },
-        { .c = 16, .h = 2, .w = 3, .oc = 24, .kh = 3, .kw = 3, .stride = 1, .pad = 1, .bf16 = true },
-        { .c = 16, .h = 4, .w = 4, .oc = 16, .kh = 3, .kw = 3, .stride = 1, .pad = 1, .bf16 = true },
-    };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-        for (int t = 1; t <= 2; t++) {
-            ch_conv_desc d = cases[i];
-            conv_x_bf16_case(d, 17, t);
-            d.relu = true;
-            conv_x_bf16_case(d, 3, t);
-        }
+    const ch_conv_desc four = { .c = 16, .h = 4, .w = 4, .oc = 16, .kh = 3, .kw = 3, .stride = 1, .pad = 1, .bf16 = true };
+    each_case(wino_odd, WINO_ODD, conv_x_bf16_case);
+    each_case(&four, 1, conv_x_bf16_case);
     const ch_kernels *k = ch_kernels_cpu();
+    not_taken_by(k->conv2d_x_bf16);
     const ch_kctx kc = { .nthreads = 2 };
-    const ch_conv_desc strided = shaped((ch_conv_desc){ .c = 32, .h = 14, .w = 14, .oc = 64, .kh = 3, .kw = 3,
-                                                        .stride = 2, .pad = 1, .bf16 = true });
-    const ch_conv_desc five = shaped((ch_conv_desc){ .c = 16, .h = 14, .w = 14, .oc = 32, .kh = 5, .kw = 5,
-                                                     .stride = 1, .pad = 2, .bf16 = true });
-    const ch_conv_desc stem = shaped((ch_conv_desc){ .c = 1, .h = 21, .w = 19, .oc = 16, .kh = 7, .kw = 7,
-                                                     .stride = 2, .pad = 3, .bf16 = true });
+    const ch_conv_desc stem = shaped(im2col_cases[0]);
     const ch_conv_desc grouped = shaped((ch_conv_desc){ .c = 32, .h = 14, .w = 14, .oc = 32, .kh = 3, .kw = 3,
                                                         .stride = 1, .pad = 1, .groups = 32, .bf16 = true });
-    ch_conv_desc fp32 = shaped(cases[1]);
-    fp32.bf16 = false;
-    assert_false(k->conv2d_x_bf16(&kc, &strided, 8));
-    assert_false(k->conv2d_x_bf16(&kc, &five, 8));
     assert_false(k->conv2d_x_bf16(&kc, &stem, 8));
     assert_false(k->conv2d_x_bf16(&kc, &grouped, 8));
-    assert_false(k->conv2d_x_bf16(&kc, &fp32, 8));
-    assert_false(k->conv2d_x_bf16(&kc, &cases[1], 0));
+    assert_false(k->conv2d_x_bf16(&kc, &wino_odd[1], 0));
 }
 
 /* bn_relu_forward_to_bf16: bn_relu_forward's y rounded to bf16, bit for bit, from x in fp32 (and

@@ -807,6 +807,14 @@ static bool overlaps(const void *a, size_t na, const void *b, size_t nb)
     return (uintptr_t)a < (uintptr_t)b + nb && (uintptr_t)b < (uintptr_t)a + na;
 }
 
+/* Whether n samples of dx share bytes with x (xsize bytes a value: fp32 or bf16) or with dy. */
+static bool dx_overlaps(const ch_conv_desc *d, int n, const ch_real *dx, const void *x, size_t xsize,
+                        const ch_real *dy)
+{
+    const size_t xl = (size_t)n * d->c * d->h * d->w, yl = (size_t)n * d->oc * d->oh * d->ow, f = sizeof(ch_real);
+    return overlaps(dx, f * xl, x, xsize * xl) || overlaps(dx, f * xl, dy, f * yl);
+}
+
 /* backward_weights and backward_data in one pass over the batch. dx must not overlap x or dy (a
  * thread writes its samples' dx while another still reads its own x and dy): false where it does,
  * as where the layer is not one this Winograd takes, and nothing is written. */
@@ -815,10 +823,7 @@ bool WINO_FN(backward)(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch
                        ch_real *db)
 {
     wgeo g;
-    if (!wino_usable(kc, d, n, &g)) return false;
-    const size_t xl = (size_t)n * d->c * d->h * d->w, yl = (size_t)n * d->oc * d->oh * d->ow;
-    const size_t f = sizeof(ch_real);
-    if (overlaps(dx, f * xl, x, f * xl) || overlaps(dx, f * xl, dy, f * yl)) return false;
+    if (!wino_usable(kc, d, n, &g) || dx_overlaps(d, n, dx, x, sizeof(ch_real), dy)) return false;
     grads_pass(kc, &g, n, w, &(wgrads){ { x, NULL }, y, dy, dx, db != NULL }, dw, db);
     return true;
 }
@@ -834,9 +839,7 @@ bool WINO_FN(backward_of_bf16)(const ch_kctx *kc, const ch_conv_desc *d, int n, 
 {
     wgeo g;
     if (!wino_usable(kc, d, n, &g)) return false;
-    const size_t xl = (size_t)n * d->c * d->h * d->w, yl = (size_t)n * d->oc * d->oh * d->ow;
-    const size_t f = sizeof(ch_real);
-    const bool apart = dx && (overlaps(dx, f * xl, x, sizeof(uint16_t) * xl) || overlaps(dx, f * xl, dy, f * yl));
+    const bool apart = dx && dx_overlaps(d, n, dx, x, sizeof(uint16_t), dy);
     grads_pass(kc, &g, n, apart ? NULL : w, &(wgrads){ { NULL, x }, y, dy, apart ? NULL : dx, db != NULL }, dw, db);
     if (apart)
         run_pass(kc, &g, n, w, &(wpass){ .in = { dy, NULL }, .out = { dx, NULL }, .group = backward_data_group });
