@@ -282,7 +282,8 @@ typedef struct ch_kernels {
     /* A kept BatchNorm input that its convolution writes in bf16 itself (graph/exec.c), where the
      * backend rounds it there at no cost: conv2d_out_bf16 (plan time) says whether it does for d
      * at batch n; conv2d_forward_bf16 is conv2d_forward with y rounded to bf16 (the same values,
-     * rounded to nearest even), batchnorm_stats_bf16 batchnorm_stats of bf16 x (the statistics of
+     * rounded to nearest even; a backend that rounds with the CPU's own instruction may flush
+     * subnormal values to zero), batchnorm_stats_bf16 batchnorm_stats of bf16 x (the statistics of
      * the widened values). Any NULL: the convolution writes fp32 and the BatchNorm rounds. */
     bool (*conv2d_out_bf16)(const ch_kctx *kc, const ch_conv_desc *d, int n);
     void (*conv2d_forward_bf16)(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
