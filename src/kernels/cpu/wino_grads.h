@@ -1,0 +1,233 @@
+/* The hand-written Winograds' backward passes that make the weights' gradient (wino_body.h): dU
+ * per point over each thread's groups, G^T dU G into dw, and both backward passes at once (x and dy
+ * packed and transformed once per chunk for both GEMMs), from x in fp32 or in bf16. Included at the
+ * end of wino_body.h, whose chunks, scratch, passes and team members it uses. */
+#ifndef WINO_FN
+#error "wino_grads.h is part of wino_body.h"
+#endif
+
+/* Per point dU[p] (oc x c) += E[p] (oc x cols) V[p]^T for the chunk's V and E, or = where `first`
+ * (the thread's dU is not cleared beforehand: a memset and a read of it were a fifth of the pass
+ * on the 512-channel layers; team_size gives every thread a group, so every thread's dU is set). */
+static void weights_products(const ch_kctx *kc, const wgeo *g, const wscratch *s, wspan k,
+                             bool first)
+{
+    ch_gemm_batch gb = point_gemms(g->d, PASS_WEIGHTS, k);
+    gb.bf16 = g->bf16, gb.accumulate = !first;
+    if (g->bf16)
+        ch_cpu_gemm_batch_bf16(kc, &gb, (const uint16_t *)s->e, (const uint16_t *)s->v, s->du, s->gemm);
+    else
+        ch_cpu_gemm_batch(kc, &gb, s->e, s->v, s->du, s->gemm);
+}
+
+/* dg = G^T dU G for TB pairs from their points dl[p][lane] (nl of them live), into dw. */
+static void untransform_lanes(const ch_real dl[NP][TB], int nl, ch_real *restrict dw)
+{
+    ch_real t[WR][WA][TB], raw[TB * WR * WR];
+    for (int a = 0; a < WR; a++)
+        for (int jj = 0; jj < WA; jj++) {
+            ch_real acc[TB] = { 0 };
+            for (int i = 0; i < WA; i++)
+#pragma omp simd
+                for (int j = 0; j < TB; j++) acc[j] += G[i][a] * dl[i * WA + jj][j];
+            memcpy(t[a][jj], acc, sizeof acc);
+        }
+    for (int a = 0; a < WR; a++)
+        for (int b = 0; b < WR; b++) {
+            ch_real acc[TB] = { 0 };
+            for (int jj = 0; jj < WA; jj++)
+#pragma omp simd
+                for (int j = 0; j < TB; j++) acc[j] += t[a][jj][j] * G[jj][b];
+#pragma omp simd
+            for (int j = 0; j < TB; j++) raw[j * WR * WR + a * WR + b] = acc[j];
+        }
+    if (nl == TB) memcpy(dw, raw, sizeof raw);   /* a size the compiler knows: moves, no call */
+    else memcpy(dw, raw, sizeof(ch_real) * WR * WR * (size_t)nl);
+}
+
+enum { UNT_BLOCK = 8 * TB };   /* pairs summed at a time: NP x 128 floats, 18 KiB of L1 at NP 36 */
+
+/* dg = G^T dU G for the pairs [lo, hi): the adjoint of transform_weights, dU being the sum of the
+ * T threads' partials (thread u's at du0 + u * step), added here in thread order as a block of
+ * pairs is read: 2 KiB runs of each point and partial, which the prefetchers follow (a run of TB
+ * pairs from each of the 2 x 36 was slower than the separate pass of adding them it replaced). */
+static void untransform_weights(const ch_conv_desc *d, const ch_real *du0, size_t step, int T,
+                                int lo, int hi, ch_real *dw)
+{
+    const size_t plane = (size_t)d->oc * d->c;
+    for (int b0 = lo; b0 < hi; b0 += UNT_BLOCK) {
+        const int nb = hi - b0 < UNT_BLOCK ? hi - b0 : UNT_BLOCK;
+        ch_real blk[NP][UNT_BLOCK];
+        for (int p = 0; p < NP; p++)
+            for (int u = 0; u < T; u++) {
+                const ch_real *part = du0 + step * (size_t)u + (size_t)p * plane + b0;
+                if (u == 0) {
+                    memcpy(blk[p], part, sizeof(ch_real) * (size_t)nb);
+                } else {
+#pragma omp simd
+                    for (int j = 0; j < nb; j++) blk[p][j] += part[j];
+                }
+            }
+        for (int k0 = 0; k0 < nb; k0 += TB) {
+            const int nl = nb - k0 < TB ? nb - k0 : TB;
+            ch_real dl[NP][TB];
+            if (nl < TB) memset(dl, 0, sizeof dl);
+            for (int p = 0; p < NP; p++) {
+                if (nl == TB) memcpy(dl[p], blk[p] + k0, sizeof dl[p]);   /* moves, no call */
+                else memcpy(dl[p], blk[p] + k0, sizeof(ch_real) * (size_t)nl);
+            }
+            untransform_lanes((const ch_real(*)[TB])dl, nl, dw + (size_t)(b0 + k0) * WR * WR);
+        }
+    }
+}
+
+/* The thread's groups [lo, hi): dy masked by the fused ReLU in place (backward data reads it
+ * next), and its db where the layer has a bias. */
+static void prepare_dy(const wgeo *g, const wscratch *s, int n, int lo, int hi, const ch_real *y,
+                       ch_real *dy, bool bias)
+{
+    const ch_conv_desc *d = g->d;
+    const size_t ys = (size_t)d->oc * d->oh * d->ow;
+    const int s0 = lo * TB, s1 = hi * TB < n ? hi * TB : n;
+    if (d->relu)
+        ch_cpu_relu_backward_span((size_t)(s1 - s0) * ys, y + s0 * ys, dy + s0 * ys, dy + s0 * ys);
+    for (int o = 0; bias && o < d->oc; o++) {
+        double acc = 0;
+        for (int i = s0; i < s1; i++)
+            acc += ch_cpu_sum(dy + i * ys + (size_t)o * d->oh * d->ow, (size_t)d->oh * d->ow);
+        s->db[o] = (ch_real)acc;
+    }
+}
+
+
+/* What a backward pass writes: dU (and db) always; dx too where dx is not NULL, the two passes at
+ * once (WINO_FN(backward)). Apart, backward weights and backward data each packed dy and
+ * transformed E; together the second packing, transform and read of dy are gone. The same sums in
+ * the same order as the two passes apart: the same bits. */
+typedef struct wgrads {
+    wsrc x;
+    const ch_real *y;
+    ch_real *dy, *dx;
+    bool bias;
+} wgrads;
+
+/* Chunk i of the run (x in s->xg, dY in s->yg): V and E, the weights' products, then where dx is
+ * made the data's, into s->dxg (V's buffer takes dV: V is used by then). */
+static void grads_chunk(const ch_kctx *kc, const wgeo *g, const ch_real *u, const wscratch *s,
+                        int ng, int i, bool first, bool data)
+{
+    const wspan k = chunk_span(g, ng, i);
+    transform_chunk(g, k, s, false);
+    transform_chunk(g, k, s, true);
+    weights_products(kc, g, s, k, first);
+    if (data) data_products_add(kc, g, u, s, k, s->dxg);
+}
+
+/* The thread's groups [lo, hi): dy prepared, then its dU (and db), and its samples' dx. */
+static void grads_groups(const ch_kctx *kc, const wgeo *g, const ch_real *u, const wscratch *s,
+                         int n, int lo, int hi, const wgrads *a)
+{
+    const ch_conv_desc *d = g->d;
+    const size_t xs = (size_t)d->c * d->h * d->w, ys = (size_t)d->oc * d->oh * d->ow;
+    prepare_dy(g, s, n, lo, hi, a->y, a->dy, a->bias);
+    for (int q = lo; q < hi; q += g->G) {
+        const int r0 = q * TB, live = run_live(g, n, q, hi), ng = groups_of(live);
+        pack_run(x_layout(g), src_at(a->x, (size_t)r0 * xs), xs, live, s->xg);
+        pack_run(y_layout(g), (wsrc){ a->dy + (size_t)r0 * ys, NULL }, ys, live, s->yg);
+        if (a->dx) memset(s->dxg, 0, sizeof(ch_real) * group_len(x_layout(g)) * (size_t)ng);
+        for (int i = 0; i < run_chunks(g, ng); i++)
+            grads_chunk(kc, g, u, s, ng, i, q == lo && i == 0, a->dx != NULL);
+        if (a->dx) unpack_run(x_layout(g), s->dxg, live, xs, (wdest){ a->dx + (size_t)r0 * xs, NULL });
+    }
+}
+
+/* Thread t of T: with dx, its share of the weights' transform; its groups; its share of dU's
+ * untransform into dw. */
+static void grads_member(void *arg, int t, int T)
+{
+    const wteam *m = arg;
+    const wgeo *g = m->g;
+    const int pairs = g->d->oc * g->d->c, groups = groups_of(m->n);
+    if (m->a->dx) {   /* the same branch in every thread */
+        transform_share(m, t, T);
+#pragma omp barrier
+    }
+    const wscratch s = scratch_of(m->kc, g, t);
+    grads_groups(m->kc, g, m->kc->ws, &s, m->n, groups * t / T, groups * (t + 1) / T, m->a);
+#pragma omp barrier
+    untransform_weights(g->d, scratch_of(m->kc, g, 0).du, thread_len(g), T, pairs * t / T, pairs * (t + 1) / T,
+                        m->dw);
+}
+
+/* The pass over the batch: U from w where dx is made, each thread's groups, then dw from the
+ * threads' partial dU and db from theirs, added in thread order. */
+static void grads_pass(const ch_kctx *kc, const wgeo *gp, int n, const ch_real *w, const wgrads *a,
+                       ch_real *dw, ch_real *db)
+{
+    const wgeo g = *gp;
+    const ch_conv_desc *d = g.d;
+    const int T = team_size(n, kc->nthreads);
+    wteam m = { .kc = kc, .g = &g, .n = n, .w = w, .a = a, .dw = dw };
+    ch_cpu_team(T, grads_member, &m);
+    for (int o = 0; db && o < d->oc; o++) {
+        ch_real acc = 0;
+        for (int t = 0; t < T; t++) acc += scratch_of(kc, &g, t).db[o];
+        db[o] = acc;
+    }
+}
+
+bool WINO_FN(backward_weights)(const ch_kctx *kc, const ch_conv_desc *d, int n,
+                                   const ch_real *x, const ch_real *y, ch_real *dy, ch_real *dw,
+                                   ch_real *db)
+{
+    wgeo g;
+    if (!wino_usable(kc, d, n, &g)) return false;
+    grads_pass(kc, &g, n, NULL, &(wgrads){ { x, NULL }, y, dy, NULL, db != NULL }, dw, db);
+    return true;
+}
+
+/* Whether na bytes at a and nb at b share any. */
+static bool overlaps(const void *a, size_t na, const void *b, size_t nb)
+{
+    return (uintptr_t)a < (uintptr_t)b + nb && (uintptr_t)b < (uintptr_t)a + na;
+}
+
+/* Whether n samples of dx share bytes with x (xsize bytes a value: fp32 or bf16) or with dy. */
+static bool dx_overlaps(const ch_conv_desc *d, int n, const ch_real *dx, const void *x, size_t xsize,
+                        const ch_real *dy)
+{
+    const size_t xl = (size_t)n * d->c * d->h * d->w, yl = (size_t)n * d->oc * d->oh * d->ow, f = sizeof(ch_real);
+    return overlaps(dx, f * xl, x, xsize * xl) || overlaps(dx, f * xl, dy, f * yl);
+}
+
+/* backward_weights and backward_data in one pass over the batch. dx must not overlap x or dy (a
+ * thread writes its samples' dx while another still reads its own x and dy): false where it does,
+ * as where the layer is not one this Winograd takes, and nothing is written. */
+bool WINO_FN(backward)(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
+                       const ch_real *y, ch_real *dy, const ch_real *w, ch_real *dx, ch_real *dw,
+                       ch_real *db)
+{
+    wgeo g;
+    if (!wino_usable(kc, d, n, &g) || dx_overlaps(d, n, dx, x, sizeof(ch_real), dy)) return false;
+    grads_pass(kc, &g, n, w, &(wgrads){ { x, NULL }, y, dy, dx, db != NULL }, dw, db);
+    return true;
+}
+
+#ifdef WINO_BF16
+/* Both backward passes of an input kept in bf16 (dx may be NULL: the weights' pass alone). Where
+ * dx overlaps x or dy the passes run apart (the weights' first: it reads x, and masks dy for a
+ * fused ReLU, before dx is written), so that a layer the plan gave a bf16 input never needs the
+ * fp32 one. */
+bool WINO_FN(backward_of_bf16)(const ch_kctx *kc, const ch_conv_desc *d, int n, const uint16_t *x,
+                               const ch_real *y, ch_real *dy, const ch_real *w, ch_real *dx, ch_real *dw,
+                               ch_real *db)
+{
+    wgeo g;
+    if (!wino_usable(kc, d, n, &g)) return false;
+    const bool apart = dx && dx_overlaps(d, n, dx, x, sizeof(uint16_t), dy);
+    grads_pass(kc, &g, n, apart ? NULL : w, &(wgrads){ { NULL, x }, y, dy, apart ? NULL : dx, db != NULL }, dw, db);
+    if (apart)
+        run_pass(kc, &g, n, w, &(wpass){ .in = { dy, NULL }, .out = { dx, NULL }, .group = backward_data_group });
+    return true;
+}
+#endif
