@@ -665,15 +665,24 @@ extern "C" void cu_channel_affine(const ch_kctx *kc, int n, int c, int hw, const
     LAUNCH(k_channel_affine, len, kc, len, c, hw, x, scale, shift, y);
 }
 
-extern "C" void cu_batchnorm_backward_reduce(const ch_kctx *kc, int n, int c, int hw, const ch_real *x,
-                                             const ch_real *dy, const ch_real *mean, const ch_real *invstd,
-                                             double *sum_dy, double *sum_dy_xhat)
+/* BatchNorm's backward sums of dy (mode SUM_DY_DYX) or of dy masked by the fused ReLU
+ * (SUM_DY_DYX_RELU, with scale and shift). */
+static void dy_sums(const ch_kctx *kc, int mode, int n, int c, int hw, const ch_real *x, const ch_real *dy,
+                    const ch_real *mean, const ch_real *invstd, const ch_real *scale, const ch_real *shift,
+                    double *sum_dy, double *sum_dy_xhat)
 {
     if (c <= 0) return;
     const red r = red_of(n, c, hw);
     double *part = cu_of(kc)->scratch;
-    partials(kc, SUM_DY_DYX, r, x, dy, NULL, mean, NULL, NULL, part);
+    partials(kc, mode, r, x, dy, NULL, mean, scale, shift, part);
     LAUNCH(k_finish_dy, (size_t)c, kc, r, part, invstd, sum_dy, sum_dy_xhat);
+}
+
+extern "C" void cu_batchnorm_backward_reduce(const ch_kctx *kc, int n, int c, int hw, const ch_real *x,
+                                             const ch_real *dy, const ch_real *mean, const ch_real *invstd,
+                                             double *sum_dy, double *sum_dy_xhat)
+{
+    dy_sums(kc, SUM_DY_DYX, n, c, hw, x, dy, mean, invstd, NULL, NULL, sum_dy, sum_dy_xhat);
 }
 
 /* scale, shift: with them, dy masked as in SUM_DY_DYX_RELU (the fused ReLU's backward). */
@@ -733,11 +742,7 @@ extern "C" void cu_bn_relu_backward_reduce(const ch_kctx *kc, int n, int c, int 
                                            double *sum_dy, double *sum_dy_xhat)
 {
     no_bf16(xh, NULL, "bn_relu_backward_reduce");
-    if (c <= 0) return;
-    const red r = red_of(n, c, hw);
-    double *part = cu_of(kc)->scratch;
-    partials(kc, SUM_DY_DYX_RELU, r, x, dy, NULL, mean, scale, shift, part);
-    LAUNCH(k_finish_dy, (size_t)c, kc, r, part, invstd, sum_dy, sum_dy_xhat);
+    dy_sums(kc, SUM_DY_DYX_RELU, n, c, hw, x, dy, mean, invstd, scale, shift, sum_dy, sum_dy_xhat);
 }
 
 extern "C" void cu_bn_relu_backward_data(const ch_kctx *kc, int n, int c, int hw, const ch_real *x,
