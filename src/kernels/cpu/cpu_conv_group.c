@@ -114,14 +114,21 @@ typedef struct group_team {
     int n;
     const ch_real *in, *w, *b;   /* x (forward) or dy (data); b: forward's bias */
     ch_real *out;                /* y or dx */
+    bool data;                   /* backward data, else forward */
 } group_team;
 
-static void forward_member(void *arg, int t, int T)
+static void backward_data_sample(const ch_kctx *kc, const ch_conv_desc *d, const group_geom *g, int s,
+                                 const ch_real *dy, const ch_real *w, ch_real *dx, ch_real *col);
+
+/* Thread t of T: its share of the samples, forward or backward data, through its own scratch. */
+static void samples_member(void *arg, int t, int T)
 {
     const group_team *m = arg;
     ch_real *col = m->kc->ws + per_thread(m->d) * (size_t)t;
-    for (int s = (int)((long)m->n * t / T); s < (int)((long)m->n * (t + 1) / T); s++)
-        forward_sample(m->kc, m->d, m->g, s, m->in, m->w, m->b, m->out, col);
+    for (int s = (int)((long)m->n * t / T); s < (int)((long)m->n * (t + 1) / T); s++) {
+        if (m->data) backward_data_sample(m->kc, m->d, m->g, s, m->in, m->w, m->out, col);
+        else forward_sample(m->kc, m->d, m->g, s, m->in, m->w, m->b, m->out, col);
+    }
 }
 
 void ch_cpu_conv_group_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
@@ -133,7 +140,7 @@ void ch_cpu_conv_group_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, 
     }
     const group_geom g = geom_of(d);
     group_team m = { .kc = kc, .d = d, .g = &g, .n = n, .in = x, .w = w, .b = b, .out = y };
-    ch_cpu_team(team(kc, n), forward_member, &m);
+    ch_cpu_team(team(kc, n), samples_member, &m);
 }
 
 /* Sample s's dx, through col (a thread's scratch). */
@@ -149,14 +156,6 @@ static void backward_data_sample(const ch_kctx *kc, const ch_conv_desc *d, const
     }
 }
 
-static void backward_data_member(void *arg, int t, int T)
-{
-    const group_team *m = arg;
-    ch_real *col = m->kc->ws + per_thread(m->d) * (size_t)t;
-    for (int s = (int)((long)m->n * t / T); s < (int)((long)m->n * (t + 1) / T); s++)
-        backward_data_sample(m->kc, m->d, m->g, s, m->in, m->w, m->out, col);
-}
-
 void ch_cpu_conv_group_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int n,
                                      const ch_real *dy, const ch_real *w, ch_real *dx)
 {
@@ -165,8 +164,8 @@ void ch_cpu_conv_group_backward_data(const ch_kctx *kc, const ch_conv_desc *d, i
         return;
     }
     const group_geom g = geom_of(d);
-    group_team m = { .kc = kc, .d = d, .g = &g, .n = n, .in = dy, .w = w, .out = dx };
-    ch_cpu_team(team(kc, n), backward_data_member, &m);
+    group_team m = { .kc = kc, .d = d, .g = &g, .n = n, .in = dy, .w = w, .out = dx, .data = true };
+    ch_cpu_team(team(kc, n), samples_member, &m);
 }
 
 /* Thread t's samples [lo, hi) summed into its partials pw, pb (overwritten). */
