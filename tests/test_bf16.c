@@ -7,6 +7,8 @@
  *   so what remains is the order of fp32 sums, within 2e-6 of each result's scale. An operand
  *   whose rounding were dropped would be off by ~1e-3 (the fixtures are not bf16 values: the test
  *   also requires the plain fp32 reference to differ by more than 1e-4).
+ * - The weight gradient of those layers by im2col and bf16 GEMMs (cpu_conv_bf16w.c), over
+ *   several chunks of samples, against the same reference; larger planes keep oneDNN's pass.
  * - The path is taken where it should be (stride 2, 5x5 stride 2, a 3x3 2x2 plane no Winograd
  *   takes; fused ReLU or not; 1 and 2 threads; batches 1, 3 and 5) and nowhere else (fp32 layers,
  *   1x1, fewer than 16 channels, layers a Winograd takes).
@@ -147,6 +149,8 @@ static void check_case(ch_conv_desc d, int n, int threads)
 {
     conv_case c = case_make(d, n, threads);
     assert_true(ch_cpu_conv_bf16_workspace(&(ch_kctx){ .nthreads = threads }, &c.d, n) > 0);   /* the path is taken */
+    if ((long)d.oh * d.ow <= 14 * 14)   /* and the weight gradient by im2col and bf16 GEMMs */
+        assert_true(ch_cpu_conv_bf16w_workspace(&(ch_kctx){ .nthreads = threads }, &c.d, n) > 0);
     conv_out got = run_cpu(&c);
     conv_out exact = run_ref(&c, c.xr, c.wr, c.dyr, got.y), plain = run_ref(&c, c.x, c.w, c.dy, got.y);
     const double e = worst(&c, &got, &exact), from_fp32 = worst(&c, &got, &plain);
@@ -180,6 +184,32 @@ static void bf16_passes_match_the_rounded_reference(void **state)
                     d.relu = relu;
                     check_case(d, n, t);
                 }
+}
+
+/* The weight gradient by im2col and bf16 GEMMs (cpu_conv_bf16w.c), which takes the layers above
+ * (every output plane there is at most 14x14), over several chunks of samples: at 28x28 -> 14x14 a
+ * chunk holds 6 samples (1024 columns), so 13 samples are 6 + 6 + 1 (zero-padded) on one thread
+ * and 6, 6 + 1 on two. The same rounded reference; a chunk's GEMM that overwrote instead of
+ * adding, or a short chunk's stale columns, would be off by O(1). Larger planes keep oneDNN's. */
+static void bf16_weight_gradient_in_chunks(void **state)
+{
+    (void)state;
+    ch_conv_desc d = shaped((ch_conv_desc){ .c = 16, .h = 28, .w = 28, .oc = 16, .kh = 3, .kw = 3,
+                                            .stride = 2, .pad = 1, .bf16 = true });
+    for (int t = 1; t <= 2; t++) {
+        assert_true(ch_cpu_conv_bf16w_workspace(&(ch_kctx){ .nthreads = t }, &d, 13) > 0);
+        for (int relu = 0; relu < 2; relu++) {
+            d.relu = relu;
+            check_case(d, 13, t);
+        }
+    }
+    ch_conv_desc big = shaped((ch_conv_desc){ .c = 16, .h = 30, .w = 30, .oc = 16, .kh = 3, .kw = 3,
+                                              .stride = 2, .pad = 1, .bf16 = true });   /* 15x15 */
+    assert_true(ch_cpu_conv_bf16_workspace(&(ch_kctx){ .nthreads = 1 }, &big, 4) > 0);
+    assert_true(ch_cpu_conv_bf16w_workspace(&(ch_kctx){ .nthreads = 1 }, &big, 4) == 0);
+    check_case(big, 3, 2);   /* oneDNN's pass, held to the same reference */
+    big.bf16 = false;
+    assert_true(ch_cpu_conv_bf16w_workspace(&(ch_kctx){ .nthreads = 1 }, &big, 4) == 0);
 }
 
 /* Where bf16 is not the faster, or not asked for, the layer keeps its fp32 path. */
@@ -904,6 +934,7 @@ int main(void)
     setenv("COHORT_BF16_PRODUCTS", "on", 1);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(bf16_passes_match_the_rounded_reference),
+        cmocka_unit_test(bf16_weight_gradient_in_chunks),
         cmocka_unit_test(bf16_only_where_it_wins),
         cmocka_unit_test(wino3_bf16_products_within_tolerance),
         cmocka_unit_test(wino3_bf16_rounds_where_it_should),

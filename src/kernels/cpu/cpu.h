@@ -136,6 +136,15 @@ bool ch_cpu_conv_direct_backward_weights(const ch_kctx *kc, const ch_conv_desc *
                                          const ch_real *x, const ch_real *y, ch_real *dy,
                                          ch_real *dw, ch_real *db);
 
+/* Whether d is a layer the first use above takes (bf16 direct). */
+bool ch_cpu_conv_bf16_direct(const ch_conv_desc *d);
+/* The weight gradient of such a layer by im2col and a bf16 GEMM where that is the faster
+ * (cpu_conv_bf16w.c): the same contract (0 and false where it does not apply). */
+size_t ch_cpu_conv_bf16w_workspace(const ch_kctx *kc, const ch_conv_desc *d, int n);
+bool ch_cpu_conv_bf16w_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, int n,
+                                        const ch_real *x, const ch_real *y, ch_real *dy,
+                                        ch_real *dw, ch_real *db);
+
 /* Winograd convolution (cpu_dnnl_conv.c) for 3x3 stride-1 pad-1 layers whose channel counts are
  * multiples of 16. The workspace is 0, and the passes return false without touching anything,
  * where it does not apply (other geometry, no such oneDNN kernel on this CPU, too little

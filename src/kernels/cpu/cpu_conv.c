@@ -133,11 +133,12 @@ size_t ch_cpu_conv2d_workspace(const ch_kctx *kc, const ch_conv_desc *d, int n)
     const size_t flipped = conv_backward_as_forward(d) ? (size_t)d->oc * conv_k(d) : 0;
     const size_t im2col = per_thread(d) * (size_t)nthreads + flipped;
     size_t most = im2col;
-    const size_t other[4] = { ch_cpu_wino_workspace(kc, d, n),
+    const size_t other[5] = { ch_cpu_wino_workspace(kc, d, n),
                               ch_cpu_wino5_workspace(kc, d, n),
                               ch_cpu_wino3_workspace(kc, d, n),
-                              ch_cpu_conv_direct_workspace(kc, d, n) };
-    for (int i = 0; i < 4; i++)
+                              ch_cpu_conv_direct_workspace(kc, d, n),
+                              ch_cpu_conv_bf16w_workspace(kc, d, n) };
+    for (int i = 0; i < 5; i++)
         if (other[i] > most) most = other[i];
     return most;
 }
@@ -714,7 +715,8 @@ void ch_cpu_conv2d_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, in
         return;
     }
     const size_t wl = (size_t)d->oc * conv_k(d);
-    if (ch_cpu_conv_direct_backward_weights(kc, d, n, x, y, dy, dw, db) ||
+    if (ch_cpu_conv_bf16w_backward_weights(kc, d, n, x, y, dy, dw, db) ||
+        ch_cpu_conv_direct_backward_weights(kc, d, n, x, y, dy, dw, db) ||
         ch_cpu_wino_backward_weights(kc, d, n, x, y, dy, dw, db) ||
         ch_cpu_wino5_backward_weights(kc, d, n, x, y, dy, dw, db) ||
         ch_cpu_wino3_backward_weights(kc, d, n, x, y, dy, dw, db))

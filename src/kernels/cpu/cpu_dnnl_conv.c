@@ -96,6 +96,12 @@ bool ch_cpu_dnnl_conv_takes(const ch_conv_desc *d, int n)
     return false;
 }
 
+bool ch_cpu_conv_bf16_direct(const ch_conv_desc *d)
+{
+    (void)d;
+    return false;
+}
+
 size_t ch_cpu_conv_direct_workspace(const ch_kctx *kc, const ch_conv_desc *d, int n)
 {
     (void)kc, (void)d, (void)n;
@@ -234,6 +240,8 @@ static bool bf16_geometry(const ch_conv_desc *d)
  * as before). Fewer than 16 channels leave most of its 16-channel blocks idle. Not measured on the
  * AVX-512 Zen 4 and 5, which take it too; without AVX-512, im2col stays. A --precision bf16 layer
  * takes it where its products stay fp32. */
+bool ch_cpu_conv_bf16_direct(const ch_conv_desc *d) { return bf16_geometry(d); }
+
 static bool direct_geometry(const ch_conv_desc *d)
 {
     return ch_conv_groups(d) == 1 && ch_conv_dilation(d) == 1 && d->kh == 3 && d->kw == 3 &&

@@ -1,0 +1,294 @@
+/* The weight gradient of a --precision bf16 direct layer (one that oneDNN's bf16 convolution
+ * takes: resnet18's 3x3 stride-2 layers) by im2col and a bf16 GEMM, where that is the faster.
+ * Why: oneDNN 2.6's bf16 backward-weights kernel (`jit_bf16:avx512_core_bf16`) runs at about half
+ * its forward's rate on the same layer (Zen 5, batch 256, 2 threads, ONEDNN_VERBOSE, in training:
+ * 128@14x14 -> 256 20.8 ms against 9.7 forward, 256@7x7 -> 512 30.4 against 15.9), and needs x and
+ * dy reordered into its blocked layout first. The same sum as one GEMM per chunk of samples,
+ * dW (oc x c*kh*kw) += dY (oc x cols) col^T, runs in oneDNN's bf16 matmul near its GEMM rate.
+ * How: each thread takes a contiguous run of the batch and goes through it in chunks of CH
+ * samples. A chunk's columns are its samples' output positions, CH * oh * ow of them (a short
+ * last chunk padded with zero columns, so that every GEMM has one shape, made at plan time):
+ * col^T (c*kh*kw rows) takes x's taps rounded to bf16, written along the rows from NCHW x with
+ * no transpose; dY^T (oc rows) takes dy's planes rounded to bf16. The thread's GEMMs add into its
+ * partial dW (or straight into dw with one thread); after a barrier each thread adds its slice
+ * of the partials in thread order, so a split gives the same bits every run. db is summed from the
+ * rounded dy the GEMMs read, as oneDNN's pass did. The rounding is ch_bf16_from_float's (to nearest even), the
+ * same operands oneDNN's reorders gave: tests hold the result to the reference run on rounded
+ * operands. */
+#include "kernels/cpu/cpu.h"
+
+#include <stdint.h>
+#include <string.h>
+
+#include "core/bf16.h"
+
+#if defined(__AVX512BF16__) && defined(__AVX512VL__)
+#include <immintrin.h>
+#endif
+
+#ifndef CH_REAL_DOUBLE
+
+enum { BW_ALIGN = 64, BW_COLS = 1024 };   /* a chunk's columns: about this many */
+
+typedef struct bw_geo {
+    int T, ch, cols, k;   /* threads, samples per chunk, columns (ch * p), c*kh*kw */
+    size_t p;             /* output positions per sample */
+} bw_geo;
+
+static size_t align_up(size_t b) { return (b + BW_ALIGN - 1) & ~(size_t)(BW_ALIGN - 1); }
+
+static bw_geo geo_of(const ch_kctx *kc, const ch_conv_desc *d, int n)
+{
+    bw_geo g;
+    g.p = (size_t)d->oh * d->ow;
+    g.T = kc->nthreads < 1 ? 1 : kc->nthreads;
+    if (g.T > n) g.T = n > 0 ? n : 1;
+    const int per = (n + g.T - 1) / g.T;
+    g.ch = (int)((BW_COLS + g.p - 1) / g.p);
+    if (g.ch > per) g.ch = per > 0 ? per : 1;
+    g.cols = g.ch * (int)g.p;
+    g.k = d->c * d->kh * d->kw;
+    return g;
+}
+
+static ch_gemm_batch gemm_of(const ch_conv_desc *d, const bw_geo *g, bool accumulate)
+{
+    return (ch_gemm_batch){ .batch = 1, .m = d->oc, .n = g->k, .k = g->cols, .lda = g->cols,
+                            .ldb = g->cols, .ldc = g->k, .sa = (size_t)d->oc * g->cols,
+                            .sb = (size_t)g->k * g->cols, .sc = (size_t)d->oc * g->k, .tb = true,
+                            .accumulate = accumulate, .bf16 = true };
+}
+
+/* A thread's share of the workspace, in bytes: col^T, dY^T, the partial dW and db, the GEMM's
+ * scratch. */
+typedef struct bw_share {
+    uint16_t *col, *dyt;
+    ch_real *dw;
+    double *db;   /* the thread's sums of its rounded dy per channel */
+    void *scratch;
+} bw_share;
+
+static size_t gemm_scratch(const ch_kctx *kc, const ch_conv_desc *d, const bw_geo *g)
+{
+    const ch_gemm_batch first = gemm_of(d, g, false), then = gemm_of(d, g, true);
+    const size_t a = ch_cpu_gemm_batch_scratch(kc, &first), b = ch_cpu_gemm_batch_scratch(kc, &then);
+    return a > b ? a : b;
+}
+
+static size_t share_bytes(const ch_conv_desc *d, const bw_geo *g, size_t scratch)
+{
+    return align_up(sizeof(uint16_t) * (size_t)g->k * g->cols) +
+           align_up(sizeof(uint16_t) * (size_t)d->oc * g->cols) +
+           align_up(sizeof(ch_real) * (size_t)d->oc * g->k) + align_up(sizeof(double) * (size_t)d->oc) +
+           align_up(scratch);
+}
+
+static bw_share share_of(const ch_kctx *kc, const ch_conv_desc *d, const bw_geo *g, size_t scratch,
+                         int t)
+{
+    char *at = (char *)(((uintptr_t)kc->ws + BW_ALIGN - 1) & ~(uintptr_t)(BW_ALIGN - 1));
+    at += share_bytes(d, g, scratch) * (size_t)t;
+    bw_share s;
+    s.col = (uint16_t *)at, at += align_up(sizeof(uint16_t) * (size_t)g->k * g->cols);
+    s.dyt = (uint16_t *)at, at += align_up(sizeof(uint16_t) * (size_t)d->oc * g->cols);
+    s.dw = (ch_real *)at, at += align_up(sizeof(ch_real) * (size_t)d->oc * g->k);
+    s.db = (double *)at, at += align_up(sizeof(double) * (size_t)d->oc);
+    s.scratch = at;
+    return s;
+}
+
+/* Where it was measured the faster: output planes up to 14x14 (resnet18's; larger ones are
+ * unmeasured and keep oneDNN's). */
+static bool wins(const ch_conv_desc *d)
+{
+    return (long)d->oh * d->ow <= 14 * 14;
+}
+
+/* The workspace: the threads' shares, then the taps' positions (tap_index's). */
+static size_t ws_bytes(const ch_conv_desc *d, const bw_geo *g, size_t scratch)
+{
+    return BW_ALIGN + share_bytes(d, g, scratch) * (size_t)g->T +
+           sizeof(int) * (size_t)d->kh * d->kw * g->p;
+}
+
+/* The layers it takes, and whether every GEMM has oneDNN's fast kernel. */
+static bool takes(const ch_kctx *kc, const ch_conv_desc *d, int n)
+{
+    if (n <= 0 || !ch_cpu_conv_bf16_direct(d) || !wins(d)) return false;
+    const bw_geo g = geo_of(kc, d, n);
+    const ch_gemm_batch first = gemm_of(d, &g, false), then = gemm_of(d, &g, true);
+    return ch_cpu_gemm_batch_fast(kc, &first) && ch_cpu_gemm_batch_fast(kc, &then);
+}
+
+size_t ch_cpu_conv_bf16w_workspace(const ch_kctx *kc, const ch_conv_desc *d, int n)
+{
+    if (!takes(kc, d, n)) return 0;
+    const bw_geo g = geo_of(kc, d, n);
+    const size_t bytes = ws_bytes(d, &g, gemm_scratch(kc, d, &g));
+    return (bytes + sizeof(ch_real) - 1) / sizeof(ch_real);
+}
+
+/* For tap (i, j), where each output position q reads the plane: tap[q] = ih * w + iw, or -1 in
+ * the padding. */
+static void tap_index(const ch_conv_desc *d, int i, int j, int *tap)
+{
+    for (int oh = 0; oh < d->oh; oh++)
+        for (int ow = 0; ow < d->ow; ow++) {
+            const int ih = oh * d->stride - d->pad + i, iw = ow * d->stride - d->pad + j;
+            tap[oh * d->ow + ow] = ih >= 0 && ih < d->h && iw >= 0 && iw < d->w ? ih * d->w + iw : -1;
+        }
+}
+
+/* Sample s's rows of col^T from its planes xs (c x h x w): row (c, i, j), columns s*p .., the
+ * tap (i, j) of every output position (taps: tap_index's, kh*kw of p each), 0 in the padding.
+ * With AVX-512, 16 positions at a time by a masked gather from the plane (in L1: every tap of a
+ * channel reads the same plane): a run along each output row moved 4 to 14 values a step on
+ * resnet18's stride-2 layers. */
+static void sample_cols(const ch_conv_desc *d, const bw_geo *g, const int *taps, const ch_real *xs,
+                        int s, uint16_t *col)
+{
+    const int kk = d->kh * d->kw, P = (int)g->p;
+    for (int c = 0; c < d->c; c++) {
+        const ch_real *plane = xs + (size_t)c * d->h * d->w;
+        for (int t = 0; t < kk; t++) {
+            uint16_t *row = col + (size_t)(c * kk + t) * g->cols + (size_t)s * g->p;
+            const int *tap = taps + (size_t)t * g->p;
+#if defined(__AVX512BF16__) && defined(__AVX512VL__)
+            for (int q = 0; q < P; q += 16) {
+                const __mmask16 live = (__mmask16)(P - q >= 16 ? 0xffff : (1u << (P - q)) - 1);
+                const __m512i at = _mm512_maskz_loadu_epi32(live, tap + q);
+                const __mmask16 in = _mm512_mask_cmpge_epi32_mask(live, at, _mm512_setzero_si512());
+                const __m512 v = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), in, at, plane, 4);
+                _mm256_mask_storeu_epi16(row + q, live, (__m256i)_mm512_cvtneps_pbh(v));
+            }
+#else
+            for (int q = 0; q < P; q++) row[q] = tap[q] < 0 ? 0 : ch_bf16_from_float((float)plane[tap[q]]);
+#endif
+        }
+    }
+}
+
+/* Sample s's dy planes (oc x p) into columns s*p .. of dY^T. */
+static void sample_dy(const ch_conv_desc *d, const bw_geo *g, const ch_real *dys, int s,
+                      uint16_t *dyt)
+{
+    for (int o = 0; o < d->oc; o++) {
+        const ch_real *from = dys + (size_t)o * g->p;
+        uint16_t *to = dyt + (size_t)o * g->cols + (size_t)s * g->p;
+#pragma omp simd
+        for (size_t q = 0; q < g->p; q++) to[q] = ch_bf16_from_float((float)from[q]);
+    }
+}
+
+/* What the team shares (ch_cpu_team's arg). */
+typedef struct bw_team {
+    const ch_kctx *kc;
+    const ch_conv_desc *d;
+    const bw_geo *g;
+    size_t scratch;
+    const int *taps;   /* tap_index's, for every tap */
+    int n;
+    const ch_real *x, *y;
+    ch_real *dy, *dw, *db;
+} bw_team;
+
+/* Adds each row of the chunk's dY^T (its first len columns: the rounded dy the GEMM reads, as
+ * oneDNN's pass summed it) into db. */
+static void add_bias_sums(const ch_conv_desc *d, const bw_geo *g, const uint16_t *dyt, size_t len,
+                          double *db)
+{
+    for (int o = 0; o < d->oc; o++) {
+        const uint16_t *row = dyt + (size_t)o * g->cols;
+        float acc = 0;
+#pragma omp simd reduction(+ : acc)
+        for (size_t q = 0; q < len; q++) acc += ch_bf16_to_float(row[q]);
+        db[o] += acc;
+    }
+}
+
+/* The thread's samples [s0, s1): dy masked by the fused ReLU, its chunks' GEMMs into dw, and
+ * where bias, its sums of dy into sh->db. */
+static void thread_sums(const bw_team *m, const bw_share *sh, int s0, int s1, ch_real *dw, bool bias)
+{
+    const ch_conv_desc *d = m->d;
+    const bw_geo *g = m->g;
+    const size_t xs = (size_t)d->c * d->h * d->w, ys = (size_t)d->oc * g->p;
+    if (d->relu) ch_cpu_relu_backward_span((size_t)(s1 - s0) * ys, m->y + s0 * ys, m->dy + s0 * ys, m->dy + s0 * ys);
+    if (bias) memset(sh->db, 0, sizeof(double) * (size_t)d->oc);
+    for (int a = s0; a < s1; a += g->ch) {
+        const int live = s1 - a < g->ch ? s1 - a : g->ch;
+        for (int s = 0; s < live; s++) {
+            sample_cols(d, g, m->taps, m->x + (size_t)(a + s) * xs, s, sh->col);
+            sample_dy(d, g, m->dy + (size_t)(a + s) * ys, s, sh->dyt);
+        }
+        if (live < g->ch) {   /* zero columns: they add nothing */
+            const size_t from = (size_t)live * g->p, len = (size_t)g->cols - from;
+            for (int r = 0; r < g->k; r++) memset(sh->col + (size_t)r * g->cols + from, 0, sizeof(uint16_t) * len);
+            for (int o = 0; o < d->oc; o++) memset(sh->dyt + (size_t)o * g->cols + from, 0, sizeof(uint16_t) * len);
+        }
+        const ch_gemm_batch gb = gemm_of(d, g, a != s0);
+        ch_cpu_gemm_batch_bf16(m->kc, &gb, sh->dyt, sh->col, dw, sh->scratch);
+        if (bias) add_bias_sums(d, g, sh->dyt, (size_t)live * g->p, sh->db);
+    }
+    if (s1 == s0) memset(dw, 0, sizeof(ch_real) * (size_t)d->oc * g->k);
+}
+
+/* Thread t of T: its samples' sums, then its slice of dw (and db) from the partials. */
+static void bw_member(void *arg, int t, int T)
+{
+    const bw_team *m = arg;
+    const ch_conv_desc *d = m->d;
+    const bw_share sh = share_of(m->kc, d, m->g, m->scratch, t);
+    const int s0 = (int)((long)m->n * t / T), s1 = (int)((long)m->n * (t + 1) / T);
+    thread_sums(m, &sh, s0, s1, T == 1 ? m->dw : sh.dw, m->db != NULL);
+    if (T > 1) {
+#pragma omp barrier
+        const size_t wl = (size_t)d->oc * m->g->k, lo = wl * (size_t)t / (size_t)T;
+        const size_t hi = wl * (size_t)(t + 1) / (size_t)T;
+        for (size_t i = lo; i < hi; i++) {
+            ch_real acc = 0;
+            for (int u = 0; u < T; u++) acc += share_of(m->kc, d, m->g, m->scratch, u).dw[i];
+            m->dw[i] = acc;
+        }
+    }
+    for (int o = t; m->db && o < d->oc; o += T) {
+        double acc = 0;
+        for (int u = 0; u < T; u++) acc += share_of(m->kc, d, m->g, m->scratch, u).db[o];
+        m->db[o] = (ch_real)acc;
+    }
+}
+
+bool ch_cpu_conv_bf16w_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, int n,
+                                        const ch_real *x, const ch_real *y, ch_real *dy,
+                                        ch_real *dw, ch_real *db)
+{
+    if (!takes(kc, d, n) || !kc->ws) return false;
+    const bw_geo g = geo_of(kc, d, n);
+    const size_t scratch = gemm_scratch(kc, d, &g);
+    if (ws_bytes(d, &g, scratch) > kc->ws_len * sizeof(ch_real)) return false;
+    int *taps = (int *)((char *)share_of(kc, d, &g, scratch, g.T).col);   /* past the last share */
+    for (int i = 0; i < d->kh; i++)
+        for (int j = 0; j < d->kw; j++) tap_index(d, i, j, taps + (size_t)(i * d->kw + j) * g.p);
+    bw_team m = { .kc = kc, .d = d, .g = &g, .scratch = scratch, .taps = taps, .n = n, .x = x, .y = y,
+                  .dy = dy, .dw = dw, .db = db };
+    ch_cpu_team(g.T, bw_member, &m);
+    return true;
+}
+
+#else
+
+size_t ch_cpu_conv_bf16w_workspace(const ch_kctx *kc, const ch_conv_desc *d, int n)
+{
+    (void)kc, (void)d, (void)n;
+    return 0;
+}
+
+bool ch_cpu_conv_bf16w_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, int n,
+                                        const ch_real *x, const ch_real *y, ch_real *dy,
+                                        ch_real *dw, ch_real *db)
+{
+    (void)kc, (void)d, (void)n, (void)x, (void)y, (void)dy, (void)dw, (void)db;
+    return false;
+}
+
+#endif
