@@ -91,6 +91,10 @@ int main(int argc, char **argv)
         { "resnet18.s2", 64, 64, 28, 128, 3, 1, 2, 1 },
         { "resnet18.s3", 64, 128, 14, 256, 3, 1, 2, 1 },
         { "resnet18.s4", 64, 256, 7, 512, 3, 1, 2, 1 },
+        /* and their 1x1 stride-2 shortcuts */
+        { "resnet18.p2", 64, 64, 28, 128, 1, 0, 2, 1 },
+        { "resnet18.p3", 64, 128, 14, 256, 1, 0, 2, 1 },
+        { "resnet18.p4", 64, 256, 7, 512, 1, 0, 2, 1 },
         /* MobileNetV2's depthwise layers at a 28x28 input (bench/speed_models.py, batch 64) */
         { "mbv2.dw28", 64, 32, 28, 32, 3, 1, 1, 32 },
         { "mbv2.dw28s2", 64, 96, 28, 96, 3, 1, 2, 96 },
