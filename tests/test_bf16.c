@@ -107,6 +107,7 @@ static conv_out run_cpu(const conv_case *c)
     conv_out o = { .y = malloc(sizeof(ch_real) * c->ys), .dy = malloc(sizeof(ch_real) * c->ys),
                    .dx = malloc(sizeof(ch_real) * c->xs), .dw = malloc(sizeof(ch_real) * c->wl) };
     assert_true(kc.ws && o.y && o.dy && o.dx && o.dw);
+    memset(kc.ws, 0xff, sizeof(ch_real) * wsz);   /* NaNs: no pass may read what it did not write */
     memcpy(o.dy, c->dy, sizeof(ch_real) * c->ys);
     k->conv2d_forward(&kc, &c->d, c->n, c->x, c->w, c->b, o.y);
     k->conv2d_backward_weights(&kc, &c->d, c->n, c->x, o.y, o.dy, o.dw, o.db);

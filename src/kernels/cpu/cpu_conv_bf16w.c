@@ -11,10 +11,11 @@
  * col^T (c*kh*kw rows) takes x's taps rounded to bf16, written along the rows from NCHW x with
  * no transpose; dY^T (oc rows) takes dy's planes rounded to bf16. The thread's GEMMs add into its
  * partial dW (or straight into dw with one thread); after a barrier each thread adds its slice
- * of the partials in thread order, so a split gives the same bits every run. db is summed from the
- * rounded dy the GEMMs read, as oneDNN's pass did. The rounding is ch_bf16_from_float's (to nearest even), the
- * same operands oneDNN's reorders gave: tests hold the result to the reference run on rounded
- * operands. */
+ * of the partials in thread order, so a split gives the same bits every run. db is summed from
+ * the rounded dy the GEMMs read, as oneDNN's pass did. The rounding is to nearest even, as
+ * oneDNN's reorders rounded (ch_bf16_from_float's for dy; for x, where the build has AVX512-BF16,
+ * the instruction's, which also flushes subnormals to zero): tests hold the result to the
+ * reference run on rounded operands. */
 #include "kernels/cpu/cpu.h"
 
 #include <stdint.h>
@@ -206,6 +207,12 @@ static void add_bias_sums(const ch_conv_desc *d, const bw_geo *g, const uint16_t
     }
 }
 
+/* Columns from .. cols-1 of each of rows rows set to 0. */
+static void zero_tail(uint16_t *m, int rows, size_t cols, size_t from)
+{
+    for (int r = 0; r < rows; r++) memset(m + (size_t)r * cols + from, 0, sizeof(uint16_t) * (cols - from));
+}
+
 /* The thread's samples [s0, s1): dy masked by the fused ReLU, its chunks' GEMMs into dw, and
  * where bias, its sums of dy into sh->db. */
 static void thread_sums(const bw_team *m, const bw_share *sh, int s0, int s1, ch_real *dw, bool bias)
@@ -213,7 +220,8 @@ static void thread_sums(const bw_team *m, const bw_share *sh, int s0, int s1, ch
     const ch_conv_desc *d = m->d;
     const bw_geo *g = m->g;
     const size_t xs = (size_t)d->c * d->h * d->w, ys = (size_t)d->oc * g->p;
-    if (d->relu) ch_cpu_relu_backward_span((size_t)(s1 - s0) * ys, m->y + s0 * ys, m->dy + s0 * ys, m->dy + s0 * ys);
+    ch_real *dy = m->dy + (size_t)s0 * ys;
+    if (d->relu) ch_cpu_relu_backward_span((size_t)(s1 - s0) * ys, m->y + (size_t)s0 * ys, dy, dy);
     if (bias) memset(sh->db, 0, sizeof(double) * (size_t)d->oc);
     for (int a = s0; a < s1; a += g->ch) {
         const int live = s1 - a < g->ch ? s1 - a : g->ch;
@@ -222,9 +230,8 @@ static void thread_sums(const bw_team *m, const bw_share *sh, int s0, int s1, ch
             sample_dy(d, g, m->dy + (size_t)(a + s) * ys, s, sh->dyt);
         }
         if (live < g->ch) {   /* zero columns: they add nothing */
-            const size_t from = (size_t)live * g->p, len = (size_t)g->cols - from;
-            for (int r = 0; r < g->k; r++) memset(sh->col + (size_t)r * g->cols + from, 0, sizeof(uint16_t) * len);
-            for (int o = 0; o < d->oc; o++) memset(sh->dyt + (size_t)o * g->cols + from, 0, sizeof(uint16_t) * len);
+            zero_tail(sh->col, g->k, (size_t)g->cols, (size_t)live * g->p);
+            zero_tail(sh->dyt, d->oc, (size_t)g->cols, (size_t)live * g->p);
         }
         const ch_gemm_batch gb = gemm_of(d, g, a != s0);
         ch_cpu_gemm_batch_bf16(m->kc, &gb, sh->dyt, sh->col, dw, sh->scratch);
