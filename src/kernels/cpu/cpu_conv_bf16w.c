@@ -213,7 +213,7 @@ static void zero_tail(uint16_t *m, int rows, size_t cols, size_t from)
     for (int r = 0; r < rows; r++) memset(m + (size_t)r * cols + from, 0, sizeof(uint16_t) * (cols - from));
 }
 
-/* The thread's samples [s0, s1): dy masked by the fused ReLU, its chunks' GEMMs into dw, and
+/* The thread's samples [s0, s1) (never empty: geo_of's team is at most n), dy masked by the fused ReLU, its chunks' GEMMs into dw, and
  * where bias, its sums of dy into sh->db. */
 static void thread_sums(const bw_team *m, const bw_share *sh, int s0, int s1, ch_real *dw, bool bias)
 {
@@ -237,7 +237,6 @@ static void thread_sums(const bw_team *m, const bw_share *sh, int s0, int s1, ch
         ch_cpu_gemm_batch_bf16(m->kc, &gb, sh->dyt, sh->col, dw, sh->scratch);
         if (bias) add_bias_sums(d, g, sh->dyt, (size_t)live * g->p, sh->db);
     }
-    if (s1 == s0) memset(dw, 0, sizeof(ch_real) * (size_t)d->oc * g->k);
 }
 
 /* Thread t of T: its samples' sums, then its slice of dw (and db) from the partials. */
