@@ -56,7 +56,7 @@ static void check(const char *what, const ch_real *got, const ch_real *want, siz
     double worst = 0;
     for (size_t i = 0; i < n; i++) {
         const double e = fabs((double)got[i] - want[i]) / (1 + fabs((double)want[i]));
-        if (!(e <= worst)) worst = e;   /* NaN counts as the worst */
+        worst = tu_worse(worst, e);
     }
     checks++;
     const bool ok = worst <= tol;

@@ -146,7 +146,7 @@ static double worst(const conv_case *c, const conv_out *a, const conv_out *b)
     const double parts[] = { tu_max_norm_err(a->dx, b->dx, c->xs), tu_max_norm_err(a->dw, b->dw, c->wl),
                              tu_max_norm_err(a->db, b->db, (size_t)c->d.oc) };
     for (int i = 0; i < 3; i++)
-        if (!(parts[i] <= e)) e = parts[i];   /* a NaN counts as the worst */
+        e = tu_worse(e, parts[i]);
     return e;
 }
 

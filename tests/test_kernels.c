@@ -1434,7 +1434,7 @@ static double worst_error(const ch_real *got, const ch_real *x, size_t n, double
         const double want = f(x[i]);
         const double size = fmax(scale ? scale(x[i]) : fabs(want), 1e-28);
         const double err = want == got[i] ? 0 : fabs(got[i] - want) / size;
-        if (!(err <= worst)) worst = err;   /* a NaN result counts as infinite */
+        worst = tu_worse(worst, err);   /* a NaN result counts as infinite */
     }
     return worst;
 }

@@ -67,13 +67,19 @@ ch_real *tu_uniform(size_t n, uint64_t seed)
     return p;
 }
 
+double tu_worse(double worst, double e)
+{
+    if (isnan(worst) || isnan(e)) return NAN;
+    return e > worst ? e : worst;
+}
+
 double tu_max_rel_err(const ch_real *a, const ch_real *b, size_t n, double floor)
 {
     double worst = 0;
     for (size_t i = 0; i < n; i++) {
         double d = fabs((double)a[i] - b[i]);
         double m = fmax(fmax(fabs((double)a[i]), fabs((double)b[i])), floor);
-        if (!(d / m <= worst)) worst = d / m;   /* NaN counts as the worst */
+        worst = tu_worse(worst, d / m);
     }
     return worst;
 }
@@ -83,7 +89,7 @@ double tu_max_norm_err(const ch_real *a, const ch_real *b, size_t n)
     double diff = 0, scale = 0;
     for (size_t i = 0; i < n; i++) {
         double d = fabs((double)a[i] - b[i]);
-        if (!(d <= diff)) diff = d;
+        diff = tu_worse(diff, d);
         scale = fmax(scale, fabs((double)b[i]));
     }
     return scale > 0 ? diff / scale : diff;
@@ -94,7 +100,7 @@ double tu_max_norm_err_f32(const float *a, const float *b, size_t n)
     double diff = 0, scale = 0;
     for (size_t i = 0; i < n; i++) {
         const double d = fabs((double)a[i] - b[i]);
-        if (!(d <= diff)) diff = d;   /* NaN counts as the worst */
+        diff = tu_worse(diff, d);
         scale = fmax(scale, fabs((double)b[i]));
     }
     return scale > 0 ? diff / scale : diff;

@@ -17,6 +17,9 @@ void tu_fill_uniform(ch_real *x, size_t n, double lo, double hi, uint64_t seed);
 /* n values uniform in [-1, 1) from seed, newly allocated (the caller frees; a failed allocation
  * fails the test). */
 ch_real *tu_uniform(size_t n, uint64_t seed);
+/* The worse of two errors, where a NaN is the worst and stays so (a plain `if (!(e <= worst))
+ * worst = e` let the next finite error replace a NaN). */
+double tu_worse(double worst, double e);
 /* max_i |a_i - b_i| / max(|a_i|, |b_i|, floor): relative error, absolute below floor. */
 double tu_max_rel_err(const ch_real *a, const ch_real *b, size_t n, double floor);
 /* max_i |a_i - b_i| / max_i |b_i|: the error relative to the array's scale, the fair measure for
