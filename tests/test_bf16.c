@@ -208,6 +208,16 @@ static void bf16_weight_gradient_in_chunks(void **state)
             check_case(d, 13, t);
         }
     }
+    /* Output rows of 12 or more split each input row into its even and odd columns (rows_split):
+     * 3x3 on rows of 32 (both halves of the row read, 16 outputs), and 5x5 with pad 2, whose taps
+     * move the phases by -1, 0 and +1 lanes, on rows of 31 (the last lane past the row); and 3x3
+     * with pad 2 on rows of 32, 17 outputs: one more than a vector, the gather's. */
+    const ch_conv_desc split[] = {
+        { .c = 16, .h = 23, .w = 32, .oc = 16, .kh = 3, .kw = 3, .stride = 2, .pad = 1, .bf16 = true },
+        { .c = 16, .h = 23, .w = 31, .oc = 16, .kh = 5, .kw = 5, .stride = 2, .pad = 2, .bf16 = true },
+        { .c = 16, .h = 19, .w = 32, .oc = 16, .kh = 3, .kw = 3, .stride = 2, .pad = 2, .bf16 = true },
+    };
+    for (int i = 0; i < 3; i++) check_case(shaped(split[i]), 3, 2);
     ch_conv_desc big = shaped((ch_conv_desc){ .c = 16, .h = 30, .w = 30, .oc = 16, .kh = 3, .kw = 3,
                                               .stride = 2, .pad = 1, .bf16 = true });   /* 15x15 */
     assert_true(ch_cpu_conv_bf16_workspace(&(ch_kctx){ .nthreads = 1 }, &big, 4) > 0);

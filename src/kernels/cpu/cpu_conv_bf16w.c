@@ -140,6 +140,76 @@ static void tap_index(const ch_conv_desc *d, int i, int j, int *tap)
         }
 }
 
+/* Reading x is most of building the columns, and this CPU's (Zen 5's, in its VM) own prefetching
+ * does not run ahead of it: asking for channel c + 1's plane while channel c's taps are moved cut
+ * the columns' time of 64@28x28 -> 128 from ~8 to ~3.5 ms a thread (bench/conv_kernels, the weight
+ * pass 19.5 -> 15.2 ms; docs/PERFORMANCE.md). */
+static void prefetch_plane(const ch_real *plane, size_t len)
+{
+    const char *at = (const char *)plane;
+    for (size_t b = 0; b < sizeof(ch_real) * len; b += 64) __builtin_prefetch(at + b, 0, 3);
+}
+
+#if defined(__AVX512BF16__) && defined(__AVX512VL__) && defined(__AVX512BW__)
+/* Stride 2, a kernel 3 wide or more, output rows of 12 to 16 and input rows of at most 32
+ * (resnet18's 64@28x28 -> 128): output ow of tap j reads column 2*ow - pad + j, which is lane
+ * ow + off of the row's even or odd columns (phase (j - pad) & 1, off = (j - pad - phase) / 2), so
+ * each input row is split into its two phases once (two loads, two permutes, two roundings) and
+ * every tap's output row is one of them moved by off lanes (-1, 0 or 1). The same bits as the
+ * gather below, 0 in the padding; at 28x28 -> 14x14 the columns take 40% less time, on narrower
+ * rows (7 and 4 outputs) the gather's fewer, wider steps are the faster. */
+static bool rows_split(const ch_conv_desc *d)
+{
+    return d->stride == 2 && d->kw >= 3 && d->ow >= 12 && d->ow <= 16 && d->w <= 32 && d->pad <= 2 &&
+           d->kw - 1 - d->pad <= 3;
+}
+
+/* The row's columns 2k + phase (k < 16), rounded; 0 past w. */
+static void row_phases(const ch_real *row, int w, __m256i *even, __m256i *odd)
+{
+    const __mmask16 m0 = (__mmask16)(w >= 16 ? 0xffff : (1u << w) - 1);
+    const __mmask16 m1 = (__mmask16)(w <= 16 ? 0 : w >= 32 ? 0xffff : (1u << (w - 16)) - 1);
+    const __m512 lo = _mm512_maskz_loadu_ps(m0, row), hi = _mm512_maskz_loadu_ps(m1, row + 16);
+    const __m512i ie = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i io = _mm512_add_epi32(ie, _mm512_set1_epi32(1));
+    *even = (__m256i)_mm512_cvtneps_pbh(_mm512_permutex2var_ps(lo, ie, hi));
+    *odd = (__m256i)_mm512_cvtneps_pbh(_mm512_permutex2var_ps(lo, io, hi));
+}
+
+/* v's lanes moved by off: lane k gets lane k + off, 0 where that is outside 0..15. */
+static __m256i lanes_moved(__m256i v, int off)
+{
+    if (off == 0) return v;
+    const __m256i k = _mm256_setr_epi16(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m256i at = _mm256_add_epi16(k, _mm256_set1_epi16((short)off));
+    return _mm256_maskz_permutexvar_epi16(off < 0 ? (__mmask16)0xfffe : (__mmask16)0x7fff, at, v);
+}
+
+static void sample_cols_split(const ch_conv_desc *d, const bw_geo *g, const ch_real *xs, int s,
+                              uint16_t *col)
+{
+    const int kk = d->kh * d->kw;
+    const size_t hw = (size_t)d->h * d->w;
+    const __mmask16 out = (__mmask16)((1u << d->ow) - 1);
+    for (int c = 0; c < d->c; c++) {
+        const ch_real *plane = xs + (size_t)c * hw;
+        if (c + 1 < d->c) prefetch_plane(plane + hw, hw);
+        for (int oh = 0; oh < d->oh; oh++)
+            for (int i = 0; i < d->kh; i++) {
+                const int ih = 2 * oh - d->pad + i;
+                __m256i ph[2] = { _mm256_setzero_si256(), _mm256_setzero_si256() };
+                if (ih >= 0 && ih < d->h) row_phases(plane + (size_t)ih * d->w, d->w, &ph[0], &ph[1]);
+                for (int j = 0; j < d->kw; j++) {
+                    const int e = j - d->pad, phase = e & 1, off = (e - phase) / 2;
+                    uint16_t *to = col + (size_t)(c * kk + i * d->kw + j) * g->cols + (size_t)s * g->p +
+                                   (size_t)oh * d->ow;
+                    _mm256_mask_storeu_epi16(to, out, lanes_moved(ph[phase], off));
+                }
+            }
+    }
+}
+#endif
+
 /* Sample s's rows of col^T from its planes xs (c x h x w): row (c, i, j), columns s*p .., the
  * tap (i, j) of every output position (taps: tap_index's, kh*kw of p each), 0 in the padding.
  * With AVX-512, 16 positions at a time by a masked gather from the plane (in L1: every tap of a
@@ -149,8 +219,16 @@ static void sample_cols(const ch_conv_desc *d, const bw_geo *g, const int *taps,
                         int s, uint16_t *col)
 {
     const int kk = d->kh * d->kw, P = (int)g->p;
+    const size_t hw = (size_t)d->h * d->w;
+#if defined(__AVX512BF16__) && defined(__AVX512VL__) && defined(__AVX512BW__)
+    if (rows_split(d)) {
+        sample_cols_split(d, g, xs, s, col);
+        return;
+    }
+#endif
     for (int c = 0; c < d->c; c++) {
-        const ch_real *plane = xs + (size_t)c * d->h * d->w;
+        const ch_real *plane = xs + (size_t)c * hw;
+        if (c + 1 < d->c) prefetch_plane(plane + hw, hw);
         for (int t = 0; t < kk; t++) {
             uint16_t *row = col + (size_t)(c * kk + t) * g->cols + (size_t)s * g->p;
             const int *tap = taps + (size_t)t * g->p;
