@@ -370,20 +370,25 @@ static void gb_build(dnnl_engine_t eng, gb_entry *e)
     dnnl_matmul_desc_t md;
     dnnl_primitive_desc_t pd = NULL;
     dnnl_primitive_attr_t attr = gb_attr(g->accumulate);
+    /* Made for the one thread each call runs on: the descriptor and the primitive both. The
+     * primitive was made at the caller's thread count once, and oneDNN 2.6, finding in its
+     * primitive cache one descriptor made into primitives at two thread counts, threw
+     * std::bad_alloc (or crashed) making a brgemm kernel (test_bf16_parallel, ~1 run in 9 at
+     * 6237191; reproduced without cohort by replaying its 176 matmuls, fixed by this alone). */
     const int prev = omp_get_max_threads();
     omp_set_num_threads(1);
     const bool made = attr && dnnl_matmul_desc_init(&md, &e->md[0], &e->md[1], NULL, &e->md[2]) ==
                                   dnnl_success &&
                       dnnl_primitive_desc_create(&pd, &md, attr, eng, NULL) == dnnl_success;
-    omp_set_num_threads(prev);
     if (attr) dnnl_primitive_attr_destroy(attr);
-    if (!made) return;
     const char *impl = NULL;
-    const bool fast = dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) ==
-                          dnnl_success &&
+    const bool fast = made && dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) ==
+                                  dnnl_success &&
                       impl && strncmp(impl, "ref", 3) != 0;
-    const dnnl_memory_desc_t *sp = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+    const dnnl_memory_desc_t *sp = made ? dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0) : NULL;
     bool ok = fast && sp && dnnl_primitive_create(&e->p, pd) == dnnl_success;
+    omp_set_num_threads(prev);
+    if (!made) return;
     if (ok) {   /* sp lives in pd */
         e->md[3] = *sp;
         e->scratch_bytes = dnnl_memory_desc_get_size(sp);
