@@ -110,6 +110,8 @@ static conv_out run_cpu(const conv_case *c)
     /* The workspace is NaNs before each pass: none may read what it did not write */
     const size_t ws_bytes = sizeof(ch_real) * wsz;
     memcpy(o.dy, c->dy, sizeof(ch_real) * c->ys);
+    memset(o.y, 0xff, sizeof(ch_real) * c->ys);   /* and the outputs: each pass writes all of its own */
+    memset(o.dx, 0xff, sizeof(ch_real) * c->xs);
     memset(kc.ws, 0xff, ws_bytes);
     k->conv2d_forward(&kc, &c->d, c->n, c->x, c->w, c->b, o.y);
     memset(kc.ws, 0xff, ws_bytes);
@@ -153,9 +155,13 @@ static double worst(const conv_case *c, const conv_out *a, const conv_out *b)
 static void check_case(ch_conv_desc d, int n, int threads)
 {
     conv_case c = case_make(d, n, threads);
-    assert_true(ch_cpu_conv_bf16_workspace(&(ch_kctx){ .nthreads = threads }, &c.d, n) > 0);   /* the path is taken */
+    const ch_kctx kt = { .nthreads = threads };
+    if (d.kh == 1 && d.kw == 1)   /* the path is taken: cpu_conv_bf16p.c's, or oneDNN's bf16 direct */
+        assert_true(ch_cpu_conv_bf16p_workspace(&kt, &c.d, n) > 0);
+    else
+        assert_true(ch_cpu_conv_bf16_workspace(&kt, &c.d, n) > 0);
     if ((long)d.oh * d.ow <= 14 * 14)   /* and the weight gradient by im2col and bf16 GEMMs */
-        assert_true(ch_cpu_conv_bf16w_workspace(&(ch_kctx){ .nthreads = threads }, &c.d, n) > 0);
+        assert_true(ch_cpu_conv_bf16w_workspace(&kt, &c.d, n) > 0);
     conv_out got = run_cpu(&c);
     conv_out exact = run_ref(&c, c.xr, c.wr, c.dyr, got.y), plain = run_ref(&c, c.x, c.w, c.dy, got.y);
     const double e = worst(&c, &got, &exact), from_fp32 = worst(&c, &got, &plain);
@@ -225,6 +231,38 @@ static void bf16_weight_gradient_in_chunks(void **state)
     check_case(big, 3, 2);   /* oneDNN's pass, held to the same reference */
     big.bf16 = false;
     assert_true(ch_cpu_conv_bf16w_workspace(&(ch_kctx){ .nthreads = 1 }, &big, 4) == 0);
+}
+
+/* 1x1 strided layers (resnet18's shortcuts) in bf16 (cpu_conv_bf16p.c, the weight gradient by
+ * cpu_conv_bf16w.c): the same rounded reference, over several chunks (28x28 -> 14x14: 6 samples a
+ * chunk, 13 samples 6 + 6 + 1 on one thread), odd planes whose last row and column no output
+ * reads, and stride 3. dx is NaNs before the pass: every element is written, 0 off the stride's
+ * positions. Stride 1, fp32, too few channels or larger planes keep im2col + sgemm. */
+static void bf16_pointwise_strided_layers(void **state)
+{
+    (void)state;
+    const ch_conv_desc cases[] = {
+        { .c = 16, .h = 28, .w = 28, .oc = 32, .kh = 1, .kw = 1, .stride = 2, .bf16 = true },
+        { .c = 24, .h = 9, .w = 7, .oc = 16, .kh = 1, .kw = 1, .stride = 2, .bf16 = true },
+        { .c = 16, .h = 10, .w = 11, .oc = 20, .kh = 1, .kw = 1, .stride = 3, .bf16 = true },
+    };
+    for (int i = 0; i < 3; i++)
+        for (int t = 1; t <= 2; t++)
+            for (int relu = 0; relu < 2; relu++) {
+                ch_conv_desc d = cases[i];
+                d.relu = relu;
+                check_case(d, i == 0 ? 13 : 3, t);
+            }
+    const ch_kctx one = { .nthreads = 1 };
+    ch_conv_desc d = shaped(cases[0]);
+    d.stride = 1, d = shaped(d);   /* pointwise at stride 1 (and a 28x28 plane) */
+    assert_true(ch_cpu_conv_bf16p_workspace(&one, &d, 4) == 0);
+    d = shaped(cases[0]), d.bf16 = false;
+    assert_true(ch_cpu_conv_bf16p_workspace(&one, &d, 4) == 0 && ch_cpu_conv_bf16w_workspace(&one, &d, 4) == 0);
+    d = shaped(cases[0]), d.c = 8;
+    assert_true(ch_cpu_conv_bf16p_workspace(&one, &d, 4) == 0);
+    d = cases[0], d.h = d.w = 30, d = shaped(d);   /* 15x15 outputs */
+    assert_true(ch_cpu_conv_bf16p_workspace(&one, &d, 4) == 0 && ch_cpu_conv_bf16w_workspace(&one, &d, 4) == 0);
 }
 
 /* Where bf16 is not the faster, or not asked for, the layer keeps its fp32 path. */
@@ -581,6 +619,7 @@ static void not_taken_by(bool (*takes)(const ch_kctx *kc, const ch_conv_desc *d,
 static const ch_conv_desc im2col_cases[] = {
     { .c = 1, .h = 21, .w = 19, .oc = 16, .kh = 7, .kw = 7, .stride = 2, .pad = 3, .bf16 = true },
     { .c = 24, .h = 6, .w = 5, .oc = 40, .kh = 1, .kw = 1, .stride = 1, .pad = 0, .bf16 = true },
+    { .c = 16, .h = 9, .w = 7, .oc = 24, .kh = 1, .kw = 1, .stride = 2, .pad = 0, .bf16 = true },   /* bf16p */
 };
 
 /* The convolutions that write their output in bf16 for a BatchNorm (graph/exec.c): F(4x4, 3x3)'s
@@ -950,6 +989,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(bf16_passes_match_the_rounded_reference),
         cmocka_unit_test(bf16_weight_gradient_in_chunks),
+        cmocka_unit_test(bf16_pointwise_strided_layers),
         cmocka_unit_test(bf16_only_where_it_wins),
         cmocka_unit_test(wino3_bf16_products_within_tolerance),
         cmocka_unit_test(wino3_bf16_rounds_where_it_should),

@@ -90,7 +90,7 @@ static void describe_bf16(FILE *out, const ch_model *m)
     char convs[200] = "", linears[100] = "", kept[240] = "", inputs[160] = "";
     if (m->convs)
         snprintf(convs, sizeof convs, "%d of %d convolutions (where bf16 is the faster: direct, or a 3x3 "
-                 "Winograd's point products; not 1x1, 16 channels or more)", m->bf16_convs, m->convs);
+                 "Winograd's point products; 1x1 only strided; 16 channels or more)", m->bf16_convs, m->convs);
     if (m->linears)
         snprintf(linears, sizeof linears, "%s%d of %d Linear layers (2^26 multiply-adds a pass or more)",
                  m->convs ? " and " : "", m->bf16_linears, m->linears);

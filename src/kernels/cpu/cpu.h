@@ -144,6 +144,25 @@ size_t ch_cpu_conv_bf16w_workspace(const ch_kctx *kc, const ch_conv_desc *d, int
 bool ch_cpu_conv_bf16w_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, int n,
                                         const ch_real *x, const ch_real *y, ch_real *dy,
                                         ch_real *dw, ch_real *db);
+/* 1x1 strided layers under --precision bf16 (cpu_conv_bf16p.c): forward (into y, or with y16
+ * rounded to bf16 there) and backward data by bf16 GEMMs; their weight gradient is the one above.
+ * geometry: the layers it and the weight gradient take (output planes up to 14x14). The same
+ * contract as the others (0 and false where it does not apply). */
+bool ch_cpu_conv_bf16p_geometry(const ch_conv_desc *d);
+size_t ch_cpu_conv_bf16p_workspace(const ch_kctx *kc, const ch_conv_desc *d, int n);
+bool ch_cpu_conv_bf16p_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
+                               const ch_real *w, const ch_real *b, ch_real *y, uint16_t *y16);
+bool ch_cpu_conv_bf16p_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *dy,
+                                     const ch_real *w, ch_real *dx);
+/* Its columns, which cpu_conv_bf16p.c's passes build too: tap positions (kh*kw rows of oh*ow,
+ * -1 in the padding) into taps; sample s's rows of im2col (c*kh*kw rows of ld) from its planes
+ * xs, at columns s*oh*ow .., rounded to bf16; rows planes of p values into columns s*p .. of
+ * rows of ld, rounded; and columns from .. cols-1 of rows rows set to 0. */
+void ch_cpu_bf16_taps(const ch_conv_desc *d, int *taps);
+void ch_cpu_bf16_cols(const ch_conv_desc *d, size_t ld, const int *taps, const ch_real *xs, int s,
+                      uint16_t *col);
+void ch_cpu_bf16_planes(int rows, size_t p, size_t ld, const ch_real *src, int s, uint16_t *dst);
+void ch_cpu_bf16_zero_tail(uint16_t *m, int rows, size_t cols, size_t from);
 
 /* Winograd convolution (cpu_dnnl_conv.c) for 3x3 stride-1 pad-1 layers whose channel counts are
  * multiples of 16. The workspace is 0, and the passes return false without touching anything,

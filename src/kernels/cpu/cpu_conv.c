@@ -133,12 +133,13 @@ size_t ch_cpu_conv2d_workspace(const ch_kctx *kc, const ch_conv_desc *d, int n)
     const size_t flipped = conv_backward_as_forward(d) ? (size_t)d->oc * conv_k(d) : 0;
     const size_t im2col = per_thread(d) * (size_t)nthreads + flipped;
     size_t most = im2col;
-    const size_t other[5] = { ch_cpu_wino_workspace(kc, d, n),
+    const size_t other[6] = { ch_cpu_wino_workspace(kc, d, n),
                               ch_cpu_wino5_workspace(kc, d, n),
                               ch_cpu_wino3_workspace(kc, d, n),
                               ch_cpu_conv_direct_workspace(kc, d, n),
-                              ch_cpu_conv_bf16w_workspace(kc, d, n) };
-    for (int i = 0; i < 5; i++)
+                              ch_cpu_conv_bf16w_workspace(kc, d, n),
+                              ch_cpu_conv_bf16p_workspace(kc, d, n) };
+    for (int i = 0; i < 6; i++)
         if (other[i] > most) most = other[i];
     return most;
 }
@@ -383,7 +384,8 @@ static void forward_group(const ch_kctx *kc, const ch_conv_desc *d, int gw, cons
  * Winograd leaves it every such layer). */
 bool ch_cpu_conv2d_in_bf16(const ch_kctx *kc, const ch_conv_desc *d, int n)
 {
-    return ch_cpu_conv_bf16_workspace(kc, d, n) > 0 || (n > 0 && ch_cpu_wino3_in_bf16(d));
+    return ch_cpu_conv_bf16_workspace(kc, d, n) > 0 || ch_cpu_conv_bf16p_workspace(kc, d, n) > 0 ||
+           (n > 0 && ch_cpu_wino3_in_bf16(d));
 }
 
 static void im2col_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
@@ -466,6 +468,7 @@ static void groups_member(void *arg, int t, int T)
 static void im2col_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
                            const ch_real *w, const ch_real *b, ch_real *y, uint16_t *y16)
 {
+    if (ch_cpu_conv_bf16p_forward(kc, d, n, x, w, b, y, y16)) return;   /* bf16 1x1 strided layers */
     const conv_split sp = conv_split_of(kc, d, n);
     conv_team m = { .kc = kc, .d = d, .sp = &sp, .n = n, .x = x, .w = w, .b = b, .out = y, .out16 = y16,
                     .in_stride = (size_t)d->c * d->h * d->w, .out_stride = (size_t)d->oc * conv_p(d) };
@@ -566,7 +569,8 @@ void ch_cpu_conv2d_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int n
         ch_cpu_conv_group_backward_data(kc, d, n, dy, w, dx);
         return;
     }
-    if (ch_cpu_conv_direct_backward_data(kc, d, n, dy, w, dx) || ch_cpu_wino_backward_data(kc, d, n, dy, w, dx) ||
+    if (ch_cpu_conv_bf16p_backward_data(kc, d, n, dy, w, dx) ||
+        ch_cpu_conv_direct_backward_data(kc, d, n, dy, w, dx) || ch_cpu_wino_backward_data(kc, d, n, dy, w, dx) ||
         ch_cpu_wino5_backward_data(kc, d, n, dy, w, dx) ||
         ch_cpu_wino3_backward_data(kc, d, n, dy, w, dx))
         return;

@@ -115,7 +115,7 @@ static size_t ws_bytes(const ch_conv_desc *d, const bw_geo *g, size_t scratch)
 /* The layers it takes, and whether every GEMM has oneDNN's fast kernel. */
 static bool takes(const ch_kctx *kc, const ch_conv_desc *d, int n)
 {
-    if (n <= 0 || !ch_cpu_conv_bf16_direct(d) || !wins(d)) return false;
+    if (n <= 0 || !(ch_cpu_conv_bf16_direct(d) || ch_cpu_conv_bf16p_geometry(d)) || !wins(d)) return false;
     const bw_geo g = geo_of(kc, d, n);
     const ch_gemm_batch first = gemm_of(d, &g, false), then = gemm_of(d, &g, true);
     return ch_cpu_gemm_batch_fast(kc, &first) && ch_cpu_gemm_batch_fast(kc, &then);
@@ -138,6 +138,13 @@ static void tap_index(const ch_conv_desc *d, int i, int j, int *tap)
             const int ih = oh * d->stride - d->pad + i, iw = ow * d->stride - d->pad + j;
             tap[oh * d->ow + ow] = ih >= 0 && ih < d->h && iw >= 0 && iw < d->w ? ih * d->w + iw : -1;
         }
+}
+
+void ch_cpu_bf16_taps(const ch_conv_desc *d, int *taps)
+{
+    const size_t P = (size_t)d->oh * d->ow;
+    for (int i = 0; i < d->kh; i++)
+        for (int j = 0; j < d->kw; j++) tap_index(d, i, j, taps + (size_t)(i * d->kw + j) * P);
 }
 
 /* Reading x is most of building the columns, and this CPU's (Zen 5's, in its VM) own prefetching
@@ -185,10 +192,9 @@ static __m256i lanes_moved(__m256i v, int off)
     return _mm256_maskz_permutexvar_epi16(off < 0 ? (__mmask16)0xfffe : (__mmask16)0x7fff, at, v);
 }
 
-static void sample_cols_split(const ch_conv_desc *d, const bw_geo *g, const ch_real *xs, int s,
-                              uint16_t *col)
+static void sample_cols_split(const ch_conv_desc *d, size_t ld, const ch_real *xs, int s, uint16_t *col)
 {
-    const int kk = d->kh * d->kw;
+    const int kk = d->kh * d->kw, P = d->oh * d->ow;
     const size_t hw = (size_t)d->h * d->w;
     const __mmask16 out = (__mmask16)((1u << d->ow) - 1);
     for (int c = 0; c < d->c; c++) {
@@ -201,8 +207,7 @@ static void sample_cols_split(const ch_conv_desc *d, const bw_geo *g, const ch_r
                 if (ih >= 0 && ih < d->h) row_phases(plane + (size_t)ih * d->w, d->w, &ph[0], &ph[1]);
                 for (int j = 0; j < d->kw; j++) {
                     const int e = j - d->pad, phase = e & 1, off = (e - phase) / 2;
-                    uint16_t *to = col + (size_t)(c * kk + i * d->kw + j) * g->cols + (size_t)s * g->p +
-                                   (size_t)oh * d->ow;
+                    uint16_t *to = col + (size_t)(c * kk + i * d->kw + j) * ld + (size_t)s * P + (size_t)oh * d->ow;
                     _mm256_mask_storeu_epi16(to, out, lanes_moved(ph[phase], off));
                 }
             }
@@ -215,14 +220,13 @@ static void sample_cols_split(const ch_conv_desc *d, const bw_geo *g, const ch_r
  * With AVX-512, 16 positions at a time by a masked gather from the plane (in L1: every tap of a
  * channel reads the same plane): a run along each output row moved 4 to 14 values a step on
  * resnet18's stride-2 layers. */
-static void sample_cols(const ch_conv_desc *d, const bw_geo *g, const int *taps, const ch_real *xs,
-                        int s, uint16_t *col)
+void ch_cpu_bf16_cols(const ch_conv_desc *d, size_t ld, const int *taps, const ch_real *xs, int s, uint16_t *col)
 {
-    const int kk = d->kh * d->kw, P = (int)g->p;
+    const int kk = d->kh * d->kw, P = d->oh * d->ow;
     const size_t hw = (size_t)d->h * d->w;
 #if defined(__AVX512BF16__) && defined(__AVX512VL__) && defined(__AVX512BW__)
     if (rows_split(d)) {
-        sample_cols_split(d, g, xs, s, col);
+        sample_cols_split(d, ld, xs, s, col);
         return;
     }
 #endif
@@ -230,8 +234,8 @@ static void sample_cols(const ch_conv_desc *d, const bw_geo *g, const int *taps,
         const ch_real *plane = xs + (size_t)c * hw;
         if (c + 1 < d->c) prefetch_plane(plane + hw, hw);
         for (int t = 0; t < kk; t++) {
-            uint16_t *row = col + (size_t)(c * kk + t) * g->cols + (size_t)s * g->p;
-            const int *tap = taps + (size_t)t * g->p;
+            uint16_t *row = col + (size_t)(c * kk + t) * ld + (size_t)s * P;
+            const int *tap = taps + (size_t)t * P;
 #if defined(__AVX512BF16__) && defined(__AVX512VL__)
             for (int q = 0; q < P; q += 16) {
                 const __mmask16 live = (__mmask16)(P - q >= 16 ? 0xffff : (1u << (P - q)) - 1);
@@ -247,15 +251,13 @@ static void sample_cols(const ch_conv_desc *d, const bw_geo *g, const int *taps,
     }
 }
 
-/* Sample s's dy planes (oc x p) into columns s*p .. of dY^T. */
-static void sample_dy(const ch_conv_desc *d, const bw_geo *g, const ch_real *dys, int s,
-                      uint16_t *dyt)
+void ch_cpu_bf16_planes(int rows, size_t p, size_t ld, const ch_real *src, int s, uint16_t *dst)
 {
-    for (int o = 0; o < d->oc; o++) {
-        const ch_real *from = dys + (size_t)o * g->p;
-        uint16_t *to = dyt + (size_t)o * g->cols + (size_t)s * g->p;
+    for (int o = 0; o < rows; o++) {
+        const ch_real *from = src + (size_t)o * p;
+        uint16_t *to = dst + (size_t)o * ld + (size_t)s * p;
 #pragma omp simd
-        for (size_t q = 0; q < g->p; q++) to[q] = ch_bf16_from_float((float)from[q]);
+        for (size_t q = 0; q < p; q++) to[q] = ch_bf16_from_float((float)from[q]);
     }
 }
 
@@ -285,8 +287,7 @@ static void add_bias_sums(const ch_conv_desc *d, const bw_geo *g, const uint16_t
     }
 }
 
-/* Columns from .. cols-1 of each of rows rows set to 0. */
-static void zero_tail(uint16_t *m, int rows, size_t cols, size_t from)
+void ch_cpu_bf16_zero_tail(uint16_t *m, int rows, size_t cols, size_t from)
 {
     for (int r = 0; r < rows; r++) memset(m + (size_t)r * cols + from, 0, sizeof(uint16_t) * (cols - from));
 }
@@ -304,12 +305,12 @@ static void thread_sums(const bw_team *m, const bw_share *sh, int s0, int s1, ch
     for (int a = s0; a < s1; a += g->ch) {
         const int live = s1 - a < g->ch ? s1 - a : g->ch;
         for (int s = 0; s < live; s++) {
-            sample_cols(d, g, m->taps, m->x + (size_t)(a + s) * xs, s, sh->col);
-            sample_dy(d, g, m->dy + (size_t)(a + s) * ys, s, sh->dyt);
+            ch_cpu_bf16_cols(d, (size_t)g->cols, m->taps, m->x + (size_t)(a + s) * xs, s, sh->col);
+            ch_cpu_bf16_planes(d->oc, g->p, (size_t)g->cols, m->dy + (size_t)(a + s) * ys, s, sh->dyt);
         }
         if (live < g->ch) {   /* zero columns: they add nothing */
-            zero_tail(sh->col, g->k, (size_t)g->cols, (size_t)live * g->p);
-            zero_tail(sh->dyt, d->oc, (size_t)g->cols, (size_t)live * g->p);
+            ch_cpu_bf16_zero_tail(sh->col, g->k, (size_t)g->cols, (size_t)live * g->p);
+            ch_cpu_bf16_zero_tail(sh->dyt, d->oc, (size_t)g->cols, (size_t)live * g->p);
         }
         const ch_gemm_batch gb = gemm_of(d, g, a != s0);
         ch_cpu_gemm_batch_bf16(m->kc, &gb, sh->dyt, sh->col, dw, sh->scratch);
@@ -351,8 +352,7 @@ bool ch_cpu_conv_bf16w_backward_weights(const ch_kctx *kc, const ch_conv_desc *d
     const size_t scratch = gemm_scratch(kc, d, &g);
     if (ws_bytes(d, &g, scratch) > kc->ws_len * sizeof(ch_real)) return false;
     int *taps = (int *)((char *)share_of(kc, d, &g, scratch, g.T).col);   /* past the last share */
-    for (int i = 0; i < d->kh; i++)
-        for (int j = 0; j < d->kw; j++) tap_index(d, i, j, taps + (size_t)(i * d->kw + j) * g.p);
+    ch_cpu_bf16_taps(d, taps);
     bw_team m = { .kc = kc, .d = d, .g = &g, .scratch = scratch, .taps = taps, .n = n, .x = x, .y = y,
                   .dy = dy, .dw = dw, .db = db };
     ch_cpu_team(g.T, bw_member, &m);
