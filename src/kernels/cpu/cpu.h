@@ -159,6 +159,9 @@ bool ch_cpu_conv_bf16p_backward_data(const ch_kctx *kc, const ch_conv_desc *d, i
  * xs, at columns s*oh*ow .., rounded to bf16; rows planes of p values into columns s*p .. of
  * rows of ld, rounded; and columns from .. cols-1 of rows rows set to 0. */
 void ch_cpu_bf16_taps(const ch_conv_desc *d, int *taps);
+/* The team (*T, at most n) and samples per chunk (*ch: about 1,024 output positions, at most a
+ * thread's share) of both files' passes over n samples of p output positions each. */
+void ch_cpu_bf16_chunks(const ch_kctx *kc, int n, size_t p, int *T, int *ch);
 void ch_cpu_bf16_cols(const ch_conv_desc *d, size_t ld, const int *taps, const ch_real *xs, int s,
                       uint16_t *col);
 void ch_cpu_bf16_planes(int rows, size_t p, size_t ld, const ch_real *src, int s, uint16_t *dst);

@@ -6,8 +6,8 @@
  * reorders cost what its products saved: docs/PERFORMANCE.md, bf16). Its columns are x at the
  * stride's positions, a quarter of x; rounded as they are gathered (the next plane prefetched, as
  * cpu_conv_bf16w.c does), one bf16 GEMM per chunk runs near oneDNN's bf16 rate.
- * How: each thread takes a contiguous run of the batch in chunks of about BP_COLS output
- * positions, whole samples. One GEMM shape, made at plan time, serves every chunk: a short last
+ * How: each thread takes a contiguous run of the batch in chunks of about 1,024 output
+ * positions, whole samples (ch_cpu_bf16_chunks, as cpu_conv_bf16w.c's pass). One GEMM shape, made at plan time, serves every chunk: a short last
  * chunk's other columns hold the chunk before's values, and as each output column depends on its
  * own input column alone, only the live ones are written out.
  *  - forward: the chunk's columns (c rows) times W rounded to bf16 (each thread rounds a share of
@@ -26,7 +26,7 @@
 
 #ifndef CH_REAL_DOUBLE
 
-enum { BP_ALIGN = 64, BP_COLS = 1024, P_MAX = 14 * 14 };   /* a chunk's columns: about BP_COLS */
+enum { BP_ALIGN = 64, P_MAX = 14 * 14 };
 
 typedef struct bp_geo {
     int T, ch, cols, rows;   /* threads, samples per chunk, columns, max(c, oc) */
@@ -47,11 +47,7 @@ static bp_geo geo_of(const ch_kctx *kc, const ch_conv_desc *d, int n)
 {
     bp_geo g;
     g.p = (size_t)d->oh * d->ow;
-    g.T = kc->nthreads < 1 ? 1 : kc->nthreads;
-    if (g.T > n) g.T = n > 0 ? n : 1;
-    const int per = (n + g.T - 1) / g.T;
-    g.ch = (int)((BP_COLS + g.p - 1) / g.p);
-    if (g.ch > per) g.ch = per > 0 ? per : 1;
+    ch_cpu_bf16_chunks(kc, n, g.p, &g.T, &g.ch);
     g.cols = g.ch * (int)g.p;
     g.rows = d->c > d->oc ? d->c : d->oc;
     return g;

@@ -38,15 +38,21 @@ typedef struct bw_geo {
 
 static size_t align_up(size_t b) { return (b + BW_ALIGN - 1) & ~(size_t)(BW_ALIGN - 1); }
 
+void ch_cpu_bf16_chunks(const ch_kctx *kc, int n, size_t p, int *T, int *ch)
+{
+    int t = kc->nthreads < 1 ? 1 : kc->nthreads;
+    if (t > n) t = n > 0 ? n : 1;
+    const int per = (n + t - 1) / t;
+    int c = (int)((BW_COLS + p - 1) / p);
+    if (c > per) c = per > 0 ? per : 1;
+    *T = t, *ch = c;
+}
+
 static bw_geo geo_of(const ch_kctx *kc, const ch_conv_desc *d, int n)
 {
     bw_geo g;
     g.p = (size_t)d->oh * d->ow;
-    g.T = kc->nthreads < 1 ? 1 : kc->nthreads;
-    if (g.T > n) g.T = n > 0 ? n : 1;
-    const int per = (n + g.T - 1) / g.T;
-    g.ch = (int)((BW_COLS + g.p - 1) / g.p);
-    if (g.ch > per) g.ch = per > 0 ? per : 1;
+    ch_cpu_bf16_chunks(kc, n, g.p, &g.T, &g.ch);
     g.cols = g.ch * (int)g.p;
     g.k = d->c * d->kh * d->kw;
     return g;
