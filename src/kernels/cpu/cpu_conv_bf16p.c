@@ -7,9 +7,10 @@
  * stride's positions, a quarter of x; rounded as they are gathered (the next plane prefetched, as
  * cpu_conv_bf16w.c does), one bf16 GEMM per chunk runs near oneDNN's bf16 rate.
  * How: each thread takes a contiguous run of the batch in chunks of about 1,024 output
- * positions, whole samples (ch_cpu_bf16_chunks, as cpu_conv_bf16w.c's pass). One GEMM shape, made at plan time, serves every chunk: a short last
- * chunk's other columns hold the chunk before's values, and as each output column depends on its
- * own input column alone, only the live ones are written out.
+ * positions, whole samples (ch_cpu_bf16_chunks, as cpu_conv_bf16w.c's pass). One GEMM shape,
+ * made at plan time, serves every chunk: a short chunk's other columns hold whatever was there
+ * (an earlier chunk's values, or the workspace's), and as each output column depends on its own
+ * input column alone, only the live ones are written out.
  *  - forward: the chunk's columns (c rows) times W rounded to bf16 (each thread rounds a share of
  *    its rows, once per call), Y (oc x cols) written out per sample with the bias (and ReLU where
  *    fused), or rounded to bf16 where the layer writes its output so (conv2d_forward_bf16);
