@@ -99,6 +99,9 @@ size_t ch_cpu_gb_cache_entries(const struct ch_gb_cache *c);
 void ch_cpu_conv2d_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
                            const ch_real *w, const ch_real *b, ch_real *y);
 bool ch_cpu_conv2d_out_bf16(const ch_kctx *kc, const ch_conv_desc *d, int n);
+/* One sample's output plane of P values (+ *b where b, ReLU where relu) rounded to bf16 into to,
+ * as the im2col layers write their outputs for a BatchNorm (cpu_conv.c, cpu_conv_bf16p.c). */
+void ch_cpu_round_plane(const ch_real *from, size_t P, const ch_real *b, bool relu, uint16_t *to);
 void ch_cpu_conv2d_forward_bf16(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
                                 const ch_real *w, const ch_real *b, uint16_t *y);
 bool ch_cpu_conv2d_x_bf16(const ch_kctx *kc, const ch_conv_desc *d, int n);

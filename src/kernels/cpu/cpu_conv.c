@@ -342,7 +342,7 @@ static const ch_real *group_col(const ch_conv_desc *d, int gw, const ch_real *x,
 /* One sample's plane of the GEMM's output (+ bias, ReLU where fused) rounded to bf16 (a
  * convolution's output written in bf16 for its BatchNorm). No bias: the value as it is (adding 0
  * would turn a -0 into +0). */
-static void round_plane(const ch_real *from, size_t P, const ch_real *b, bool relu, uint16_t *to)
+void ch_cpu_round_plane(const ch_real *from, size_t P, const ch_real *b, bool relu, uint16_t *to)
 {
     for (size_t p = 0; p < P; p++) {
         const ch_real v = b ? from[p] + *b : from[p];
@@ -365,7 +365,7 @@ static void forward_group(const ch_kctx *kc, const ch_conv_desc *d, int gw, cons
     if (y16) {   /* rounded from the scratch while it is in cache */
         for (int s = 0; s < gw; s++)
             for (int o = 0; o < d->oc; o++)
-                round_plane(out + o * ld + s * P, P, b ? b + o : NULL, d->relu,
+                ch_cpu_round_plane(out + o * ld + s * P, P, b ? b + o : NULL, d->relu,
                             y16 + ((size_t)s * d->oc + o) * P);
         return;
     }

@@ -23,7 +23,6 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "core/bf16.h"
 
 #ifndef CH_REAL_DOUBLE
 
@@ -148,15 +147,16 @@ static void write_y(const bp_team *m, const ch_real *Y, int s, size_t at)
     const size_t P = m->g->p;
     for (int o = 0; o < d->oc; o++) {
         const ch_real *from = Y + (size_t)o * m->g->cols + (size_t)s * P;
-        ch_real v[P_MAX];
-        for (size_t q = 0; q < P; q++) {
-            v[q] = m->b ? from[q] + m->b[o] : from[q];   /* no bias: the value as it is (-0 stays) */
-            if (d->relu && v[q] < 0) v[q] = 0;           /* NaN passes, as in ch_cpu_relu_span */
+        const ch_real *b = m->b ? m->b + o : NULL;
+        if (m->out16) {
+            ch_cpu_round_plane(from, P, b, d->relu, m->out16 + at + (size_t)o * P);
+            continue;
         }
-        if (m->out16)
-            for (size_t q = 0; q < P; q++) m->out16[at + (size_t)o * P + q] = ch_bf16_from_float((float)v[q]);
-        else
-            memcpy(m->out + at + (size_t)o * P, v, sizeof(ch_real) * P);
+        ch_real *to = m->out + at + (size_t)o * P;
+        for (size_t q = 0; q < P; q++) {
+            const ch_real v = b ? from[q] + *b : from[q];   /* no bias: the value as it is (-0 stays) */
+            to[q] = d->relu && v < 0 ? 0 : v;               /* NaN passes, as in ch_cpu_relu_span */
+        }
     }
 }
 
@@ -182,8 +182,7 @@ static void round_weights(const bp_team *m, int t, int T)
 {
     const size_t wl = (size_t)m->d->oc * m->d->c;
     const size_t lo = wl * (size_t)t / (size_t)T, hi = wl * (size_t)(t + 1) / (size_t)T;
-    uint16_t *wb = ws_weights(m->kc);
-    for (size_t i = lo; i < hi; i++) wb[i] = ch_bf16_from_float((float)m->w[i]);
+    ch_cpu_bf16_planes(1, hi - lo, 0, m->w + lo, 0, ws_weights(m->kc) + lo);
 }
 
 static void bp_member(void *arg, int t, int T)
