@@ -464,7 +464,7 @@ static void wino3_bf16_rounds_where_it_should(void **state)
 
 /* cpu_wino3.c's F(4x4, 3x3) with bf16 point products, against the fp32 reference: bounded, and
  * far from the fp32 path's error (the products are bf16). Channel counts off 16 (oneDNN's
- * Winograd leaves them to cohort's), planes with clipped tiles, 17 samples (a second group with
+ * Winograd leaves them to cohort's; pairs of channels off 16 too), planes with clipped tiles, 17 samples (a second group with
  * one lane live), ReLU'd and zero-mean inputs. */
 static void wino3_bf16_products_within_tolerance(void **state)
 {
@@ -472,6 +472,8 @@ static void wino3_bf16_products_within_tolerance(void **state)
     const ch_conv_desc cases[] = {
         { .c = 24, .h = 9, .w = 11, .oc = 40, .kh = 3, .kw = 3, .stride = 1, .pad = 1, .bf16 = true },
         { .c = 40, .h = 14, .w = 14, .oc = 24, .kh = 3, .kw = 3, .stride = 1, .pad = 1, .bf16 = true },
+        /* 360 channel pairs: the weights' transform ends on 8 of a vector's 16 lanes */
+        { .c = 20, .h = 9, .w = 11, .oc = 18, .kh = 3, .kw = 3, .stride = 1, .pad = 1, .bf16 = true },
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         for (int relu = 0; relu < 2; relu++)
