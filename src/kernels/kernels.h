@@ -49,6 +49,12 @@ typedef struct ch_conv_desc {
     /* --precision bf16: the backend may compute the products in bf16 (operands rounded to bf16,
      * sums in fp32) where that is the faster; x, w, y, dx and dw stay fp32 either way. */
     bool bf16;
+    /* Where the forward may leave what the backward after it reuses (the CPU's own Winograds:
+     * the transformed weights), conv2d_keep_bytes of it, owned by the layer; NULL: nothing kept.
+     * The backward reuses it only for the same w, unchanged since that forward (checked on a few
+     * of its values, not all: changing w between a forward and its backward breaks the layer
+     * contract already, nn/layer.h). */
+    void *keep;
 } ch_conv_desc;
 
 static inline int ch_conv_groups(const ch_conv_desc *d) { return d->groups > 1 ? d->groups : 1; }
@@ -143,6 +149,9 @@ typedef struct ch_kernels {
      * kc->nthreads threads (kc->ws is not read). This is plan time: it may prepare per-geometry
      * state in kc->cache (the CPU backend's oneDNN primitives), so the passes make none. */
     size_t (*conv2d_workspace)(const ch_kctx *kc, const ch_conv_desc *d, int n);
+    /* Bytes of d->keep the passes for d at batch n would use (0, or NULL: none; plan time). Only
+     * a backend whose memory the host reads has it: the layer zeroes the keep it allocates. */
+    size_t (*conv2d_keep_bytes)(const ch_kctx *kc, const ch_conv_desc *d, int n);
     /* y[n,o,i,j] = b[o] + sum_{c,p,q} w[o,c,p,q] * x[n,c,i*s-pad+p,j*s-pad+q]; b may be NULL. */
     void (*conv2d_forward)(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
                            const ch_real *w, const ch_real *b, ch_real *y);

@@ -5,6 +5,7 @@
 #include "nn/layer.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 typedef struct conv_impl {
     ch_conv_desc d;
@@ -23,7 +24,22 @@ static ch_status conv_plan(ch_layer *l, ch_plan *pl, ch_err *err)
         pl->bf16_convs++;
     size_t need = pl->k->conv2d_workspace(&kc, &c->d, pl->max_batch);
     if (need > pl->ws_need) pl->ws_need = need;
+    ch_layer_release(l, c->d.keep);   /* a layer planned again */
+    c->d.keep = NULL;
+    const size_t keep = pl->k->conv2d_keep_bytes ? pl->k->conv2d_keep_bytes(&kc, &c->d, pl->max_batch) : 0;
+    if (keep) {
+        c->d.keep = ch_layer_alloc_saved(l, pl, keep, 1, err);
+        if (!c->d.keep) return CH_STATUS_SYSTEM;
+        memset(c->d.keep, 0, keep);   /* nothing kept yet (a host backend's: kernels.h) */
+        pl->keep_bytes += keep;
+    }
     return ch_layer_alloc_output(l, pl, err);
+}
+
+static void conv_free(ch_layer *l)
+{
+    conv_impl *c = l->impl;
+    if (c) ch_layer_release(l, c->d.keep);
 }
 
 static void conv_forward(ch_layer *l, const ch_run *r, int n, const ch_real *x)
@@ -99,7 +115,7 @@ bool ch_conv2d_input_bf16(ch_layer *l, const ch_plan *pl)
 }
 
 static const ch_layer_ops conv_ops = {
-    .kind = "Conv2d", .plan = conv_plan, .forward = conv_forward, .backward = conv_backward,
+    .kind = "Conv2d", .plan = conv_plan, .forward = conv_forward, .backward = conv_backward, .free_impl = conv_free,
     .y_unread_by_backward = true,   /* unless it absorbed a ReLU, whose output y then is */
     .absorb_relu = conv_absorb_relu, .overwrites_dy = true,
 };

@@ -86,6 +86,7 @@ typedef struct ch_plan {
     size_t ws_need;     /* out: the largest kernel workspace (elements) any layer needs */
     size_t saved_bytes; /* out: what layers keep from forward for backward besides their outputs
                          * (pooling argmax, dropout masks) */
+    size_t keep_bytes;  /* out: of the convolutions' d->keep (their transformed weights) */
     int convs, bf16_convs; /* out: convolutions, and those whose products the kernels do in bf16 */
     int linears, bf16_linears; /* out: Linear layers, and those whose GEMMs run in bf16 */
     size_t bf16_kept;   /* out: activation values kept in bf16 between forward and backward */

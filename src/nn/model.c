@@ -195,6 +195,7 @@ static ch_status plan(ch_model *m, int max_batch, int nthreads, ch_err *err)
     CH_TRY(ch_layer_plan_tree(m->root, &pl, err));
     m->ws_len = pl.ws_need;
     m->saved_bytes = pl.saved_bytes;
+    m->keep_bytes = pl.keep_bytes;
     m->convs = pl.convs;
     m->bf16_convs = pl.bf16_convs;
     m->linears = pl.linears;

@@ -41,6 +41,7 @@ typedef struct ch_model {
     ch_real *scratch;               /* the layers' backward scratch stack, planned */
     size_t scratch_len;
     size_t saved_bytes;             /* kept from forward for backward besides outputs, planned */
+    size_t keep_bytes;              /* the convolutions' kept transformed weights (ch_conv_desc's keep) */
 } ch_model;
 
 /* Build around an existing tree (takes ownership of root, also on failure). be (borrowed) holds

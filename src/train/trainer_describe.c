@@ -158,9 +158,10 @@ void ch_trainer_describe(const ch_trainer *t, FILE *out)
     if (t->replicas[0].sharded) snprintf(zero, sizeof zero, " (its 1/%d shard, --zero 1)", R);
     fprintf(out, "memory per replica (slice of %d): parameters %.2f MiB, gradients %.2f MiB, optimizer state %.2f MiB%s, "
            "activations %.2f MiB, saved for backward %.2f MiB, backward scratch %.2f MiB, "
-           "kernel workspace %.2f MiB\n", slice, mib(P * 4), mib(P * 4),
+           "kernel workspace %.2f MiB, transformed weights kept from forward %.2f MiB\n", slice, mib(P * 4), mib(P * 4),
            o->nstate * mib((double)o->n * sizeof(ch_real)), zero, mib(act), mib((double)m->saved_bytes),
-           mib((double)m->scratch_len * sizeof(ch_real)), mib((double)m->ws_len * sizeof(ch_real)));
+           mib((double)m->scratch_len * sizeof(ch_real)), mib((double)m->ws_len * sizeof(ch_real)),
+           mib((double)m->keep_bytes));
     if (t->spec.bf16) describe_bf16(out, m);
     int threads = 0;
     for (int r = 0; r < D; r++) threads += t->replicas[r].nthreads;

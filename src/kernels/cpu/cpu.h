@@ -83,6 +83,7 @@ void ch_cpu_gemm_bf16(const ch_kctx *kc, bool ta, bool tb, int m, int n, int k, 
                       int lda, const ch_real *b, int ldb, bool accumulate, ch_real *c, int ldc);
 
 size_t ch_cpu_conv2d_workspace(const ch_kctx *kc, const ch_conv_desc *d, int n);
+size_t ch_cpu_conv2d_keep_bytes(const ch_kctx *kc, const ch_conv_desc *d, int n);
 bool ch_cpu_conv2d_in_bf16(const ch_kctx *kc, const ch_conv_desc *d, int n);
 
 /* The CPU kernels' per-replica state (ch_kctx's cache; cpu_dnnl_conv.c): a oneDNN engine and
@@ -190,6 +191,7 @@ bool ch_cpu_wino_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, int 
  * least 8 channels in and 16 out; the same contract as above (0 and false where it does not apply
  * or the workspace is short). */
 size_t ch_cpu_wino5_workspace(const ch_kctx *kc, const ch_conv_desc *d, int n);
+size_t ch_cpu_wino5_keep_bytes(const ch_kctx *kc, const ch_conv_desc *d, int n);
 /* Whether the geometry is one it takes (no workspace query: that one sizes the point GEMMs, whose
  * cache is shared by the process). */
 bool ch_cpu_wino5_applies(const ch_conv_desc *d);
@@ -212,6 +214,7 @@ bool ch_cpu_wino5_backward(const ch_kctx *kc, const ch_conv_desc *d, int n, cons
 /* Winograd F(4x4, 3x3) (cpu_wino3.c), all three passes, for 3x3 stride-1 layers with at least
  * 8 channels in and 16 out that cpu_dnnl_conv.c does not take; the same contract. */
 size_t ch_cpu_wino3_workspace(const ch_kctx *kc, const ch_conv_desc *d, int n);
+size_t ch_cpu_wino3_keep_bytes(const ch_kctx *kc, const ch_conv_desc *d, int n);
 bool ch_cpu_wino3_applies(const ch_conv_desc *d);
 bool ch_cpu_wino3_in_bf16(const ch_conv_desc *d);
 bool ch_cpu_wino3_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,

@@ -403,6 +403,18 @@ static fwd_kernel forward_kernel(const ch_conv_desc *d, int n)
     return ch_cpu_wino3_applies(d) ? FWD_WINO3 : FWD_IM2COL;
 }
 
+/* The kept transformed weights of cohort's own Winograds (wino_body.h, u_for), where one runs
+ * the forward. */
+size_t ch_cpu_conv2d_keep_bytes(const ch_kctx *kc, const ch_conv_desc *d, int n)
+{
+    if (n <= 0) return 0;
+    switch (forward_kernel(d, n)) {
+    case FWD_WINO5: return ch_cpu_wino5_keep_bytes(kc, d, n);
+    case FWD_WINO3: return ch_cpu_wino3_keep_bytes(kc, d, n);
+    default: return 0;
+    }
+}
+
 void ch_cpu_conv2d_forward(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
                            const ch_real *w, const ch_real *b, ch_real *y)
 {

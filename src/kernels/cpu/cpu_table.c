@@ -7,6 +7,7 @@ const ch_kernels ch_cpu_kernel_table = {
     .gemm_bf16_workspace = ch_cpu_gemm_bf16_workspace,
     .gemm_bf16 = ch_cpu_gemm_bf16,
     .conv2d_workspace = ch_cpu_conv2d_workspace,
+    .conv2d_keep_bytes = ch_cpu_conv2d_keep_bytes,
     .conv2d_in_bf16 = ch_cpu_conv2d_in_bf16,
     .conv2d_forward = ch_cpu_conv2d_forward,
     .conv2d_backward_data = ch_cpu_conv2d_backward_data,

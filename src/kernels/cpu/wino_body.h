@@ -604,39 +604,106 @@ typedef struct wteam {
     const wgeo *g;
     int n;
     const ch_real *w;
+    ch_real *u;             /* where U is (u_for) */
+    bool make_u;            /* the team makes U there first */
     const wpass *p;         /* run_pass */
     const struct wgrads *a; /* grads_pass, with its dw */
     ch_real *dw;
 } wteam;
 
-/* Thread t of T's share of the weights' transform into U (the workspace's head). */
+/* d->keep (ch_conv_desc): this head, then U as the workspace's head holds it. A forward makes U
+ * there and stamps the head; the backward after it, given the same w, uses that U instead of
+ * making its own (on resnet18's 512-channel layers in bf16 the weights' transform was ~3 ms of
+ * each pass, its 19 MB of U written at memory speed). */
+typedef struct wkeep {
+    const ch_real *w;              /* the weights U was made from */
+    uint32_t guard[3];             /* the bits of three of their values then: first, middle, last */
+    bool fresh;                    /* made by a forward, not yet used by a backward */
+    bool bf16;                     /* U in bf16 */
+} wkeep;
+enum { WKEEP_HEAD = 64 };
+_Static_assert(sizeof(wkeep) <= WKEEP_HEAD, "the head fits");
+
+static void keep_guard(const ch_conv_desc *d, const ch_real *w, uint32_t out[3])
+{
+    const size_t len = (size_t)d->oc * d->c * WR * WR, at[3] = { 0, len / 2, len - 1 };
+    for (int i = 0; i < 3; i++) {
+        const float v = (float)w[at[i]];
+        memcpy(&out[i], &v, sizeof v);
+    }
+}
+
+static size_t keep_len(const wgeo *g)
+{
+    return WKEEP_HEAD + shared_len(g->d) * (g->bf16 ? sizeof(uint16_t) : sizeof(ch_real));
+}
+
+/* Where a pass finds U and whether it makes it: without d->keep, made in the workspace's head;
+ * with it, in the kept place, made by a forward (stamped after it: keep_stamp) and by a backward
+ * unless the forward before it left U of this w there (used once: fresh is cleared). */
+static ch_real *u_for(const ch_kctx *kc, const wgeo *g, const ch_real *w, bool forward, bool *make)
+{
+    wkeep *k = g->d->keep;
+    *make = true;
+    if (!k) return kc->ws;
+    if (!forward && k->fresh && k->w == w && k->bf16 == g->bf16) {
+        uint32_t now[3];
+        keep_guard(g->d, w, now);
+        *make = memcmp(now, k->guard, sizeof now) != 0;
+    }
+    k->fresh = false;
+    return (ch_real *)((char *)k + WKEEP_HEAD);
+}
+
+static void keep_stamp(const wgeo *g, const ch_real *w)
+{
+    wkeep *k = g->d->keep;
+    if (!k) return;
+    k->w = w, k->bf16 = g->bf16, k->fresh = true;
+    keep_guard(g->d, w, k->guard);
+}
+
+/* Thread t of T's share of the weights' transform into U. */
 static void transform_share(const wteam *m, int t, int T)
 {
     const ch_conv_desc *d = m->g->d;
     const int pairs = d->oc * d->c;
-    transform_weights(d, m->w, pairs * t / T, pairs * (t + 1) / T, m->kc->ws, m->g->bf16);
+    transform_weights(d, m->w, pairs * t / T, pairs * (t + 1) / T, m->u, m->g->bf16);
 }
 
-/* Thread t of T: its share of the weights' transform, then its groups. */
+/* Thread t of T: its share of the weights' transform (where the team makes U), then its groups. */
 static void pass_member(void *arg, int t, int T)
 {
     const wteam *m = arg;
     const wgeo *g = m->g;
     const int groups = groups_of(m->n);
-    transform_share(m, t, T);
-    const wscratch s = scratch_of(m->kc, g, t);
+    if (m->make_u) {   /* the same branch in every thread */
+        transform_share(m, t, T);
 #pragma omp barrier
+    }
+    const wscratch s = scratch_of(m->kc, g, t);
     const int hi = groups * (t + 1) / T;
     for (int q = groups * t / T; q < hi; q += g->G)
-        m->p->group(m->kc, g, m->p, m->kc->ws, &s, q * TB, run_live(g, m->n, q, hi));
+        m->p->group(m->kc, g, m->p, m->u, &s, q * TB, run_live(g, m->n, q, hi));
 }
 
-/* A pass over the batch: U from w, then each thread's groups of TB samples in order, G at a time. */
+/* A pass over the batch: U from w (or kept), then each thread's groups of TB samples in order, G
+ * at a time. */
 static void run_pass(const ch_kctx *kc, const wgeo *gp, int n, const ch_real *w, const wpass *p)
 {
     const wgeo g = *gp;
+    const bool forward = p->group == forward_group;
     wteam m = { .kc = kc, .g = &g, .n = n, .w = w, .p = p };
+    m.u = u_for(kc, &g, w, forward, &m.make_u);
     ch_cpu_team(team_size(n, kc->nthreads), pass_member, &m);
+    if (forward) keep_stamp(&g, w);
+}
+
+size_t WINO_FN(keep_bytes)(const ch_kctx *kc, const ch_conv_desc *d, int n)
+{
+    if (!wino_applies(d) || n <= 0) return 0;
+    const wgeo g = geo_of(kc, d);
+    return keep_len(&g);
 }
 
 bool WINO_FN(forward)(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,

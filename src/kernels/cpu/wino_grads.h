@@ -148,12 +148,12 @@ static void grads_member(void *arg, int t, int T)
     const wteam *m = arg;
     const wgeo *g = m->g;
     const int pairs = g->d->oc * g->d->c, groups = groups_of(m->n);
-    if (m->a->dx) {   /* the same branch in every thread */
+    if (m->a->dx && m->make_u) {   /* the same branch in every thread */
         transform_share(m, t, T);
 #pragma omp barrier
     }
     const wscratch s = scratch_of(m->kc, g, t);
-    grads_groups(m->kc, g, m->kc->ws, &s, m->n, groups * t / T, groups * (t + 1) / T, m->a);
+    grads_groups(m->kc, g, m->u, &s, m->n, groups * t / T, groups * (t + 1) / T, m->a);
 #pragma omp barrier
     untransform_weights(g->d, scratch_of(m->kc, g, 0).du, thread_len(g), T, pairs * t / T, pairs * (t + 1) / T,
                         m->dw);
@@ -168,6 +168,7 @@ static void grads_pass(const ch_kctx *kc, const wgeo *gp, int n, const ch_real *
     const ch_conv_desc *d = g.d;
     const int T = team_size(n, kc->nthreads);
     wteam m = { .kc = kc, .g = &g, .n = n, .w = w, .a = a, .dw = dw };
+    if (a->dx) m.u = u_for(kc, &g, w, false, &m.make_u);
     ch_cpu_team(T, grads_member, &m);
     for (int o = 0; db && o < d->oc; o++) {
         ch_real acc = 0;
