@@ -45,7 +45,7 @@ static void untransform_lanes(const ch_real dl[NP][TB], int nl, ch_real *restric
     else memcpy(dw, raw, sizeof(ch_real) * WR * WR * (size_t)nl);
 }
 
-enum { UNT_BLOCK = 8 * TB };   /* pairs summed at a time: NP x 128 floats, 18 KiB of L1 at NP 36 */
+enum { UNT_BLOCK = 32 * TB };   /* pairs summed at a time: NP x 512 floats, 72 KiB (L2) at NP 36 */
 
 /* dg = G^T dU G for the pairs [lo, hi): the adjoint of transform_weights, dU being the sum of the
  * T threads' partials (thread u's at du0 + u * step), added here in thread order as a block of
