@@ -149,8 +149,8 @@ typedef struct ch_kernels {
      * kc->nthreads threads (kc->ws is not read). This is plan time: it may prepare per-geometry
      * state in kc->cache (the CPU backend's oneDNN primitives), so the passes make none. */
     size_t (*conv2d_workspace)(const ch_kctx *kc, const ch_conv_desc *d, int n);
-    /* Bytes of d->keep the passes for d at batch n would use (0, or NULL: none; plan time). Only
-     * a backend whose memory the host reads has it: the layer zeroes the keep it allocates. */
+    /* Bytes of d->keep the passes for d at batch n would use (0, or NULL: none; plan time); the
+     * layer allocates it from the backend, zeros meaning nothing kept. */
     size_t (*conv2d_keep_bytes)(const ch_kctx *kc, const ch_conv_desc *d, int n);
     /* y[n,o,i,j] = b[o] + sum_{c,p,q} w[o,c,p,q] * x[n,c,i*s-pad+p,j*s-pad+q]; b may be NULL. */
     void (*conv2d_forward)(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,

@@ -5,7 +5,6 @@
 #include "nn/layer.h"
 
 #include <stdlib.h>
-#include <string.h>
 
 typedef struct conv_impl {
     ch_conv_desc d;
@@ -29,8 +28,7 @@ static ch_status conv_plan(ch_layer *l, ch_plan *pl, ch_err *err)
     const size_t keep = pl->k->conv2d_keep_bytes ? pl->k->conv2d_keep_bytes(&kc, &c->d, pl->max_batch) : 0;
     if (keep) {
         c->d.keep = ch_layer_alloc_saved(l, pl, keep, 1, err);
-        if (!c->d.keep) return CH_STATUS_SYSTEM;
-        memset(c->d.keep, 0, keep);   /* nothing kept yet (a host backend's: kernels.h) */
+        if (!c->d.keep) return CH_STATUS_SYSTEM;   /* zeros, as the backend's alloc gives: nothing kept yet */
         pl->keep_bytes += keep;
     }
     return ch_layer_alloc_output(l, pl, err);
