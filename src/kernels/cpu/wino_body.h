@@ -225,6 +225,16 @@ static uint16_t *chunk_lanes_bf16(ch_real *buf, int row, wspan k, int q)
  * resnet18's 512-channel layers it was ~3 ms of each forward and backward pass (9.4M points a
  * layer, `bench/conv_kernels` l4 with the transform skipped). Only G's zeros make the sums differ
  * from the scalar form's (a weight of inf or NaN then spreads to fewer points). */
+/* sum over a of c[a] v[a * vs]: one row c of G applied to WR vectors, its zeros skipped. */
+static inline __m512 g_row(const ch_real c[WR], const __m512 *v, int vs)
+{
+    __m512 acc = _mm512_setzero_ps();
+#pragma GCC unroll 8
+    for (int a = 0; a < WR; a++)
+        if (c[a] != 0) acc = _mm512_fmadd_ps(_mm512_set1_ps((float)c[a]), v[a * vs], acc);
+    return acc;
+}
+
 static void transform_weights_bf16(const ch_conv_desc *d, const ch_real *w, int lo, int hi, uint16_t *u)
 {
     _Static_assert(TB == 16, "one pair a lane of a 512-bit vector");
@@ -240,28 +250,20 @@ static void transform_weights_bf16(const ch_conv_desc *d, const ch_real *w, int 
         float raw[TB * WR * WR] __attribute__((aligned(64)));
         if (nl == TB) memcpy(raw, run, sizeof raw);
         else memcpy(raw, run, sizeof(float) * WR * WR * (size_t)nl);
-        for (int l = 0; l < (int)sizeof raw && k0 + TB < hi; l += 64) __builtin_prefetch((const char *)(run + TB * WR * WR) + l);
+        for (int l = 0; l < (int)sizeof raw && k0 + TB < hi; l += 64)
+            __builtin_prefetch((const char *)(run + TB * WR * WR) + l);
         __m512 g[WR * WR], t[WA][WR];
 #pragma GCC unroll 32
         for (int e = 0; e < WR * WR; e++) g[e] = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), live, at, raw + e, 4);
 #pragma GCC unroll 8
         for (int i = 0; i < WA; i++)
 #pragma GCC unroll 8
-            for (int b = 0; b < WR; b++) {
-                __m512 acc = _mm512_setzero_ps();
-#pragma GCC unroll 8
-                for (int a = 0; a < WR; a++)
-                    if (G[i][a] != 0) acc = _mm512_fmadd_ps(_mm512_set1_ps((float)G[i][a]), g[a * WR + b], acc);
-                t[i][b] = acc;
-            }
+            for (int b = 0; b < WR; b++) t[i][b] = g_row(G[i], g + b, WR);
 #pragma GCC unroll 8
         for (int i = 0; i < WA; i++)
 #pragma GCC unroll 8
             for (int jj = 0; jj < WA; jj++) {
-                __m512 acc = _mm512_setzero_ps();
-#pragma GCC unroll 8
-                for (int b = 0; b < WR; b++)
-                    if (G[jj][b] != 0) acc = _mm512_fmadd_ps(t[i][b], _mm512_set1_ps((float)G[jj][b]), acc);
+                const __m512 acc = g_row(G[jj], t[i], 1);
                 _mm256_mask_storeu_epi16(u + (size_t)(i * WA + jj) * plane + k0, live,
                                          (__m256i)_mm512_cvtneps_pbh(acc));
             }
