@@ -217,60 +217,6 @@ static uint16_t *chunk_lanes_bf16(ch_real *buf, int row, wspan k, int q)
     return (uint16_t *)buf + (size_t)row * k.cols + (size_t)(q - k.p0) * TB;
 }
 
-#if defined(__AVX512BF16__) && !defined(CH_REAL_DOUBLE)
-/* The bf16 U of transform_weights below in registers: TB == 16 pairs' kernels gathered into WR*WR
- * vectors, the two products by G as FMAs with G's zeros skipped, each point rounded by
- * vcvtneps2bf16 (to nearest even, subnormals flushed, as store_points_bf16) and stored under the
- * pairs' mask. The scalar form kept its vectors on the stack and rounded in integer lanes: on
- * resnet18's 512-channel layers it was ~3 ms of each forward and backward pass (9.4M points a
- * layer, `bench/conv_kernels` l4 with the transform skipped). Only G's zeros make the sums differ
- * from the scalar form's (a weight of inf or NaN then spreads to fewer points). */
-/* sum over a of c[a] v[a * vs]: one row c of G applied to WR vectors, its zeros skipped. */
-static inline __m512 g_row(const ch_real c[WR], const __m512 *v, int vs)
-{
-    __m512 acc = _mm512_setzero_ps();
-#pragma GCC unroll 8
-    for (int a = 0; a < WR; a++)
-        if (c[a] != 0) acc = _mm512_fmadd_ps(_mm512_set1_ps((float)c[a]), v[a * vs], acc);
-    return acc;
-}
-
-static void transform_weights_bf16(const ch_conv_desc *d, const ch_real *w, int lo, int hi, uint16_t *u)
-{
-    _Static_assert(TB == 16, "one pair a lane of a 512-bit vector");
-    const size_t plane = (size_t)d->oc * d->c;
-    const __m512i at = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                          _mm512_set1_epi32(WR * WR));
-    for (int k0 = lo; k0 < hi; k0 += TB) {
-        const int nl = hi - k0 < TB ? hi - k0 : TB;
-        const __mmask16 live = (__mmask16)(nl == TB ? 0xffff : (1u << nl) - 1);
-        /* The run of TB kernels copied by plain loads first (the next run prefetched): gathered
-         * from w itself, the gathers waited on memory. */
-        const ch_real *run = w + (size_t)k0 * WR * WR;
-        float raw[TB * WR * WR] __attribute__((aligned(64)));
-        if (nl == TB) memcpy(raw, run, sizeof raw);
-        else memcpy(raw, run, sizeof(float) * WR * WR * (size_t)nl);
-        for (int l = 0; l < (int)sizeof raw && k0 + TB < hi; l += 64)
-            __builtin_prefetch((const char *)(run + TB * WR * WR) + l);
-        __m512 g[WR * WR], t[WA][WR];
-#pragma GCC unroll 32
-        for (int e = 0; e < WR * WR; e++) g[e] = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), live, at, raw + e, 4);
-#pragma GCC unroll 8
-        for (int i = 0; i < WA; i++)
-#pragma GCC unroll 8
-            for (int b = 0; b < WR; b++) t[i][b] = g_row(G[i], g + b, WR);
-#pragma GCC unroll 8
-        for (int i = 0; i < WA; i++)
-#pragma GCC unroll 8
-            for (int jj = 0; jj < WA; jj++) {
-                const __m512 acc = g_row(G[jj], t[i], 1);
-                _mm256_mask_storeu_epi16(u + (size_t)(i * WA + jj) * plane + k0, live,
-                                         (__m256i)_mm512_cvtneps_pbh(acc));
-            }
-    }
-}
-#endif
-
 /* U[p][o][c] = (G w(o,c) G^T)[p] for the pairs [lo, hi), TB pairs at a time, one per lane: the
  * same sums in the same order as one pair at a time, vectorised, and the stores to U run along
  * the pairs (one pair at a time stored NP elements a plane apart, and was 4% of ResNet-20's
@@ -278,12 +224,6 @@ static void transform_weights_bf16(const ch_conv_desc *d, const ch_real *w, int 
 static void transform_weights(const ch_conv_desc *d, const ch_real *w, int lo, int hi,
                               ch_real *u, bool bf16)
 {
-#if defined(__AVX512BF16__) && !defined(CH_REAL_DOUBLE)
-    if (bf16) {
-        transform_weights_bf16(d, w, lo, hi, (uint16_t *)u);
-        return;
-    }
-#endif
     const size_t plane = (size_t)d->oc * d->c;
     for (int k0 = lo; k0 < hi; k0 += TB) {
         const int nl = hi - k0 < TB ? hi - k0 : TB;
