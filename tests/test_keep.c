@@ -108,10 +108,8 @@ static const ch_conv_desc shapes[] = {
     { .c = 24, .h = 11, .w = 11, .oc = 24, .kh = 5, .kw = 5, .stride = 1, .pad = 2 },
 };
 
-/* The precisions this CPU runs the Winograds' products in: fp32 always, bf16 where it can
- * (main). */
+/* The precisions this CPU runs the Winograds' products in (main): fp32 always, bf16 where it can. */
 static int nprec = 1;
-static int precisions(void) { return nprec; }
 
 static void same_bits_case(ch_conv_desc d, int n, int threads, bool apart)
 {
@@ -128,7 +126,7 @@ static void same_bits_case(ch_conv_desc d, int n, int threads, bool apart)
 static void kept_transform_gives_the_same_bits(void **state)
 {
     (void)state;
-    for (int p = 0; p < precisions(); p++)
+    for (int p = 0; p < nprec; p++)
         for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
             for (int threads = 1; threads <= 2; threads++) {
                 ch_conv_desc d = shapes[s];
@@ -151,7 +149,7 @@ static void zero_kept_u(kcase *c) { memset((char *)c->d.keep + KEEP_HEAD, 0, c->
 static void backward_reads_the_kept_transform(void **state)
 {
     (void)state;
-    for (int p = 0; p < precisions(); p++)
+    for (int p = 0; p < nprec; p++)
         for (int apart = 0; apart < 2; apart++) {
             ch_conv_desc d = shapes[0];
             d.bf16 = p == 1;
@@ -169,7 +167,7 @@ static void backward_reads_the_kept_transform(void **state)
 static void kept_transform_used_once_and_for_the_same_w(void **state)
 {
     (void)state;
-    for (int p = 0; p < precisions(); p++) {
+    for (int p = 0; p < nprec; p++) {
         ch_conv_desc d = shapes[0];
         d.bf16 = p == 1;
         kcase plain = kcase_make(d, 17, 2), kept = kcase_make(d, 17, 2);
@@ -200,7 +198,7 @@ static void resnet18_step_same_with_keeps(void **state)
 {
     (void)state;
     enum { N = 5, P = 11175818 };
-    for (int p = 0; p < precisions(); p++) {
+    for (int p = 0; p < nprec; p++) {
         ch_backend *with, *without;
         ch_err err;
         if (ch_backend_create("cpu", 0, 2, &with, &err) != CH_STATUS_OK ||

@@ -26,9 +26,9 @@ static ch_status conv_plan(ch_layer *l, ch_plan *pl, ch_err *err)
     ch_layer_release(l, c->d.keep);   /* a layer planned again */
     c->d.keep = NULL;
     const size_t keep = pl->k->conv2d_keep_bytes ? pl->k->conv2d_keep_bytes(&kc, &c->d, pl->max_batch) : 0;
-    if (keep) {
+    if (keep) {   /* the backend's alloc gives zeros: nothing kept yet */
         c->d.keep = ch_layer_alloc_saved(l, pl, keep, 1, err);
-        if (!c->d.keep) return CH_STATUS_SYSTEM;   /* zeros, as the backend's alloc gives: nothing kept yet */
+        if (!c->d.keep) return CH_STATUS_SYSTEM;
         pl->keep_bytes += keep;
     }
     return ch_layer_alloc_output(l, pl, err);

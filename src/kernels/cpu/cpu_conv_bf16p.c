@@ -23,7 +23,6 @@
 #include <stdint.h>
 #include <string.h>
 
-
 #ifndef CH_REAL_DOUBLE
 
 enum { BP_ALIGN = 64, P_MAX = 14 * 14 };
