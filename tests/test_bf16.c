@@ -41,7 +41,7 @@
 #include "nn/model.h"
 #include "test_util.h"
 
-enum { MAX_OC = 64 };
+enum { MAX_OC = 192 };
 static const double tol = 2e-6;
 /* Winograd F(4x4, 3x3) with bf16 point products (the transforms and sums fp32): its error against
  * the fp32 reference, rms over each result and worst relative to its largest value. The
@@ -748,6 +748,34 @@ static void conv_input_in_bf16(void **state)
     assert_false(k->conv2d_x_bf16(&kc, &wino_odd[1], 0));
 }
 
+/* The weights' products split by rows of dU (wino_body.h, split_layer): a layer whose partial dU
+ * is 4 MiB or more (168 -> 176 channels: 36 x 176 x 168 floats) on 4x4 planes, 37 samples on 2
+ * threads (3 groups: 1 and 2 a thread, chunks of 16 and 32 columns). All three passes within the
+ * bf16 bounds of the reference; both passes at once giving the bits of the two apart; every GEMM
+ * shape of the split made by the workspace query, none by the passes. */
+static void wino3_bf16_split_weights(void **state)
+{
+    (void)state;
+    const ch_conv_desc d = { .c = 168, .h = 4, .w = 4, .oc = 176, .kh = 3, .kw = 3, .stride = 1, .pad = 1,
+                             .bf16 = true };
+    wino_case(d, 37, 2, true);
+    conv_x_bf16_case(d, 37, 2);
+    conv_case c = case_make(d, 37, 2);
+    xh_run r = xh_run_make(&c);
+    const struct ch_gb_cache *gemms = ch_cpu_kcache_gemms(r.kc.cache);
+    const size_t planned = ch_cpu_gb_cache_entries(gemms);
+    conv_out o = { .y = malloc(sizeof(ch_real) * c.ys), .dy = malloc(sizeof(ch_real) * c.ys),
+                   .dx = malloc(sizeof(ch_real) * c.xs), .dw = malloc(sizeof(ch_real) * c.wl) };
+    assert_true(planned > 0 && o.y && o.dy && o.dx && o.dw);
+    r.k->conv2d_forward(&r.kc, &c.d, c.n, c.xr, c.w, c.b, o.y);
+    backward_of(&r, &c, NULL, true, &o);
+    backward_of(&r, &c, r.xh, false, &o);
+    assert_int_equal(ch_cpu_gb_cache_entries(gemms), planned);
+    out_free(&o);
+    xh_run_free(&r);
+    case_free(&c);
+}
+
 /* bn_relu_forward_to_bf16: bn_relu_forward's y rounded to bf16, bit for bit, from x in fp32 (and
  * keeping it in bf16) or from bf16 x, on planes of 49 and of 6 (the small planes' path), with
  * shifts that put about half the values below 0; NaN stays NaN. */
@@ -995,6 +1023,7 @@ int main(void)
         cmocka_unit_test(bf16_only_where_it_wins),
         cmocka_unit_test(wino3_bf16_products_within_tolerance),
         cmocka_unit_test(wino3_bf16_rounds_where_it_should),
+        cmocka_unit_test(wino3_bf16_split_weights),
         cmocka_unit_test(wino_bf16_takes_onednn_layers),
         cmocka_unit_test(conv_output_in_bf16),
         cmocka_unit_test(conv_input_in_bf16),

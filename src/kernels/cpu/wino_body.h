@@ -331,10 +331,53 @@ static ch_gemm_batch point_gemms(const ch_conv_desc *d, wpass_kind kind, wspan k
     }
 }
 
+/* The weights' products split by rows of dU (wino_grads.h, split_member): where every thread's
+ * groups are one chunk, each thread multiplies every thread's chunk for its share of dU's rows,
+ * [oc * t / T, oc * (t + 1) / T), into one dU, instead of all rows for its own chunk into a partial
+ * that the untransform then reads with the others. Layers whose partial is SPLIT_MIN_BYTES or
+ * more, in bf16 (where several groups share a chunk: G > 1), with a team of every thread. */
+enum { SPLIT_MIN_BYTES = 4 << 20 };
+
+static bool split_layer(const ch_kctx *kc, const wgeo *g)
+{
+    const size_t partial = (size_t)NP * g->d->oc * g->d->c * sizeof(ch_real);
+    return g->bf16 && kc->nthreads > 1 && partial >= SPLIT_MIN_BYTES;
+}
+
+static int split_row(const ch_conv_desc *d, int t, int T) { return (int)((long)d->oc * t / T); }
+
+/* dU[p] rows [o, o + rows) (+)= E[p] rows [o, o + rows) V[p]^T for one point of one thread's
+ * chunk k: a weights' GEMM with m = rows (the caller offsets E and dU by point and rows); set where
+ * first. One point at a time, every thread's chunk in turn: the rows stay in cache between them. */
+static ch_gemm_batch split_gemm(const ch_conv_desc *d, wspan k, int rows, bool first)
+{
+    ch_gemm_batch b = point_gemms(d, PASS_WEIGHTS, k);
+    b.batch = 1, b.m = rows, b.accumulate = !first, b.bf16 = true;
+    return b;
+}
+
+/* The most scratch of the split's shapes, made here (plan time) for every chunk a thread can
+ * have: 0 where the layer does not split. */
+static size_t split_scratch_len(const ch_kctx *kc, const wgeo *g)
+{
+    size_t most = 0;
+    if (!split_layer(kc, g)) return 0;
+    const int T = kc->nthreads;
+    for (int ng = 1; ng <= g->G && run_chunks(g, ng) == 1; ng++)
+        for (int t = 0; t < T; t++)
+            for (int first = 0; first < 2; first++) {
+                const int rows = split_row(g->d, t + 1, T) - split_row(g->d, t, T);
+                const ch_gemm_batch b = split_gemm(g->d, chunk_span(g, ng, 0), rows, first);
+                const size_t len = ch_cpu_gemm_batch_scratch(kc, &b);
+                if (len > most) most = len;
+            }
+    return (most + sizeof(ch_real) - 1) / sizeof(ch_real);
+}
+
 /* The largest GEMM scratch of the layer's chunks and passes, in elements. */
 static size_t gemm_scratch_len(const ch_kctx *kc, const wgeo *g)
 {
-    size_t most = 0;
+    size_t most = split_scratch_len(kc, g);
     for (int ng = 1; ng <= g->G; ng++)   /* a short last run has its own chunks */
         for (int i = 0; i < run_chunks(g, ng); i++)
             for (int kind = PASS_FORWARD; kind <= PASS_WEIGHTS; kind++) {

@@ -159,8 +159,75 @@ static void grads_member(void *arg, int t, int T)
                         m->dw);
 }
 
+/* Whether the pass splits the weights' products by rows of dU (split_layer): a team of every
+ * thread, each with one run of one chunk. */
+static bool split_rows(const ch_kctx *kc, const wgeo *g, int n, int T)
+{
+    const int groups = groups_of(n);
+    if (!split_layer(kc, g) || T != kc->nthreads) return false;
+    for (int t = 0; t < T; t++) {
+        const int ng = groups * (t + 1) / T - groups * t / T;
+        if (ng < 1 || ng > g->G || run_chunks(g, ng) != 1) return false;
+    }
+    return true;
+}
+
+/* dU[p]'s rows [o0, o1) += thread u's chunk's products (set where u is 0). */
+static void split_products(const wteam *m, int u, int T, int p, int o0, int o1, ch_real *du,
+                           const wscratch *s)
+{
+    const wgeo *g = m->g;
+    const ch_conv_desc *d = g->d;
+    const int groups = groups_of(m->n), ng = groups * (u + 1) / T - groups * u / T;
+    const wspan k = chunk_span(g, ng, 0);
+    const wscratch su = scratch_of(m->kc, g, u);
+    const ch_gemm_batch gb = split_gemm(d, k, o1 - o0, u == 0);
+    const size_t es = point_stride(d->oc, k) * (size_t)p, vs = point_stride(d->c, k) * (size_t)p;
+    ch_cpu_gemm_batch_bf16(m->kc, &gb, (const uint16_t *)su.e + es + (size_t)o0 * k.cols,
+                           (const uint16_t *)su.v + vs, du + shared_len(d) / NP * (size_t)p + (size_t)o0 * d->c,
+                           s->gemm);
+}
+
+/* Thread t of T where the pass splits (split_rows): its chunk's V and E; once every thread's are
+ * made, its rows of dU from all of them; once every thread has read them (the data's products
+ * write dV over V), its samples' dx, and its rows' untransform into dw. dU's rows are the sums of
+ * the same partial products in the same order as the partials added in thread order (the GEMM
+ * adds its products to what is there, as the untransform added a partial): the same bits. */
+static void split_member(void *arg, int t, int T)
+{
+    const wteam *m = arg;
+    const wgeo *g = m->g;
+    const ch_conv_desc *d = g->d;
+    if (m->a->dx && m->make_u) {   /* the same branch in every thread */
+        transform_share(m, t, T);
+#pragma omp barrier
+    }
+    const wscratch s = scratch_of(m->kc, g, t);
+    const size_t xs = (size_t)d->c * d->h * d->w, ys = (size_t)d->oc * d->oh * d->ow;
+    const int groups = groups_of(m->n), lo = groups * t / T, hi = groups * (t + 1) / T;
+    const int r0 = lo * TB, live = run_live(g, m->n, lo, hi), ng = groups_of(live);
+    const wspan k = chunk_span(g, ng, 0);
+    prepare_dy(g, &s, m->n, lo, hi, m->a->y, m->a->dy, m->a->bias);
+    pack_run(x_layout(g), src_at(m->a->x, (size_t)r0 * xs), xs, live, s.xg);
+    pack_run(y_layout(g), (wsrc){ m->a->dy + (size_t)r0 * ys, NULL }, ys, live, s.yg);
+    transform_chunk(g, k, &s, false);
+    transform_chunk(g, k, &s, true);
+#pragma omp barrier
+    const int o0 = split_row(d, t, T), o1 = split_row(d, t + 1, T);
+    ch_real *du = scratch_of(m->kc, g, 0).du;
+    for (int p = 0; p < NP; p++)
+        for (int u = 0; u < T; u++) split_products(m, u, T, p, o0, o1, du, &s);
+#pragma omp barrier
+    if (m->a->dx) {
+        memset(s.dxg, 0, sizeof(ch_real) * group_len(x_layout(g)) * (size_t)ng);
+        data_products_add(m->kc, g, m->u, &s, k, s.dxg);
+        unpack_run(x_layout(g), s.dxg, live, xs, (wdest){ m->a->dx + (size_t)r0 * xs, NULL });
+    }
+    untransform_weights(d, du, 0, 1, o0 * d->c, o1 * d->c, m->dw);
+}
+
 /* The pass over the batch: U from w where dx is made, each thread's groups, then dw from the
- * threads' partial dU and db from theirs, added in thread order. */
+ * threads' partial dU (or, split, from the one dU) and db from theirs, added in thread order. */
 static void grads_pass(const ch_kctx *kc, const wgeo *gp, int n, const ch_real *w, const wgrads *a,
                        ch_real *dw, ch_real *db)
 {
@@ -169,7 +236,7 @@ static void grads_pass(const ch_kctx *kc, const wgeo *gp, int n, const ch_real *
     const int T = team_size(n, kc->nthreads);
     wteam m = { .kc = kc, .g = &g, .n = n, .w = w, .a = a, .dw = dw };
     if (a->dx) m.u = u_for(kc, &g, w, false, &m.make_u);
-    ch_cpu_team(T, grads_member, &m);
+    ch_cpu_team(T, split_rows(kc, &g, n, T) ? split_member : grads_member, &m);
     for (int o = 0; db && o < d->oc; o++) {
         ch_real acc = 0;
         for (int t = 0; t < T; t++) acc += scratch_of(kc, &g, t).db[o];
