@@ -111,14 +111,38 @@ typedef struct wgrads {
     bool bias;
 } wgrads;
 
+/* The run of `live` samples from s0: x and dy packed into the thread's planes, and its dx planes
+ * cleared where dx is made. */
+static void pack_grads_run(const wgeo *g, const wscratch *s, const wgrads *a, int s0, int live)
+{
+    const ch_conv_desc *d = g->d;
+    const size_t xs = (size_t)d->c * d->h * d->w, ys = (size_t)d->oc * d->oh * d->ow;
+    pack_run(x_layout(g), src_at(a->x, (size_t)s0 * xs), xs, live, s->xg);
+    pack_run(y_layout(g), (wsrc){ a->dy + (size_t)s0 * ys, NULL }, ys, live, s->yg);
+    if (a->dx) memset(s->dxg, 0, sizeof(ch_real) * group_len(x_layout(g)) * (size_t)groups_of(live));
+}
+
+/* The run's dx planes into dx, where it is made. */
+static void unpack_dx_run(const wgeo *g, const wscratch *s, const wgrads *a, int s0, int live)
+{
+    const size_t xs = (size_t)g->d->c * g->d->h * g->d->w;
+    if (a->dx) unpack_run(x_layout(g), s->dxg, live, xs, (wdest){ a->dx + (size_t)s0 * xs, NULL });
+}
+
+/* Chunk k's V and E, from the run's x and dY planes. */
+static void grads_points(const wgeo *g, wspan k, const wscratch *s)
+{
+    transform_chunk(g, k, s, false);
+    transform_chunk(g, k, s, true);
+}
+
 /* Chunk i of the run (x in s->xg, dY in s->yg): V and E, the weights' products, then where dx is
  * made the data's, into s->dxg (V's buffer takes dV: V is used by then). */
 static void grads_chunk(const ch_kctx *kc, const wgeo *g, const ch_real *u, const wscratch *s,
                         int ng, int i, bool first, bool data)
 {
     const wspan k = chunk_span(g, ng, i);
-    transform_chunk(g, k, s, false);
-    transform_chunk(g, k, s, true);
+    grads_points(g, k, s);
     weights_products(kc, g, s, k, first);
     if (data) data_products_add(kc, g, u, s, k, s->dxg);
 }
@@ -127,17 +151,13 @@ static void grads_chunk(const ch_kctx *kc, const wgeo *g, const ch_real *u, cons
 static void grads_groups(const ch_kctx *kc, const wgeo *g, const ch_real *u, const wscratch *s,
                          int n, int lo, int hi, const wgrads *a)
 {
-    const ch_conv_desc *d = g->d;
-    const size_t xs = (size_t)d->c * d->h * d->w, ys = (size_t)d->oc * d->oh * d->ow;
     prepare_dy(g, s, n, lo, hi, a->y, a->dy, a->bias);
     for (int q = lo; q < hi; q += g->G) {
-        const int r0 = q * TB, live = run_live(g, n, q, hi), ng = groups_of(live);
-        pack_run(x_layout(g), src_at(a->x, (size_t)r0 * xs), xs, live, s->xg);
-        pack_run(y_layout(g), (wsrc){ a->dy + (size_t)r0 * ys, NULL }, ys, live, s->yg);
-        if (a->dx) memset(s->dxg, 0, sizeof(ch_real) * group_len(x_layout(g)) * (size_t)ng);
+        const int live = run_live(g, n, q, hi), ng = groups_of(live);
+        pack_grads_run(g, s, a, q * TB, live);
         for (int i = 0; i < run_chunks(g, ng); i++)
             grads_chunk(kc, g, u, s, ng, i, q == lo && i == 0, a->dx != NULL);
-        if (a->dx) unpack_run(x_layout(g), s->dxg, live, xs, (wdest){ a->dx + (size_t)r0 * xs, NULL });
+        unpack_dx_run(g, s, a, q * TB, live);
     }
 }
 
@@ -159,14 +179,20 @@ static void grads_member(void *arg, int t, int T)
                         m->dw);
 }
 
+/* How many of the batch's groups thread t of T takes: [groups * t / T, groups * (t + 1) / T). */
+static int member_groups(int n, int t, int T)
+{
+    const int groups = groups_of(n);
+    return groups * (t + 1) / T - groups * t / T;
+}
+
 /* Whether the pass splits the weights' products by rows of dU (split_layer): a team of every
  * thread, each with one run of one chunk. */
 static bool split_rows(const ch_kctx *kc, const wgeo *g, int n, int T)
 {
-    const int groups = groups_of(n);
     if (!split_layer(kc, g) || T != kc->nthreads) return false;
     for (int t = 0; t < T; t++) {
-        const int ng = groups * (t + 1) / T - groups * t / T;
+        const int ng = member_groups(n, t, T);
         if (ng < 1 || ng > g->G || run_chunks(g, ng) != 1) return false;
     }
     return true;
@@ -178,8 +204,7 @@ static void split_products(const wteam *m, int u, int T, int p, int o0, int o1, 
 {
     const wgeo *g = m->g;
     const ch_conv_desc *d = g->d;
-    const int groups = groups_of(m->n), ng = groups * (u + 1) / T - groups * u / T;
-    const wspan k = chunk_span(g, ng, 0);
+    const wspan k = chunk_span(g, member_groups(m->n, u, T), 0);
     const wscratch su = scratch_of(m->kc, g, u);
     const ch_gemm_batch gb = split_gemm(d, k, o1 - o0, u == 0);
     const size_t es = point_stride(d->oc, k) * (size_t)p, vs = point_stride(d->c, k) * (size_t)p;
@@ -203,26 +228,20 @@ static void split_member(void *arg, int t, int T)
 #pragma omp barrier
     }
     const wscratch s = scratch_of(m->kc, g, t);
-    const size_t xs = (size_t)d->c * d->h * d->w, ys = (size_t)d->oc * d->oh * d->ow;
     const int groups = groups_of(m->n), lo = groups * t / T, hi = groups * (t + 1) / T;
-    const int r0 = lo * TB, live = run_live(g, m->n, lo, hi), ng = groups_of(live);
-    const wspan k = chunk_span(g, ng, 0);
+    const int live = run_live(g, m->n, lo, hi);
+    const wspan k = chunk_span(g, hi - lo, 0);
     prepare_dy(g, &s, m->n, lo, hi, m->a->y, m->a->dy, m->a->bias);
-    pack_run(x_layout(g), src_at(m->a->x, (size_t)r0 * xs), xs, live, s.xg);
-    pack_run(y_layout(g), (wsrc){ m->a->dy + (size_t)r0 * ys, NULL }, ys, live, s.yg);
-    transform_chunk(g, k, &s, false);
-    transform_chunk(g, k, &s, true);
+    pack_grads_run(g, &s, m->a, lo * TB, live);
+    grads_points(g, k, &s);
 #pragma omp barrier
     const int o0 = split_row(d, t, T), o1 = split_row(d, t + 1, T);
     ch_real *du = scratch_of(m->kc, g, 0).du;
     for (int p = 0; p < NP; p++)
         for (int u = 0; u < T; u++) split_products(m, u, T, p, o0, o1, du, &s);
 #pragma omp barrier
-    if (m->a->dx) {
-        memset(s.dxg, 0, sizeof(ch_real) * group_len(x_layout(g)) * (size_t)ng);
-        data_products_add(m->kc, g, m->u, &s, k, s.dxg);
-        unpack_run(x_layout(g), s.dxg, live, xs, (wdest){ m->a->dx + (size_t)r0 * xs, NULL });
-    }
+    if (m->a->dx) data_products_add(m->kc, g, m->u, &s, k, s.dxg);
+    unpack_dx_run(g, &s, m->a, lo * TB, live);
     untransform_weights(d, du, 0, 1, o0 * d->c, o1 * d->c, m->dw);
 }
 
