@@ -748,6 +748,119 @@ static void conv_input_in_bf16(void **state)
     assert_false(k->conv2d_x_bf16(&kc, &wino_odd[1], 0));
 }
 
+/* conv2d_backward_dy_bf16 on case c: from dy kept in bf16, the bits of conv2d_backward on dy
+ * widened (c.dyr), x in fp32 or in bf16, dx made or not, and x stored in dx's own bytes (the
+ * passes then run apart). A layer with a fused ReLU (whose backward masks dy in place) is not
+ * taken. */
+static void conv_dy_bf16_case(ch_conv_desc d, int n, int threads)
+{
+    conv_case c = case_make(d, n, threads);
+    xh_run r = xh_run_make(&c);
+    if (c.d.relu) {
+        assert_false(r.k->conv2d_dy_bf16(&r.kc, &c.d, n));
+        xh_run_free(&r), case_free(&c);
+        return;
+    }
+    assert_true(r.k->conv2d_dy_bf16(&r.kc, &c.d, n));
+    conv_out want = { .y = malloc(sizeof(ch_real) * c.ys), .dy = malloc(sizeof(ch_real) * c.ys),
+                      .dx = malloc(sizeof(ch_real) * c.xs), .dw = malloc(sizeof(ch_real) * c.wl) };
+    conv_out got = { .dx = malloc(sizeof(ch_real) * c.xs), .dw = malloc(sizeof(ch_real) * c.wl) };
+    uint16_t *dyh = malloc(sizeof(uint16_t) * c.ys);
+    assert_true(want.y && want.dy && want.dx && want.dw && got.dx && got.dw && dyh);
+    for (size_t i = 0; i < c.ys; i++) dyh[i] = ch_bf16_from_float(c.dy[i]);
+    conv_case widened = c;
+    widened.dy = c.dyr;
+    backward_of(&r, &widened, NULL, true, &want);
+    for (int from16 = 0; from16 <= 1; from16++) {
+        const ch_real *xf = from16 ? NULL : c.xr;
+        const uint16_t *xh = from16 ? r.xh : NULL;
+        r.k->conv2d_backward_dy_bf16(&r.kc, &c.d, n, xf, xh, dyh, c.w, got.dx, got.dw, got.db);
+        assert_memory_equal(got.dx, want.dx, sizeof(ch_real) * c.xs);
+        assert_memory_equal(got.dw, want.dw, sizeof(ch_real) * c.wl);
+        assert_memory_equal(got.db, want.db, sizeof(ch_real) * (size_t)c.d.oc);
+        memset(got.dw, 0, sizeof(ch_real) * c.wl);
+        r.k->conv2d_backward_dy_bf16(&r.kc, &c.d, n, xf, xh, dyh, c.w, NULL, got.dw, got.db);
+        assert_memory_equal(got.dw, want.dw, sizeof(ch_real) * c.wl);
+        if (from16) memcpy(got.dx, r.xh, sizeof(uint16_t) * c.xs);   /* x in dx's own bytes */
+        else memcpy(got.dx, c.xr, sizeof(ch_real) * c.xs);
+        r.k->conv2d_backward_dy_bf16(&r.kc, &c.d, n, from16 ? NULL : got.dx, from16 ? (const uint16_t *)got.dx : NULL,
+                                     dyh, c.w, got.dx, got.dw, got.db);
+        assert_memory_equal(got.dx, want.dx, sizeof(ch_real) * c.xs);
+        assert_memory_equal(got.dw, want.dw, sizeof(ch_real) * c.wl);
+    }
+    /* The fixture's dy does not fit bf16: a dy read unrounded would show. */
+    size_t changed = 0;
+    for (size_t i = 0; i < c.ys; i++) changed += c.dy[i] != c.dyr[i];
+    assert_true(changed > c.ys / 2);
+    out_free(&want), free(got.dx), free(got.dw), free(dyh);
+    xh_run_free(&r);
+    case_free(&c);
+}
+
+/* The convolutions that read their output's gradient in bf16 (graph/exec.c, a kept BatchNorm
+ * input's gradient): F(4x4, 3x3)'s without a fused ReLU, at the odd sizes of conv_input_in_bf16,
+ * with a bias, both thread counts; no other kernel takes one. */
+static void conv_grad_in_bf16(void **state)
+{
+    (void)state;
+    each_case(wino_odd, WINO_ODD, conv_dy_bf16_case);
+    const ch_kernels *k = ch_kernels_cpu();
+    not_taken_by(k->conv2d_dy_bf16);
+    const ch_kctx kc = { .nthreads = 2 };
+    const ch_conv_desc stem = shaped(im2col_cases[0]);
+    assert_false(k->conv2d_dy_bf16(&kc, &stem, 8));
+    assert_false(k->conv2d_dy_bf16(&kc, &wino_odd[1], 0));
+}
+
+/* bn_backward_data_to_bf16: the dx of bn_relu_backward_data (with scale) or of
+ * batchnorm_backward_data_bf16 (without) from the same bf16 input, rounded to bf16, bit for bit;
+ * written over that input; on planes of 49 and of 6 (the small planes' path); NaN stays NaN. */
+static void bn_grad_in_bf16(void **state)
+{
+    (void)state;
+    enum { N = 3, C = 5 };
+    const int hws[2] = { 49, 6 };
+    const ch_kernels *k = ch_kernels_cpu();
+    const ch_kctx kc = { .nthreads = 2 };
+    const ch_real scale[C] = { 0.5f, 1.25f, -2, 3, 0.75f }, shift[C] = { -0.1f, 0.3f, 0, -1.5f, 0.2f };
+    const ch_real mean[C] = { 0.1f, -0.2f, 0.3f, 0, 0.05f }, invstd[C] = { 1.5f, 0.8f, 2, 1.1f, 0.9f };
+    const ch_real gamma[C] = { 0.9f, 1.2f, -0.7f, 1.1f, 0.6f };
+    const double sums[2 * C] = { 0.3, -1.2, 0.8, 2.5, -0.4, 1.7, 0.2, -0.9, 0.6, -2.1 };
+    for (int i = 0; i < 2; i++) {
+        const int hw = hws[i], len = N * C * hw;
+        const double count = 0.75 * N * hw;
+        ch_real *x = tu_uniform((size_t)len, 41 + (uint64_t)i), *dy = tu_uniform((size_t)len, 43 + (uint64_t)i);
+        ch_real *dx = malloc(sizeof(ch_real) * (size_t)len);
+        uint16_t *xh = malloc(sizeof(uint16_t) * (size_t)len), *dxh = malloc(sizeof(uint16_t) * (size_t)len);
+        uint16_t *plain = malloc(sizeof(uint16_t) * (size_t)len);
+        assert_true(dx && xh && dxh && plain);
+        dy[5] = NAN;
+        for (int relu = 0; relu <= 1; relu++) {
+            for (int j = 0; j < len; j++) xh[j] = ch_bf16_from_float(x[j]);
+            if (relu)
+                k->bn_relu_backward_data(&kc, N, C, hw, NULL, xh, dy, mean, invstd, gamma, scale, shift, sums,
+                                         sums + C, count, dx);
+            else
+                k->batchnorm_backward_data_bf16(&kc, N, C, hw, xh, dy, mean, invstd, gamma, sums, sums + C, count, dx);
+            k->bn_backward_data_to_bf16(&kc, N, C, hw, xh, dy, mean, invstd, gamma, relu ? scale : NULL,
+                                        relu ? shift : NULL, sums, sums + C, count, dxh);
+            size_t off = 0, gated = 0, inexact = 0;
+            for (int j = 0; j < len; j++) {
+                off += dxh[j] != ch_bf16_from_float((float)dx[j]);
+                gated += relu && dxh[j] != plain[j];
+                inexact += ch_bf16_to_float(dxh[j]) != dx[j];
+                if (!relu) plain[j] = dxh[j];
+            }
+            assert_true(off == 0 && inexact > (size_t)len / 2);
+            assert_true(relu ? gated > (size_t)len / 4 : isnan(ch_bf16_to_float(dxh[5])));   /* the mask counts */
+            k->bn_backward_data_to_bf16(&kc, N, C, hw, xh, dy, mean, invstd, gamma, relu ? scale : NULL,
+                                        relu ? shift : NULL, sums, sums + C, count, xh);   /* over its input */
+            assert_memory_equal(xh, dxh, sizeof(uint16_t) * (size_t)len);
+        }
+        free(x), free(dy), free(dx), free(xh), free(dxh), free(plain);
+    }
+}
+
 /* The weights' products split by rows of dU (wino_body.h, split_layer): a layer whose partial dU
  * is 4 MiB or more (168 -> 176 channels: 36 x 176 x 168 floats) on 4x4 planes, 37 samples on 2
  * threads (3 groups: 1 and 2 a thread, chunks of 16 and 32 columns). All three passes within the
@@ -1028,6 +1141,8 @@ int main(void)
         cmocka_unit_test(conv_output_in_bf16),
         cmocka_unit_test(conv_input_in_bf16),
         cmocka_unit_test(bn_relu_output_in_bf16),
+        cmocka_unit_test(conv_grad_in_bf16),
+        cmocka_unit_test(bn_grad_in_bf16),
         cmocka_unit_test_teardown(products_follow_the_cpu_unless_told, products_on),
         cmocka_unit_test(batchnorm_stats_of_bf16),
         cmocka_unit_test(linear_gemms_match_the_rounded_reference),

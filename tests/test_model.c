@@ -168,9 +168,11 @@ static void resnet18_bf16_keeps_batchnorm_inputs_in_bf16(void **state)
         ch_backend_create("lazy", 0, 2, &lazy, &err) != CH_STATUS_OK)
         fail_msg("%s", err.msg);
     ch_kernels fp32_storage = *cpu->k, emulated = *cpu->k;   /* without the conversions */
-    /* The kept inputs alone: the ReLU outputs passed in bf16 to convolutions are the next test's. */
+    /* The kept inputs alone: the ReLU outputs passed in bf16 to convolutions, and the gradients
+     * passed in bf16 from BatchNorms to convolutions, are the next tests'. */
     ch_kernels kept_only = *cpu->k;
     kept_only.bn_relu_forward_to_bf16 = NULL;
+    kept_only.bn_backward_data_to_bf16 = NULL;
     cpu->k = &kept_only;
     fp32_storage.channel_affine_keep_bf16 = emulated.channel_affine_keep_bf16 = NULL;
     fp32_storage.conv2d_out_bf16 = emulated.conv2d_out_bf16 = NULL;
@@ -264,6 +266,75 @@ static void resnet18_bf16_passes_relu_outputs_in_bf16(void **state)
     assert_int_equal(b->bf16_inputs, 0);
     assert_int_equal(a->saved_bytes, b->saved_bytes);
     assert_int_equal(a->scratch_len, b->scratch_len);
+    ch_model_free(a);
+    ch_model_free(b);
+    assert_memory_equal(got, want, sizeof(float) * P);
+    assert_memory_not_equal(got, unrounded, sizeof(float) * P);
+    free(got), free(want), free(unrounded);
+    ch_backend_free(cpu);
+    ch_backend_free(plain);
+    ch_backend_free(rounding);
+}
+
+/* The CPU's convolution backward passes, dy first rounded to bf16 in place for the layers whose
+ * backward reads it in bf16 (conv2d_dy_bf16): in a model whose gradients are all fp32, the values
+ * those layers then read, from BatchNorm backward passes that wrote them unrounded. (dy is the
+ * layer's own: its BatchNorm's dx, read by nothing else.) */
+static void round_dy_for(const ch_kctx *kc, const ch_conv_desc *d, int n, ch_real *dy)
+{
+    if (!ch_kernels_cpu()->conv2d_dy_bf16(kc, d, n)) return;
+    for (size_t i = 0; i < (size_t)n * d->oc * d->oh * d->ow; i++) dy[i] = ch_bf16_to_float(ch_bf16_from_float(dy[i]));
+}
+
+static bool backward_of_rounded_dy(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
+                                   const ch_real *y, ch_real *dy, const ch_real *w, ch_real *dx, ch_real *dw, ch_real *db)
+{
+    round_dy_for(kc, d, n, dy);
+    return ch_kernels_cpu()->conv2d_backward(kc, d, n, x, y, dy, w, dx, dw, db);
+}
+
+static void backward_of_bf16_rounded_dy(const ch_kctx *kc, const ch_conv_desc *d, int n, const uint16_t *x,
+                                        const ch_real *y, ch_real *dy, const ch_real *w, ch_real *dx, ch_real *dw,
+                                        ch_real *db)
+{
+    round_dy_for(kc, d, n, dy);
+    ch_kernels_cpu()->conv2d_backward_of_bf16(kc, d, n, x, y, dy, w, dx, dw, db);
+}
+
+/* --precision bf16 passes the gradient of each kept BatchNorm input whose maker reads it in bf16
+ * (graph/exec.c, plan_halves; resnet18: the outputs of the 3x3 stride-1 convolutions of its
+ * first three stages, cohort's F(4x4, 3x3): 4 at 64@12x12, 3 in each of the next two stages) from
+ * the BatchNorm's backward to the convolution's in bf16, over the kept copy. The plan counts
+ * exactly those values; their gradients take no scratch block; the step's gradients are, bit for
+ * bit, those of the model whose gradients are fp32 but rounded where those convolutions read
+ * them, and not those of the model that leaves them unrounded. */
+static void resnet18_bf16_passes_conv_grads_in_bf16(void **state)
+{
+    (void)state;
+    enum { N = 5, P = 11175818 };
+    const size_t grads = (size_t)N * (4 * 64 * 144 + 3 * 128 * 36 + 3 * 256 * 9);
+    ch_backend *cpu, *plain, *rounding;
+    ch_err err;
+    if (ch_backend_create("cpu", 0, 2, &cpu, &err) != CH_STATUS_OK ||
+        ch_backend_create("cpu", 0, 2, &plain, &err) != CH_STATUS_OK ||
+        ch_backend_create("cpu", 0, 2, &rounding, &err) != CH_STATUS_OK)
+        fail_msg("%s", err.msg);
+    ch_kernels fp32_grads = *plain->k, emulated = *plain->k;
+    fp32_grads.bn_backward_data_to_bf16 = emulated.bn_backward_data_to_bf16 = NULL;
+    emulated.conv2d_backward = backward_of_rounded_dy;
+    emulated.conv2d_backward_of_bf16 = backward_of_bf16_rounded_dy;
+    plain->k = &fp32_grads;
+    rounding->k = &emulated;
+    float *got = malloc(sizeof(float) * P), *want = malloc(sizeof(float) * P), *unrounded = malloc(sizeof(float) * P);
+    assert_true(got && want && unrounded);
+    ch_model *a = tu_zoo_step(cpu, "resnet18", (ch_shape3){ 1, 12, 12 }, 4, true, N, got);
+    ch_model *b = tu_zoo_step(plain, "resnet18", (ch_shape3){ 1, 12, 12 }, 4, true, N, unrounded);
+    ch_model_free(tu_zoo_step(rounding, "resnet18", (ch_shape3){ 1, 12, 12 }, 4, true, N, want));
+    assert_int_equal(a->bf16_grads, grads);
+    assert_int_equal(b->bf16_grads, 0);
+    assert_int_equal(a->saved_bytes, b->saved_bytes);
+    assert_true(a->scratch_len < b->scratch_len);
+    print_message("bf16 convolution output gradients: scratch %zu -> %zu values\n", b->scratch_len, a->scratch_len);
     ch_model_free(a);
     ch_model_free(b);
     assert_memory_equal(got, want, sizeof(float) * P);
@@ -539,6 +610,7 @@ int main(void)
         cmocka_unit_test(models_on_one_backend_share_its_workspace),
         cmocka_unit_test(resnet18_bf16_keeps_batchnorm_inputs_in_bf16),
         cmocka_unit_test(resnet18_bf16_passes_relu_outputs_in_bf16),
+        cmocka_unit_test(resnet18_bf16_passes_conv_grads_in_bf16),
         cmocka_unit_test(default_init_is_pytorchs_and_seeded),
         cmocka_unit_test(normal_init_and_bad_specs),
         cmocka_unit_test(unknown_models_and_impossible_inputs_are_refused),

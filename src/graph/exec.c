@@ -22,7 +22,10 @@
  *  - with --precision bf16, an output that only a BatchNorm reads is kept in bf16: its maker
  *    writes it into a scratch block (or, where its kernel rounds as it writes, conv2d_out_bf16,
  *    the bf16 copy itself), the BatchNorm stores it rounded as it normalises, and its backward and
- *    remake read the copy (plan_halves); its gradient then takes a block;
+ *    remake read the copy (plan_halves); its gradient then takes a block, or where its maker is a
+ *    convolution that reads its dy in bf16 (conv2d_dy_bf16: cohort's F(4x4, 3x3)), the
+ *    BatchNorm's backward writes it rounded to bf16 over the copy and the convolution reads it
+ *    there: no block, and half the bytes both ways;
  *  - with --precision bf16, a remade BatchNorm + ReLU output whose one reader is a convolution that
  *    takes bf16 input (cohort's F(4x4, 3x3)) is written and remade in bf16, and the convolution
  *    widens it as it packs (plan_bf16_inputs): half the bytes both ways.
@@ -116,6 +119,11 @@ static ch_status place_first_grad(graph_impl *gi, ch_blocks *b, xnode *x, int j,
     if (t == gi->input) return CH_STATUS_OK;   /* the caller's dx */
     if (ch_gx_grad_over_values(gi, x, t)) {
         gi->grad_where[t] = GRAD_OVER_VALUES;
+        return CH_STATUS_OK;
+    }
+    const halved *h = ch_gx_halved_for(gi, (int)(x - gi->nodes));
+    if (h && h->grad16) {   /* the BatchNorm writes it over its bf16 copy, its maker reads it there */
+        gi->grad_where[t] = GRAD_BF16;
         return CH_STATUS_OK;
     }
     if (!*took_dy && takes_dy(gi, x, j)) {
@@ -439,9 +447,11 @@ static void graph_forward(ch_layer *l, const ch_run *r, int n, const ch_real *x)
     }
 }
 
-/* Tensor t's gradient (not the graph's input's or output's). */
+/* Tensor t's gradient (not the graph's input's or output's); NULL where it is bf16: its writer and
+ * reader know where (GRAD_BF16). */
 static ch_real *grad_at(const graph_impl *gi, ch_real *base, int t)
 {
+    if (gi->grad_where[t] == GRAD_BF16) return NULL;
     return gi->grad_where[t] == GRAD_OVER_VALUES ? gi->nodes[gi->producer[t]].l->y : base + gi->grad_off[t];
 }
 

@@ -22,8 +22,9 @@ typedef struct xnode {
     bool *dx_add;         /* per input: into a temporary, added to the tensor's gradient after */
 } xnode;
 
-/* Where a tensor's gradient lives in backward. */
-enum { GRAD_BLOCK = 0, GRAD_OVER_VALUES = 1 };
+/* Where a tensor's gradient lives in backward: a block, over its values, or in bf16 over the copy
+ * its BatchNorm keeps (halved's grad16). */
+enum { GRAD_BLOCK = 0, GRAD_OVER_VALUES = 1, GRAD_BF16 = 2 };
 
 /* A BatchNorm output (through the in-place ReLU after it, if any) that is not kept. */
 typedef struct recompute {
@@ -40,6 +41,7 @@ typedef struct halved {
     size_t fwd_off;       /* its fp32 block in forward, from its maker to the BatchNorm */
     uint16_t *saved;      /* max_batch samples, bf16 (replica memory, the graph layer's) */
     bool direct;          /* its maker writes saved itself, and no fp32 block is taken */
+    bool grad16;          /* its gradient goes in bf16 over saved, from the BatchNorm to its maker */
 } halved;
 
 typedef struct graph_impl {

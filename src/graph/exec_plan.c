@@ -221,7 +221,8 @@ static bool halvable(const graph_impl *gi, int b, int *t)
 }
 
 /* --precision bf16: BatchNorm inputs kept in bf16 (see the top of the file), where the backend
- * has the conversions; their makers' fp32 outputs are freed. */
+ * has the conversions; their makers' fp32 outputs are freed; and their gradients passed in bf16
+ * where the maker reads them so. */
 static ch_status plan_halves(ch_layer *l, ch_plan *pl, ch_err *err)
 {
     graph_impl *gi = l->impl;
@@ -248,6 +249,11 @@ static ch_status plan_halves(ch_layer *l, ch_plan *pl, ch_err *err)
         h->direct = k->batchnorm_stats_bf16 && ch_conv2d_output_bf16(gi->nodes[h->producer].l, pl, h->saved);
         pl->bf16_direct += h->direct ? count : 0;
         ch_batchnorm2d_keep_input(gi->nodes[b].l, h->saved, h->direct);
+        /* A convolution that reads its dy in bf16 reads it there: the BatchNorm's backward writes
+         * it over the copy, which nothing reads after that, and no fp32 block is taken. */
+        h->grad16 = k->bn_backward_data_to_bf16 && ch_conv2d_grad_bf16(gi->nodes[h->producer].l, pl, h->saved);
+        if (h->grad16) ch_batchnorm2d_grad_bf16(gi->nodes[b].l);
+        pl->bf16_grads += h->grad16 ? count : 0;
     }
     return CH_STATUS_OK;
 }

@@ -332,6 +332,23 @@ typedef struct ch_kernels {
                                     ch_real *db);
     void (*bn_relu_forward_to_bf16)(const ch_kctx *kc, int n, int c, int hw, const ch_real *x, const uint16_t *xh,
                                     const ch_real *scale, const ch_real *shift, uint16_t *y, uint16_t *keep);
+    /* --precision bf16's convolution output gradients in bf16 (graph/exec.c): the gradient of a
+     * kept BatchNorm input whose maker is a convolution that reads it so, written by the
+     * BatchNorm's backward over its kept copy. conv2d_dy_bf16 (plan time) says whether the
+     * backend's backward for d at batch n reads dy in bf16; conv2d_backward_dy_bf16 is
+     * conv2d_backward of dy widened (dx NULL: the weights' pass alone), x read from x or, where x
+     * is NULL, widened from xh, dx allowed to overlap x or xh, not dy. bn_backward_data_to_bf16 is
+     * bn_relu_backward_data of the kept input xh (scale NULL: batchnorm_backward_data_bf16), dx
+     * rounded to bf16 (to nearest even, a NaN stays a NaN) and allowed to alias xh. The bits of
+     * the fp32 kernels given the widened values. Any NULL: the gradient stays fp32. */
+    bool (*conv2d_dy_bf16)(const ch_kctx *kc, const ch_conv_desc *d, int n);
+    void (*conv2d_backward_dy_bf16)(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
+                                    const uint16_t *xh, const uint16_t *dy, const ch_real *w, ch_real *dx,
+                                    ch_real *dw, ch_real *db);
+    void (*bn_backward_data_to_bf16)(const ch_kctx *kc, int n, int c, int hw, const uint16_t *xh, const ch_real *dy,
+                                     const ch_real *mean, const ch_real *invstd, const ch_real *gamma,
+                                     const ch_real *scale, const ch_real *shift, const double *sum_dy,
+                                     const double *sum_dy_xhat, double count, uint16_t *dx);
     /* A BatchNorm's normalising pass and the same-shaped sum that writes over its output in place
      * (and the in-place ReLU after that) as one pass (graph/exec.c): y = v + res, v channel_affine's
      * value from x, or from xh where x is NULL; with relu, 0 where that sum is < 0 (a NaN passes);

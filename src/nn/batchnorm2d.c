@@ -30,6 +30,7 @@ typedef struct bn_impl {
     bool relu_bwd;    /* backward also does that ReLU's backward: dy is the ReLU's dy */
     bool apply_later; /* forward stops before normalising: a parent's sum does it (apply_sum) */
     bool out_bf16;    /* with relu_fwd: y holds bf16 (ch_batchnorm2d_output_bf16) */
+    bool dx_bf16;     /* backward writes dx rounded to bf16 over keep (ch_batchnorm2d_grad_bf16) */
 } bn_impl;
 
 static ch_status bn_plan(ch_layer *l, ch_plan *pl, ch_err *err)
@@ -143,6 +144,14 @@ void ch_batchnorm2d_keep_input(ch_layer *l, uint16_t *keep, bool made_there)
     ((bn_impl *)l->impl)->keep_made = made_there;
 }
 
+void ch_batchnorm2d_grad_bf16(ch_layer *l)
+{
+    CH_ASSERT(ch_layer_is_batchnorm(l));
+    bn_impl *b = l->impl;
+    CH_ASSERT(b->keep);
+    b->dx_bf16 = true;
+}
+
 void ch_batchnorm2d_fuse_relu(ch_layer *l, bool forward, bool backward)
 {
     CH_ASSERT(ch_layer_is_batchnorm(l) && (forward || !backward));
@@ -212,7 +221,11 @@ static void bn_backward_dx(const bn_impl *b, const ch_layer *l, const ch_run *r,
 {
     const int c = l->in.c, hw = l->in.h * l->in.w;
     const ch_real *gamma = l->p[BN_WEIGHT];
-    if (b->relu_bwd)
+    if (b->dx_bf16)   /* over keep, which nothing reads after this */
+        r->k->bn_backward_data_to_bf16(&r->kc, n, c, hw, b->keep, dy, b->mean, b->invstd, gamma,
+                                       b->relu_bwd ? b->scale : NULL, b->relu_bwd ? b->shift : NULL, b->sum_dy,
+                                       b->sum_dy_xhat, count, b->keep);
+    else if (b->relu_bwd)
         r->k->bn_relu_backward_data(&r->kc, n, c, hw, b->keep ? NULL : x, b->keep, dy, b->mean, b->invstd, gamma,
                                     b->scale, b->shift, b->sum_dy, b->sum_dy_xhat, count, dx);
     else if (b->keep)
@@ -242,7 +255,7 @@ static void bn_backward(ch_layer *l, const ch_run *r, int n, const ch_real *x, c
         bn_allreduce(r, b->sum_dy, c);
         count = (double)r->global_n * hw;
     }
-    if (dx) bn_backward_dx(b, l, r, n, x, dy, count, dx);
+    if (dx || b->dx_bf16) bn_backward_dx(b, l, r, n, x, dy, count, dx);
 }
 
 static const ch_layer_ops bn_ops = {

@@ -11,6 +11,7 @@ typedef struct conv_impl {
     bool bias;
     uint16_t *out16;   /* NULL, or where forward writes y rounded to bf16 instead of l->y */
     bool x16;          /* x is bf16 (a BatchNorm + ReLU output kept so: ch_conv2d_input_bf16) */
+    const uint16_t *dy16;   /* NULL, or where backward reads dy in bf16 (ch_conv2d_grad_bf16) */
 } conv_impl;
 
 static ch_status conv_plan(ch_layer *l, ch_plan *pl, ch_err *err)
@@ -64,6 +65,12 @@ static void conv_backward(ch_layer *l, const ch_run *r, int n, const ch_real *x,
     conv_impl *c = l->impl;
     CH_ASSERT(!c->d.relu || dy != l->y);
     ch_real *db = c->bias ? l->g[1] : NULL;
+    if (c->dy16) {
+        r->k->conv2d_backward_dy_bf16(&r->kc, &c->d, n, c->x16 ? NULL : x, c->x16 ? (const uint16_t *)x : NULL,
+                                      c->dy16, l->p[0], dx, l->g[0], db);
+        ch_run_grads_ready(r, l);
+        return;
+    }
     if (c->x16) {
         r->k->conv2d_backward_of_bf16(&r->kc, &c->d, n, (const uint16_t *)x, l->y, (ch_real *)dy, l->p[0], dx,
                                       l->g[0], db);
@@ -109,6 +116,18 @@ bool ch_conv2d_input_bf16(ch_layer *l, const ch_plan *pl)
         !k->conv2d_x_bf16(&kc, &c->d, pl->max_batch))
         return false;
     c->x16 = true;
+    return true;
+}
+
+bool ch_conv2d_grad_bf16(ch_layer *l, const ch_plan *pl, const uint16_t *dy)
+{
+    if (l->ops->plan != conv_plan) return false;
+    conv_impl *c = l->impl;
+    const ch_kctx kc = ch_plan_kctx(pl);
+    const ch_kernels *k = pl->k;
+    if (c->d.relu || !k->conv2d_dy_bf16 || !k->conv2d_backward_dy_bf16 || !k->conv2d_dy_bf16(&kc, &c->d, pl->max_batch))
+        return false;
+    c->dy16 = dy;
     return true;
 }
 

@@ -92,6 +92,7 @@ typedef struct ch_plan {
     size_t bf16_kept;   /* out: activation values kept in bf16 between forward and backward */
     size_t bf16_direct; /* out: of those, values their convolutions write in bf16 (no fp32 copy) */
     size_t bf16_inputs; /* out: convolution inputs passed in bf16 (values at the max batch) */
+    size_t bf16_grads;  /* out: convolution output gradients passed in bf16 (values at the max batch) */
 } ch_plan;
 
 /* The context a plan-time kernel query (conv2d_workspace) gets: the backend's cache and the
@@ -310,6 +311,16 @@ void ch_batchnorm2d_output_bf16(ch_layer *l);
  * in forward and backward, where the kernels take it so for this layer; false (nothing changed)
  * otherwise or for another kind of layer. */
 bool ch_conv2d_input_bf16(ch_layer *l, const ch_plan *pl);
+/* --precision bf16: make a Conv2d's backward read its output's gradient as bf16 from dy (max
+ * batch values, the caller's) instead of the dy its backward gets, where the kernels take it so
+ * for this layer (not with a fused ReLU); false (nothing changed) otherwise or for another kind of
+ * layer. */
+bool ch_conv2d_grad_bf16(ch_layer *l, const ch_plan *pl, const uint16_t *dy);
+/* --precision bf16: make a BatchNorm that keeps its input in bf16 (ch_batchnorm2d_keep_input)
+ * write its input's gradient rounded to bf16 over that copy, instead of into the dx its backward
+ * gets (which may then be NULL): for a maker given ch_conv2d_grad_bf16 on the same copy. The
+ * kernel table's bn_backward_data_to_bf16 must exist. */
+void ch_batchnorm2d_grad_bf16(ch_layer *l);
 /* LayerNorm over the trailing dimensions from axis 1, 2 or 3 of a (c, h, w) sample (weight and bias
  * of that shape; flat: a (features) tensor, axis 1, weight (features)), or with axis CH_LN_CHANNELS
  * over the channels at every pixel (weight (c)). eps in (0, 1). */

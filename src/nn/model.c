@@ -203,6 +203,7 @@ static ch_status plan(ch_model *m, int max_batch, int nthreads, ch_err *err)
     m->bf16_kept = pl.bf16_kept;
     m->bf16_direct = pl.bf16_direct;
     m->bf16_inputs = pl.bf16_inputs;
+    m->bf16_grads = pl.bf16_grads;
     CH_TRY(ch_backend_reserve_workspace(m->be, m->ws_len, err));
     m->scratch_len = m->root->scratch_need;
     m->scratch = alloc_reals(m->be, m->scratch_len);

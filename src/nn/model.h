@@ -37,6 +37,7 @@ typedef struct ch_model {
     size_t bf16_kept;               /* planned: activation values kept in bf16 for backward */
     size_t bf16_direct;             /* planned: of those, written in bf16 by their convolutions */
     size_t bf16_inputs;             /* planned: convolution inputs passed in bf16 (at the max batch) */
+    size_t bf16_grads;              /* planned: convolution output gradients passed in bf16 (likewise) */
     size_t ws_len;                  /* the kernels' workspace it needs (reals): be holds it */
     ch_real *scratch;               /* the layers' backward scratch stack, planned */
     size_t scratch_len;

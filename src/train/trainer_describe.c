@@ -87,7 +87,7 @@ static double mib(double bytes) { return bytes / (1 << 20); }
 /* --precision bf16's line: which layers multiply in bf16, and what is kept in bf16. */
 static void describe_bf16(FILE *out, const ch_model *m)
 {
-    char convs[200] = "", linears[100] = "", kept[240] = "", inputs[160] = "";
+    char convs[200] = "", linears[100] = "", kept[240] = "", inputs[160] = "", grads[160] = "";
     if (m->convs)
         snprintf(convs, sizeof convs, "%d of %d convolutions (where bf16 is the faster: direct, or a 3x3 "
                  "Winograd's point products; 1x1 only strided; 16 channels or more)", m->bf16_convs, m->convs);
@@ -101,9 +101,12 @@ static void describe_bf16(FILE *out, const ch_model *m)
     if (m->bf16_inputs)
         snprintf(inputs, sizeof inputs, "; BatchNorm + ReLU outputs passed in bf16 to the convolutions that read "
                  "them (%.2f MiB a batch)", mib((double)m->bf16_inputs * 2));
-    fprintf(out, "precision: bf16 products in %s%s, fp32 sums%s%s; weights, gradients, optimizer state, BatchNorm "
+    if (m->bf16_grads)
+        snprintf(grads, sizeof grads, "; the gradients of %.2f MiB of those kept inputs passed in bf16 from the "
+                 "BatchNorms to the convolutions that made them", mib((double)m->bf16_grads * 2));
+    fprintf(out, "precision: bf16 products in %s%s, fp32 sums%s%s%s; weights, gradients, optimizer state, BatchNorm "
             "statistics and %sactivations fp32%s\n", m->convs || m->linears ? convs : "no layer", linears, kept,
-            inputs, m->bf16_kept || m->bf16_inputs ? "other " : "",
+            inputs, grads, m->bf16_kept || m->bf16_inputs ? "other " : "",
             m->bf16_convs || m->bf16_linears || m->bf16_kept ? "" : ": none of this model's layers is one, so it trains as in fp32");
     /* The CPU kernels (and the test backends wrapping them) keep fp32 products where bf16 ones
      * are no faster (ch_cpu_bf16_products); say so, since the line above then counts none. */

@@ -39,6 +39,7 @@ static inline void ch_cpu_team(int T, ch_team_fn body, void *arg)
 enum { CH_CPU_LANES = 16 };
 /* In double: sum p[i], and sum (p[i] - m)^2. */
 double ch_cpu_sum(const ch_real *p, size_t len);
+double ch_cpu_sum_bf16(const uint16_t *p, size_t len);
 double ch_cpu_sum_sq_dev(const ch_real *p, size_t len, double m);
 /* *sum_dy += sum dy[i], *sum_dyx += sum dy[i] * (x[i] - m), in double. */
 void ch_cpu_sum_dy_dyx(const ch_real *dy, const ch_real *x, size_t len, double m, double *sum_dy,
@@ -113,6 +114,10 @@ void ch_cpu_conv2d_backward_of_bf16(const ch_kctx *kc, const ch_conv_desc *d, in
                                     ch_real *db);
 void ch_cpu_conv2d_backward_data(const ch_kctx *kc, const ch_conv_desc *d, int n,
                                  const ch_real *dy, const ch_real *w, ch_real *dx);
+bool ch_cpu_conv2d_dy_bf16(const ch_kctx *kc, const ch_conv_desc *d, int n);
+void ch_cpu_conv2d_backward_dy_bf16(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
+                                    const uint16_t *xh, const uint16_t *dy, const ch_real *w, ch_real *dx,
+                                    ch_real *dw, ch_real *db);
 void ch_cpu_conv2d_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, int n,
                                     const ch_real *x, const ch_real *y, ch_real *dy, ch_real *dw,
                                     ch_real *db);
@@ -241,6 +246,13 @@ bool ch_cpu_wino3_forward_of_bf16(const ch_kctx *kc, const ch_conv_desc *d, int 
 bool ch_cpu_wino3_backward_of_bf16(const ch_kctx *kc, const ch_conv_desc *d, int n, const uint16_t *x,
                                    const ch_real *y, ch_real *dy, const ch_real *w, ch_real *dx, ch_real *dw,
                                    ch_real *db);
+/* Both backward passes of dy kept in bf16 (dx NULL: the weights' pass alone), x from x or, where x
+ * is NULL, widened from xh: the bits of the fp32 passes on dy widened. dx may overlap x, xh or dy
+ * (the passes then run apart). False only where the layer is not one this Winograd takes at batch
+ * n, or has a fused ReLU (whose backward masks dy in place). */
+bool ch_cpu_wino3_backward_dy_bf16(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
+                                   const uint16_t *xh, const uint16_t *dy, const ch_real *w, ch_real *dx,
+                                   ch_real *dw, ch_real *db);
 
 void ch_cpu_maxpool2d_forward(const ch_kctx *kc, const ch_pool_desc *d, int n, const ch_real *x,
                               ch_real *y, int32_t *argmax);
@@ -305,6 +317,10 @@ void ch_cpu_bn_relu_backward_data(const ch_kctx *kc, int n, int c, int hw, const
                                   const ch_real *dy, const ch_real *mean, const ch_real *invstd, const ch_real *gamma,
                                   const ch_real *scale, const ch_real *shift, const double *sum_dy,
                                   const double *sum_dy_xhat, double count, ch_real *dx);
+void ch_cpu_bn_backward_data_to_bf16(const ch_kctx *kc, int n, int c, int hw, const uint16_t *xh, const ch_real *dy,
+                                     const ch_real *mean, const ch_real *invstd, const ch_real *gamma,
+                                     const ch_real *scale, const ch_real *shift, const double *sum_dy,
+                                     const double *sum_dy_xhat, double count, uint16_t *dx);
 void ch_cpu_batchnorm_backward_reduce(const ch_kctx *kc, int n, int c, int hw, const ch_real *x,
                                       const ch_real *dy, const ch_real *mean,
                                       const ch_real *invstd, double *sum_dy,

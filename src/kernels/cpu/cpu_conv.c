@@ -452,6 +452,27 @@ typedef struct conv_team {
     const ch_conv_desc *f;
 } conv_team;
 
+/* --precision bf16's convolution output gradients in bf16 (conv2d_dy_bf16 and the pass after it):
+ * the layers cohort's F(4x4, 3x3) runs without a fused ReLU, which widen dy as they pack it, so
+ * that the BatchNorm after them writes half the bytes and the packing reads half. */
+bool ch_cpu_conv2d_dy_bf16(const ch_kctx *kc, const ch_conv_desc *d, int n)
+{
+    return !d->relu && ch_cpu_conv2d_x_bf16(kc, d, n);
+}
+
+void ch_cpu_conv2d_backward_dy_bf16(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
+                                    const uint16_t *xh, const uint16_t *dy, const ch_real *w, ch_real *dx,
+                                    ch_real *dw, ch_real *db)
+{
+    if (n <= 0) {   /* an empty share, as conv2d_backward_of_bf16 */
+        memset(dw, 0, sizeof(ch_real) * (size_t)d->oc * conv_k(d));
+        if (db) memset(db, 0, sizeof(ch_real) * (size_t)d->oc);
+        return;
+    }
+    const bool done = ch_cpu_wino3_backward_dy_bf16(kc, d, n, x, xh, dy, w, dx, dw, db);
+    CH_ASSERT(done);   /* the plan asked conv2d_dy_bf16 */
+}
+
 static void backward_data_group(const ch_kctx *kc, const ch_conv_desc *d, int gw,
                                 const ch_real *dy, const ch_real *w, ch_real *dx, ch_real *col,
                                 ch_real *packed);

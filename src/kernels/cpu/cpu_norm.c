@@ -462,19 +462,29 @@ static inline ch_real bn_dx(ch_real xv, ch_real d, ch_real g, ch_real m, ch_real
 
 static inline ch_real relu_gate(ch_real xv, ch_real dv, ch_real ms, ch_real mt) { return xv * ms + mt > 0 ? dv : 0; }
 
-/* dx of one plane from fp32 x (xf) or bf16 x (xh). dx may alias x or dy: each element is read
- * before it is written. With a fused ReLU dy is read whether or not the mask passes it: read only
- * where it does, the loop vectorised into masked loads, which made the pass 3-4 times slower than
- * the one without the mask on a Zen 5 (64 x 28 x 28, batch 256: 8.6 against 2.5 ms). */
+/* dx[j] from x[j] (fp32 xf or bf16 xh) and dy[j], gated where relu. */
+static inline ch_real bn_data_value(const ch_real *xf, const uint16_t *xh, const ch_real *dy, int j, bool relu,
+                                    ch_real ms, ch_real mt, ch_real g, ch_real m, ch_real is, ch_real mdy, ch_real mdx)
+{
+    const ch_real xv = xh ? (ch_real)ch_bf16_to_float(xh[j]) : xf[j], dv = dy[j];
+    return bn_dx(xv, relu ? relu_gate(xv, dv, ms, mt) : dv, g, m, is, mdy, mdx);
+}
+
+/* dx of one plane from fp32 x (xf) or bf16 x (xh), into dx, or where dx is NULL rounded to bf16
+ * into dxh. dx (dxh) may alias x or dy: each element is read before it is written. With a fused
+ * ReLU dy is read whether or not the mask passes it: read only where it does, the loop vectorised
+ * into masked loads, which made the pass 3-4 times slower than the one without the mask on a Zen 5
+ * (64 x 28 x 28, batch 256: 8.6 against 2.5 ms). */
 static void bn_data_plane(int hw, const ch_real *xf, const uint16_t *xh, const ch_real *dy, const bn_plane *p,
-                          ch_real *dx)
+                          ch_real *dx, uint16_t *dxh)
 {
     const ch_real g = p->g, m = p->m, is = p->is, mdy = p->mdy, mdx = p->mdx, ms = p->ms, mt = p->mt;
     const bool relu = p->relu;   /* a local, so that the loop can be split on it: dx may alias *p */
-    for (int j = 0; j < hw; j++) {
-        const ch_real xv = xh ? (ch_real)ch_bf16_to_float(xh[j]) : xf[j], dv = dy[j];
-        dx[j] = bn_dx(xv, relu ? relu_gate(xv, dv, ms, mt) : dv, g, m, is, mdy, mdx);
-    }
+    if (dx)
+        for (int j = 0; j < hw; j++) dx[j] = bn_data_value(xf, xh, dy, j, relu, ms, mt, g, m, is, mdy, mdx);
+    else
+        for (int j = 0; j < hw; j++)
+            dxh[j] = ch_bf16_from_float((float)bn_data_value(xf, xh, dy, j, relu, ms, mt, g, m, is, mdy, mdx));
 }
 
 /* The same over a block of small planes, the constants per value (spread_block). */
@@ -484,14 +494,17 @@ typedef struct bn_spread {
 } bn_spread;
 
 static void bn_data_run(int len, const ch_real *xf, const uint16_t *xh, const ch_real *dy,
-                        const bn_spread *restrict k, ch_real *dx)
+                        const bn_spread *restrict k, ch_real *dx, uint16_t *dxh)
 {
     const bool relu = k->relu;
-    for (int j = 0; j < len; j++) {
-        const ch_real xv = xh ? (ch_real)ch_bf16_to_float(xh[j]) : xf[j], dv = dy[j];
-        dx[j] = bn_dx(xv, relu ? relu_gate(xv, dv, k->ms[j], k->mt[j]) : dv, k->g[j], k->m[j], k->is[j],
-                      k->mdy[j], k->mdx[j]);
-    }
+    if (dx)
+        for (int j = 0; j < len; j++)
+            dx[j] = bn_data_value(xf, xh, dy, j, relu, k->ms[j], k->mt[j], k->g[j], k->m[j], k->is[j], k->mdy[j],
+                                  k->mdx[j]);
+    else
+        for (int j = 0; j < len; j++)
+            dxh[j] = ch_bf16_from_float((float)bn_data_value(xf, xh, dy, j, relu, k->ms[j], k->mt[j], k->g[j], k->m[j],
+                                                             k->is[j], k->mdy[j], k->mdx[j]));
 }
 
 /* bn_backward_data on small planes: each thread its samples, a block of channels at a time, the
@@ -499,7 +512,7 @@ static void bn_data_run(int len, const ch_real *xf, const uint16_t *xh, const ch
 static void bn_data_small(const ch_kctx *kc, int n, int c, int hw, const ch_real *x, const uint16_t *xh,
                           const ch_real *dy, const ch_real *mean, const ch_real *invstd, const ch_real *gamma,
                           const ch_real *scale, const ch_real *shift, const double *sum_dy,
-                          const double *sum_dy_xhat, double count, ch_real *dx)
+                          const double *sum_dy_xhat, double count, ch_real *dx, uint16_t *dxh)
 {
 #pragma omp parallel num_threads(kc->nthreads)
     {
@@ -517,19 +530,22 @@ static void bn_data_small(const ch_kctx *kc, int n, int c, int hw, const ch_real
             }
             for (int q = p0; q < p1; q++) {
                 const size_t at = ((size_t)q * c + c0) * hw;
-                bn_data_run(len, x ? x + at : NULL, xh ? xh + at : NULL, dy + at, &k, dx + at);
+                bn_data_run(len, x ? x + at : NULL, xh ? xh + at : NULL, dy + at, &k, dx ? dx + at : NULL,
+                            dx ? NULL : dxh + at);
             }
         }
     }
 }
 
+/* dx into dx, or where dx is NULL rounded to bf16 into dxh. */
 static void bn_backward_data(const ch_kctx *kc, int n, int c, int hw, const ch_real *x, const uint16_t *xh,
                              const ch_real *dy, const ch_real *mean, const ch_real *invstd, const ch_real *gamma,
                              const ch_real *scale, const ch_real *shift, const double *sum_dy,
-                             const double *sum_dy_xhat, double count, ch_real *dx)
+                             const double *sum_dy_xhat, double count, ch_real *dx, uint16_t *dxh)
 {
     if (hw < SMALL_HW) {
-        bn_data_small(kc, n, c, hw, x, xh, dy, mean, invstd, gamma, scale, shift, sum_dy, sum_dy_xhat, count, dx);
+        bn_data_small(kc, n, c, hw, x, xh, dy, mean, invstd, gamma, scale, shift, sum_dy, sum_dy_xhat, count, dx,
+                      dxh);
         return;
     }
     const long planes = (long)n * c;
@@ -537,7 +553,8 @@ static void bn_backward_data(const ch_kctx *kc, int n, int c, int hw, const ch_r
     for (long pl = 0; pl < planes; pl++) {
         const bn_plane p = plane_consts((int)(pl % c), mean, invstd, gamma, scale, shift, sum_dy, sum_dy_xhat, count);
         const size_t at = (size_t)pl * (size_t)hw;
-        bn_data_plane(hw, x ? x + at : NULL, xh ? xh + at : NULL, dy + at, &p, dx + at);
+        bn_data_plane(hw, x ? x + at : NULL, xh ? xh + at : NULL, dy + at, &p, dx ? dx + at : NULL,
+                      dx ? NULL : dxh + at);
     }
 }
 
@@ -547,7 +564,7 @@ void ch_cpu_batchnorm_backward_data(const ch_kctx *kc, int n, int c, int hw, con
                                     const double *sum_dy, const double *sum_dy_xhat,
                                     double count, ch_real *dx)
 {
-    bn_backward_data(kc, n, c, hw, x, NULL, dy, mean, invstd, gamma, NULL, NULL, sum_dy, sum_dy_xhat, count, dx);
+    bn_backward_data(kc, n, c, hw, x, NULL, dy, mean, invstd, gamma, NULL, NULL, sum_dy, sum_dy_xhat, count, dx, NULL);
 }
 
 void ch_cpu_batchnorm_backward_data_bf16(const ch_kctx *kc, int n, int c, int hw, const uint16_t *x,
@@ -555,7 +572,7 @@ void ch_cpu_batchnorm_backward_data_bf16(const ch_kctx *kc, int n, int c, int hw
                                          const ch_real *gamma, const double *sum_dy, const double *sum_dy_xhat,
                                          double count, ch_real *dx)
 {
-    bn_backward_data(kc, n, c, hw, NULL, x, dy, mean, invstd, gamma, NULL, NULL, sum_dy, sum_dy_xhat, count, dx);
+    bn_backward_data(kc, n, c, hw, NULL, x, dy, mean, invstd, gamma, NULL, NULL, sum_dy, sum_dy_xhat, count, dx, NULL);
 }
 
 void ch_cpu_bn_relu_backward_data(const ch_kctx *kc, int n, int c, int hw, const ch_real *x, const uint16_t *xh,
@@ -564,7 +581,16 @@ void ch_cpu_bn_relu_backward_data(const ch_kctx *kc, int n, int c, int hw, const
                                   const double *sum_dy_xhat, double count, ch_real *dx)
 {
     bn_backward_data(kc, n, c, hw, x, x ? NULL : xh, dy, mean, invstd, gamma, scale, shift, sum_dy, sum_dy_xhat,
-                     count, dx);
+                     count, dx, NULL);
+}
+
+void ch_cpu_bn_backward_data_to_bf16(const ch_kctx *kc, int n, int c, int hw, const uint16_t *xh, const ch_real *dy,
+                                     const ch_real *mean, const ch_real *invstd, const ch_real *gamma,
+                                     const ch_real *scale, const ch_real *shift, const double *sum_dy,
+                                     const double *sum_dy_xhat, double count, uint16_t *dx)
+{
+    bn_backward_data(kc, n, c, hw, NULL, xh, dy, mean, invstd, gamma, scale, shift, sum_dy, sum_dy_xhat, count, NULL,
+                     dx);
 }
 
 void ch_cpu_layernorm_forward(const ch_kctx *kc, int outer, int len, int inner, const ch_real *x,

@@ -4,6 +4,8 @@
  * depend on the vector width the compiler picks, so results stay the same on every x86 build. */
 #include "kernels/cpu/cpu.h"
 
+#include "core/bf16.h"
+
 enum { LANES = CH_CPU_LANES };
 
 static size_t full_of(size_t len) { return len - len % LANES; }
@@ -19,6 +21,21 @@ double ch_cpu_sum(const ch_real *p, size_t len)
     double s = 0;
     for (int j = 0; j < LANES; j++) s += acc[j];
     for (size_t i = full; i < len; i++) s += p[i];
+    return s;
+}
+
+/* ch_cpu_sum of bf16 values widened: the same bits as ch_cpu_sum of the widened copy. */
+double ch_cpu_sum_bf16(const uint16_t *p, size_t len)
+{
+    double acc[LANES] = { 0 };
+    const size_t full = full_of(len);
+    for (size_t i = 0; i < full; i += LANES) {
+#pragma omp simd
+        for (int j = 0; j < LANES; j++) acc[j] += ch_bf16_to_float(p[i + j]);
+    }
+    double s = 0;
+    for (int j = 0; j < LANES; j++) s += acc[j];
+    for (size_t i = full; i < len; i++) s += ch_bf16_to_float(p[i]);
     return s;
 }
 
