@@ -812,17 +812,20 @@ static void conv_grad_in_bf16(void **state)
     assert_false(k->conv2d_dy_bf16(&kc, &wino_odd[1], 0));
 }
 
+/* Per-channel scale and shift for the BatchNorm + ReLU tests: about half the values below 0. */
+enum { BN_C = 5 };
+static const ch_real bn_scale[BN_C] = { 0.5f, 1.25f, -2, 3, 0.75f }, bn_shift[BN_C] = { -0.1f, 0.3f, 0, -1.5f, 0.2f };
+
 /* bn_backward_data_to_bf16: the dx of bn_relu_backward_data (with scale) or of
  * batchnorm_backward_data_bf16 (without) from the same bf16 input, rounded to bf16, bit for bit;
  * written over that input; on planes of 49 and of 6 (the small planes' path); NaN stays NaN. */
 static void bn_grad_in_bf16(void **state)
 {
     (void)state;
-    enum { N = 3, C = 5 };
+    enum { N = 3, C = BN_C };
     const int hws[2] = { 49, 6 };
     const ch_kernels *k = ch_kernels_cpu();
     const ch_kctx kc = { .nthreads = 2 };
-    const ch_real scale[C] = { 0.5f, 1.25f, -2, 3, 0.75f }, shift[C] = { -0.1f, 0.3f, 0, -1.5f, 0.2f };
     const ch_real mean[C] = { 0.1f, -0.2f, 0.3f, 0, 0.05f }, invstd[C] = { 1.5f, 0.8f, 2, 1.1f, 0.9f };
     const ch_real gamma[C] = { 0.9f, 1.2f, -0.7f, 1.1f, 0.6f };
     const double sums[2 * C] = { 0.3, -1.2, 0.8, 2.5, -0.4, 1.7, 0.2, -0.9, 0.6, -2.1 };
@@ -838,12 +841,12 @@ static void bn_grad_in_bf16(void **state)
         for (int relu = 0; relu <= 1; relu++) {
             for (int j = 0; j < len; j++) xh[j] = ch_bf16_from_float(x[j]);
             if (relu)
-                k->bn_relu_backward_data(&kc, N, C, hw, NULL, xh, dy, mean, invstd, gamma, scale, shift, sums,
+                k->bn_relu_backward_data(&kc, N, C, hw, NULL, xh, dy, mean, invstd, gamma, bn_scale, bn_shift, sums,
                                          sums + C, count, dx);
             else
                 k->batchnorm_backward_data_bf16(&kc, N, C, hw, xh, dy, mean, invstd, gamma, sums, sums + C, count, dx);
-            k->bn_backward_data_to_bf16(&kc, N, C, hw, xh, dy, mean, invstd, gamma, relu ? scale : NULL,
-                                        relu ? shift : NULL, sums, sums + C, count, dxh);
+            k->bn_backward_data_to_bf16(&kc, N, C, hw, xh, dy, mean, invstd, gamma, relu ? bn_scale : NULL,
+                                        relu ? bn_shift : NULL, sums, sums + C, count, dxh);
             size_t off = 0, gated = 0, inexact = 0;
             for (int j = 0; j < len; j++) {
                 off += dxh[j] != ch_bf16_from_float((float)dx[j]);
@@ -853,8 +856,8 @@ static void bn_grad_in_bf16(void **state)
             }
             assert_true(off == 0 && inexact > (size_t)len / 2);
             assert_true(relu ? gated > (size_t)len / 4 : isnan(ch_bf16_to_float(dxh[5])));   /* the mask counts */
-            k->bn_backward_data_to_bf16(&kc, N, C, hw, xh, dy, mean, invstd, gamma, relu ? scale : NULL,
-                                        relu ? shift : NULL, sums, sums + C, count, xh);   /* over its input */
+            k->bn_backward_data_to_bf16(&kc, N, C, hw, xh, dy, mean, invstd, gamma, relu ? bn_scale : NULL,
+                                        relu ? bn_shift : NULL, sums, sums + C, count, xh);   /* over its input */
             assert_memory_equal(xh, dxh, sizeof(uint16_t) * (size_t)len);
         }
         free(x), free(dy), free(dx), free(xh), free(dxh), free(plain);
@@ -895,11 +898,10 @@ static void wino3_bf16_split_weights(void **state)
 static void bn_relu_output_in_bf16(void **state)
 {
     (void)state;
-    enum { N = 3, C = 5 };
+    enum { N = 3, C = BN_C };
     const int hws[2] = { 49, 6 };
     const ch_kernels *k = ch_kernels_cpu();
     const ch_kctx kc = { .nthreads = 2 };
-    const ch_real scale[C] = { 0.5f, 1.25f, -2, 3, 0.75f }, shift[C] = { -0.1f, 0.3f, 0, -1.5f, 0.2f };
     for (int i = 0; i < 2; i++) {
         const int hw = hws[i], len = N * C * hw;
         ch_real *x = tu_uniform((size_t)len, 31 + (uint64_t)i), *y = malloc(sizeof(ch_real) * (size_t)len);
@@ -910,8 +912,8 @@ static void bn_relu_output_in_bf16(void **state)
         for (int j = 0; j < len; j++) xh[j] = ch_bf16_from_float(x[j]);
         for (int from16 = 0; from16 <= 1; from16++) {
             const ch_real *xf = from16 ? NULL : x;
-            k->bn_relu_forward(&kc, N, C, hw, xf, xh, scale, shift, y, from16 ? NULL : keep);
-            k->bn_relu_forward_to_bf16(&kc, N, C, hw, xf, xh, scale, shift, yh, from16 ? NULL : keep2);
+            k->bn_relu_forward(&kc, N, C, hw, xf, xh, bn_scale, bn_shift, y, from16 ? NULL : keep);
+            k->bn_relu_forward_to_bf16(&kc, N, C, hw, xf, xh, bn_scale, bn_shift, yh, from16 ? NULL : keep2);
             size_t off = 0, zeros = 0, inexact = 0;
             for (int j = 0; j < len; j++) {
                 off += yh[j] != ch_bf16_from_float((float)y[j]);

@@ -232,6 +232,45 @@ static void bn_relu_then_round_remade(const ch_kctx *kc, int n, int c, int hw, c
     for (size_t i = 0; i < (size_t)n * c * hw; i++) y[i] = ch_bf16_to_float(ch_bf16_from_float(y[i]));
 }
 
+/* One resnet18 step (12x12 inputs, batch 5, bf16) three ways, on CPU backends: with the CPU's own
+ * table (got), with a bf16 path off (unrounded), and with it off but its rounding emulated in fp32
+ * (want; planned told of that model's plan first). The first two models are kept for their plans. */
+enum { RR_N = 5, RR_P = 11175818 };
+typedef struct rounding_run {
+    ch_backend *be[3];
+    ch_model *own, *off;
+    float *got, *unrounded, *want;
+} rounding_run;
+
+static rounding_run rounding_run_make(const ch_kernels *off, const ch_kernels *emulated,
+                                      void (*planned)(const ch_model *m))
+{
+    rounding_run r = { .got = malloc(sizeof(float) * RR_P), .unrounded = malloc(sizeof(float) * RR_P),
+                       .want = malloc(sizeof(float) * RR_P) };
+    assert_true(r.got && r.unrounded && r.want);
+    ch_err err;
+    for (int i = 0; i < 3; i++)
+        if (ch_backend_create("cpu", 0, 2, &r.be[i], &err) != CH_STATUS_OK) fail_msg("%s", err.msg);
+    r.be[1]->k = off, r.be[2]->k = emulated;
+    r.own = tu_zoo_step(r.be[0], "resnet18", (ch_shape3){ 1, 12, 12 }, 4, true, RR_N, r.got);
+    r.off = tu_zoo_step(r.be[1], "resnet18", (ch_shape3){ 1, 12, 12 }, 4, true, RR_N, r.unrounded);
+    tu_zoo_planned = planned;
+    ch_model_free(tu_zoo_step(r.be[2], "resnet18", (ch_shape3){ 1, 12, 12 }, 4, true, RR_N, r.want));
+    tu_zoo_planned = NULL;
+    return r;
+}
+
+/* got is want bit for bit, and not unrounded; everything freed. */
+static void rounding_run_check(rounding_run *r)
+{
+    ch_model_free(r->own);
+    ch_model_free(r->off);
+    assert_memory_equal(r->got, r->want, sizeof(float) * RR_P);
+    assert_memory_not_equal(r->got, r->unrounded, sizeof(float) * RR_P);
+    free(r->got), free(r->want), free(r->unrounded);
+    for (int i = 0; i < 3; i++) ch_backend_free(r->be[i]);
+}
+
 /* --precision bf16 passes each remade BatchNorm + ReLU output whose one reader is a convolution that
  * takes its input in bf16 (graph/exec.c, plan_bf16_inputs; resnet18: bn1's, read by conv2, in the
  * 6 blocks of its first three stages, cohort's F(4x4, 3x3); the last stage's 2x2 planes, one tile
@@ -242,38 +281,15 @@ static void bn_relu_then_round_remade(const ch_kctx *kc, int n, int c, int hw, c
 static void resnet18_bf16_passes_relu_outputs_in_bf16(void **state)
 {
     (void)state;
-    enum { N = 5, P = 11175818 };
-    const size_t inputs = (size_t)N * 2 * (64 * 144 + 128 * 36 + 256 * 9);
-    ch_backend *cpu, *plain, *rounding;
-    ch_err err;
-    if (ch_backend_create("cpu", 0, 2, &cpu, &err) != CH_STATUS_OK ||
-        ch_backend_create("cpu", 0, 2, &plain, &err) != CH_STATUS_OK ||
-        ch_backend_create("cpu", 0, 2, &rounding, &err) != CH_STATUS_OK)
-        fail_msg("%s", err.msg);
-    ch_kernels fp32_inputs = *plain->k, emulated = *plain->k;
+    ch_kernels fp32_inputs = *ch_kernels_cpu(), emulated = *ch_kernels_cpu();
     fp32_inputs.bn_relu_forward_to_bf16 = emulated.bn_relu_forward_to_bf16 = NULL;
     emulated.bn_relu_forward = bn_relu_then_round_remade;
-    plain->k = &fp32_inputs;
-    rounding->k = &emulated;
-    float *got = malloc(sizeof(float) * P), *want = malloc(sizeof(float) * P), *unrounded = malloc(sizeof(float) * P);
-    assert_true(got && want && unrounded);
-    ch_model *a = tu_zoo_step(cpu, "resnet18", (ch_shape3){ 1, 12, 12 }, 4, true, N, got);
-    ch_model *b = tu_zoo_step(plain, "resnet18", (ch_shape3){ 1, 12, 12 }, 4, true, N, unrounded);
-    tu_zoo_planned = note_scratch;
-    ch_model_free(tu_zoo_step(rounding, "resnet18", (ch_shape3){ 1, 12, 12 }, 4, true, N, want));
-    tu_zoo_planned = NULL;
-    assert_int_equal(a->bf16_inputs, inputs);
-    assert_int_equal(b->bf16_inputs, 0);
-    assert_int_equal(a->saved_bytes, b->saved_bytes);
-    assert_int_equal(a->scratch_len, b->scratch_len);
-    ch_model_free(a);
-    ch_model_free(b);
-    assert_memory_equal(got, want, sizeof(float) * P);
-    assert_memory_not_equal(got, unrounded, sizeof(float) * P);
-    free(got), free(want), free(unrounded);
-    ch_backend_free(cpu);
-    ch_backend_free(plain);
-    ch_backend_free(rounding);
+    rounding_run r = rounding_run_make(&fp32_inputs, &emulated, note_scratch);
+    assert_int_equal(r.own->bf16_inputs, (size_t)RR_N * 2 * (64 * 144 + 128 * 36 + 256 * 9));
+    assert_int_equal(r.off->bf16_inputs, 0);
+    assert_int_equal(r.own->saved_bytes, r.off->saved_bytes);
+    assert_int_equal(r.own->scratch_len, r.off->scratch_len);
+    rounding_run_check(&r);
 }
 
 /* The CPU's convolution backward passes, dy first rounded to bf16 in place for the layers whose
@@ -311,38 +327,18 @@ static void backward_of_bf16_rounded_dy(const ch_kctx *kc, const ch_conv_desc *d
 static void resnet18_bf16_passes_conv_grads_in_bf16(void **state)
 {
     (void)state;
-    enum { N = 5, P = 11175818 };
-    const size_t grads = (size_t)N * (4 * 64 * 144 + 3 * 128 * 36 + 3 * 256 * 9);
-    ch_backend *cpu, *plain, *rounding;
-    ch_err err;
-    if (ch_backend_create("cpu", 0, 2, &cpu, &err) != CH_STATUS_OK ||
-        ch_backend_create("cpu", 0, 2, &plain, &err) != CH_STATUS_OK ||
-        ch_backend_create("cpu", 0, 2, &rounding, &err) != CH_STATUS_OK)
-        fail_msg("%s", err.msg);
-    ch_kernels fp32_grads = *plain->k, emulated = *plain->k;
+    ch_kernels fp32_grads = *ch_kernels_cpu(), emulated = *ch_kernels_cpu();
     fp32_grads.bn_backward_data_to_bf16 = emulated.bn_backward_data_to_bf16 = NULL;
     emulated.conv2d_backward = backward_of_rounded_dy;
     emulated.conv2d_backward_of_bf16 = backward_of_bf16_rounded_dy;
-    plain->k = &fp32_grads;
-    rounding->k = &emulated;
-    float *got = malloc(sizeof(float) * P), *want = malloc(sizeof(float) * P), *unrounded = malloc(sizeof(float) * P);
-    assert_true(got && want && unrounded);
-    ch_model *a = tu_zoo_step(cpu, "resnet18", (ch_shape3){ 1, 12, 12 }, 4, true, N, got);
-    ch_model *b = tu_zoo_step(plain, "resnet18", (ch_shape3){ 1, 12, 12 }, 4, true, N, unrounded);
-    ch_model_free(tu_zoo_step(rounding, "resnet18", (ch_shape3){ 1, 12, 12 }, 4, true, N, want));
-    assert_int_equal(a->bf16_grads, grads);
-    assert_int_equal(b->bf16_grads, 0);
-    assert_int_equal(a->saved_bytes, b->saved_bytes);
-    assert_true(a->scratch_len < b->scratch_len);
-    print_message("bf16 convolution output gradients: scratch %zu -> %zu values\n", b->scratch_len, a->scratch_len);
-    ch_model_free(a);
-    ch_model_free(b);
-    assert_memory_equal(got, want, sizeof(float) * P);
-    assert_memory_not_equal(got, unrounded, sizeof(float) * P);
-    free(got), free(want), free(unrounded);
-    ch_backend_free(cpu);
-    ch_backend_free(plain);
-    ch_backend_free(rounding);
+    rounding_run r = rounding_run_make(&fp32_grads, &emulated, NULL);
+    assert_int_equal(r.own->bf16_grads, (size_t)RR_N * (4 * 64 * 144 + 3 * 128 * 36 + 3 * 256 * 9));
+    assert_int_equal(r.off->bf16_grads, 0);
+    assert_int_equal(r.own->saved_bytes, r.off->saved_bytes);
+    assert_true(r.own->scratch_len < r.off->scratch_len);
+    print_message("bf16 convolution output gradients: scratch %zu -> %zu values\n", r.off->scratch_len,
+                  r.own->scratch_len);
+    rounding_run_check(&r);
 }
 
 /* The kernels' workspace belongs to the backend (ch_backend_reserve_workspace): a model planned
