@@ -788,6 +788,15 @@ static void conv_dy_bf16_case(ch_conv_desc d, int n, int threads)
         assert_memory_equal(got.dx, want.dx, sizeof(ch_real) * c.xs);
         assert_memory_equal(got.dw, want.dw, sizeof(ch_real) * c.wl);
     }
+    /* dy in dx's bytes is declined, nothing written (the data's pass would write one sample's dx
+     * over another's dy), by both bf16 backward entries. */
+    memcpy(got.dx, dyh, sizeof(uint16_t) * c.ys);
+    memset(got.dw, 0, sizeof(ch_real) * c.wl);
+    assert_false(ch_cpu_wino3_backward_dy_bf16(&r.kc, &c.d, n, c.xr, NULL, (const uint16_t *)got.dx, c.w, got.dx,
+                                               got.dw, got.db));
+    assert_false(ch_cpu_wino3_backward_of_bf16(&r.kc, &c.d, n, r.xh, NULL, got.dx, c.w, got.dx, got.dw, got.db));
+    assert_memory_equal(got.dx, dyh, sizeof(uint16_t) * c.ys);
+    for (size_t i = 0; i < c.wl; i++) assert_true(got.dw[i] == 0);
     /* The fixture's dy does not fit bf16: a dy read unrounded would show. */
     size_t changed = 0;
     for (size_t i = 0; i < c.ys; i++) changed += c.dy[i] != c.dyr[i];

@@ -321,7 +321,7 @@ typedef struct ch_kernels {
      * backend's passes for d at batch n read x in bf16; conv2d_forward_of_bf16 is conv2d_forward of
      * x widened, into y or, where y is NULL, rounded to bf16 into yh (as conv2d_forward_bf16);
      * conv2d_backward_of_bf16 is conv2d_backward of x widened, dx NULL or not, dx allowed to overlap
-     * x or dy. bn_relu_forward_to_bf16 is bn_relu_forward with y rounded to bf16 (to nearest even, a
+     * x, not dy. bn_relu_forward_to_bf16 is bn_relu_forward with y rounded to bf16 (to nearest even, a
      * NaN stays a NaN). The bits of the fp32 kernels given the widened values. Any NULL: the
      * input stays fp32. */
     bool (*conv2d_x_bf16)(const ch_kctx *kc, const ch_conv_desc *d, int n);

@@ -239,8 +239,8 @@ bool ch_cpu_wino3_forward_bf16(const ch_kctx *kc, const ch_conv_desc *d, int n, 
                                const ch_real *w, const ch_real *b, uint16_t *y);
 /* forward and both backward passes of an input kept in bf16: the bits of the fp32 passes on x
  * widened. forward writes y, or where y is NULL yh rounded; backward's dx may be NULL (weights
- * only) and may overlap x or dy (the passes then run apart). False only where the layer is not
- * one this Winograd takes at batch n (as forward's). */
+ * only) and may overlap x (the passes then run apart), not dy. False only where the layer is not
+ * one this Winograd takes at batch n (as forward's), or dx overlaps dy. */
 bool ch_cpu_wino3_forward_of_bf16(const ch_kctx *kc, const ch_conv_desc *d, int n, const uint16_t *x,
                                   const ch_real *w, const ch_real *b, ch_real *y, uint16_t *yh);
 bool ch_cpu_wino3_backward_of_bf16(const ch_kctx *kc, const ch_conv_desc *d, int n, const uint16_t *x,

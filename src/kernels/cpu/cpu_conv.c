@@ -452,6 +452,13 @@ typedef struct conv_team {
     const ch_conv_desc *f;
 } conv_team;
 
+/* An empty share's weight and bias gradients: zeros, as the passes over samples leave them. */
+static void no_grads(const ch_conv_desc *d, ch_real *dw, ch_real *db)
+{
+    memset(dw, 0, sizeof(ch_real) * (size_t)d->oc * conv_k(d));
+    if (db) memset(db, 0, sizeof(ch_real) * (size_t)d->oc);
+}
+
 /* --precision bf16's convolution output gradients in bf16 (conv2d_dy_bf16 and the pass after it):
  * the layers cohort's F(4x4, 3x3) runs without a fused ReLU, which widen dy as they pack it, so
  * that the BatchNorm after them writes half the bytes and the packing reads half. */
@@ -464,9 +471,8 @@ void ch_cpu_conv2d_backward_dy_bf16(const ch_kctx *kc, const ch_conv_desc *d, in
                                     const uint16_t *xh, const uint16_t *dy, const ch_real *w, ch_real *dx,
                                     ch_real *dw, ch_real *db)
 {
-    if (n <= 0) {   /* an empty share, as conv2d_backward_of_bf16 */
-        memset(dw, 0, sizeof(ch_real) * (size_t)d->oc * conv_k(d));
-        if (db) memset(db, 0, sizeof(ch_real) * (size_t)d->oc);
+    if (n <= 0) {
+        no_grads(d, dw, db);
         return;
     }
     const bool done = ch_cpu_wino3_backward_dy_bf16(kc, d, n, x, xh, dy, w, dx, dw, db);
@@ -551,9 +557,8 @@ void ch_cpu_conv2d_backward_of_bf16(const ch_kctx *kc, const ch_conv_desc *d, in
                                     const ch_real *y, ch_real *dy, const ch_real *w, ch_real *dx, ch_real *dw,
                                     ch_real *db)
 {
-    if (n <= 0) {   /* an empty share: no gradient, as the fp32 passes leave it */
-        memset(dw, 0, sizeof(ch_real) * (size_t)d->oc * conv_k(d));
-        if (db) memset(db, 0, sizeof(ch_real) * (size_t)d->oc);
+    if (n <= 0) {
+        no_grads(d, dw, db);
         return;
     }
     const bool done = ch_cpu_wino3_backward_of_bf16(kc, d, n, x, y, dy, w, dx, dw, db);
@@ -751,7 +756,6 @@ void ch_cpu_conv2d_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, in
         ch_cpu_conv_group_backward_weights(kc, d, n, x, y, dy, dw, db);
         return;
     }
-    const size_t wl = (size_t)d->oc * conv_k(d);
     if (ch_cpu_conv_bf16w_backward_weights(kc, d, n, x, y, dy, dw, db) ||
         ch_cpu_conv_direct_backward_weights(kc, d, n, x, y, dy, dw, db) ||
         ch_cpu_wino_backward_weights(kc, d, n, x, y, dy, dw, db) ||
@@ -760,8 +764,7 @@ void ch_cpu_conv2d_backward_weights(const ch_kctx *kc, const ch_conv_desc *d, in
         return;
     const conv_split sp = conv_split_of(kc, d, n);
     if (n == 0) {
-        memset(dw, 0, sizeof(ch_real) * wl);
-        if (db) memset(db, 0, sizeof(ch_real) * (size_t)d->oc);
+        no_grads(d, dw, db);
         return;
     }
     conv_team m = { .kc = kc, .d = d, .sp = &sp, .n = n, .x = x, .y = y, .out = dw, .dy = dy, .db = db };

@@ -10,34 +10,29 @@ enum { LANES = CH_CPU_LANES };
 
 static size_t full_of(size_t len) { return len - len % LANES; }
 
-double ch_cpu_sum(const ch_real *p, size_t len)
-{
-    double acc[LANES] = { 0 };
-    const size_t full = full_of(len);
-    for (size_t i = 0; i < full; i += LANES) {
-#pragma omp simd
-        for (int j = 0; j < LANES; j++) acc[j] += p[i + j];
+/* The lane sums of len values of type T at p, each widened by WIDEN: one body for fp32 and bf16
+ * rows, so that the two give the same bits for the same values. */
+#define LANE_SUM_OF(T, WIDEN)                                                                      \
+    static double lane_sum_##T(const T *p, size_t len)                                             \
+    {                                                                                              \
+        double acc[LANES] = { 0 };                                                                 \
+        const size_t full = full_of(len);                                                          \
+        for (size_t i = 0; i < full; i += LANES) {                                                 \
+            _Pragma("omp simd") for (int j = 0; j < LANES; j++) acc[j] += WIDEN(p[i + j]);         \
+        }                                                                                          \
+        double s = 0;                                                                              \
+        for (int j = 0; j < LANES; j++) s += acc[j];                                               \
+        for (size_t i = full; i < len; i++) s += WIDEN(p[i]);                                      \
+        return s;                                                                                  \
     }
-    double s = 0;
-    for (int j = 0; j < LANES; j++) s += acc[j];
-    for (size_t i = full; i < len; i++) s += p[i];
-    return s;
-}
+#define AS_IS(v) (v)
+LANE_SUM_OF(ch_real, AS_IS)
+LANE_SUM_OF(uint16_t, ch_bf16_to_float)
+
+double ch_cpu_sum(const ch_real *p, size_t len) { return lane_sum_ch_real(p, len); }
 
 /* ch_cpu_sum of bf16 values widened: the same bits as ch_cpu_sum of the widened copy. */
-double ch_cpu_sum_bf16(const uint16_t *p, size_t len)
-{
-    double acc[LANES] = { 0 };
-    const size_t full = full_of(len);
-    for (size_t i = 0; i < full; i += LANES) {
-#pragma omp simd
-        for (int j = 0; j < LANES; j++) acc[j] += ch_bf16_to_float(p[i + j]);
-    }
-    double s = 0;
-    for (int j = 0; j < LANES; j++) s += acc[j];
-    for (size_t i = full; i < len; i++) s += ch_bf16_to_float(p[i]);
-    return s;
-}
+double ch_cpu_sum_bf16(const uint16_t *p, size_t len) { return lane_sum_uint16_t(p, len); }
 
 double ch_cpu_sum_sq_dev(const ch_real *p, size_t len, double m)
 {

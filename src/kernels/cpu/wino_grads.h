@@ -82,20 +82,20 @@ static void untransform_weights(const ch_conv_desc *d, const ch_real *du0, size_
 }
 
 /* The thread's groups [lo, hi): dy masked by the fused ReLU in place (backward data reads it
- * next), and its db where the layer has a bias. dy in bf16 (dy.h) has no fused ReLU. */
+ * next), and its db where the layer has a bias; dy in fp32, or where dy is NULL in bf16 from dyh
+ * (no fused ReLU then). */
 static void prepare_dy(const wgeo *g, const wscratch *s, int n, int lo, int hi, const ch_real *y,
-                       wsrc dy, bool bias)
+                       ch_real *dy, const uint16_t *dyh, bool bias)
 {
     const ch_conv_desc *d = g->d;
     const size_t ys = (size_t)d->oc * d->oh * d->ow, hw = (size_t)d->oh * d->ow;
     const int s0 = lo * TB, s1 = hi * TB < n ? hi * TB : n;
-    ch_real *df = (ch_real *)dy.f;   /* the layer's own dy (kernels.h: an output with d->relu) */
-    if (d->relu) ch_cpu_relu_backward_span((size_t)(s1 - s0) * ys, y + s0 * ys, df + s0 * ys, df + s0 * ys);
+    if (d->relu) ch_cpu_relu_backward_span((size_t)(s1 - s0) * ys, y + s0 * ys, dy + s0 * ys, dy + s0 * ys);
     for (int o = 0; bias && o < d->oc; o++) {
         double acc = 0;
         for (int i = s0; i < s1; i++) {
             const size_t at = i * ys + (size_t)o * hw;
-            acc += dy.f ? ch_cpu_sum(dy.f + at, hw) : ch_cpu_sum_bf16(dy.h + at, hw);
+            acc += dy ? ch_cpu_sum(dy + at, hw) : ch_cpu_sum_bf16(dyh + at, hw);
         }
         s->db[o] = (ch_real)acc;
     }
@@ -109,7 +109,8 @@ static void prepare_dy(const wgeo *g, const wscratch *s, int n, int lo, int hi, 
 typedef struct wgrads {
     wsrc x;
     const ch_real *y;
-    wsrc dy;              /* fp32 (f: the layer's own, masked in place for a fused ReLU) or bf16 */
+    ch_real *dy;          /* the layer's own (masked in place for a fused ReLU), or NULL: */
+    const uint16_t *dyh;  /* ... dy in bf16 */
     ch_real *dx;
     bool bias;
 } wgrads;
@@ -121,7 +122,7 @@ static void pack_grads_run(const wgeo *g, const wscratch *s, const wgrads *a, in
     const ch_conv_desc *d = g->d;
     const size_t xs = (size_t)d->c * d->h * d->w, ys = (size_t)d->oc * d->oh * d->ow;
     pack_run(x_layout(g), src_at(a->x, (size_t)s0 * xs), xs, live, s->xg);
-    pack_run(y_layout(g), src_at(a->dy, (size_t)s0 * ys), ys, live, s->yg);
+    pack_run(y_layout(g), src_at((wsrc){ a->dy, a->dyh }, (size_t)s0 * ys), ys, live, s->yg);
     if (a->dx) memset(s->dxg, 0, sizeof(ch_real) * group_len(x_layout(g)) * (size_t)groups_of(live));
 }
 
@@ -154,7 +155,7 @@ static void grads_chunk(const ch_kctx *kc, const wgeo *g, const ch_real *u, cons
 static void grads_groups(const ch_kctx *kc, const wgeo *g, const ch_real *u, const wscratch *s,
                          int n, int lo, int hi, const wgrads *a)
 {
-    prepare_dy(g, s, n, lo, hi, a->y, a->dy, a->bias);
+    prepare_dy(g, s, n, lo, hi, a->y, a->dy, a->dyh, a->bias);
     for (int q = lo; q < hi; q += g->G) {
         const int live = run_live(g, n, q, hi), ng = groups_of(live);
         pack_grads_run(g, s, a, q * TB, live);
@@ -234,7 +235,7 @@ static void split_member(void *arg, int t, int T)
     const int groups = groups_of(m->n), lo = groups * t / T, hi = groups * (t + 1) / T;
     const int live = run_live(g, m->n, lo, hi);
     const wspan k = chunk_span(g, hi - lo, 0);
-    prepare_dy(g, &s, m->n, lo, hi, m->a->y, m->a->dy, m->a->bias);
+    prepare_dy(g, &s, m->n, lo, hi, m->a->y, m->a->dy, m->a->dyh, m->a->bias);
     pack_grads_run(g, &s, m->a, lo * TB, live);
     grads_points(g, k, &s);
 #pragma omp barrier
@@ -272,7 +273,7 @@ bool WINO_FN(backward_weights)(const ch_kctx *kc, const ch_conv_desc *d, int n,
 {
     wgeo g;
     if (!wino_usable(kc, d, n, &g)) return false;
-    grads_pass(kc, &g, n, NULL, &(wgrads){ { x, NULL }, y, { dy, NULL }, NULL, db != NULL }, dw, db);
+    grads_pass(kc, &g, n, NULL, &(wgrads){ { x, NULL }, y, dy, NULL, NULL, db != NULL }, dw, db);
     return true;
 }
 
@@ -282,13 +283,18 @@ static bool overlaps(const void *a, size_t na, const void *b, size_t nb)
     return (uintptr_t)a < (uintptr_t)b + nb && (uintptr_t)b < (uintptr_t)a + na;
 }
 
-/* Whether n samples of dx share bytes with x (xsize bytes a value: fp32 or bf16) or with dy
+/* Whether n samples of dx share bytes with x (xsize bytes a value: fp32 or bf16), and with dy
  * (likewise dysize). */
-static bool dx_overlaps(const ch_conv_desc *d, int n, const ch_real *dx, const void *x, size_t xsize,
-                        const void *dy, size_t dysize)
+static bool dx_over_x(const ch_conv_desc *d, int n, const ch_real *dx, const void *x, size_t xsize)
 {
-    const size_t xl = (size_t)n * d->c * d->h * d->w, yl = (size_t)n * d->oc * d->oh * d->ow, f = sizeof(ch_real);
-    return overlaps(dx, f * xl, x, xsize * xl) || overlaps(dx, f * xl, dy, dysize * yl);
+    const size_t xl = (size_t)n * d->c * d->h * d->w;
+    return overlaps(dx, sizeof(ch_real) * xl, x, xsize * xl);
+}
+
+static bool dx_over_dy(const ch_conv_desc *d, int n, const ch_real *dx, const void *dy, size_t dysize)
+{
+    const size_t xl = (size_t)n * d->c * d->h * d->w, yl = (size_t)n * d->oc * d->oh * d->ow;
+    return overlaps(dx, sizeof(ch_real) * xl, dy, dysize * yl);
 }
 
 /* backward_weights and backward_data in one pass over the batch. dx must not overlap x or dy (a
@@ -299,49 +305,51 @@ bool WINO_FN(backward)(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch
                        ch_real *db)
 {
     wgeo g;
-    if (!wino_usable(kc, d, n, &g) || dx_overlaps(d, n, dx, x, sizeof(ch_real), dy, sizeof(ch_real))) return false;
-    grads_pass(kc, &g, n, w, &(wgrads){ { x, NULL }, y, { dy, NULL }, dx, db != NULL }, dw, db);
+    if (!wino_usable(kc, d, n, &g) || dx_over_x(d, n, dx, x, sizeof(ch_real)) || dx_over_dy(d, n, dx, dy, sizeof(ch_real)))
+        return false;
+    grads_pass(kc, &g, n, w, &(wgrads){ { x, NULL }, y, dy, NULL, dx, db != NULL }, dw, db);
     return true;
 }
 
 #ifdef WINO_BF16
+/* grads_pass of a (dx included), or where apart the weights' pass alone first (it reads x, and
+ * masks dy for a fused ReLU, before dx is written) and then the data's over the same dy. */
+static void grads_maybe_apart(const ch_kctx *kc, const wgeo *g, int n, const ch_real *w, wgrads a, bool apart,
+                              ch_real *dw, ch_real *db)
+{
+    ch_real *dx = a.dx;
+    if (apart) a.dx = NULL;
+    grads_pass(kc, g, n, apart ? NULL : w, &a, dw, db);
+    if (apart)
+        run_pass(kc, g, n, w, &(wpass){ .in = { a.dy, a.dyh }, .out = { dx, NULL }, .group = backward_data_group });
+}
+
 /* Both backward passes of an input kept in bf16 (dx may be NULL: the weights' pass alone). Where
- * dx overlaps x or dy the passes run apart (the weights' first: it reads x, and masks dy for a
- * fused ReLU, before dx is written), so that a layer the plan gave a bf16 input never needs the
- * fp32 one. */
+ * dx overlaps x the passes run apart (grads_maybe_apart), so that a layer the plan gave a bf16
+ * input never needs the fp32 one. dx must not overlap dy (false, nothing written): the data's
+ * pass would write one sample's dx over another's dy before it is read. */
 bool WINO_FN(backward_of_bf16)(const ch_kctx *kc, const ch_conv_desc *d, int n, const uint16_t *x,
                                const ch_real *y, ch_real *dy, const ch_real *w, ch_real *dx, ch_real *dw,
                                ch_real *db)
 {
     wgeo g;
-    if (!wino_usable(kc, d, n, &g)) return false;
-    const bool apart = dx && dx_overlaps(d, n, dx, x, sizeof(uint16_t), dy, sizeof(ch_real));
-    grads_pass(kc, &g, n, apart ? NULL : w, &(wgrads){ { NULL, x }, y, { dy, NULL }, apart ? NULL : dx, db != NULL }, dw, db);
-    if (apart)
-        run_pass(kc, &g, n, w, &(wpass){ .in = { dy, NULL }, .out = { dx, NULL }, .group = backward_data_group });
+    if (!wino_usable(kc, d, n, &g) || (dx && dx_over_dy(d, n, dx, dy, sizeof(ch_real)))) return false;
+    const bool apart = dx && dx_over_x(d, n, dx, x, sizeof(uint16_t));
+    grads_maybe_apart(kc, &g, n, w, (wgrads){ { NULL, x }, y, dy, NULL, dx, db != NULL }, apart, dw, db);
     return true;
 }
 
 /* Both backward passes of dy kept in bf16 (dx may be NULL: the weights' pass alone), x fp32 or,
- * where x is NULL, bf16 from xh. Where dx overlaps x the passes run apart, the weights' first, as
- * backward_of_bf16's; dx must not overlap dy (false, nothing written). Not with a fused ReLU,
+ * where x is NULL, bf16 from xh; dx over x and dy as backward_of_bf16's. Not with a fused ReLU,
  * whose backward masks dy in place. */
 bool WINO_FN(backward_dy_bf16)(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch_real *x,
                                const uint16_t *xh, const uint16_t *dy, const ch_real *w, ch_real *dx, ch_real *dw,
                                ch_real *db)
 {
     wgeo g;
-    const size_t xl = (size_t)n * d->c * d->h * d->w, yl = (size_t)n * d->oc * d->oh * d->ow;
-    if (d->relu || !wino_usable(kc, d, n, &g) ||
-        (dx && overlaps(dx, sizeof(ch_real) * xl, dy, sizeof(uint16_t) * yl)))
-        return false;
-    const bool apart = dx && (x ? overlaps(dx, sizeof(ch_real) * xl, x, sizeof(ch_real) * xl)
-                                : overlaps(dx, sizeof(ch_real) * xl, xh, sizeof(uint16_t) * xl));
-    grads_pass(kc, &g, n, apart ? NULL : w, &(wgrads){ { x, x ? NULL : xh }, NULL, { NULL, dy }, apart ? NULL : dx,
-                                                       db != NULL },
-               dw, db);
-    if (apart)
-        run_pass(kc, &g, n, w, &(wpass){ .in = { NULL, dy }, .out = { dx, NULL }, .group = backward_data_group });
+    if (d->relu || !wino_usable(kc, d, n, &g) || (dx && dx_over_dy(d, n, dx, dy, sizeof(uint16_t)))) return false;
+    const bool apart = dx && (x ? dx_over_x(d, n, dx, x, sizeof(ch_real)) : dx_over_x(d, n, dx, xh, sizeof(uint16_t)));
+    grads_maybe_apart(kc, &g, n, w, (wgrads){ { x, x ? NULL : xh }, NULL, NULL, dy, dx, db != NULL }, apart, dw, db);
     return true;
 }
 #endif
