@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <dnnl.h>
@@ -1126,6 +1127,64 @@ static void winograd3_matches_reference(void **state)
     assert_true(wino3_taken(&other, 4, 1) > 0);
 }
 
+/* `bytes` bytes that end where an unmapped page begins: a read past their end faults. *map and
+ * *map_len are for guard_free. */
+static void *guarded(size_t bytes, void **map, size_t *map_len)
+{
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE), pages = (bytes + page - 1) / page;
+    *map_len = (pages + 1) * page;
+    *map = mmap(NULL, *map_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    assert_true(*map != MAP_FAILED);
+    assert_int_equal(mprotect((char *)*map + pages * page, page, PROT_NONE), 0);
+    return (char *)*map + pages * page - bytes;
+}
+
+/* The Winograds' packing reads whole blocks of 8 or 16 elements from each sample's rows, under a
+ * mask where a row is shorter than a block: nothing past a tensor's end. x, dy and their bf16
+ * copies end at an unmapped page, and a full group (16 samples) of 7x7 planes (rows of 7, shorter
+ * than either block) goes through every pass that packs them: fp32, x in bf16 and dy in bf16. */
+static void winograd_packing_reads_within_tensors(void **state)
+{
+    (void)state;
+    const ch_kernels *cpu = ch_kernels_cpu();
+    ch_conv_desc d = { .c = 8, .h = 7, .w = 7, .oc = 16, .kh = 3, .kw = 3, .stride = 1, .pad = 1,
+                       .oh = 7, .ow = 7 };
+    enum { N = 16 };
+    const size_t xs = (size_t)N * d.c * 49, ys = (size_t)N * d.oc * 49, wl = (size_t)d.oc * d.c * 9;
+    void *maps[4];
+    size_t lens[4];
+    ch_real *x = guarded(sizeof(ch_real) * xs, &maps[0], &lens[0]);
+    ch_real *dy = guarded(sizeof(ch_real) * ys, &maps[1], &lens[1]);
+    uint16_t *xh = guarded(sizeof(uint16_t) * xs, &maps[2], &lens[2]);
+    uint16_t *dyh = guarded(sizeof(uint16_t) * ys, &maps[3], &lens[3]);
+    ch_real *x0 = tu_uniform(xs, 4), *dy0 = tu_uniform(ys, 7), *w = tu_uniform(wl, 5);
+    ch_real *y = malloc(sizeof(ch_real) * ys), *dx = malloc(sizeof(ch_real) * xs);
+    ch_real *g = malloc(sizeof(ch_real) * (wl + (size_t)d.oc));
+    assert_true(y && dx && g);
+    memcpy(x, x0, sizeof(ch_real) * xs), memcpy(dy, dy0, sizeof(ch_real) * ys);
+    for (size_t i = 0; i < xs; i++) xh[i] = ch_bf16_from_float(x0[i]);
+    for (size_t i = 0; i < ys; i++) dyh[i] = ch_bf16_from_float(dy0[i]);
+    ch_kctx kc = { .nthreads = 2, .cache = ch_cpu_kcache_create() };
+    d.bf16 = true;   /* the largest of the workspaces, the bf16 passes' */
+    const size_t wsz = cpu->conv2d_workspace(&kc, &d, N);
+    kc.ws = malloc(sizeof(ch_real) * wsz), kc.ws_len = wsz;
+    assert_true(wino3_taken(&d, N, 2) > 0);
+    const bool bf16 = cpu->conv2d_x_bf16(&kc, &d, N) && cpu->conv2d_dy_bf16(&kc, &d, N);
+    d.bf16 = false;
+    cpu->conv2d_forward(&kc, &d, N, x, w, NULL, y);
+    assert_true(cpu->conv2d_backward(&kc, &d, N, x, y, dy, w, dx, g, g + wl));
+    if (bf16) {
+        d.bf16 = true;
+        cpu->conv2d_forward_of_bf16(&kc, &d, N, xh, w, NULL, y, NULL);
+        cpu->conv2d_backward_dy_bf16(&kc, &d, N, NULL, xh, dyh, w, dx, g, g + wl);
+    }
+    /* Where the CPU has AVX-512 (the 16-wide blocks), the bf16 passes exist and ran. */
+    if (ch_cpu_avx512()) assert_true(bf16);
+    for (int i = 0; i < 4; i++) munmap(maps[i], lens[i]);
+    free(x0), free(dy0), free(w), free(y), free(dx), free(g), free(kc.ws);
+    ch_cpu_kcache_free(kc.cache);
+}
+
 /* BatchNorm's reductions (lane partial sums) against plain loops, for planes shorter than a
  * vector, exactly one, and with a tail. */
 static void check_batchnorm_sums(int n, int c, int hw, int threads)
@@ -1673,6 +1732,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(teams_of_one_start_no_threads),
         cmocka_unit_test(winograd5_matches_reference),
         cmocka_unit_test(winograd3_matches_reference),
+        cmocka_unit_test(winograd_packing_reads_within_tensors),
         cmocka_unit_test(batchnorm_sums_match_reference),
         cmocka_unit_test(maxpool_matches_reference),
         cmocka_unit_test(avgpool_matches_reference),

@@ -41,8 +41,110 @@ static wsrc src_at(wsrc t, size_t off)
  * to[c*TB + s] = from[s*ss + c] and back, for c < len and s < live. Where AVX2 is there (float
  * build), 8x8 blocks go through registers (8 row loads, 24 shuffles, 8 stores); the lane-at-a-time
  * loops before were gathers, which Zen 3 runs about one element a cycle, and the packing was a
- * seventh of ResNet-20's step. */
-#if defined(__AVX2__) && !defined(CH_REAL_DOUBLE)
+ * seventh of ResNet-20's step. Where AVX-512 is, 16x16 blocks (16 loads, 64 shuffles, 16 stores:
+ * a third fewer instructions an element, and each sample's row written a whole 64-byte line at a
+ * time instead of half lines); the blocks move values only, so both give the same bits. */
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__) && \
+    !defined(CH_REAL_DOUBLE)
+#include <immintrin.h>
+enum { WINO_BLOCK = 16 };
+/* How far ahead along each of a block's 16 sample rows the packing asks for data (1 KiB): 16
+ * streams at once, each a sample's row, are more than the hardware prefetcher follows, and the
+ * packing waited on memory. `bench/compare_builds` on resnet18 bf16 (whose packing reads bf16
+ * rows) 1.02-1.04x with it; 512 B and 2 KiB were no better. */
+enum { PACK_AHEAD_BYTES = 1024 };
+_Static_assert((int)TB == (int)WINO_BLOCK, "a 16x16 block spans a group's lanes");
+
+/* r[j] = column j of the 16x16 block whose row i was r[i]: 4x4 blocks within each 128-bit lane
+ * (two rounds of shuffles), then the lanes themselves (two rounds of 128-bit shuffles). */
+static inline void transpose16(__m512 r[16])
+{
+    __m512 t[16], u[16];
+    for (int k = 0; k < 16; k += 2) {
+        t[k] = _mm512_unpacklo_ps(r[k], r[k + 1]);
+        t[k + 1] = _mm512_unpackhi_ps(r[k], r[k + 1]);
+    }
+    for (int g = 0; g < 16; g += 4) {   /* u[g + m]: rows g..g+3, elements m, m+4, m+8, m+12 */
+        u[g] = _mm512_shuffle_ps(t[g], t[g + 2], 0x44);
+        u[g + 1] = _mm512_shuffle_ps(t[g], t[g + 2], 0xEE);
+        u[g + 2] = _mm512_shuffle_ps(t[g + 1], t[g + 3], 0x44);
+        u[g + 3] = _mm512_shuffle_ps(t[g + 1], t[g + 3], 0xEE);
+    }
+    for (int m = 0; m < 4; m++) {
+        const __m512 v0 = _mm512_shuffle_f32x4(u[m], u[4 + m], 0x44);
+        const __m512 v1 = _mm512_shuffle_f32x4(u[m], u[4 + m], 0xEE);
+        const __m512 w0 = _mm512_shuffle_f32x4(u[8 + m], u[12 + m], 0x44);
+        const __m512 w1 = _mm512_shuffle_f32x4(u[8 + m], u[12 + m], 0xEE);
+        r[m] = _mm512_shuffle_f32x4(v0, w0, 0x88);
+        r[4 + m] = _mm512_shuffle_f32x4(v0, w0, 0xDD);
+        r[8 + m] = _mm512_shuffle_f32x4(v1, w1, 0x88);
+        r[12 + m] = _mm512_shuffle_f32x4(v1, w1, 0xDD);
+    }
+}
+
+/* The first n elements of a block. */
+static inline __mmask16 first_n(int n) { return (__mmask16)((1u << n) - 1); }
+
+/* One 16-sample x 16-element block at element c, samples h..h+15 (h is 0: a block is a group's
+ * lanes); n < 16: the first n elements only, read and written under a mask. */
+static void block_to_lanes(const ch_real *from, size_t ss, int h, int c, int n, ch_real *to)
+{
+    __m512 r[16];
+    for (int i = 0; i < 16; i++) {
+        _mm_prefetch((const char *)(from + (size_t)(h + i) * ss + c) + PACK_AHEAD_BYTES, _MM_HINT_T0);
+        r[i] = _mm512_maskz_loadu_ps(first_n(n), from + (size_t)(h + i) * ss + c);
+    }
+    transpose16(r);
+    for (int j = 0; j < n; j++) _mm512_storeu_ps(to + (size_t)(c + j) * TB + h, r[j]);
+}
+
+/* The same block from bf16 rows, widened (exactly: a bf16 is a float's top half). */
+static void block16_to_lanes(const uint16_t *from, size_t ss, int h, int c, int n, ch_real *to)
+{
+    __m512 r[16];
+    for (int i = 0; i < 16; i++) {
+        _mm_prefetch((const char *)(from + (size_t)(h + i) * ss + c) + PACK_AHEAD_BYTES, _MM_HINT_T0);
+        const __m256i v = _mm256_maskz_loadu_epi16(first_n(n), from + (size_t)(h + i) * ss + c);
+        r[i] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
+    }
+    transpose16(r);
+    for (int j = 0; j < n; j++) _mm512_storeu_ps(to + (size_t)(c + j) * TB + h, r[j]);
+}
+
+/* Sixteen floats rounded to bf16 as core/bf16.h's ch_bf16_from_float does (to nearest even, a NaN
+ * kept a NaN); where the CPU has AVX512-BF16, by its instruction (which also flushes subnormal
+ * values to zero: wino_body.h's store_points_bf16 says why). */
+static inline __m256i bf16x16(__m512 v)
+{
+#if defined(__AVX512BF16__)
+    return (__m256i)_mm512_cvtneps_pbh(v);
+#else
+    const __m512i u = _mm512_castps_si512(v), hi = _mm512_srli_epi32(u, 16);
+    const __m512i lsb = _mm512_and_si512(hi, _mm512_set1_epi32(1));
+    const __m512i rounded = _mm512_srli_epi32(
+        _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)), 16);
+    const __m512i quiet = _mm512_or_si512(hi, _mm512_set1_epi32(0x40));
+    const __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                                  _mm512_set1_epi32(0x7f800000));
+    return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, rounded, quiet));
+#endif
+}
+
+static void block_to_rows(const ch_real *from, int h, int live, int c, int n, wdest to, size_t ss)
+{
+    __m512 r[16];
+    for (int j = 0; j < 16; j++)
+        r[j] = j < n ? _mm512_loadu_ps(from + (size_t)(c + j) * TB + h) : _mm512_setzero_ps();
+    transpose16(r);
+    for (int i = 0; i < 16 && h + i < live; i++) {
+        const size_t at = (size_t)(h + i) * ss + c;
+        if (to.h)
+            _mm256_mask_storeu_epi16(to.h + at, first_n(n), bf16x16(r[i]));
+        else
+            _mm512_mask_storeu_ps(to.f + at, first_n(n), r[i]);
+    }
+}
+#elif defined(__AVX2__) && !defined(CH_REAL_DOUBLE)
 #include <immintrin.h>
 
 /* r[j] = column j of the 8x8 block whose row i was r[i]. */
@@ -154,6 +256,9 @@ static void block_to_rows(const ch_real *from, int h, int live, int c, int n, wd
     }
 }
 
+#endif
+
+#if defined(__AVX2__) && !defined(CH_REAL_DOUBLE)
 /* Where the block at element c of a row of len elements starts, and how many it holds: whole
  * blocks, then the rest as one block ending at len (it rewrites a few elements with the same
  * values) or, in a row shorter than a block, one masked block. */
