@@ -41,9 +41,10 @@ static wsrc src_at(wsrc t, size_t off)
  * to[c*TB + s] = from[s*ss + c] and back, for c < len and s < live. Where AVX2 is there (float
  * build), 8x8 blocks go through registers (8 row loads, 24 shuffles, 8 stores); the lane-at-a-time
  * loops before were gathers, which Zen 3 runs about one element a cycle, and the packing was a
- * seventh of ResNet-20's step. Where AVX-512 is, 16x16 blocks (16 loads, 64 shuffles, 16 stores:
- * a third fewer instructions an element, and each sample's row written a whole 64-byte line at a
- * time instead of half lines); the blocks move values only, so both give the same bits. */
+ * seventh of ResNet-20's step. Where AVX-512 is, 16x16 blocks (16 loads, 64 shuffles, 16
+ * stores: two fifths fewer instructions an element, and each sample's fp32 row written a whole
+ * 64-byte line at a time instead of half lines); the blocks move values only, so both give the
+ * same bits. */
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__) && \
     !defined(CH_REAL_DOUBLE)
 #include <immintrin.h>
