@@ -1139,28 +1139,29 @@ static void *guarded(size_t bytes, void **map, size_t *map_len)
     return (char *)*map + pages * page - bytes;
 }
 
-/* The Winograds' packing reads whole blocks of 8 or 16 elements from each sample's rows, under a
- * mask where a row is shorter than a block: nothing past a tensor's end. x, dy and their bf16
- * copies end at an unmapped page, and a full group (16 samples) of 7x7 planes (rows of 7, shorter
- * than either block) goes through every pass that packs them: fp32, x in bf16 and dy in bf16. */
-static void winograd_packing_reads_within_tensors(void **state)
+/* The Winograds' packing and unpacking move whole blocks of 8 or 16 elements of each sample's
+ * rows, under a mask where a row is shorter than a block: nothing read or written past a tensor's
+ * end. Every tensor the passes read or write ends at an unmapped page, and a full group (16
+ * samples) goes through F(4x4, 3x3)'s forward and both backward passes: fp32, x in bf16 (y
+ * rounded to bf16) and dy in bf16. */
+static void check_blocks_within_tensors(ch_conv_desc d)
 {
-    (void)state;
     const ch_kernels *cpu = ch_kernels_cpu();
-    ch_conv_desc d = { .c = 8, .h = 7, .w = 7, .oc = 16, .kh = 3, .kw = 3, .stride = 1, .pad = 1,
-                       .oh = 7, .ow = 7 };
-    enum { N = 16 };
-    const size_t xs = (size_t)N * d.c * 49, ys = (size_t)N * d.oc * 49, wl = (size_t)d.oc * d.c * 9;
-    void *maps[4];
-    size_t lens[4];
+    enum { N = 16, MAPS = 7 };
+    const size_t xs = (size_t)N * d.c * d.h * d.w, ys = (size_t)N * d.oc * d.oh * d.ow;
+    const size_t wl = (size_t)d.oc * d.c * 9;
+    void *maps[MAPS];
+    size_t lens[MAPS];
     ch_real *x = guarded(sizeof(ch_real) * xs, &maps[0], &lens[0]);
     ch_real *dy = guarded(sizeof(ch_real) * ys, &maps[1], &lens[1]);
     uint16_t *xh = guarded(sizeof(uint16_t) * xs, &maps[2], &lens[2]);
     uint16_t *dyh = guarded(sizeof(uint16_t) * ys, &maps[3], &lens[3]);
+    ch_real *y = guarded(sizeof(ch_real) * ys, &maps[4], &lens[4]);
+    uint16_t *yh = guarded(sizeof(uint16_t) * ys, &maps[5], &lens[5]);
+    ch_real *dx = guarded(sizeof(ch_real) * xs, &maps[6], &lens[6]);
     ch_real *x0 = tu_uniform(xs, 4), *dy0 = tu_uniform(ys, 7), *w = tu_uniform(wl, 5);
-    ch_real *y = malloc(sizeof(ch_real) * ys), *dx = malloc(sizeof(ch_real) * xs);
     ch_real *g = malloc(sizeof(ch_real) * (wl + (size_t)d.oc));
-    assert_true(y && dx && g);
+    assert_non_null(g);
     memcpy(x, x0, sizeof(ch_real) * xs), memcpy(dy, dy0, sizeof(ch_real) * ys);
     for (size_t i = 0; i < xs; i++) xh[i] = ch_bf16_from_float(x0[i]);
     for (size_t i = 0; i < ys; i++) dyh[i] = ch_bf16_from_float(dy0[i]);
@@ -1175,14 +1176,25 @@ static void winograd_packing_reads_within_tensors(void **state)
     assert_true(cpu->conv2d_backward(&kc, &d, N, x, y, dy, w, dx, g, g + wl));
     if (bf16) {
         d.bf16 = true;
-        cpu->conv2d_forward_of_bf16(&kc, &d, N, xh, w, NULL, y, NULL);
+        cpu->conv2d_forward_of_bf16(&kc, &d, N, xh, w, NULL, NULL, yh);
         cpu->conv2d_backward_dy_bf16(&kc, &d, N, NULL, xh, dyh, w, dx, g, g + wl);
     }
     /* Where the CPU has AVX-512 (the 16-wide blocks), the bf16 passes exist and ran. */
     if (ch_cpu_avx512()) assert_true(bf16);
-    for (int i = 0; i < 4; i++) munmap(maps[i], lens[i]);
-    free(x0), free(dy0), free(w), free(y), free(dx), free(g), free(kc.ws);
+    for (int i = 0; i < MAPS; i++) munmap(maps[i], lens[i]);
+    free(x0), free(dy0), free(w), free(g), free(kc.ws);
     ch_cpu_kcache_free(kc.cache);
+}
+
+/* 7x7 planes: x's and dx's rows of 7 in bordered group planes, shorter than either block; 3x3: y's
+ * and dy's whole planes of 9 (channel counts off 16, which oneDNN's fp32 Winograd would take). */
+static void winograd_blocks_within_tensors(void **state)
+{
+    (void)state;
+    check_blocks_within_tensors((ch_conv_desc){ .c = 8, .h = 7, .w = 7, .oc = 16, .kh = 3, .kw = 3, .stride = 1,
+                                                .pad = 1, .oh = 7, .ow = 7 });
+    check_blocks_within_tensors((ch_conv_desc){ .c = 8, .h = 3, .w = 3, .oc = 24, .kh = 3, .kw = 3, .stride = 1,
+                                                .pad = 1, .oh = 3, .ow = 3 });
 }
 
 /* BatchNorm's reductions (lane partial sums) against plain loops, for planes shorter than a
@@ -1732,7 +1744,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(teams_of_one_start_no_threads),
         cmocka_unit_test(winograd5_matches_reference),
         cmocka_unit_test(winograd3_matches_reference),
-        cmocka_unit_test(winograd_packing_reads_within_tensors),
+        cmocka_unit_test(winograd_blocks_within_tensors),
         cmocka_unit_test(batchnorm_sums_match_reference),
         cmocka_unit_test(maxpool_matches_reference),
         cmocka_unit_test(avgpool_matches_reference),
