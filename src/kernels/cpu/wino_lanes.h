@@ -112,22 +112,21 @@ static void block16_to_lanes(const uint16_t *from, size_t ss, int h, int c, int 
     for (int j = 0; j < n; j++) _mm512_storeu_ps(to + (size_t)(c + j) * TB + h, r[j]);
 }
 
-/* Sixteen floats rounded to bf16 as core/bf16.h's ch_bf16_from_float does (to nearest even, a NaN
- * kept a NaN); where the CPU has AVX512-BF16, by its instruction (which also flushes subnormal
- * values to zero: wino_body.h's store_points_bf16 says why). */
+/* Sixteen floats rounded to bf16: by AVX512-BF16's instruction (to nearest even, a NaN kept a NaN,
+ * subnormal values flushed to zero: wino_body.h's store_points_bf16 says why), or, in a build for
+ * an AVX-512 CPU without it (a Skylake to Ice Lake, or a portable x86-64-v4 build), by
+ * core/bf16.h's ch_bf16_from_float: a bf16 output there is a test's (the CPU's bf16 is emulated)
+ * or a portable binary's, not worth a third copy of the rounding. */
 static inline __m256i bf16x16(__m512 v)
 {
 #if defined(__AVX512BF16__)
     return (__m256i)_mm512_cvtneps_pbh(v);
 #else
-    const __m512i u = _mm512_castps_si512(v), hi = _mm512_srli_epi32(u, 16);
-    const __m512i lsb = _mm512_and_si512(hi, _mm512_set1_epi32(1));
-    const __m512i rounded = _mm512_srli_epi32(
-        _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)), 16);
-    const __m512i quiet = _mm512_or_si512(hi, _mm512_set1_epi32(0x40));
-    const __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
-                                                  _mm512_set1_epi32(0x7f800000));
-    return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, rounded, quiet));
+    float f[16];
+    uint16_t h[16];
+    _mm512_storeu_ps(f, v);
+    for (int l = 0; l < 16; l++) h[l] = ch_bf16_from_float(f[l]);
+    return _mm256_loadu_si256((const __m256i *)h);
 #endif
 }
 
