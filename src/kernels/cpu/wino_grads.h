@@ -312,12 +312,30 @@ bool WINO_FN(backward)(const ch_kctx *kc, const ch_conv_desc *d, int n, const ch
 }
 
 #ifdef WINO_BF16
+/* Whether bf16's two backward passes run faster apart than at once, by measurement: on the
+ * layers of 64 and 128 channels (in and out) on planes of 49 tile positions or fewer, which do not
+ * split (split_layer). resnet18 (reference program D) at batch 256, 2 threads, bf16: its first
+ * two stages' (64@28x28, 128@14x14) at once 33.7-34.3 and 28.5-28.7 ms, apart 30.5-31.0 and
+ * 22.8-22.9 (bench/conv_kernels); in training 0.95x the step (docs/PERFORMANCE.md, "bf16"). At
+ * once stays faster on 64@56x56 (1.14x: 196 positions), on ResNet-20's 16 and 32 channels
+ * (1.12x) and on the layers that split (256 and 512 channels: 1.03-1.06x). Apart packs dy and
+ * transforms E twice; at once holds a thread's x, dy and dx planes and both chunk buffers
+ * together, and on these layers that costs more than it saves. */
+static bool apart_faster(const ch_kctx *kc, const wgeo *g)
+{
+    const ch_conv_desc *d = g->d;
+    return g->bf16 && !split_layer(kc, g) && d->c >= 64 && d->c <= 128 && d->oc >= 64 && d->oc <= 128 &&
+           g->pos <= 49;
+}
+
 /* grads_pass of a (dx included), or where apart the weights' pass alone first (it reads x, and
- * masks dy for a fused ReLU, before dx is written) and then the data's over the same dy. */
+ * masks dy for a fused ReLU, before dx is written) and then the data's over the same dy: where
+ * dx overlaps x (`apart`), or where that is the faster (apart_faster). */
 static void grads_maybe_apart(const ch_kctx *kc, const wgeo *g, int n, const ch_real *w, wgrads a, bool apart,
                               ch_real *dw, ch_real *db)
 {
     ch_real *dx = a.dx;
+    if (dx && apart_faster(kc, g)) apart = true;
     if (apart) a.dx = NULL;
     grads_pass(kc, g, n, apart ? NULL : w, &a, dw, db);
     if (apart)
