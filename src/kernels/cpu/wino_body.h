@@ -75,6 +75,29 @@ static void transform_dy_block(const ch_real *restrict blk, size_t rs, ch_real *
     for (int k = 0; k < WA; k++) att_lanes(t + k * WM * TB, TB, out + k * WA * ps, ps);
 }
 
+/* The n x n vectors at `in` (rows rs apart) of planes held in bf16, widened (exactly) into `out`
+ * (rows n * TB apart), for the transforms above: a window, or a block, in L1. */
+static void widen_square(const uint16_t *restrict in, size_t rs, int n, ch_real *restrict out)
+{
+    for (int a = 0; a < n; a++)
+#pragma omp simd
+        for (int l = 0; l < n * TB; l++) out[a * n * TB + l] = (ch_real)ch_bf16_to_float(in[a * rs + l]);
+}
+
+static void transform_in16(const uint16_t *restrict win, size_t rs, ch_real *restrict out, size_t ps)
+{
+    ch_real w[NP * TB];
+    widen_square(win, rs, WA, w);
+    transform_in(w, WA * TB, out, ps);
+}
+
+static void transform_dy_block16(const uint16_t *restrict blk, size_t rs, ch_real *restrict out, size_t ps)
+{
+    ch_real b[WM * WM * TB];
+    widen_square(blk, rs, WM, b);
+    transform_dy_block(b, WM * TB, out, ps);
+}
+
 /* bf16 products (products_in_bf16): a tile's NP transformed points, computed in fp32 into t
  * (point p's lanes at p*TB), rounded to bf16 into a chunk buffer of bf16 at p*ps. Rounding the
  * tile while it is in L1 instead of the chunk after it: a pass over the chunk (1.5 MB at 64
@@ -188,19 +211,22 @@ static wlayout y_layout(const wgeo *g)
 /* Run position r's WA x WA window in channel c's x planes, its WM x WM block in channel o's y
  * planes (row strides x_rs and y_rs; the run's groups' planes one after another), and its lanes
  * in row `row` of a chunk buffer. */
-static ch_real *x_window(const wgeo *g, ch_real *xg, int c, int r)
+static size_t x_window_at(const wgeo *g, int c, int r)
 {
     const int q = r % g->pos;
-    return xg + group_len(x_layout(g)) * (size_t)(r / g->pos) +
+    return group_len(x_layout(g)) * (size_t)(r / g->pos) +
            (((size_t)c * g->xh + q / g->tx * WM) * g->xw + q % g->tx * WM) * TB;
 }
 
-static ch_real *y_block(const wgeo *g, ch_real *yg, int o, int r)
+static size_t y_block_at(const wgeo *g, int o, int r)
 {
     const int q = r % g->pos;
-    return yg + group_len(y_layout(g)) * (size_t)(r / g->pos) +
+    return group_len(y_layout(g)) * (size_t)(r / g->pos) +
            (((size_t)o * g->yh + q / g->tx * WM) * g->yw + q % g->tx * WM) * TB;
 }
+
+static ch_real *x_window(const wgeo *g, ch_real *xg, int c, int r) { return xg + x_window_at(g, c, r); }
+static ch_real *y_block(const wgeo *g, ch_real *yg, int o, int r) { return yg + y_block_at(g, o, r); }
 
 static size_t x_rs(const wgeo *g) { return (size_t)g->xw * TB; }
 static size_t y_rs(const wgeo *g) { return (size_t)g->yw * TB; }
@@ -423,6 +449,7 @@ typedef struct wscratch {
     ch_real *du, *db;   /* backward weights: the thread's dU (NP x oc x c) and db */
     ch_real *gemm;      /* the GEMMs' scratch */
     ch_real *dxg;       /* both backward passes at once: the group's dx planes (xg holds x) */
+    bool x16, y16;      /* xg holds x, yg dy, in bf16 (pack_run of a bf16 source) */
 } wscratch;
 
 static wscratch scratch_of(const ch_kctx *kc, const wgeo *g, int t)
@@ -437,6 +464,7 @@ static wscratch scratch_of(const ch_kctx *kc, const wgeo *g, int t)
     s.db = s.du + shared_len(d);
     s.gemm = s.db + d->oc;
     s.dxg = s.gemm + g->scratch;
+    s.x16 = s.y16 = false;
     return s;
 }
 
@@ -450,11 +478,18 @@ static bool wino_usable(const ch_kctx *kc, const ch_conv_desc *d, int n, wgeo *g
 
 /* A run of samples s0 .. s0+live-1 (up to G groups) into consecutive groups' planes from t (each
  * sample `len` elements), and back. */
+/* From bf16 rows (t.h), planes of bf16 vectors at grp (read as uint16_t: half the buffer), which
+ * the transforms widen as they read them (wscratch's x16 and y16 say so): a group's planes were
+ * 3.7 MB of fp32 at 64@28x28, more than L2, and the transforms waited on reading them back. */
 static void pack_run(wlayout l, wsrc t, size_t len, int live, ch_real *grp)
 {
-    for (int i = 0; i * TB < live; i++)
-        pack_group(l, src_at(t, len * TB * (size_t)i), live - i * TB < TB ? live - i * TB : TB,
-                   grp + group_len(l) * (size_t)i);
+    for (int i = 0; i * TB < live; i++) {
+        const int n = live - i * TB < TB ? live - i * TB : TB;
+        if (t.h)
+            pack_group16(l, t.h + len * TB * (size_t)i, n, (uint16_t *)grp + group_len(l) * (size_t)i);
+        else
+            pack_group(l, src_at(t, len * TB * (size_t)i), n, grp + group_len(l) * (size_t)i);
+    }
 }
 
 static void unpack_run(wlayout l, const ch_real *grp, int live, size_t len, wdest t)
@@ -485,8 +520,12 @@ struct wpass {
 static void tile_points(const wgeo *g, const wscratch *s, bool dy, int row, int q,
                         ch_real *restrict out, size_t ps)
 {
-    if (dy)
+    if (dy && s->y16)
+        transform_dy_block16((const uint16_t *)s->yg + y_block_at(g, row, q), y_rs(g), out, ps);
+    else if (dy)
         transform_dy_block(y_block(g, s->yg, row, q), y_rs(g), out, ps);
+    else if (s->x16)
+        transform_in16((const uint16_t *)s->xg + x_window_at(g, row, q), x_rs(g), out, ps);
     else
         transform_in(x_window(g, s->xg, row, q), x_rs(g), out, ps);
 }
@@ -539,9 +578,12 @@ static void forward_chunk(const ch_kctx *kc, const wgeo *g, const wpass *p, cons
 }
 
 static void forward_group(const ch_kctx *kc, const wgeo *g, const wpass *p, const ch_real *u,
-                          const wscratch *s, int s0, int live)
+                          const wscratch *s0s, int s0, int live)
 {
     const ch_conv_desc *d = g->d;
+    wscratch sx = *s0s;
+    sx.x16 = p->in.h != NULL;
+    const wscratch *s = &sx;
     const size_t xs = (size_t)d->c * d->h * d->w, ys = (size_t)d->oc * d->oh * d->ow;
     const int ng = groups_of(live);
     pack_run(x_layout(g), src_at(p->in, (size_t)s0 * xs), xs, live, s->xg);
@@ -572,9 +614,12 @@ static void backward_data_chunk(const ch_kctx *kc, const wgeo *g, const ch_real 
 }
 
 static void backward_data_group(const ch_kctx *kc, const wgeo *g, const wpass *p,
-                                const ch_real *u, const wscratch *s, int s0, int live)
+                                const ch_real *u, const wscratch *s0s, int s0, int live)
 {
     const ch_conv_desc *d = g->d;
+    wscratch sy = *s0s;
+    sy.y16 = p->in.h != NULL;
+    const wscratch *s = &sy;
     const size_t xs = (size_t)d->c * d->h * d->w, ys = (size_t)d->oc * d->oh * d->ow;
     const int ng = groups_of(live);
     pack_run(y_layout(g), src_at(p->in, (size_t)s0 * ys), ys, live, s->yg);

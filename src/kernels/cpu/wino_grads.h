@@ -152,9 +152,12 @@ static void grads_chunk(const ch_kctx *kc, const wgeo *g, const ch_real *u, cons
 }
 
 /* The thread's groups [lo, hi): dy prepared, then its dU (and db), and its samples' dx. */
-static void grads_groups(const ch_kctx *kc, const wgeo *g, const ch_real *u, const wscratch *s,
+static void grads_groups(const ch_kctx *kc, const wgeo *g, const ch_real *u, const wscratch *s0s,
                          int n, int lo, int hi, const wgrads *a)
 {
+    wscratch sg = *s0s;
+    sg.x16 = a->x.h != NULL, sg.y16 = a->dyh != NULL;
+    const wscratch *s = &sg;
     prepare_dy(g, s, n, lo, hi, a->y, a->dy, a->dyh, a->bias);
     for (int q = lo; q < hi; q += g->G) {
         const int live = run_live(g, n, q, hi), ng = groups_of(live);
@@ -231,7 +234,8 @@ static void split_member(void *arg, int t, int T)
         transform_share(m, t, T);
 #pragma omp barrier
     }
-    const wscratch s = scratch_of(m->kc, g, t);
+    wscratch s = scratch_of(m->kc, g, t);
+    s.x16 = m->a->x.h != NULL, s.y16 = m->a->dyh != NULL;
     const int groups = groups_of(m->n), lo = groups * t / T, hi = groups * (t + 1) / T;
     const int live = run_live(g, m->n, lo, hi);
     const wspan k = chunk_span(g, hi - lo, 0);

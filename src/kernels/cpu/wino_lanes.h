@@ -117,6 +117,21 @@ static void block16_to_lanes(const uint16_t *from, size_t ss, int h, int c, int 
  * an AVX-512 CPU without it (a Skylake to Ice Lake, or a portable x86-64-v4 build), by
  * core/bf16.h's ch_bf16_from_float: a bf16 output there is a test's (the CPU's bf16 is emulated)
  * or a portable binary's, not worth a third copy of the rounding. */
+/* The same block from bf16 rows into bf16 lanes: the values moved, not widened (the planes of an
+ * input held in bf16: pack_group16). */
+static void block16_to_lanes16(const uint16_t *from, size_t ss, int h, int c, int n, uint16_t *to)
+{
+    __m512 r[16];
+    for (int i = 0; i < 16; i++) {
+        _mm_prefetch((const char *)(from + (size_t)(h + i) * ss + c) + PACK_AHEAD_BYTES, _MM_HINT_T0);
+        const __m256i v = _mm256_maskz_loadu_epi16(first_n(n), from + (size_t)(h + i) * ss + c);
+        r[i] = _mm512_castsi512_ps(_mm512_cvtepu16_epi32(v));
+    }
+    transpose16(r);
+    for (int j = 0; j < n; j++)
+        _mm256_storeu_si256((__m256i *)(to + (size_t)(c + j) * TB + h), _mm512_cvtepi32_epi16(_mm512_castps_si512(r[j])));
+}
+
 static inline __m256i bf16x16(__m512 v)
 {
 #if defined(__AVX512BF16__)
@@ -295,6 +310,23 @@ static void rows_to_lanes(wsrc from, size_t ss, int live, int len, ch_real *rest
         }
 }
 
+/* rows_to_lanes from bf16 rows into bf16 lanes, full groups (live == TB) or not. */
+static void rows_to_lanes16(const uint16_t *from, size_t ss, int live, int len, uint16_t *restrict to)
+{
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__) && \
+    !defined(CH_REAL_DOUBLE)
+    if (live == TB) {
+        for (int c = 0, at, n; c < len; c += WINO_BLOCK) {
+            block_span(len, c, &at, &n);
+            block16_to_lanes16(from, ss, 0, at, n, to);
+        }
+        return;
+    }
+#endif
+    for (int c = 0; c < len; c++)
+        for (int s = 0; s < live; s++) to[(size_t)c * TB + s] = from[(size_t)s * ss + c];
+}
+
 static void lanes_to_rows(const ch_real *restrict from, int live, int len, wdest to, size_t ss)
 {
 #if defined(__AVX2__) && !defined(CH_REAL_DOUBLE)
@@ -314,19 +346,18 @@ static void lanes_to_rows(const ch_real *restrict from, int live, int len, wdest
 
 /* Zeros in a full group's border: the rows above and below the data, and the columns either
  * side of it (a memset of the whole group before was 3% of ResNet-20's step). */
-static void zero_border(wlayout l, ch_real *grp)
+static void zero_border(wlayout l, void *grp, size_t es)
 {
-    const size_t row = (size_t)l.pw * TB, left = (size_t)l.pad * TB;
-    const size_t right = (size_t)(l.pw - l.pad - l.w) * TB;
+    const size_t row = (size_t)l.pw * TB * es, left = (size_t)l.pad * TB * es;
+    const size_t right = (size_t)(l.pw - l.pad - l.w) * TB * es;
     for (int p = 0; p < l.planes; p++) {
-        ch_real *pl = grp + (size_t)p * l.ph * row;
-        memset(pl, 0, sizeof(ch_real) * row * (size_t)l.pad);
+        char *pl = (char *)grp + (size_t)p * l.ph * row;
+        memset(pl, 0, row * (size_t)l.pad);
         for (int r = l.pad; r < l.pad + l.h; r++) {
-            memset(pl + (size_t)r * row, 0, sizeof(ch_real) * left);
-            memset(pl + (size_t)r * row + left + (size_t)l.w * TB, 0, sizeof(ch_real) * right);
+            memset(pl + (size_t)r * row, 0, left);
+            memset(pl + (size_t)r * row + left + (size_t)l.w * TB * es, 0, right);
         }
-        memset(pl + (size_t)(l.pad + l.h) * row, 0,
-               sizeof(ch_real) * row * (size_t)(l.ph - l.pad - l.h));
+        memset(pl + (size_t)(l.pad + l.h) * row, 0, row * (size_t)(l.ph - l.pad - l.h));
     }
 }
 
@@ -335,13 +366,29 @@ static void pack_group(wlayout l, wsrc t, int live, ch_real *grp)
     if (live < TB)
         memset(grp, 0, sizeof(ch_real) * group_len(l));
     else if (l.ph != l.h || l.pw != l.w)
-        zero_border(l, grp);
+        zero_border(l, grp, sizeof(ch_real));
     const size_t plane = (size_t)l.h * l.w, ss = plane * l.planes;
     const bool whole = l.ph == l.h && l.pw == l.w;   /* a plane without a border: one row */
     for (int p = 0; p < l.planes; p++)
         for (int r = 0; r < (whole ? 1 : l.h); r++)
             rows_to_lanes(src_at(t, p * plane + (size_t)r * l.w), ss, live, whole ? (int)plane : l.w,
                           grp + (((size_t)p * l.ph + r + l.pad) * l.pw + l.pad) * TB);
+}
+
+/* pack_group of bf16 rows into planes of bf16 vectors (half the bytes; the transforms widen them
+ * as they read a window: exactly, so the same bits as the planes in fp32). */
+static void pack_group16(wlayout l, const uint16_t *t, int live, uint16_t *grp)
+{
+    if (live < TB)
+        memset(grp, 0, sizeof(uint16_t) * group_len(l));
+    else if (l.ph != l.h || l.pw != l.w)
+        zero_border(l, grp, sizeof(uint16_t));
+    const size_t plane = (size_t)l.h * l.w, ss = plane * l.planes;
+    const bool whole = l.ph == l.h && l.pw == l.w;
+    for (int p = 0; p < l.planes; p++)
+        for (int r = 0; r < (whole ? 1 : l.h); r++)
+            rows_to_lanes16(t + p * plane + (size_t)r * l.w, ss, live, whole ? (int)plane : l.w,
+                            grp + (((size_t)p * l.ph + r + l.pad) * l.pw + l.pad) * TB);
 }
 
 /* The inverse: the group's lanes 0 .. live-1 back into the tensor (the border dropped). Planes
