@@ -23,6 +23,8 @@
 #include <immintrin.h>
 #endif
 
+#include "kernels/cpu/wino_lanes.h"
+
 /* The 2-D transforms. Windows and blocks are read from (and dx's windows added into) a group's
  * planes, whose element (r, c) is the vector at r*rs + c*TB; a chunk buffer's point p of a row is
  * at p*ps from the row's lanes. */
@@ -47,9 +49,10 @@ static void adjoint_in_add(const ch_real *restrict in, size_t ps, ch_real *restr
         }
 }
 
-/* AT M AT^T for one row of a chunk, + bias, ReLU if fused, stored as a WM x WM block of vectors. */
+/* AT M AT^T for one row of a chunk, + bias, ReLU if fused, stored as a WM x WM block of vectors:
+ * into blk, or where blk16 is not NULL rounded to bf16 there (lanes_to_bf16) instead. */
 static void transform_out(const ch_real *restrict in, size_t ps, ch_real bias, bool relu,
-                          ch_real *restrict blk, size_t rs)
+                          ch_real *restrict blk, uint16_t *restrict blk16, size_t rs)
 {
     ch_real t[WM * WA * TB];
     for (int m = 0; m < WA; m++) at_lanes(in + m * ps, WA * ps, t + m * TB, WA * TB);
@@ -57,12 +60,14 @@ static void transform_out(const ch_real *restrict in, size_t ps, ch_real bias, b
         ch_real out[WM * TB];
         at_lanes(t + i * WA * TB, TB, out, TB);
         for (int j = 0; j < WM; j++) {
-            ch_real *to = blk + i * rs + j * TB;
+            ch_real v[TB];
 #pragma omp simd
             for (int l = 0; l < TB; l++) {
-                const ch_real v = out[j * TB + l] + bias;
-                to[l] = relu && v < 0 ? 0 : v;   /* NaN passes, as in ch_cpu_relu_span */
+                const ch_real x = out[j * TB + l] + bias;
+                v[l] = relu && x < 0 ? 0 : x;   /* NaN passes, as in ch_cpu_relu_span */
             }
+            if (blk16) lanes_to_bf16(v, blk16 + i * rs + j * TB);
+            else memcpy(blk + i * rs + j * TB, v, sizeof v);
         }
     }
 }
@@ -196,7 +201,6 @@ static wspan chunk_span(const wgeo *g, int ng, int i)
     return (wspan){ p0, p1, (p1 - p0) * TB };
 }
 
-#include "kernels/cpu/wino_lanes.h"
 
 static wlayout x_layout(const wgeo *g)
 {
@@ -449,7 +453,7 @@ typedef struct wscratch {
     ch_real *du, *db;   /* backward weights: the thread's dU (NP x oc x c) and db */
     ch_real *gemm;      /* the GEMMs' scratch */
     ch_real *dxg;       /* both backward passes at once: the group's dx planes (xg holds x) */
-    bool x16, y16;      /* xg holds x, yg dy, in bf16 (pack_run of a bf16 source) */
+    bool x16, y16;      /* xg holds x, yg dy (or forward's y), in bf16: a bf16 source or output */
 } wscratch;
 
 static wscratch scratch_of(const ch_kctx *kc, const wgeo *g, int t)
@@ -497,6 +501,14 @@ static void unpack_run(wlayout l, const ch_real *grp, int live, size_t len, wdes
     for (int i = 0; i * TB < live; i++)
         unpack_group(l, grp + group_len(l) * (size_t)i, live - i * TB < TB ? live - i * TB : TB,
                      dest_at(t, len * TB * (size_t)i));
+}
+
+/* The same from planes of bf16 vectors into bf16 rows. */
+static void unpack_run16(wlayout l, const uint16_t *grp, int live, size_t len, uint16_t *t)
+{
+    for (int i = 0; i * TB < live; i++)
+        unpack_group16(l, grp + group_len(l) * (size_t)i, live - i * TB < TB ? live - i * TB : TB,
+                       t + len * TB * (size_t)i);
 }
 
 /* The samples of the run that starts at group q of a thread's groups [q, hi): up to G groups. */
@@ -573,8 +585,9 @@ static void forward_chunk(const ch_kctx *kc, const wgeo *g, const wpass *p, cons
     point_products(kc, g, PASS_FORWARD, k, u, s->v, s->e, s);
     for (int o = 0; o < d->oc; o++)
         for (int q = k.p0; q < k.p1; q++)
-            transform_out(chunk_lanes(s->e, o, k, q), point_stride(d->oc, k),
-                          p->bias ? p->bias[o] : 0, d->relu, y_block(g, s->yg, o, q), y_rs(g));
+            transform_out(chunk_lanes(s->e, o, k, q), point_stride(d->oc, k), p->bias ? p->bias[o] : 0,
+                          d->relu, s->y16 ? NULL : y_block(g, s->yg, o, q),
+                          s->y16 ? (uint16_t *)s->yg + y_block_at(g, o, q) : NULL, y_rs(g));
 }
 
 static void forward_group(const ch_kctx *kc, const wgeo *g, const wpass *p, const ch_real *u,
@@ -582,13 +595,16 @@ static void forward_group(const ch_kctx *kc, const wgeo *g, const wpass *p, cons
 {
     const ch_conv_desc *d = g->d;
     wscratch sx = *s0s;
-    sx.x16 = p->in.h != NULL;
+    sx.x16 = p->in.h != NULL, sx.y16 = p->out.h != NULL;   /* y's planes in bf16 where y is */
     const wscratch *s = &sx;
     const size_t xs = (size_t)d->c * d->h * d->w, ys = (size_t)d->oc * d->oh * d->ow;
     const int ng = groups_of(live);
     pack_run(x_layout(g), src_at(p->in, (size_t)s0 * xs), xs, live, s->xg);
     for (int i = 0; i < run_chunks(g, ng); i++) forward_chunk(kc, g, p, u, s, ng, i);
-    unpack_run(y_layout(g), s->yg, live, ys, dest_at(p->out, (size_t)s0 * ys));
+    if (s->y16)
+        unpack_run16(y_layout(g), (const uint16_t *)s->yg, live, ys, p->out.h + (size_t)s0 * ys);
+    else
+        unpack_run(y_layout(g), s->yg, live, ys, dest_at(p->out, (size_t)s0 * ys));
 }
 
 /* dV[p] (c x cols) = U[p]^T E[p] for the chunk's E in s->e, into s->v, then BT^T dV BT added into

@@ -145,6 +145,19 @@ static inline __m256i bf16x16(__m512 v)
 #endif
 }
 
+/* A block of bf16 lanes into bf16 rows: the values moved (the planes of an output held in bf16:
+ * unpack_group16). */
+static void block16_to_rows16(const uint16_t *from, int live, int c, int n, uint16_t *to, size_t ss)
+{
+    __m512 r[16];
+    for (int j = 0; j < 16; j++)
+        r[j] = j < n ? _mm512_castsi512_ps(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(from + (size_t)(c + j) * TB))))
+                     : _mm512_setzero_ps();
+    transpose16(r);
+    for (int i = 0; i < 16 && i < live; i++)
+        _mm256_mask_storeu_epi16(to + (size_t)i * ss + c, first_n(n), _mm512_cvtepi32_epi16(_mm512_castps_si512(r[i])));
+}
+
 static void block_to_rows(const ch_real *from, int h, int live, int c, int n, wdest to, size_t ss)
 {
     __m512 r[16];
@@ -273,6 +286,21 @@ static void block_to_rows(const ch_real *from, int h, int live, int c, int n, wd
 
 #endif
 
+/* TB floats rounded to bf16 as this build's lanes_to_rows rounds them (per value: bf16x16, bf16x8
+ * or ch_bf16_from_float), so that a value rounded as a transform stores it into planes of bf16
+ * has the bits of the same value rounded as it is unpacked. */
+static inline void lanes_to_bf16(const ch_real *from, uint16_t *to)
+{
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__) && \
+    !defined(CH_REAL_DOUBLE)
+    _mm256_storeu_si256((__m256i *)to, bf16x16(_mm512_loadu_ps(from)));
+#elif defined(__AVX2__) && !defined(CH_REAL_DOUBLE)
+    for (int h = 0; h < TB; h += 8) _mm_storeu_si128((__m128i *)(to + h), bf16x8(_mm256_loadu_ps(from + h)));
+#else
+    for (int l = 0; l < TB; l++) to[l] = ch_bf16_from_float((float)from[l]);
+#endif
+}
+
 #if defined(__AVX2__) && !defined(CH_REAL_DOUBLE)
 /* Where the block at element c of a row of len elements starts, and how many it holds: whole
  * blocks, then the rest as one block ending at len (it rewrites a few elements with the same
@@ -344,6 +372,21 @@ static void lanes_to_rows(const ch_real *restrict from, int live, int len, wdest
 #endif
 }
 
+/* lanes_to_rows from bf16 lanes into bf16 rows. */
+static void lanes16_to_rows16(const uint16_t *restrict from, int live, int len, uint16_t *to, size_t ss)
+{
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__) && \
+    !defined(CH_REAL_DOUBLE)
+    for (int c = 0, at, n; c < len; c += WINO_BLOCK) {
+        block_span(len, c, &at, &n);
+        block16_to_rows16(from, live, at, n, to, ss);
+    }
+#else
+    for (int c = 0; c < len; c++)
+        for (int s = 0; s < live; s++) to[(size_t)s * ss + c] = from[(size_t)c * TB + s];
+#endif
+}
+
 /* Zeros in a full group's border: the rows above and below the data, and the columns either
  * side of it (a memset of the whole group before was 3% of ResNet-20's step). */
 static void zero_border(wlayout l, void *grp, size_t es)
@@ -389,6 +432,23 @@ static void pack_group16(wlayout l, const uint16_t *t, int live, uint16_t *grp)
         for (int r = 0; r < (whole ? 1 : l.h); r++)
             rows_to_lanes16(t + p * plane + (size_t)r * l.w, ss, live, whole ? (int)plane : l.w,
                             grp + (((size_t)p * l.ph + r + l.pad) * l.pw + l.pad) * TB);
+}
+
+/* unpack_group of planes of bf16 vectors into bf16 rows (an output rounded as its transform
+ * stored it). */
+static void unpack_group16(wlayout l, const uint16_t *grp, int live, uint16_t *t)
+{
+    const size_t plane = (size_t)l.h * l.w, ss = plane * l.planes;
+    const bool whole = l.ph == l.h && l.pw == l.w;
+    for (int p = 0; p < l.planes; p++) {
+        uint16_t *to = t + (size_t)p * plane;
+        const uint16_t *from = grp + (((size_t)p * l.ph + l.pad) * l.pw + l.pad) * TB;
+        if (whole) {
+            lanes16_to_rows16(from, live, (int)plane, to, ss);
+            continue;
+        }
+        for (int r = 0; r < l.h; r++) lanes16_to_rows16(from + (size_t)r * l.pw * TB, live, l.w, to + (size_t)r * l.w, ss);
+    }
 }
 
 /* The inverse: the group's lanes 0 .. live-1 back into the tensor (the border dropped). Planes
