@@ -201,7 +201,6 @@ static wspan chunk_span(const wgeo *g, int ng, int i)
     return (wspan){ p0, p1, (p1 - p0) * TB };
 }
 
-
 static wlayout x_layout(const wgeo *g)
 {
     return (wlayout){ g->d->c, g->d->h, g->d->w, g->d->pad, g->xh, g->xw };
@@ -481,10 +480,10 @@ static bool wino_usable(const ch_kctx *kc, const ch_conv_desc *d, int n, wgeo *g
 }
 
 /* A run of samples s0 .. s0+live-1 (up to G groups) into consecutive groups' planes from t (each
- * sample `len` elements), and back. */
-/* From bf16 rows (t.h), planes of bf16 vectors at grp (read as uint16_t: half the buffer), which
- * the transforms widen as they read them (wscratch's x16 and y16 say so): a group's planes were
- * 3.7 MB of fp32 at 64@28x28, more than L2, and the transforms waited on reading them back. */
+ * sample `len` elements), and back. From bf16 rows (t.h), planes of bf16 vectors at grp (read as
+ * uint16_t: half the buffer), which the transforms widen as they read them (wscratch's x16 and y16
+ * say so): a group's planes were 3.7 MB of fp32 at 64@28x28, more than L2, and the transforms
+ * waited on reading them back. */
 static void pack_run(wlayout l, wsrc t, size_t len, int live, ch_real *grp)
 {
     for (int i = 0; i * TB < live; i++) {
