@@ -471,6 +471,15 @@ static wscratch scratch_of(const ch_kctx *kc, const wgeo *g, int t)
     return s;
 }
 
+/* Thread t's scratch for a pass whose x planes (x16) and y planes (y16) hold bf16: the pass's
+ * bf16 source or output (pack_run). */
+static wscratch pass_scratch(const ch_kctx *kc, const wgeo *g, int t, bool x16, bool y16)
+{
+    wscratch s = scratch_of(kc, g, t);
+    s.x16 = x16, s.y16 = y16;
+    return s;
+}
+
 /* Whether a pass can run, with *g its geometry (made once per pass: it looks up every GEMM shape). */
 static bool wino_usable(const ch_kctx *kc, const ch_conv_desc *d, int n, wgeo *g)
 {
@@ -480,34 +489,28 @@ static bool wino_usable(const ch_kctx *kc, const ch_conv_desc *d, int n, wgeo *g
 }
 
 /* A run of samples s0 .. s0+live-1 (up to G groups) into consecutive groups' planes from t (each
- * sample `len` elements), and back. From bf16 rows (t.h), planes of bf16 vectors at grp (read as
- * uint16_t: half the buffer), which the transforms widen as they read them (wscratch's x16 and y16
- * say so): a group's planes were 3.7 MB of fp32 at 64@28x28, more than L2, and the transforms
- * waited on reading them back. */
+ * sample `len` elements), and back. The planes take the tensor's precision: from and to bf16 rows
+ * they hold bf16 vectors (grp read as uint16_t: half the buffer; wscratch's x16 and y16 say which
+ * planes do), which the transforms widen as they read them or round as they store them. A group's
+ * planes were 3.7 MB of fp32 at 64@28x28, more than L2, and the transforms waited on reading them
+ * back. */
+static void *group_at(wlayout l, bool lanes16, void *grp, int i)
+{
+    return (char *)grp + (lanes16 ? sizeof(uint16_t) : sizeof(ch_real)) * group_len(l) * (size_t)i;
+}
+
 static void pack_run(wlayout l, wsrc t, size_t len, int live, ch_real *grp)
 {
-    for (int i = 0; i * TB < live; i++) {
-        const int n = live - i * TB < TB ? live - i * TB : TB;
-        if (t.h)
-            pack_group16(l, t.h + len * TB * (size_t)i, n, (uint16_t *)grp + group_len(l) * (size_t)i);
-        else
-            pack_group(l, src_at(t, len * TB * (size_t)i), n, grp + group_len(l) * (size_t)i);
-    }
+    for (int i = 0; i * TB < live; i++)
+        pack_group(l, src_at(t, len * TB * (size_t)i), live - i * TB < TB ? live - i * TB : TB,
+                   group_at(l, t.h != NULL, grp, i));
 }
 
 static void unpack_run(wlayout l, const ch_real *grp, int live, size_t len, wdest t)
 {
     for (int i = 0; i * TB < live; i++)
-        unpack_group(l, grp + group_len(l) * (size_t)i, live - i * TB < TB ? live - i * TB : TB,
+        unpack_group(l, group_at(l, t.h != NULL, (void *)grp, i), live - i * TB < TB ? live - i * TB : TB,
                      dest_at(t, len * TB * (size_t)i));
-}
-
-/* The same from planes of bf16 vectors into bf16 rows. */
-static void unpack_run16(wlayout l, const uint16_t *grp, int live, size_t len, uint16_t *t)
-{
-    for (int i = 0; i * TB < live; i++)
-        unpack_group16(l, grp + group_len(l) * (size_t)i, live - i * TB < TB ? live - i * TB : TB,
-                       t + len * TB * (size_t)i);
 }
 
 /* The samples of the run that starts at group q of a thread's groups [q, hi): up to G groups. */
@@ -590,20 +593,14 @@ static void forward_chunk(const ch_kctx *kc, const wgeo *g, const wpass *p, cons
 }
 
 static void forward_group(const ch_kctx *kc, const wgeo *g, const wpass *p, const ch_real *u,
-                          const wscratch *s0s, int s0, int live)
+                          const wscratch *s, int s0, int live)
 {
     const ch_conv_desc *d = g->d;
-    wscratch sx = *s0s;
-    sx.x16 = p->in.h != NULL, sx.y16 = p->out.h != NULL;   /* y's planes in bf16 where y is */
-    const wscratch *s = &sx;
     const size_t xs = (size_t)d->c * d->h * d->w, ys = (size_t)d->oc * d->oh * d->ow;
     const int ng = groups_of(live);
     pack_run(x_layout(g), src_at(p->in, (size_t)s0 * xs), xs, live, s->xg);
     for (int i = 0; i < run_chunks(g, ng); i++) forward_chunk(kc, g, p, u, s, ng, i);
-    if (s->y16)
-        unpack_run16(y_layout(g), (const uint16_t *)s->yg, live, ys, p->out.h + (size_t)s0 * ys);
-    else
-        unpack_run(y_layout(g), s->yg, live, ys, dest_at(p->out, (size_t)s0 * ys));
+    unpack_run(y_layout(g), s->yg, live, ys, dest_at(p->out, (size_t)s0 * ys));
 }
 
 /* dV[p] (c x cols) = U[p]^T E[p] for the chunk's E in s->e, into s->v, then BT^T dV BT added into
@@ -629,12 +626,9 @@ static void backward_data_chunk(const ch_kctx *kc, const wgeo *g, const ch_real 
 }
 
 static void backward_data_group(const ch_kctx *kc, const wgeo *g, const wpass *p,
-                                const ch_real *u, const wscratch *s0s, int s0, int live)
+                                const ch_real *u, const wscratch *s, int s0, int live)
 {
     const ch_conv_desc *d = g->d;
-    wscratch sy = *s0s;
-    sy.y16 = p->in.h != NULL;
-    const wscratch *s = &sy;
     const size_t xs = (size_t)d->c * d->h * d->w, ys = (size_t)d->oc * d->oh * d->ow;
     const int ng = groups_of(live);
     pack_run(y_layout(g), src_at(p->in, (size_t)s0 * ys), ys, live, s->yg);
@@ -726,7 +720,10 @@ static void pass_member(void *arg, int t, int T)
         transform_share(m, t, T);
 #pragma omp barrier
     }
-    const wscratch s = scratch_of(m->kc, g, t);
+    /* forward: x in, y out; backward data: dy in (to yg), dx out of fp32 planes (xg). */
+    const bool forward = m->p->group == forward_group;
+    const wscratch s = pass_scratch(m->kc, g, t, forward && m->p->in.h,
+                                    forward ? m->p->out.h != NULL : m->p->in.h != NULL);
     const int hi = groups * (t + 1) / T;
     for (int q = groups * t / T; q < hi; q += g->G)
         m->p->group(m->kc, g, m->p, m->u, &s, q * TB, run_live(g, m->n, q, hi));

@@ -152,12 +152,9 @@ static void grads_chunk(const ch_kctx *kc, const wgeo *g, const ch_real *u, cons
 }
 
 /* The thread's groups [lo, hi): dy prepared, then its dU (and db), and its samples' dx. */
-static void grads_groups(const ch_kctx *kc, const wgeo *g, const ch_real *u, const wscratch *s0s,
+static void grads_groups(const ch_kctx *kc, const wgeo *g, const ch_real *u, const wscratch *s,
                          int n, int lo, int hi, const wgrads *a)
 {
-    wscratch sg = *s0s;
-    sg.x16 = a->x.h != NULL, sg.y16 = a->dyh != NULL;
-    const wscratch *s = &sg;
     prepare_dy(g, s, n, lo, hi, a->y, a->dy, a->dyh, a->bias);
     for (int q = lo; q < hi; q += g->G) {
         const int live = run_live(g, n, q, hi), ng = groups_of(live);
@@ -179,7 +176,7 @@ static void grads_member(void *arg, int t, int T)
         transform_share(m, t, T);
 #pragma omp barrier
     }
-    const wscratch s = scratch_of(m->kc, g, t);
+    const wscratch s = pass_scratch(m->kc, g, t, m->a->x.h != NULL, m->a->dyh != NULL);
     grads_groups(m->kc, g, m->u, &s, m->n, groups * t / T, groups * (t + 1) / T, m->a);
 #pragma omp barrier
     untransform_weights(g->d, scratch_of(m->kc, g, 0).du, thread_len(g), T, pairs * t / T, pairs * (t + 1) / T,
@@ -234,8 +231,7 @@ static void split_member(void *arg, int t, int T)
         transform_share(m, t, T);
 #pragma omp barrier
     }
-    wscratch s = scratch_of(m->kc, g, t);
-    s.x16 = m->a->x.h != NULL, s.y16 = m->a->dyh != NULL;
+    const wscratch s = pass_scratch(m->kc, g, t, m->a->x.h != NULL, m->a->dyh != NULL);
     const int groups = groups_of(m->n), lo = groups * t / T, hi = groups * (t + 1) / T;
     const int live = run_live(g, m->n, lo, hi);
     const wspan k = chunk_span(g, hi - lo, 0);

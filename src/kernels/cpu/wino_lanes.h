@@ -13,8 +13,8 @@ typedef struct wlayout {
 
 static size_t group_len(wlayout l) { return (size_t)l.planes * l.ph * l.pw * TB; }
 
-/* Where unpacked rows go: fp32 (f), or rounded to bf16 (h: a convolution's output written in
- * bf16 for its BatchNorm, WINO_FN(forward_bf16)); the other is NULL. */
+/* Where unpacked rows go: fp32 (f), or bf16 (h: a convolution's output written in bf16 for its
+ * BatchNorm, WINO_FN(forward_bf16), rounded as its tiles are stored); the other is NULL. */
 typedef struct wdest {
     ch_real *f;
     uint16_t *h;
@@ -26,7 +26,8 @@ static wdest dest_at(wdest t, size_t off)
 }
 
 /* Where packed rows come from: fp32 (f), or bf16 (h: a convolution input kept in bf16 between
- * layers, widened as it is packed, WINO_FN(forward_of_bf16)); the other is NULL. */
+ * layers, WINO_FN(forward_of_bf16), packed as bf16 and widened as its windows are read); the
+ * other is NULL. */
 typedef struct wsrc {
     const ch_real *f;
     const uint16_t *h;
@@ -99,26 +100,8 @@ static void block_to_lanes(const ch_real *from, size_t ss, int h, int c, int n, 
     for (int j = 0; j < n; j++) _mm512_storeu_ps(to + (size_t)(c + j) * TB + h, r[j]);
 }
 
-/* The same block from bf16 rows, widened (exactly: a bf16 is a float's top half). */
-static void block16_to_lanes(const uint16_t *from, size_t ss, int h, int c, int n, ch_real *to)
-{
-    __m512 r[16];
-    for (int i = 0; i < 16; i++) {
-        _mm_prefetch((const char *)(from + (size_t)(h + i) * ss + c) + PACK_AHEAD_BYTES, _MM_HINT_T0);
-        const __m256i v = _mm256_maskz_loadu_epi16(first_n(n), from + (size_t)(h + i) * ss + c);
-        r[i] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
-    }
-    transpose16(r);
-    for (int j = 0; j < n; j++) _mm512_storeu_ps(to + (size_t)(c + j) * TB + h, r[j]);
-}
-
-/* Sixteen floats rounded to bf16: by AVX512-BF16's instruction (to nearest even, a NaN kept a NaN,
- * subnormal values flushed to zero: wino_body.h's store_points_bf16 says why), or, in a build for
- * an AVX-512 CPU without it (a Skylake to Ice Lake, or a portable x86-64-v4 build), by
- * core/bf16.h's ch_bf16_from_float: a bf16 output there is a test's (the CPU's bf16 is emulated)
- * or a portable binary's, not worth a third copy of the rounding. */
-/* The same block from bf16 rows into bf16 lanes: the values moved, not widened (the planes of an
- * input held in bf16: pack_group16). */
+/* The same block from bf16 rows into bf16 lanes: the values moved through the 32-bit transpose,
+ * zero-extended and narrowed back (the planes of an input held in bf16: pack_group). */
 static void block16_to_lanes16(const uint16_t *from, size_t ss, int h, int c, int n, uint16_t *to)
 {
     __m512 r[16];
@@ -132,6 +115,11 @@ static void block16_to_lanes16(const uint16_t *from, size_t ss, int h, int c, in
         _mm256_storeu_si256((__m256i *)(to + (size_t)(c + j) * TB + h), _mm512_cvtepi32_epi16(_mm512_castps_si512(r[j])));
 }
 
+/* Sixteen floats rounded to bf16: by AVX512-BF16's instruction (to nearest even, a NaN kept a NaN,
+ * subnormal values flushed to zero: wino_body.h's store_points_bf16 says why), or, in a build for
+ * an AVX-512 CPU without it (a Skylake to Ice Lake, or a portable x86-64-v4 build), by
+ * core/bf16.h's ch_bf16_from_float: a bf16 output there is a test's (the CPU's bf16 is emulated)
+ * or a portable binary's, not worth a third copy of the rounding. */
 static inline __m256i bf16x16(__m512 v)
 {
 #if defined(__AVX512BF16__)
@@ -146,7 +134,7 @@ static inline __m256i bf16x16(__m512 v)
 }
 
 /* A block of bf16 lanes into bf16 rows: the values moved (the planes of an output held in bf16:
- * unpack_group16). */
+ * unpack_group). */
 static void block16_to_rows16(const uint16_t *from, int live, int c, int n, uint16_t *to, size_t ss)
 {
     __m512 r[16];
@@ -158,19 +146,14 @@ static void block16_to_rows16(const uint16_t *from, int live, int c, int n, uint
         _mm256_mask_storeu_epi16(to + (size_t)i * ss + c, first_n(n), _mm512_cvtepi32_epi16(_mm512_castps_si512(r[i])));
 }
 
-static void block_to_rows(const ch_real *from, int h, int live, int c, int n, wdest to, size_t ss)
+static void block_to_rows(const ch_real *from, int h, int live, int c, int n, ch_real *to, size_t ss)
 {
     __m512 r[16];
     for (int j = 0; j < 16; j++)
         r[j] = j < n ? _mm512_loadu_ps(from + (size_t)(c + j) * TB + h) : _mm512_setzero_ps();
     transpose16(r);
-    for (int i = 0; i < 16 && h + i < live; i++) {
-        const size_t at = (size_t)(h + i) * ss + c;
-        if (to.h)
-            _mm256_mask_storeu_epi16(to.h + at, first_n(n), bf16x16(r[i]));
-        else
-            _mm512_mask_storeu_ps(to.f + at, first_n(n), r[i]);
-    }
+    for (int i = 0; i < 16 && h + i < live; i++)
+        _mm512_mask_storeu_ps(to + (size_t)(h + i) * ss + c, first_n(n), r[i]);
 }
 #elif defined(__AVX2__) && !defined(CH_REAL_DOUBLE)
 #include <immintrin.h>
@@ -211,31 +194,7 @@ static void block_to_lanes(const ch_real *from, size_t ss, int h, int c, int n, 
     for (int j = 0; j < n; j++) _mm256_storeu_ps(to + (size_t)(c + j) * TB + h, r[j]);
 }
 
-/* The first n of 8 bf16 at p, the rest 0, reading no further (the row may end there): AVX-512's
- * masked load where there is one (AVX2 has no 16-bit masked load), else a zeroed copy. */
-static inline __m128i load_bf16_first(const uint16_t *p, int n)
-{
-#if defined(__AVX512BW__) && defined(__AVX512VL__)
-    return _mm_maskz_loadu_epi16((__mmask8)((1u << n) - 1), p);
-#else
-    uint16_t part[8] = { 0 };
-    memcpy(part, p, sizeof(uint16_t) * (size_t)n);
-    return _mm_loadu_si128((const __m128i *)part);
-#endif
-}
 
-/* The same block from bf16 rows, widened (exactly: a bf16 is a float's top half). */
-static void block16_to_lanes(const uint16_t *from, size_t ss, int h, int c, int n, ch_real *to)
-{
-    __m256 r[8];
-    for (int i = 0; i < 8; i++) {
-        const uint16_t *row = from + (size_t)(h + i) * ss + c;
-        const __m128i v = n == 8 ? _mm_loadu_si128((const __m128i *)row) : load_bf16_first(row, n);
-        r[i] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16));
-    }
-    transpose8(r);
-    for (int j = 0; j < n; j++) _mm256_storeu_ps(to + (size_t)(c + j) * TB + h, r[j]);
-}
 
 /* Eight floats rounded to bf16 as core/bf16.h's ch_bf16_from_float does (to nearest even, a NaN
  * kept a NaN), in integer lanes; where the CPU has AVX512-BF16, by its instruction (which also
@@ -259,7 +218,7 @@ static inline __m128i bf16x8(__m256 v)
 #endif
 }
 
-static void block_to_rows(const ch_real *from, int h, int live, int c, int n, wdest to, size_t ss)
+static void block_to_rows(const ch_real *from, int h, int live, int c, int n, ch_real *to, size_t ss)
 {
     __m256 r[8];
     for (int j = 0; j < 8; j++)
@@ -267,28 +226,17 @@ static void block_to_rows(const ch_real *from, int h, int live, int c, int n, wd
     transpose8(r);
     for (int i = 0; i < 8 && h + i < live; i++) {
         const size_t at = (size_t)(h + i) * ss + c;
-        if (to.h) {
-            const __m128i b = bf16x8(r[i]);
-            if (n == 8) {
-                _mm_storeu_si128((__m128i *)(to.h + at), b);
-            } else {
-                uint16_t part[8];
-                _mm_storeu_si128((__m128i *)part, b);
-                memcpy(to.h + at, part, sizeof(uint16_t) * (size_t)n);
-            }
-        } else if (n == 8) {
-            _mm256_storeu_ps(to.f + at, r[i]);
-        } else {
-            _mm256_maskstore_ps(to.f + at, first_n(n), r[i]);
-        }
+        if (n == 8)
+            _mm256_storeu_ps(to + at, r[i]);
+        else
+            _mm256_maskstore_ps(to + at, first_n(n), r[i]);
     }
 }
 
 #endif
 
-/* TB floats rounded to bf16 as this build's lanes_to_rows rounds them (per value: bf16x16, bf16x8
- * or ch_bf16_from_float), so that a value rounded as a transform stores it into planes of bf16
- * has the bits of the same value rounded as it is unpacked. */
+/* TB floats rounded to bf16 (bf16x16, bf16x8 or ch_bf16_from_float, by build): a Winograd output
+ * written in bf16, rounded as its transform stores it into planes of bf16 vectors. */
 static inline void lanes_to_bf16(const ch_real *from, uint16_t *to)
 {
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__) && \
@@ -317,28 +265,23 @@ static inline void block_span(int len, int c, int *at, int *n)
 }
 #endif
 
-static void rows_to_lanes(wsrc from, size_t ss, int live, int len, ch_real *restrict to)
+static void rows_to_lanes(const ch_real *from, size_t ss, int live, int len, ch_real *restrict to)
 {
 #if defined(__AVX2__) && !defined(CH_REAL_DOUBLE)
     if (live == TB) {
         for (int c = 0, at, n; c < len; c += WINO_BLOCK) {
             block_span(len, c, &at, &n);
-            for (int h = 0; h < TB; h += WINO_BLOCK) {
-                if (from.h) block16_to_lanes(from.h, ss, h, at, n, to);
-                else block_to_lanes(from.f, ss, h, at, n, to);
-            }
+            for (int h = 0; h < TB; h += WINO_BLOCK) block_to_lanes(from, ss, h, at, n, to);
         }
         return;
     }
 #endif
     for (int c = 0; c < len; c++)
-        for (int s = 0; s < live; s++) {
-            const size_t at = (size_t)s * ss + c;
-            to[(size_t)c * TB + s] = from.h ? (ch_real)ch_bf16_to_float(from.h[at]) : from.f[at];
-        }
+        for (int s = 0; s < live; s++) to[(size_t)c * TB + s] = from[(size_t)s * ss + c];
 }
 
-/* rows_to_lanes from bf16 rows into bf16 lanes, full groups (live == TB) or not. */
+/* rows_to_lanes from bf16 rows into bf16 lanes, full groups (live == TB) or not (an AVX2 build
+ * moves them one at a time). */
 static void rows_to_lanes16(const uint16_t *from, size_t ss, int live, int len, uint16_t *restrict to)
 {
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__) && \
@@ -355,7 +298,7 @@ static void rows_to_lanes16(const uint16_t *from, size_t ss, int live, int len, 
         for (int s = 0; s < live; s++) to[(size_t)c * TB + s] = from[(size_t)s * ss + c];
 }
 
-static void lanes_to_rows(const ch_real *restrict from, int live, int len, wdest to, size_t ss)
+static void lanes_to_rows(const ch_real *restrict from, int live, int len, ch_real *to, size_t ss)
 {
 #if defined(__AVX2__) && !defined(CH_REAL_DOUBLE)
     for (int c = 0, at, n; c < len; c += WINO_BLOCK) {
@@ -364,11 +307,7 @@ static void lanes_to_rows(const ch_real *restrict from, int live, int len, wdest
     }
 #else
     for (int c = 0; c < len; c++)
-        for (int s = 0; s < live; s++) {
-            const size_t at = (size_t)s * ss + c;
-            if (to.h) to.h[at] = ch_bf16_from_float((float)from[(size_t)c * TB + s]);
-            else to.f[at] = from[(size_t)c * TB + s];
-        }
+        for (int s = 0; s < live; s++) to[(size_t)s * ss + c] = from[(size_t)c * TB + s];
 #endif
 }
 
@@ -404,67 +343,43 @@ static void zero_border(wlayout l, void *grp, size_t es)
     }
 }
 
-static void pack_group(wlayout l, wsrc t, int live, ch_real *grp)
+/* The samples' rows from t into the group's planes, in t's precision: fp32 lanes, or from bf16
+ * rows bf16 lanes, half the bytes, the values moved (the transforms widen them as they read a
+ * window: exactly, so the same bits as planes in fp32). */
+static void pack_group(wlayout l, wsrc t, int live, void *grp)
 {
+    const bool lanes16 = t.h != NULL;
+    const size_t es = lanes16 ? sizeof(uint16_t) : sizeof(ch_real);
     if (live < TB)
-        memset(grp, 0, sizeof(ch_real) * group_len(l));
+        memset(grp, 0, es * group_len(l));
     else if (l.ph != l.h || l.pw != l.w)
-        zero_border(l, grp, sizeof(ch_real));
+        zero_border(l, grp, es);
     const size_t plane = (size_t)l.h * l.w, ss = plane * l.planes;
     const bool whole = l.ph == l.h && l.pw == l.w;   /* a plane without a border: one row */
     for (int p = 0; p < l.planes; p++)
-        for (int r = 0; r < (whole ? 1 : l.h); r++)
-            rows_to_lanes(src_at(t, p * plane + (size_t)r * l.w), ss, live, whole ? (int)plane : l.w,
-                          grp + (((size_t)p * l.ph + r + l.pad) * l.pw + l.pad) * TB);
+        for (int r = 0; r < (whole ? 1 : l.h); r++) {
+            const wsrc from = src_at(t, p * plane + (size_t)r * l.w);
+            const int len = whole ? (int)plane : l.w;
+            const size_t at = (((size_t)p * l.ph + r + l.pad) * l.pw + l.pad) * TB;
+            if (lanes16) rows_to_lanes16(from.h, ss, live, len, (uint16_t *)grp + at);
+            else rows_to_lanes(from.f, ss, live, len, (ch_real *)grp + at);
+        }
 }
 
-/* pack_group of bf16 rows into planes of bf16 vectors (half the bytes; the transforms widen them
- * as they read a window: exactly, so the same bits as the planes in fp32). */
-static void pack_group16(wlayout l, const uint16_t *t, int live, uint16_t *grp)
+/* The inverse: the group's lanes 0 .. live-1 back into the tensor (the border dropped), in t's
+ * precision: fp32, or bf16 lanes into bf16 rows (an output rounded as its transform stored it).
+ * Planes without a border go as one row. */
+static void unpack_group(wlayout l, const void *grp, int live, wdest t)
 {
-    if (live < TB)
-        memset(grp, 0, sizeof(uint16_t) * group_len(l));
-    else if (l.ph != l.h || l.pw != l.w)
-        zero_border(l, grp, sizeof(uint16_t));
+    const bool lanes16 = t.h != NULL;
     const size_t plane = (size_t)l.h * l.w, ss = plane * l.planes;
     const bool whole = l.ph == l.h && l.pw == l.w;
     for (int p = 0; p < l.planes; p++)
-        for (int r = 0; r < (whole ? 1 : l.h); r++)
-            rows_to_lanes16(t + p * plane + (size_t)r * l.w, ss, live, whole ? (int)plane : l.w,
-                            grp + (((size_t)p * l.ph + r + l.pad) * l.pw + l.pad) * TB);
-}
-
-/* unpack_group of planes of bf16 vectors into bf16 rows (an output rounded as its transform
- * stored it). */
-static void unpack_group16(wlayout l, const uint16_t *grp, int live, uint16_t *t)
-{
-    const size_t plane = (size_t)l.h * l.w, ss = plane * l.planes;
-    const bool whole = l.ph == l.h && l.pw == l.w;
-    for (int p = 0; p < l.planes; p++) {
-        uint16_t *to = t + (size_t)p * plane;
-        const uint16_t *from = grp + (((size_t)p * l.ph + l.pad) * l.pw + l.pad) * TB;
-        if (whole) {
-            lanes16_to_rows16(from, live, (int)plane, to, ss);
-            continue;
+        for (int r = 0; r < (whole ? 1 : l.h); r++) {
+            const wdest to = dest_at(t, (size_t)p * plane + (size_t)r * l.w);
+            const int len = whole ? (int)plane : l.w;
+            const size_t at = (((size_t)p * l.ph + r + l.pad) * l.pw + l.pad) * TB;
+            if (lanes16) lanes16_to_rows16((const uint16_t *)grp + at, live, len, to.h, ss);
+            else lanes_to_rows((const ch_real *)grp + at, live, len, to.f, ss);
         }
-        for (int r = 0; r < l.h; r++) lanes16_to_rows16(from + (size_t)r * l.pw * TB, live, l.w, to + (size_t)r * l.w, ss);
-    }
-}
-
-/* The inverse: the group's lanes 0 .. live-1 back into the tensor (the border dropped). Planes
- * without a border go as one row. */
-static void unpack_group(wlayout l, const ch_real *grp, int live, wdest t)
-{
-    const size_t plane = (size_t)l.h * l.w, ss = plane * l.planes;
-    const bool whole = l.ph == l.h && l.pw == l.w;
-    for (int p = 0; p < l.planes; p++) {
-        const wdest to = dest_at(t, (size_t)p * plane);
-        const ch_real *from = grp + (((size_t)p * l.ph + l.pad) * l.pw + l.pad) * TB;
-        if (whole) {
-            lanes_to_rows(from, live, (int)plane, to, ss);
-            continue;
-        }
-        for (int r = 0; r < l.h; r++)
-            lanes_to_rows(from + (size_t)r * l.pw * TB, live, l.w, dest_at(to, (size_t)r * l.w), ss);
-    }
 }
