@@ -110,19 +110,11 @@ static void transform_dy_block16(const uint16_t *restrict blk, size_t rs, ch_rea
  * with it), one vcvtneps2bf16 a point: to nearest even, a NaN kept a NaN (quiet), as
  * ch_bf16_from_float, but subnormal values (below 1.2e-38) flushed to zero, as oneDNN's own
  * conversions and PyTorch's CPU autocast do; against the integer sequence it replaces, resnet18's
- * bf16 F(4x4, 3x3) forwards 5-15% faster (docs/PERFORMANCE.md, "bf16"). */
+ * bf16 F(4x4, 3x3) forwards 5-15% faster (docs/PERFORMANCE.md, "bf16"). Elsewhere
+ * ch_bf16_from_float's rounding, vectorised: lanes_to_bf16 rounds each point. */
 static void store_points_bf16(const ch_real *restrict t, uint16_t *restrict out, size_t ps)
 {
-#if defined(__AVX512BF16__) && !defined(CH_REAL_DOUBLE)
-    if (TB == 16) {
-        for (int p = 0; p < NP; p++)
-            _mm256_storeu_si256((__m256i *)(out + p * ps), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(t + p * TB)));
-        return;
-    }
-#endif
-    for (int p = 0; p < NP; p++)
-#pragma omp simd
-        for (int l = 0; l < TB; l++) out[p * ps + l] = ch_bf16_from_float((float)t[p * TB + l]);
+    for (int p = 0; p < NP; p++) lanes_to_bf16(t + p * TB, out + p * ps);
 }
 
 /* The layer's tiling: tiles of WM x WM outputs at ty x tx positions per sample (the last row and

@@ -194,8 +194,6 @@ static void block_to_lanes(const ch_real *from, size_t ss, int h, int c, int n, 
     for (int j = 0; j < n; j++) _mm256_storeu_ps(to + (size_t)(c + j) * TB + h, r[j]);
 }
 
-
-
 /* Eight floats rounded to bf16 as core/bf16.h's ch_bf16_from_float does (to nearest even, a NaN
  * kept a NaN), in integer lanes; where the CPU has AVX512-BF16, by its instruction (which also
  * flushes subnormal values to zero: wino_body.h's store_points_bf16 says why). */
@@ -236,7 +234,8 @@ static void block_to_rows(const ch_real *from, int h, int live, int c, int n, ch
 #endif
 
 /* TB floats rounded to bf16 (bf16x16, bf16x8 or ch_bf16_from_float, by build): a Winograd output
- * written in bf16, rounded as its transform stores it into planes of bf16 vectors. */
+ * written in bf16, rounded as its transform stores it into planes of bf16 vectors, and each point
+ * of a transformed tile as it is stored into a bf16 chunk buffer (store_points_bf16). */
 static inline void lanes_to_bf16(const ch_real *from, uint16_t *to)
 {
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__) && \
